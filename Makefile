@@ -1,0 +1,37 @@
+# The two commands a new user runs are `make demo` and `make test`; each
+# installs what it needs first (scripts/bootstrap.sh), so both work on a
+# fresh clone.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo bench lint proto proto-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+	touch $(STAMP)
+
+proto: install
+	$(PY) scripts/gen_proto.py
+
+proto-check: install
+	$(PY) scripts/gen_proto.py --check
+
+lint: install
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy csnd reader decoder sender coordinator consumers gtm
+
+test: install proto-check lint
+	$(VENV)/bin/pytest -q tests
+
+demo: install
+	$(VENV)/bin/csnd demo
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,52 @@
+"""Distinct id types and the PostgreSQL LSN text form.
+
+LSNs, CSNs and xids are all plain integers on the wire; giving each its own
+`NewType` lets mypy catch the classic mix-up of confirming a CSN to a slot or
+ordering by an LSN in GTM mode.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import NewType
+
+Lsn = NewType("Lsn", int)
+Csn = NewType("Csn", int)
+Xid = NewType("Xid", int)
+
+INVALID_LSN = Lsn(0)
+MAX_LSN = Lsn(0xFFFF_FFFF_FFFF_FFFF)
+
+_LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+
+# PostgreSQL counts time in microseconds since 2000-01-01 00:00:00 UTC.
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH_UNIX_US = 946_684_800_000_000
+
+
+def lsn_to_str(lsn: int) -> str:
+    """`0x16B3748` -> `'0/16B3748'`, as PostgreSQL prints it (uppercase hex)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def lsn_from_str(text: str) -> Lsn:
+    """`'0/16B3748'` -> `Lsn(0x16B3748)`; raises ValueError on anything else."""
+    m = _LSN_RE.match(text.strip())
+    if m is None:
+        raise ValueError(f"invalid LSN {text!r}: expected the form X/X in hex, e.g. 0/16B3748")
+    return Lsn((int(m.group(1), 16) << 32) | int(m.group(2), 16))
+
+
+def pg_time_to_datetime(us: int) -> datetime:
+    """Microseconds since the PostgreSQL epoch -> aware UTC datetime."""
+    return PG_EPOCH + timedelta(microseconds=us)
+
+
+def pg_time_to_iso(us: int) -> str:
+    """Microseconds since the PostgreSQL epoch -> ISO 8601 with `+00:00`."""
+    return pg_time_to_datetime(us).isoformat()
+
+
+def unix_us_to_pg_time(unix_us: int) -> int:
+    return unix_us - PG_EPOCH_UNIX_US

@@ -1,0 +1,42 @@
+"""The decoder's output unit: one decoded row change (decoder -> sender contract).
+
+A decoder worker turns each raw `reader.pgoutput.Change` / `Truncate` into one
+`DecodedChange` per affected table.  The change's user-facing fields are
+serialised *in the worker* (that is the CPU-heavy step we parallelise), as the
+JSON text that follows `"lsn"` in a change object of DESIGN section 7:
+
+    '"op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 7}'
+
+(plus `, "unchanged": ["doc"]` when TOAST columns were left unchanged).  The
+sender and coordinator only prepend `{"node": .., "cid": .., "lsn": ..,` and
+append `}` -- they never re-serialise values.
+"""
+
+from __future__ import annotations
+
+
+class DecodedChange:
+    __slots__ = ("lsn", "xid", "op", "body")
+
+    def __init__(self, lsn: int, xid: int | None, op: str, body: str) -> None:
+        self.lsn = lsn  # dataStart of the XLogData frame that carried the change
+        self.xid = xid  # the (sub)transaction xid inside a stream block, else None
+        self.op = op  # "insert" | "update" | "delete" | "truncate"
+        self.body = body
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (DecodedChange, (self.lsn, self.xid, self.op, self.body))
+
+    def __repr__(self) -> str:
+        return f"DecodedChange({self.lsn}, {self.xid}, {self.op!r}, {self.body!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DecodedChange) and (self.lsn, self.xid, self.op, self.body) == (
+            other.lsn,
+            other.xid,
+            other.op,
+            other.body,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.lsn, self.xid, self.op, self.body))

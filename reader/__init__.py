@@ -1,0 +1,15 @@
+"""reader: the first stage of a node pipeline.
+
+    live PostgreSQL (psycopg, COPY_BOTH) ─┐
+                                          ├─► frames ─► pgoutput messages ─► (lsn, message) events
+    recorded *.pgstream file ─────────────┘
+
+Only cheap framing work happens here (seed 002, section 3.4): split the stream
+into messages and classify them.  Tuple data stays raw for the decoders.
+"""
+
+from reader.events import Event, iter_events
+from reader.recorded import RecordedSource
+from reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
+
+__all__ = ["Event", "RecordedSource", "StreamFileReader", "StreamHeader", "StreamWriter", "iter_events"]

@@ -1,0 +1,42 @@
+"""From frames to positioned messages: what every source hands downstream.
+
+`iter_events` turns a stream of CopyData payloads into `(lsn, message)` pairs,
+where `lsn` is the XLogData frame's dataStart (0/0 for Relation frames, see
+DESIGN section 9) or, for a keepalive, its walEnd.  Errors gain the node, the
+position and -- for recorded files -- the path and byte offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Union
+
+from csnd.errors import ProtocolError, StreamFormatError
+from reader.pgoutput import FrameError, Keepalive, Message, PgOutputParser, parse_frame
+
+Event = tuple[int, Union[Message, Keepalive]]
+
+
+def iter_events(
+    frames: Iterable[tuple[int, bytes]],
+    node: str,
+    path: str | None = None,
+) -> Iterator[Event]:
+    """`frames` yields `(offset, payload)`; offset is a file byte offset or a frame counter."""
+    parser = PgOutputParser()
+    parse = parser.parse
+    last_lsn = 0
+    for offset, payload in frames:
+        try:
+            frame = parse_frame(payload)
+            if isinstance(frame, Keepalive):
+                last_lsn = max(last_lsn, frame.wal_end)
+                yield frame.wal_end, frame
+                continue
+            if frame.data_start:
+                last_lsn = frame.data_start
+            yield frame.data_start, parse(frame.payload)
+        except FrameError as e:
+            if path is not None:
+                raise StreamFormatError(e.message, path=path, offset=offset, node=node, lsn=last_lsn) from None
+            raise ProtocolError(e.message, node=node, lsn=last_lsn) from None

@@ -1,0 +1,32 @@
+"""A recorded stream file as a source (DESIGN section 2, source 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from reader.events import Event, iter_events
+from reader.streamfile import StreamFileReader, StreamHeader
+
+
+class RecordedSource:
+    """Replays a `*.pgstream` file; `name` overrides the header's node name."""
+
+    def __init__(self, path: str, name: str | None = None) -> None:
+        self.path = path
+        self._file = StreamFileReader(path)
+        self.header: StreamHeader = self._file.header
+        self.node = name or self.header.node
+        self.mode = self.header.mode
+        self.binary = self.header.binary
+
+    def events(self) -> Iterator[Event]:
+        try:
+            yield from iter_events(self._file, self.node, self.path)
+        finally:
+            self._file.close()
+
+    def confirm(self, lsn: int) -> None:
+        """A file has no slot: confirming is a no-op."""
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,215 @@
+"""Recorded stream files (`*.pgstream`, DESIGN section 7).
+
+    b"CSNDSTR1" | uint32 N | N bytes of UTF-8 JSON header | frames...
+    frame = uint32 length | one CopyData payload exactly as the walsender sent it
+
+A recording is the durable sink of `csnd record` and the input of replays,
+tests and benchmarks.  Reading is strict: a bad magic, an unreadable header, a
+truncated frame or a frame that is not XLogData/keepalive is an error naming
+the file, the frame's byte offset and the last LSN seen, because a silently
+shortened stream would drop transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Final
+
+from csnd.errors import StreamFormatError
+from csnd.ids import lsn_to_str
+
+MAGIC: Final = b"CSNDSTR1"
+_LEN = struct.Struct("!I")
+MODES: Final = ("gtm", "single")
+
+# Frames are read in chunks of this size: big enough that a replay is not
+# dominated by read() calls, small enough to keep the reader's memory flat.
+READ_CHUNK_BYTES: Final = 1 << 20
+# A single CopyData payload larger than this is taken as corruption, not data:
+# the walsender never sends one message above 1 GB (PostgreSQL's MaxAllocSize).
+MAX_FRAME_BYTES: Final = 1 << 30
+
+
+@dataclass
+class StreamHeader:
+    node: str
+    proto_version: int = 2
+    binary: bool = True
+    mode: str = "single"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        doc = {
+            "node": self.node,
+            "proto_version": self.proto_version,
+            "binary": self.binary,
+            "mode": self.mode,
+            **self.extra,
+        }
+        return json.dumps(doc).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str) -> StreamHeader:
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StreamFormatError(f"header is not valid UTF-8 JSON: {e}", path=path, offset=len(MAGIC)) from None
+        if not isinstance(doc, dict):
+            raise StreamFormatError("header is not a JSON object", path=path, offset=len(MAGIC))
+        node, mode = doc.pop("node", None), doc.pop("mode", "single")
+        proto, binary = doc.pop("proto_version", 2), doc.pop("binary", True)
+        if not isinstance(node, str) or not node:
+            raise StreamFormatError('header has no "node" name', path=path, offset=len(MAGIC))
+        if mode not in MODES:
+            raise StreamFormatError(f'header "mode" is {mode!r}, expected "gtm" or "single"', path=path)
+        if proto != 2:
+            raise StreamFormatError(f"pgoutput protocol version {proto!r} is not supported (only 2)", path=path)
+        if not isinstance(binary, bool):
+            raise StreamFormatError('header "binary" must be true or false', path=path)
+        return cls(node=node, proto_version=proto, binary=binary, mode=mode, extra=doc)
+
+
+class StreamWriter:
+    """Appends frames to a recorded stream file.
+
+    `sync()` flushes and fsyncs; callers confirm a position to the source only
+    after `sync()` has covered it.
+    """
+
+    def __init__(self, path: str, header: StreamHeader) -> None:
+        self.path = path
+        self.header = header
+        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        raw = header.to_json()
+        self._f.write(MAGIC + _LEN.pack(len(raw)) + raw)
+        self.frames = 0
+        self.bytes_written = len(MAGIC) + 4 + len(raw)
+
+    def write_frame(self, payload: bytes) -> None:
+        self._f.write(_LEN.pack(len(payload)))
+        self._f.write(payload)
+        self.frames += 1
+        self.bytes_written += 4 + len(payload)
+
+    def sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.sync()
+            self._f.close()
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_header(f: BinaryIO, path: str) -> StreamHeader:
+    magic = f.read(len(MAGIC))
+    if magic != MAGIC:
+        raise StreamFormatError(
+            f"not a csnd stream file: magic is {magic!r}, expected {MAGIC!r}", path=path, offset=0
+        )
+    raw_len = f.read(4)
+    if len(raw_len) != 4:
+        raise StreamFormatError("file ends inside the header length", path=path, offset=len(MAGIC))
+    (n,) = _LEN.unpack(raw_len)
+    raw = f.read(n)
+    if len(raw) != n:
+        raise StreamFormatError(
+            f"file ends inside the header ({len(raw)} of {n} bytes)", path=path, offset=len(MAGIC) + 4
+        )
+    return StreamHeader.from_json(raw, path)
+
+
+class StreamFileReader:
+    """Iterates the frames of a recorded stream: `(byte_offset, payload)`.
+
+    Tracks `last_lsn` (the largest XLogData dataStart or keepalive walEnd seen)
+    so errors further down the pipeline can name a position.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._f: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
+        try:
+            self.header = read_header(self._f, path)
+        except BaseException:
+            self._f.close()
+            raise
+        self.last_lsn = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        f, path = self._f, self.path
+        unpack_len = _LEN.unpack_from
+        offset = f.tell()
+        buf = b""
+        pos = 0
+        while True:
+            if len(buf) - pos < 4:
+                more = f.read(READ_CHUNK_BYTES)
+                buf = buf[pos:] + more
+                pos = 0
+                if not buf:
+                    return
+                if len(buf) < 4:
+                    raise self._truncated(offset, f"frame length cut off after {len(buf)} bytes")
+            (n,) = unpack_len(buf, pos)
+            if n == 0 or n > MAX_FRAME_BYTES:
+                raise StreamFormatError(
+                    f"corrupt frame length {n}", path=path, offset=offset, lsn=self.last_lsn or None
+                )
+            end = pos + 4 + n
+            if end > len(buf):
+                need = end - len(buf)
+                more = f.read(max(need, READ_CHUNK_BYTES))
+                buf = buf[pos:] + more
+                end -= pos
+                pos = 0
+                if end > len(buf):
+                    raise self._truncated(offset, f"frame of {n} bytes has only {len(buf) - 4}")
+            payload = buf[pos + 4 : end]
+            kind = payload[0]
+            if kind == 0x77 and n >= 9:  # 'w': track dataStart (0/0 for Relation frames)
+                start = int.from_bytes(payload[1:9], "big")
+                if start > self.last_lsn:
+                    self.last_lsn = start
+            elif kind == 0x6B and n >= 9:  # 'k': walEnd
+                end_lsn = int.from_bytes(payload[1:9], "big")
+                if end_lsn > self.last_lsn:
+                    self.last_lsn = end_lsn
+            else:
+                raise StreamFormatError(
+                    f"unknown frame type {chr(kind)!r} (0x{kind:02x})",
+                    path=path,
+                    offset=offset,
+                    lsn=self.last_lsn or None,
+                )
+            yield offset, payload
+            offset += 4 + n
+            pos = end
+
+    def _truncated(self, offset: int, what: str) -> StreamFormatError:
+        where = f" after {lsn_to_str(self.last_lsn)}" if self.last_lsn else ""
+        return StreamFormatError(
+            f"truncated last frame: {what}{where}; the recording was cut short",
+            path=self.path,
+            offset=offset,
+            lsn=self.last_lsn or None,
+        )
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> StreamFileReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs everything csnd needs on a fresh Debian machine: the Python venv with
+# the project (editable) and its dev tools, the PostgreSQL 15 server and a Java
+# runtime for Spark.  Idempotent: what is already there is left alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-contrib)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+echo "bootstrap: ready (.venv/bin/csnd)" >&2
