@@ -340,7 +340,7 @@ def parse_message(buf: bytes, in_stream: bool) -> Message:
             size = _U32.unpack_from(buf, p)[0]
             content = bytes(buf[p + 4 : p + 4 + size])
             if len(content) != size:
-                raise FrameError(f"Message content of {len(content)} bytes, header says {size}")
+                raise FrameError(f"corrupt Message message: content of {len(content)} bytes, header says {size}")
             return LogicalMessage(xid, bool(flags & 1), lsn, prefix, content)
         if tag == 0x52:  # R
             relid = _U32.unpack_from(buf, pos)[0]

@@ -1,0 +1,180 @@
+"""The `csnd` command line (DESIGN section 8; other tools script against it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from csnd import __version__
+from csnd.errors import ConfigError, CsndError
+from csnd.ids import lsn_to_str
+from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
+
+DESCRIPTION = """\
+csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.
+
+Reads the pgoutput change streams of one or more nodes (live, or recorded
+*.pgstream files), decodes them in parallel, orders every node's committed
+transactions by commit CSN, merges the nodes into one transaction-consistent
+stream and writes it as JSON lines.
+"""
+
+SOURCE_HELP = (
+    "a recorded stream file [NAME=]PATH, or a live node [NAME=]postgresql://... "
+    "(live nodes need --slot and --publication)"
+)
+
+
+def _add_live_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live sources")
+    g.add_argument("--slot", help="logical replication slot (pgoutput) on the live node")
+    g.add_argument("--publication", help="publication the slot streams")
+    g.add_argument("--create-slot", action="store_true", help="create the slot if it does not exist")
+    g.add_argument("--until-lsn", metavar="LSN", help="end the source at the first transaction boundary at or after LSN (X/X)")
+    g.add_argument("--text", action="store_true", help="ask for values in text form instead of binary")
+    g.add_argument(
+        "--mode",
+        choices=("single", "gtm"),
+        default="single",
+        help="CSN mode of the node: single (CSN = commit LSN) or gtm (csn markers); default single",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="csnd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"csnd {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and reconnects")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "record",
+        help="capture a live node's stream to a recorded stream file",
+        description="Capture a live node's replication stream (pgoutput v2) into FILE.pgstream. "
+        "The slot is confirmed only to what is fsynced to the file, so a second recording on the "
+        "same slot continues exactly where this one ended.",
+    )
+    p.add_argument("source", metavar="SOURCE", help="a live node [NAME=]postgresql://...")
+    p.add_argument("--out", required=True, metavar="FILE.pgstream", help="file to write")
+    _add_live_options(p)
+
+    p = sub.add_parser(
+        "replay",
+        help="run the pipeline over sources and print transaction JSON lines in CSN order",
+        description="Run the whole pipeline (reader, decoder processes, sender, coordinator) over "
+        "the sources and write the transaction JSON lines of DESIGN section 7 in global CSN order. "
+        "Exit 0 when every source has ended; on a protocol error exit 1 with one line on stderr.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help=SOURCE_HELP)
+    p.add_argument("--decoders", type=int, default=os.cpu_count() or 1, help="decoder processes per node (default: cores)")
+    p.add_argument("--output", metavar="FILE", help="write JSON lines here instead of stdout")
+    _add_live_options(p)
+
+    p = sub.add_parser(
+        "generate",
+        help="write a synthetic GaussDB-style cluster of recorded stream files",
+        description="Write DIR/dn1.pgstream ... DIR/dnK.pgstream: a GTM-mode cluster with interleaved "
+        "and out-of-CSN-order commits, aborts after committing, distributed transactions, DDL, "
+        "streamed large transactions, unchanged TOAST and every replica identity; plus "
+        "DIR/expected.jsonl, the output csnd replay must produce.",
+    )
+    p.add_argument("--nodes", type=int, default=1, metavar="K")
+    p.add_argument("--transactions", type=int, default=1000, metavar="N")
+    p.add_argument("--seed", type=int, default=1, metavar="S")
+    p.add_argument("--text", action="store_true", help="values in text form instead of binary")
+    p.add_argument("--out", required=True, metavar="DIR")
+
+    sub.add_parser(
+        "demo",
+        help="run the embedded default demo",
+        description="Start a throwaway local PostgreSQL, run a small workload, capture it live and "
+        "read it back with a summary.",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="csnd: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(COMMANDS[args.command](args))
+    except CsndError as e:
+        print(f"csnd {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"csnd {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _live_source(spec: SourceSpec, args: argparse.Namespace, default_name: str = "dn1") -> object:
+    from reader.live import LiveOptions, LiveSource
+
+    if not args.slot or not args.publication:
+        raise ConfigError(f"live source {spec.target}: --slot and --publication are required")
+    opts = LiveOptions(
+        conninfo=spec.target,
+        slot=args.slot,
+        publication=args.publication,
+        create_slot=args.create_slot,
+        until_lsn=parse_lsn_arg(args.until_lsn) if args.until_lsn else None,
+        binary=not args.text,
+    )
+    return LiveSource(spec.name or default_name, opts, mode=args.mode)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from reader.live import LiveSource
+    from reader.record import record
+
+    spec = parse_source(args.source)
+    if not spec.is_live:
+        raise ConfigError(f"record needs a live source (postgresql://...), got {args.source!r}")
+    source = _live_source(spec, args)
+    assert isinstance(source, LiveSource)
+    summary = record(source, args.out)
+    print(
+        f"recorded {summary.transactions} transactions ({summary.frames} frames, {summary.bytes} bytes) "
+        f"from node {source.node} to {summary.path}; slot confirmed to {lsn_to_str(summary.confirmed_lsn)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from csnd.replay import run_replay
+
+    return run_replay(args)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from gtm.generate import generate_cluster
+
+    if args.nodes < 1 or args.transactions < 0:
+        raise ConfigError("--nodes must be >= 1 and --transactions >= 0")
+    summary = generate_cluster(args.out, nodes=args.nodes, transactions=args.transactions, seed=args.seed, binary=not args.text)
+    print(summary, file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from csnd.demo import run_demo
+
+    return run_demo(args)
+
+
+COMMANDS = {"record": cmd_record, "replay": cmd_replay, "generate": cmd_generate, "demo": cmd_demo}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""A live PostgreSQL node as a source: pgoutput over a replication connection.
+
+psycopg 3 has no replication API, so this drives the protocol at the pq level
+(DESIGN section 9): a `replication=database` connection, `START_REPLICATION
+SLOT ... LOGICAL` with `send_query`, then COPY_BOTH -- `get_copy_data` to read
+frames, `put_copy_data` to send standby status updates.  Only this module
+touches sockets; framing and resume logic are pure (`reader.pgoutput`,
+`reader.resume`).
+
+Feedback.  The flush position we report is only ever what the pipeline has
+made durable and handed to `confirm()` -- never further: early feedback loses
+data, late feedback piles WAL up on the server.  We confirm END LSNs (the
+server re-sends every transaction whose commit record starts at or after the
+confirmed position), and send a final update before ending the copy.
+
+Reconnects.  A lost connection or a server restart is retried with
+exponential backoff, starting again from the confirmed position; the
+`ResumeFilter` drops what the server re-sends, so nothing downstream sees the
+gap.  Errors that a retry cannot fix (no such slot or publication,
+authentication) fail at once with a `SourceError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+import psycopg
+from psycopg import pq
+
+from csnd.errors import ConnectionLost, ProtocolError, SourceError
+from csnd.ids import PG_EPOCH_UNIX_US, lsn_from_str, lsn_to_str
+from reader.events import Event
+from reader.pgoutput import (
+    FrameError,
+    Keepalive,
+    Message,
+    PgOutputParser,
+    XLogData,
+    encode_status_update,
+    parse_frame,
+)
+from reader.resume import Item, ResumeFilter
+
+log = logging.getLogger("csnd.reader.live")
+
+# How often we tell the server our positions when it does not ask.  Shorter
+# confirms WAL sooner (less pile-up on the server); longer costs a few more
+# packets.  Well under the server's wal_sender_timeout (60 s by default).
+STATUS_INTERVAL_S: Final = 5.0
+# Reconnect backoff: first wait, cap, and how long to keep trying before the
+# source fails.  A restart of PostgreSQL takes seconds; an outage of minutes is
+# for the operator to see as an error.
+RECONNECT_FIRST_S: Final = 0.2
+RECONNECT_MAX_S: Final = 5.0
+RECONNECT_GIVE_UP_S: Final = 120.0
+# Longest a wait for data blocks, so `close()` and deadlines are noticed.
+POLL_S: Final = 0.5
+
+# SQLSTATE classes a reconnect cannot fix: bad object names, auth, config.
+_FATAL_SQLSTATES: Final = ("42704", "42P01", "28000", "28P01", "3D000", "55000", "42601", "42710")
+
+
+@dataclass
+class LiveOptions:
+    conninfo: str
+    slot: str
+    publication: str
+    create_slot: bool = False
+    until_lsn: int | None = None
+    binary: bool = True
+    streaming: bool = True
+    messages: bool = True
+    start_lsn: int = 0
+    status_interval_s: float = STATUS_INTERVAL_S
+    reconnect_give_up_s: float = RECONNECT_GIVE_UP_S
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _now_pg_us() -> int:
+    return int(time.time() * 1_000_000) - PG_EPOCH_UNIX_US
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class LiveSource:
+    """One node's replication stream; iterate `events()` in one thread.
+
+    `confirm(lsn)` may be called from any thread; the position is sent with
+    the next status update (or at once when the server asks for a reply).
+    """
+
+    def __init__(self, node: str, options: LiveOptions, mode: str = "single") -> None:
+        self.node = node
+        self.options = options
+        self.mode = mode
+        self.binary = options.binary
+        self._confirmed = options.start_lsn
+        self._reported = -1
+        self._received = options.start_lsn
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self.filter = ResumeFilter()
+        self.reconnects = 0
+        self.on_reconnect: Callable[[int], None] | None = None
+        # called just before the final status update, so a sink can make its
+        # last data durable and confirm it in time to be reported
+        self.before_finish: Callable[[], None] | None = None
+
+    # --- positions ------------------------------------------------------------------
+
+    def confirm(self, lsn: int) -> None:
+        with self._lock:
+            if lsn > self._confirmed:
+                self._confirmed = lsn
+        self.filter.confirmed(lsn)
+
+    @property
+    def confirmed_lsn(self) -> int:
+        with self._lock:
+            return self._confirmed
+
+    def close(self) -> None:
+        self._closed.set()
+
+    # --- connection -----------------------------------------------------------------
+
+    def _connect(self) -> pq.PGconn:
+        try:
+            conn = psycopg.connect(self.options.conninfo, replication="database", autocommit=True)
+        except psycopg.OperationalError as e:
+            raise ConnectionLost(f"cannot connect: {str(e).strip()}", node=self.node) from e
+        self._conn = conn
+        return conn.pgconn
+
+    def _exec(self, pgconn: pq.PGconn, sql: str) -> pq.abc.PGresult:
+        res = pgconn.exec_(sql.encode())
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            raise self._result_error(res, sql.split(" ", 2)[0:2])
+        return res
+
+    def _result_error(self, res: pq.abc.PGresult, what: list[str]) -> SourceError:
+        msg = (res.error_message or b"").decode(errors="replace").strip()
+        state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+        text = f"{' '.join(what)} failed: {msg}"
+        if state.startswith(_FATAL_SQLSTATES) or state in _FATAL_SQLSTATES:
+            return SourceError(text, node=self.node)
+        return ConnectionLost(text, node=self.node)
+
+    def create_slot_if_missing(self, pgconn: pq.PGconn) -> None:
+        slot = self.options.slot
+        res = pgconn.exec_(
+            f"SELECT 1 FROM pg_replication_slots WHERE slot_name = {_quote_literal(slot)}".encode()
+        )
+        if res.status == pq.ExecStatus.TUPLES_OK and res.ntuples:
+            return
+        self._exec(pgconn, f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT")
+        log.info("node %s: created slot %s", self.node, slot)
+
+    def _start(self, pgconn: pq.PGconn) -> None:
+        o = self.options
+        opts = {
+            "proto_version": "2",
+            "publication_names": _quote_ident(o.publication),
+            "binary": "true" if o.binary else "false",
+            "streaming": "on" if o.streaming else "off",
+            "messages": "true" if o.messages else "false",
+            **o.extra,
+        }
+        opt_sql = ", ".join(f"{k} {_quote_literal(v)}" for k, v in opts.items())
+        start = lsn_to_str(self.confirmed_lsn)
+        sql = f"START_REPLICATION SLOT {_quote_ident(o.slot)} LOGICAL {start} ({opt_sql})"
+        pgconn.send_query(sql.encode())
+        while True:
+            self._wait(pgconn, read=True)
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+        res = pgconn.get_result()
+        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
+            if res is None:
+                raise ConnectionLost("START_REPLICATION returned no result", node=self.node)
+            raise self._result_error(res, ["START_REPLICATION", f"slot {o.slot}"])
+
+    def _wait(self, pgconn: pq.PGconn, read: bool, timeout: float = POLL_S) -> bool:
+        if self._closed.is_set():
+            raise _Closed
+        fd = pgconn.socket
+        r, w, _ = select.select([fd] if read else [], [] if read else [fd], [], timeout)
+        return bool(r or w)
+
+    def _send_status(self, pgconn: pq.PGconn, reply: bool = False) -> None:
+        flush = self.confirmed_lsn
+        # write = what we have received; flush/apply = what is durable downstream
+        msg = encode_status_update(max(self._received, flush), flush, flush, _now_pg_us(), reply)
+        if pgconn.put_copy_data(msg) != 1:
+            raise ConnectionLost("cannot send standby status update", node=self.node, lsn=flush)
+        pgconn.flush()
+        self._reported = flush
+
+    # --- the stream -----------------------------------------------------------------
+
+    def events(self) -> Iterator[Event]:
+        """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`."""
+        for lsn, msg, _payload in self.frames():
+            yield lsn, msg
+
+    def frames(self) -> Iterator[Item]:
+        """Yield `(lsn, message, pgoutput payload)`, reconnecting as needed.
+
+        The payload is the CopyData payload as the server sent it (a resumed
+        stream block's Start is re-encoded with `first_segment` cleared).
+        """
+        first = True
+        backoff = RECONNECT_FIRST_S
+        down_since: float | None = None
+        while not self._closed.is_set():
+            try:
+                pgconn = self._connect()
+                if first and self.options.create_slot:
+                    self.create_slot_if_missing(pgconn)
+                if not first:
+                    yield from self.filter.reconnected(self.confirmed_lsn)
+                    self.reconnects += 1
+                    log.warning(
+                        "node %s: reconnected, resuming from %s", self.node, lsn_to_str(self.confirmed_lsn)
+                    )
+                    if self.on_reconnect:
+                        self.on_reconnect(self.confirmed_lsn)
+                self._start(pgconn)
+                first = False
+                backoff, down_since = RECONNECT_FIRST_S, None
+                done = yield from self._copy_loop(pgconn)
+                if done:
+                    return
+            except _Closed:
+                self._finish_copy()
+                return
+            except (ConnectionLost, psycopg.OperationalError, OSError) as err:
+                e = err if isinstance(err, ConnectionLost) else ConnectionLost(str(err).strip(), node=self.node)
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > self.options.reconnect_give_up_s:
+                    raise ConnectionLost(
+                        f"connection lost and not back after {self.options.reconnect_give_up_s:.0f}s: "
+                        f"{e.message}",
+                        node=self.node,
+                        lsn=self.confirmed_lsn,
+                    ) from e
+                log.warning("node %s: %s; retrying in %.1fs", self.node, e.message, backoff)
+                self._drop_conn()
+                if self._closed.wait(backoff):
+                    return
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+            finally:
+                if self._closed.is_set():
+                    self._drop_conn()
+        self._drop_conn()
+
+    def _copy_loop(self, pgconn: pq.PGconn) -> Generator[Item, None, bool]:
+        parser = PgOutputParser()
+        filt = self.filter.feed
+        last_status = time.monotonic()
+        interval = self.options.status_interval_s
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)
+            if nbytes == 0:
+                now = time.monotonic()
+                until = self.options.until_lsn
+                waiting_for_end = until is not None and self._received < until
+                if now - last_status >= interval or self.confirmed_lsn > self._reported or waiting_for_end:
+                    # with --until-lsn pending, ask for a keepalive so an idle
+                    # server tells us its WAL end instead of waiting 30 s
+                    self._send_status(pgconn, reply=waiting_for_end)
+                    last_status = now
+                if self._wait(pgconn, read=True, timeout=min(POLL_S, interval)):
+                    try:
+                        pgconn.consume_input()
+                    except psycopg.OperationalError:
+                        raise ConnectionLost(self._pq_error(pgconn), node=self.node, lsn=self._received) from None
+                continue
+            if nbytes < 0:
+                res = pgconn.get_result()
+                detail = ""
+                if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
+                    detail = (res.error_message or b"").decode(errors="replace").strip()
+                raise ConnectionLost(
+                    f"replication stream ended by the server{': ' + detail if detail else ''}",
+                    node=self.node,
+                    lsn=self._received,
+                )
+            payload = bytes(data)
+            frame = parse_frame(payload)
+            if isinstance(frame, Keepalive):
+                self._received = max(self._received, frame.wal_end)
+                if frame.reply_requested:
+                    self._send_status(pgconn, reply=False)
+                    last_status = time.monotonic()
+                yield frame.wal_end, frame, payload
+            else:
+                assert isinstance(frame, XLogData)
+                msg = _parse_message(parser, frame, self.node)
+                if frame.data_start:
+                    self._received = max(self._received, frame.data_start)
+                yield from filt((frame.data_start, msg, payload))
+            until = self.options.until_lsn
+            if until is not None and self._received >= until and self.filter.open_transactions == 0:
+                self._finish_copy()
+                return True
+
+    def _pq_error(self, pgconn: pq.PGconn) -> str:
+        return (pgconn.error_message or b"connection lost").decode(errors="replace").strip()
+
+    def _finish_copy(self) -> None:
+        """Send the final status update and end the copy cleanly."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        pgconn = conn.pgconn
+        if self.before_finish is not None:
+            self.before_finish()
+        try:
+            self._send_status(pgconn)
+            pgconn.put_copy_end()
+            pgconn.flush()
+        except (ConnectionLost, psycopg.Error, OSError):
+            pass
+        self._drop_conn()
+
+    def _drop_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+
+class _Closed(Exception):
+    """`close()` was called: stop quietly."""
+
+
+def _parse_message(parser: PgOutputParser, frame: XLogData, node: str) -> Message:
+    try:
+        return parser.parse(frame.payload)
+    except FrameError as e:
+        raise ProtocolError(e.message, node=node, lsn=frame.data_start or None) from None
+
+
+def parse_lsn_option(text: str) -> int:
+    try:
+        return lsn_from_str(text)
+    except ValueError as e:
+        raise SourceError(str(e)) from None

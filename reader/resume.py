@@ -1,0 +1,285 @@
+"""Hiding a reconnect from everything downstream (sans-I/O).
+
+After a lost connection or a server restart the live reader starts the slot
+again from the last *confirmed* position.  The server then re-sends every
+transaction whose commit record is at or after that position -- including
+transactions we already passed downstream (complete, or only partly: a
+non-streamed transaction cut mid-way, or some blocks of a streamed one).  And
+it re-sends non-transactional logical messages past that position.
+
+`ResumeFilter` sits between the replication connection and the rest of the
+pipeline and drops what was already delivered, by LSN, so downstream sees one
+unbroken stream:
+
+* a transaction whose commit was delivered is dropped whole (by xid; xids are
+  not reused within the window that can be re-sent);
+* in a transaction delivered only in part, changes up to the last delivered
+  position are dropped.  Several changes may share one LSN (a multi-insert
+  writes one WAL record for many rows), so the position is `(lsn, ordinal)`;
+* a stream block whose changes were all delivered is dropped with its
+  Stream Start/Stop; a block that resumes a transaction downstream already has
+  open is passed with `first_segment` cleared;
+* non-transactional messages at or below the last delivered message LSN are
+  dropped (they are in WAL order among themselves);
+* Relation and Type messages always pass: re-applying them is idempotent, and
+  the walsender re-sends them in the order that keeps decoders right.
+
+Without a reconnect nothing is ever dropped: every rule only fires on a
+position at or below one that was already delivered.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from reader.pgoutput import (
+    Begin,
+    Change,
+    Commit,
+    Keepalive,
+    LogicalMessage,
+    Message,
+    Origin,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TypeMsg,
+    XLOGDATA_HEADER_SIZE,
+    encode_relation,
+    encode_stream_start,
+    encode_stream_stop,
+    encode_type,
+    encode_xlogdata,
+)
+
+Item = tuple[int, "Message | Keepalive", bytes]
+"""`(lsn, message, CopyData payload)`; the payload is what a recording stores."""
+
+_NO_POS: Final = (-1, 0)
+
+
+class _Progress:
+    """How far one transaction's changes were delivered: `(lsn, how many at that lsn)`."""
+
+    __slots__ = ("lsn", "count", "replay_lsn", "replay_count")
+
+    def __init__(self) -> None:
+        self.lsn = -1
+        self.count = 0
+        # position reached by the current (re-sent) pass over this transaction
+        self.replay_lsn = -1
+        self.replay_count = 0
+
+    def restart(self) -> None:
+        self.replay_lsn, self.replay_count = -1, 0
+
+    def admit(self, lsn: int) -> bool:
+        """Count one change at `lsn`; True if it is new (not delivered before)."""
+        if lsn == self.replay_lsn:
+            self.replay_count += 1
+        else:
+            self.replay_lsn, self.replay_count = lsn, 1
+        if (self.replay_lsn, self.replay_count) <= (self.lsn, self.count):
+            return False
+        self.lsn, self.count = self.replay_lsn, self.replay_count
+        return True
+
+
+class ResumeFilter:
+    """Drops what a re-sent stream repeats; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.completed: dict[int, int] = {}  # xid -> end LSN of its delivered commit/abort
+        self.progress: dict[int, _Progress] = {}  # open (partly delivered) transactions
+        self.streams_open: set[int] = set()  # streamed xids with a delivered first segment
+        self.sub_aborts: set[tuple[int, int]] = set()
+        self.last_nontxn_lsn = -1
+        self.dropped = 0
+        # The current connection re-sends nothing that ends at or below this:
+        # its start position, raised by every commit it sends (in commit order).
+        self._conn_floor = 0
+        # per-connection parse state
+        self._txn: int | None = None  # xid of the open non-streamed transaction
+        self._skip_txn = False
+        self._block: int | None = None  # xid of the open stream block
+        self._block_skip = False
+        self._held_start: Item | None = None
+
+    # --- connection lifecycle ---------------------------------------------------
+
+    def reconnected(self, start_lsn: int = 0) -> list[Item]:
+        """A new connection starts at `start_lsn`: partly delivered transactions come again whole.
+
+        Returns what downstream must see first: a Stream Stop closing the
+        block the lost connection left open, if any.
+        """
+        out: list[Item] = []
+        if self._block is not None and not self._block_skip and self._held_start is None:
+            out.append((0, StreamStop(), encode_xlogdata(0, 0, 0, encode_stream_stop())))
+        self._conn_floor = start_lsn
+        self._txn, self._skip_txn = None, False
+        self._block, self._block_skip, self._held_start = None, False, None
+        for p in self.progress.values():
+            p.restart()
+        return out
+
+    def confirmed(self, lsn: int) -> None:
+        """The slot is confirmed to `lsn`: forget delivered transactions no connection re-sends.
+
+        The next connection starts at `lsn` and re-sends nothing ending at or
+        before it; the current one may still re-send anything above its own
+        floor (a confirm can land after it started from an older position, and
+        a crashed server forgets confirms it had not yet saved).
+        """
+        limit = min(lsn, self._conn_floor)
+        for xid in [x for x, end in self.completed.items() if end <= limit]:
+            del self.completed[xid]
+
+    # --- the filter -----------------------------------------------------------------
+
+    def feed(self, item: Item) -> list[Item]:
+        lsn, msg, _ = item
+        if isinstance(msg, Keepalive):
+            return [item]
+        if self._block is not None:
+            return self._in_block(item)
+        if isinstance(msg, (Relation, TypeMsg)):
+            return [item]
+        if isinstance(msg, Begin):
+            return self._begin(item, msg)
+        if isinstance(msg, Commit):
+            return self._commit(item, msg)
+        if isinstance(msg, StreamStart):
+            return self._stream_start(item, msg)
+        if isinstance(msg, StreamCommit):
+            return self._stream_end(item, msg.xid, msg.end_lsn)
+        if isinstance(msg, StreamAbort):
+            return self._stream_abort(item, msg)
+        if isinstance(msg, LogicalMessage) and not msg.transactional and self._txn is None:
+            if msg.lsn <= self.last_nontxn_lsn:
+                return self._drop()
+            self.last_nontxn_lsn = msg.lsn
+            return [item]
+        # a change, transactional message, truncate or origin inside a Begin/Commit
+        if self._txn is None:
+            return [item]  # not ours to judge: the sender reports the protocol error
+        if self._skip_txn:
+            return self._drop()
+        if isinstance(msg, Origin):
+            return [item]
+        return [item] if self.progress[self._txn].admit(lsn) else self._drop()
+
+    def _drop(self) -> list[Item]:
+        self.dropped += 1
+        return []
+
+    def _begin(self, item: Item, msg: Begin) -> list[Item]:
+        self._txn = msg.xid
+        if msg.xid in self.completed:
+            self._skip_txn = True
+            return self._drop()
+        self._skip_txn = False
+        if msg.xid in self.progress:
+            return self._drop()  # downstream already has this Begin
+        self.progress[msg.xid] = _Progress()
+        return [item]
+
+    def _commit(self, item: Item, msg: Commit) -> list[Item]:
+        xid, self._txn = self._txn, None
+        self._conn_floor = max(self._conn_floor, msg.end_lsn)
+        if self._skip_txn:
+            self._skip_txn = False
+            return self._drop()
+        if xid is not None:
+            self.progress.pop(xid, None)
+            self.completed[xid] = msg.end_lsn
+        return [item]
+
+    def _stream_start(self, item: Item, msg: StreamStart) -> list[Item]:
+        self._block = msg.xid
+        self._block_skip = msg.xid in self.completed
+        self._held_start = None
+        if self._block_skip:
+            return self._drop()
+        if msg.xid not in self.progress:
+            self.progress[msg.xid] = _Progress()
+        # hold the Start back until the block proves to carry something new
+        self._held_start = item
+        return []
+
+    def _in_block(self, item: Item) -> list[Item]:
+        lsn, msg, _ = item
+        xid = self._block
+        assert xid is not None
+        if isinstance(msg, StreamStop):
+            self._block = None
+            if self._block_skip or self._held_start is not None:
+                self._held_start = None
+                return self._drop()
+            return [item]
+        if self._block_skip and not isinstance(msg, (Relation, TypeMsg)):
+            return self._drop()
+        if self._block_skip:
+            # Downstream is outside any block, where Relation/Type carry no
+            # xid; the schema still matters (the walsender will not send it again).
+            return [_without_xid(item)]
+        if isinstance(msg, (Change, Truncate, LogicalMessage)):
+            if not self.progress[xid].admit(lsn):
+                return self._drop()
+        out: list[Item] = []
+        if self._held_start is not None:
+            out.append(self._release_start(xid))
+        out.append(item)
+        return out
+
+    def _release_start(self, xid: int) -> Item:
+        held = self._held_start
+        assert held is not None
+        self._held_start = None
+        lsn, msg, payload = held
+        assert isinstance(msg, StreamStart)
+        if xid in self.streams_open and msg.first_segment:
+            msg = StreamStart(xid, False)
+            payload = payload[:XLOGDATA_HEADER_SIZE] + encode_stream_start(xid, False)
+        self.streams_open.add(xid)
+        return (lsn, msg, payload)
+
+    def _stream_abort(self, item: Item, msg: StreamAbort) -> list[Item]:
+        if msg.xid in self.completed or (msg.xid, msg.subxid) in self.sub_aborts:
+            return self._drop()
+        if msg.subxid == msg.xid:
+            return self._stream_end(item, msg.xid, item[0])
+        self.sub_aborts.add((msg.xid, msg.subxid))
+        return [item]
+
+    def _stream_end(self, item: Item, xid: int, end_lsn: int) -> list[Item]:
+        self._conn_floor = max(self._conn_floor, end_lsn)
+        if xid in self.completed:
+            return self._drop()
+        self.progress.pop(xid, None)
+        self.streams_open.discard(xid)
+        self.sub_aborts = {s for s in self.sub_aborts if s[0] != xid}
+        self.completed[xid] = end_lsn
+        return [item]
+
+    @property
+    def open_transactions(self) -> int:
+        """Transactions downstream has seen start but not end (any kind)."""
+        return len(self.progress)
+
+
+def _without_xid(item: Item) -> Item:
+    """A Relation or Type message from inside a stream block, re-encoded for outside one."""
+    lsn, msg, payload = item
+    header = payload[:XLOGDATA_HEADER_SIZE]
+    if isinstance(msg, Relation):
+        msg = Relation(None, msg.relid, msg.namespace, msg.name, msg.replident, msg.columns)
+        body = encode_relation(msg.relid, msg.namespace, msg.name, msg.replident, msg.columns)
+    else:
+        assert isinstance(msg, TypeMsg)
+        msg = TypeMsg(None, msg.type_oid, msg.namespace, msg.name)
+        body = encode_type(msg.type_oid, msg.namespace, msg.name)
+    return (lsn, msg, header + body)

@@ -1,0 +1,140 @@
+"""ResumeFilter: a stream cut anywhere and re-sent from the confirmed position
+reads exactly like the stream that was never cut (brute-force oracle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reader import pgoutput as p
+from reader.resume import Item, ResumeFilter
+from tests.reader.witness import assemble
+
+REL = p.Column(1, "id", 25, -1)
+
+
+def _item(lsn: int, raw: bytes, in_stream: bool) -> Item:
+    payload = p.encode_xlogdata(lsn, lsn, 0, raw)
+    return (lsn, p.parse_message(raw, in_stream), payload)
+
+
+@st.composite
+def streams(draw: Any) -> tuple[list[Item], list[tuple[int, int]]]:
+    """A walsender's output: (items, [(item index after commit, end lsn)])."""
+    n = draw(st.integers(1, 6))
+    kinds = draw(st.lists(st.sampled_from(["plain", "streamed", "nontx"]), min_size=n, max_size=n))
+    lsn = 100
+    items: list[Item] = [_item(0, p.encode_relation(1, "public", "t", "d", [REL]), False)]
+    commits: list[tuple[int, int]] = []
+    xid = 500
+    open_streams: list[tuple[int, list[int]]] = []  # streamed txns whose blocks are being sent
+    for kind in kinds:
+        xid += 10
+        if kind == "nontx":
+            lsn += 8
+            items.append(_item(lsn, p.encode_message("app", b"m%d" % lsn, lsn, False), False))
+            continue
+        nchanges = draw(st.integers(1, 5))
+        change_lsns = []
+        for _ in range(nchanges):
+            if not change_lsns or draw(st.booleans()):
+                lsn += 8  # sometimes several changes share one LSN (multi-insert)
+            change_lsns.append(lsn)
+        if kind == "plain":
+            items.append(_item(change_lsns[0], p.encode_begin(lsn + 8, 0, xid), False))
+            for c in change_lsns:
+                items.append(_item(c, p.encode_insert(1, [f"{xid}:{c}"]), False))
+            lsn += 16
+            items.append(_item(lsn, p.encode_commit(lsn - 8, lsn, 0), False))
+            commits.append((len(items), lsn))
+        else:
+            blocks = draw(st.integers(1, 3))
+            per = max(1, len(change_lsns) // blocks)
+            first = True
+            for i in range(0, len(change_lsns), per):
+                items.append(_item(0, p.encode_stream_start(xid, first), False))
+                first = False
+                for c in change_lsns[i : i + per]:
+                    sub = xid + (1 if draw(st.booleans()) else 0)
+                    items.append(_item(c, p.encode_insert(1, [f"{xid}:{c}"], xid=sub), True))
+                items.append(_item(0, p.encode_stream_stop(), False))
+            if draw(st.booleans()):
+                lsn += 8
+                items.append(_item(lsn, p.encode_stream_abort(xid, xid + 1), False))
+            lsn += 16
+            items.append(_item(lsn, p.encode_stream_commit(xid, lsn - 8, lsn, 0), False))
+            commits.append((len(items), lsn))
+    del open_streams
+    return items, commits
+
+
+def _resend(items: list[Item], confirmed: int) -> list[Item]:
+    """What the server sends on a new connection starting at `confirmed`."""
+    out: list[Item] = [items[0]]  # the relation, as a new walsender sends it again
+    txn_end: dict[int, int] = {}
+    xid: int | None = None
+    for lsn, m, _ in items:
+        if isinstance(m, p.Begin):
+            xid = m.xid
+        elif isinstance(m, p.Commit):
+            assert xid is not None
+            txn_end[xid] = m.end_lsn
+        elif isinstance(m, p.StreamCommit):
+            txn_end[m.xid] = m.end_lsn
+    cur: int | None = None
+    for item in items[1:]:
+        lsn, m, _ = item
+        if isinstance(m, (p.Begin, p.StreamStart)):
+            cur = m.xid
+        elif isinstance(m, (p.StreamAbort, p.StreamCommit)):
+            cur = m.xid
+        if isinstance(m, p.LogicalMessage) and not m.transactional:
+            if m.lsn > confirmed:
+                out.append(item)
+            continue
+        assert cur is not None
+        if txn_end[cur] > confirmed:
+            out.append(item)
+    return out
+
+
+def _deliver(f: ResumeFilter, items: list[Item]) -> list[tuple[int, Any]]:
+    out: list[tuple[int, Any]] = []
+    for item in items:
+        out.extend((lsn, m) for lsn, m, _ in f.feed(item))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.data())
+def test_cut_and_resend_is_invisible(stream: tuple[list[Item], list[tuple[int, int]]], data: Any) -> None:
+    items, commits = stream
+    expected = assemble([(lsn, m) for lsn, m, _ in items])
+    f = ResumeFilter()
+    delivered: list[tuple[int, Any]] = []
+    pos = 0  # how far the first connection got
+    confirmed = 0
+    remaining = items
+    for _ in range(data.draw(st.integers(1, 3))):
+        cut = data.draw(st.integers(0, len(remaining)))
+        delivered += _deliver(f, remaining[:cut])
+        pos += cut
+        # confirm some durable position: the end of a transaction fully delivered so far
+        done = [end for idx, end in commits if idx <= pos or idx <= cut]
+        done_now = [end for end in done if end >= confirmed]
+        if done_now and data.draw(st.booleans()):
+            confirmed = data.draw(st.sampled_from(done_now))
+        confirm_late = data.draw(st.booleans())
+        if not confirm_late:
+            f.confirmed(confirmed)
+        delivered += [(lsn, m) for lsn, m, _ in f.reconnected(confirmed)]
+        if confirm_late:
+            f.confirmed(confirmed)  # lands after the new connection started
+        remaining = _resend(items, confirmed)
+        pos = 0
+        commits = [(i, end) for i, (lsn, m, _) in enumerate(remaining, 1) for end in [getattr(m, "end_lsn", None)] if end is not None and isinstance(m, (p.Commit, p.StreamCommit))]
+    delivered += _deliver(f, remaining)
+    got = assemble(delivered)
+    assert got == expected

@@ -1,0 +1,144 @@
+"""Recorded stream files: round trip and every kind of bad input."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from csnd.errors import StreamFormatError
+from reader import pgoutput as p
+from reader.recorded import RecordedSource
+from reader.streamfile import MAGIC, StreamFileReader, StreamHeader, StreamWriter
+
+
+def _write(path: Path, frames: list[bytes], header: StreamHeader | None = None) -> None:
+    with StreamWriter(str(path), header or StreamHeader(node="dn1", mode="gtm")) as w:
+        for f in frames:
+            w.write_frame(f)
+
+
+FRAMES = [
+    p.encode_xlogdata(0x100, 0x100, 1, p.encode_begin(0x200, 5, 700)),
+    p.encode_xlogdata(0, 0, 1, p.encode_relation(16384, "public", "t", "d", [p.Column(1, "id", 23, -1)])),
+    p.encode_xlogdata(0x100, 0x100, 1, p.encode_insert(16384, [b"\x00\x00\x00\x01"])),
+    p.encode_xlogdata(0x228, 0x228, 1, p.encode_commit(0x200, 0x228, 5)),
+    p.encode_keepalive(0x228, 7, False),
+]
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "a.pgstream"
+    _write(path, FRAMES, StreamHeader(node="dn7", binary=False, mode="single", extra={"slot": "s"}))
+    with StreamFileReader(str(path)) as r:
+        assert r.header.node == "dn7" and r.header.binary is False and r.header.mode == "single"
+        assert r.header.extra == {"slot": "s"}
+        got = [payload for _, payload in r]
+    assert got == FRAMES
+    src = RecordedSource(str(path), name="other")
+    events = list(src.events())
+    assert src.node == "other"
+    kinds = [type(m).__name__ for _, m in events]
+    assert kinds == ["Begin", "Relation", "Change", "Commit", "Keepalive"]
+    assert [lsn for lsn, _ in events] == [0x100, 0, 0x100, 0x228, 0x228]
+
+
+def test_header_is_exact(tmp_path: Path) -> None:
+    path = tmp_path / "a.pgstream"
+    _write(path, [], StreamHeader(node="dn1", binary=True, mode="gtm"))
+    raw = path.read_bytes()
+    assert raw.startswith(MAGIC)
+    (n,) = struct.unpack("!I", raw[8:12])
+    assert raw[12 : 12 + n] == b'{"node": "dn1", "proto_version": 2, "binary": true, "mode": "gtm"}'
+
+
+def test_bad_magic(tmp_path: Path) -> None:
+    path = tmp_path / "bad.pgstream"
+    path.write_bytes(b"NOTCSND!" + b"\x00" * 10)
+    with pytest.raises(StreamFormatError, match=r"bad.pgstream: not a csnd stream file: magic"):
+        StreamFileReader(str(path))
+
+
+@pytest.mark.parametrize(
+    "header, match",
+    [
+        (b"{not json", "not valid UTF-8 JSON"),
+        (b"[1]", "not a JSON object"),
+        (b'{"mode": "gtm"}', 'no "node"'),
+        (b'{"node": "a", "mode": "weird"}', '"mode" is'),
+        (b'{"node": "a", "proto_version": 3}', "protocol version 3"),
+    ],
+)
+def test_bad_header(tmp_path: Path, header: bytes, match: str) -> None:
+    path = tmp_path / "h.pgstream"
+    path.write_bytes(MAGIC + struct.pack("!I", len(header)) + header)
+    with pytest.raises(StreamFormatError, match=match):
+        StreamFileReader(str(path))
+
+
+def test_header_cut_short(tmp_path: Path) -> None:
+    path = tmp_path / "h.pgstream"
+    path.write_bytes(MAGIC + struct.pack("!I", 100) + b"{}")
+    with pytest.raises(StreamFormatError, match=r"ends inside the header"):
+        StreamFileReader(str(path))
+
+
+@pytest.mark.parametrize("cut", [1, 2, 5, 20])
+def test_truncated_last_frame_names_file_offset_and_lsn(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "t.pgstream"
+    _write(path, FRAMES)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - cut)
+    last_offset = size - (4 + len(FRAMES[-1]))
+    with pytest.raises(StreamFormatError) as info:
+        list(RecordedSource(str(path)).events())
+    msg = str(info.value)
+    assert "t.pgstream" in msg and "truncated last frame" in msg
+    assert f"byte offset {last_offset}" in msg
+    assert "0/228" in msg  # the last LSN read
+
+
+def test_unknown_message_type_names_file_offset_lsn(tmp_path: Path) -> None:
+    path = tmp_path / "u.pgstream"
+    bad = p.encode_xlogdata(0x300, 0x300, 1, b"Z" + b"\x00" * 8)
+    _write(path, [*FRAMES[:3], bad])
+    offset = 12 + len(StreamHeader(node="dn1", mode="gtm").to_json()) + sum(4 + len(f) for f in FRAMES[:3])
+    with pytest.raises(StreamFormatError) as info:
+        list(RecordedSource(str(path)).events())
+    msg = str(info.value)
+    assert "unknown pgoutput message type 'Z'" in msg
+    assert f"byte offset {offset}" in msg and "node dn1" in msg and "0/300" in msg
+
+
+def test_unknown_frame_kind(tmp_path: Path) -> None:
+    path = tmp_path / "k.pgstream"
+    _write(path, [FRAMES[0], b"q12345678"])
+    with pytest.raises(StreamFormatError, match=r"unknown frame type 'q'.*at 0/100"):
+        list(StreamFileReader(str(path)))
+
+
+def test_corrupt_frame_length(tmp_path: Path) -> None:
+    path = tmp_path / "l.pgstream"
+    _write(path, [FRAMES[0]])
+    with open(path, "ab") as f:
+        f.write(struct.pack("!I", 0))
+    with pytest.raises(StreamFormatError, match="corrupt frame length 0"):
+        list(StreamFileReader(str(path)))
+
+
+def test_corrupt_message_inside_frame(tmp_path: Path) -> None:
+    path = tmp_path / "c.pgstream"
+    _write(path, [FRAMES[0], p.encode_xlogdata(0x150, 0x150, 1, p.encode_commit(1, 2, 3)[:4])])
+    with pytest.raises(StreamFormatError, match=r"corrupt Commit message"):
+        list(RecordedSource(str(path)).events())
+
+
+def test_error_is_picklable(tmp_path: Path) -> None:
+    import pickle
+
+    err = StreamFormatError("boom", path="x.pgstream", offset=12, node="dn1", lsn=0x10)
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and back.offset == 12 and back.path == "x.pgstream"
