@@ -18,7 +18,8 @@ from reader.live import LiveOptions, LiveSource
 from reader.record import record
 from reader.recorded import RecordedSource
 from tests.fixtures.pg import PgDatabase
-from tests.reader import witness, workload
+from csnd import pgworkload as workload
+from tests.reader import witness
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 

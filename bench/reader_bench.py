@@ -1,0 +1,113 @@
+"""Reader benchmarks (issue: the reader).
+
+* frames per second the reader parses from a recorded file (framing and
+  pgoutput classification only, as in the pipeline);
+* live capture rate of `csnd record` compared with `pg_recvlogical` draining a
+  twin pgoutput slot over the same WAL, as a ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import psycopg
+
+from bench.common import best_of, out_path
+from csnd.ids import lsn_from_str, lsn_to_str
+from csnd.pgserver import PG_BIN, start_server
+from reader.live import LiveOptions, LiveSource
+from reader.record import record
+from reader.recorded import RecordedSource
+
+LIVE_ROWS = 200_000
+
+
+def parse_rate(path: str) -> tuple[float, int]:
+    def run() -> int:
+        n = 0
+        for _ in RecordedSource(path).events():
+            n += 1
+        return n
+
+    secs, frames = best_of(3, run)
+    return frames / secs, frames
+
+
+def live_capture() -> dict[str, float]:
+    server = start_server()
+    try:
+        dsn = server.dsn()
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(b"CREATE TABLE wide (id bigint PRIMARY KEY, n numeric(12,2), t timestamptz, s text, j jsonb)")
+            c.execute(b"CREATE PUBLICATION bench FOR ALL TABLES")
+            for slot in ("ours1", "twin1", "ours2", "twin2"):
+                c.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')".encode())
+            # many small transactions plus some big ones (streamed)
+            for start in range(0, LIVE_ROWS, 1000):
+                c.execute(
+                    b"INSERT INTO wide SELECT g, g * 1.5, now(), md5(g::text), jsonb_build_object('g', g) "
+                    b"FROM generate_series(%s::bigint, %s::bigint) g",
+                    (start, start + 999),
+                )
+            row = c.execute(b"SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        end = lsn_from_str(str(row[0]))
+        # alternate the order (ours, twin, twin, ours) so a warm WAL cache favours neither
+        ours_times: list[float] = []
+        twin_times: list[float] = []
+        transactions = 0
+
+        def run_twin(slot: str) -> None:
+            t0 = time.perf_counter()
+            subprocess.run(
+                [
+                    os.path.join(PG_BIN, "pg_recvlogical"),
+                    "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-d", "postgres",
+                    "--slot", slot, "--start", "-E", lsn_to_str(end), "-f", "/dev/null", "--no-loop",
+                    "-o", "proto_version=2", "-o", "publication_names=bench", "-o", "binary=true",
+                    "-o", "streaming=on",
+                ],
+                check=True, capture_output=True,
+            )
+            twin_times.append(time.perf_counter() - t0)
+
+        def run_ours(slot: str) -> None:
+            nonlocal transactions
+            t0 = time.perf_counter()
+            src = LiveSource("dn1", LiveOptions(server.url(), slot, "bench", until_lsn=end))
+            transactions = record(src, out_path("live.pgstream"), progress=None).transactions
+            ours_times.append(time.perf_counter() - t0)
+
+        run_ours("ours1")
+        run_twin("twin1")
+        run_twin("twin2")
+        run_ours("ours2")
+        ours, twin = min(ours_times), min(twin_times)
+        return {
+            "rows": LIVE_ROWS,
+            "transactions": transactions,
+            "ours_s": ours,
+            "pg_recvlogical_s": twin,
+            "ours_rows_per_s": LIVE_ROWS / ours,
+            "pg_recvlogical_rows_per_s": LIVE_ROWS / twin,
+            "ratio": twin / ours,
+        }
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(server.base_dir, ignore_errors=True)
+
+
+def main() -> dict[str, object]:
+    live = live_capture()
+    rate, frames = parse_rate(out_path("live.pgstream"))
+    results = {"reader_parse_frames_per_s": rate, "reader_parse_frames": frames, "live": live}
+    print(results, file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()

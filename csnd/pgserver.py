@@ -1,0 +1,117 @@
+"""A throwaway local PostgreSQL 15 server: for the tests, the demo and the benchmarks.
+
+Initialised in a temporary directory on a free port with `wal_level=logical`
+and `logical_decoding_work_mem=64kB` (so big transactions are streamed).  When
+run as root the server runs as the `postgres` user, since PostgreSQL refuses
+to run as root.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import subprocess
+import tempfile
+
+PG_BIN = os.environ.get("CSND_PG_BIN", "/usr/lib/postgresql/15/bin")
+
+SERVER_SETTINGS = {
+    "wal_level": "logical",
+    "max_replication_slots": "40",
+    "max_wal_senders": "40",
+    "max_prepared_transactions": "20",
+    "logical_decoding_work_mem": "64kB",
+    "fsync": "off",  # the test server's own durability is not under test
+    "full_page_writes": "off",
+    "shared_buffers": "64MB",
+    "max_connections": "100",
+    "wal_sender_timeout": "60s",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgServer:
+    """A throwaway PostgreSQL cluster: init, start, stop, restart."""
+
+    def __init__(self, base_dir: str) -> None:
+        if not os.path.exists(os.path.join(PG_BIN, "postgres")):
+            raise RuntimeError(
+                f"PostgreSQL 15 server binaries not found in {PG_BIN}; run scripts/bootstrap.sh "
+                "(it installs postgresql-15 with apt-get)"
+            )
+        self.base_dir = base_dir
+        self.data_dir = os.path.join(base_dir, "data")
+        self.sock_dir = os.path.join(base_dir, "sock")
+        self.log_file = os.path.join(base_dir, "server.log")
+        self.port = _free_port()
+        self.as_postgres = os.geteuid() == 0
+        os.makedirs(self.sock_dir, exist_ok=True)
+        if self.as_postgres:
+            pw = pwd.getpwnam("postgres")
+            os.chmod(base_dir, 0o755)
+            for d in (base_dir, self.sock_dir):
+                os.chown(d, pw.pw_uid, pw.pw_gid)
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = list(args)
+        if self.as_postgres:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+    def init(self) -> None:
+        self._run(
+            os.path.join(PG_BIN, "initdb"),
+            "-D",
+            self.data_dir,
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
+        conf = [f"{k} = '{v}'" for k, v in SERVER_SETTINGS.items()]
+        conf += [f"port = {self.port}", f"unix_socket_directories = '{self.sock_dir}'", "listen_addresses = '127.0.0.1'"]
+        hba = "host replication all 127.0.0.1/32 trust\nlocal replication all trust\n"
+        script = f"cat >> {self.data_dir}/postgresql.conf <<'EOF'\n" + "\n".join(conf) + "\nEOF\n"
+        script += f"cat >> {self.data_dir}/pg_hba.conf <<'EOF'\n{hba}EOF\n"
+        self._run("bash", "-c", script)
+
+    def start(self) -> None:
+        self._run(os.path.join(PG_BIN, "pg_ctl"), "-D", self.data_dir, "-l", self.log_file, "-w", "-t", "60", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(os.path.join(PG_BIN, "pg_ctl"), "-D", self.data_dir, "-m", mode, "-w", "stop", check=False)
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_file) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+
+def start_server(base_dir: str | None = None) -> PgServer:
+    base = base_dir or tempfile.mkdtemp(prefix="csnd-pg-")
+    server = PgServer(base)
+    server.init()
+    server.start()
+    return server

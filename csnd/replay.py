@@ -1,0 +1,298 @@
+"""`csnd replay`: the embedded pipeline over one or more sources.
+
+    source ─► DecoderPool ─► NodeSender ─┐  (one thread per node, bounded queue each)
+    source ─► DecoderPool ─► NodeSender ─┼─► CsnMerge ─► JSON lines ─► confirm live slots
+    source ─► DecoderPool ─► NodeSender ─┘  (this thread)
+
+Each node pipeline runs in its own thread and hands finished transactions and
+watermarks to the merge through a bounded per-node queue; the merge thread
+only takes from a node while the merge wants more from it, so a node far
+ahead blocks on its own queue (back-pressure) instead of being buffered
+without limit.
+
+Live slots are confirmed only after the transactions are written out (and,
+for a file, fsynced): for each node, the end LSN up to which every committed
+transaction of that node is written (`ConfirmTracker`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any, Final
+
+from coordinator import CsnMerge, NodeBatch, check_modes
+from csnd.errors import ConfigError, CsndError
+from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
+from decoder.pool import DecoderPool
+from reader.recorded import RecordedSource
+from sender import NodeSender
+from sender.txn import FinishedTxn
+
+# Finished transactions (or watermarks) waiting per node between its pipeline
+# thread and the merge.  Small: the merge keeps its own bounded buffer.
+NODE_QUEUE_DEPTH: Final = 64
+# Changes per batch handed to the merge: a transaction bigger than this is
+# split, so a huge transaction never sits whole in the merge's buffer.
+MERGE_BATCH_CHANGES: Final = 1024
+# How often output is flushed/fsynced and live slots confirmed.
+CONFIRM_INTERVAL_S: Final = 1.0
+
+
+@dataclass
+class _Txn:
+    txn: FinishedTxn
+    confirmable: int
+
+
+@dataclass
+class _Watermark:
+    csn: int
+
+
+@dataclass
+class _End:
+    error: BaseException | None = None
+
+
+class ConfirmTracker:
+    """Which end LSN of one node may be confirmed, given how many of its transactions are written.
+
+    The sender reports, after each release, `confirmable_lsn` (every
+    transaction of this node committed at or before it has been released).
+    That becomes safe to confirm once every transaction released up to that
+    moment is also written.
+    """
+
+    __slots__ = ("released", "written", "_marks", "safe")
+
+    def __init__(self) -> None:
+        self.released = 0
+        self.written = 0
+        self._marks: deque[tuple[int, int]] = deque()  # (released count, confirmable lsn)
+        self.safe = 0
+
+    def on_release(self, confirmable: int) -> None:
+        self.released += 1
+        self._marks.append((self.released, confirmable))
+
+    def on_written(self) -> None:
+        self.written += 1
+        while self._marks and self._marks[0][0] <= self.written:
+            self.safe = max(self.safe, self._marks.popleft()[1])
+
+
+class NodePipeline:
+    """reader -> decoder pool -> sender for one node, in its own thread."""
+
+    def __init__(self, source: Any, decoders: int, spill_dir: str | None = None) -> None:
+        self.source = source
+        self.node: str = source.node
+        self.pool = DecoderPool(self.node, decoders, source.binary)
+        self.sender = NodeSender(self.node, source.mode)
+        self.out: queue.Queue[_Txn | _Watermark | _End] = queue.Queue(NODE_QUEUE_DEPTH)
+        self.wakeup: threading.Event | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
+
+    def start(self, wakeup: threading.Event) -> None:
+        self.wakeup = wakeup
+        self.thread.start()
+
+    def _put(self, item: _Txn | _Watermark | _End) -> None:
+        while True:
+            try:
+                self.out.put(item, timeout=0.5)
+                break
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+        assert self.wakeup is not None
+        self.wakeup.set()
+
+    def _run(self) -> None:
+        try:
+            sender = self.sender
+            feed = sender.feed
+            last_wm: int | None = None
+            for lsn, item in self.pool.run(self.source.events()):
+                if self._stop.is_set():
+                    break
+                for txn in feed(lsn, item):
+                    self._put(_Txn(txn, sender.confirmable_lsn))
+                wm = sender.watermark
+                if wm is not None and wm != last_wm:
+                    last_wm = wm
+                    self._put(_Watermark(wm))
+            if not self._stop.is_set():
+                sender.finish()
+            self._put(_End())
+        except BaseException as e:  # noqa: BLE001 - handed to the merge thread
+            self._put(_End(e))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.source.close()
+        self.pool.close()
+
+
+def open_source(spec: SourceSpec, args: argparse.Namespace, index: int) -> Any:
+    if spec.is_grpc:
+        raise ConfigError(f"{spec.target}: gRPC node agents are not available in this version")
+    if spec.is_live:
+        from reader.live import LiveOptions, LiveSource
+
+        if not args.slot or not args.publication:
+            raise ConfigError(f"live source {spec.target}: --slot and --publication are required")
+        opts = LiveOptions(
+            conninfo=spec.target,
+            slot=args.slot,
+            publication=args.publication,
+            create_slot=args.create_slot,
+            until_lsn=parse_lsn_arg(args.until_lsn) if args.until_lsn else None,
+            binary=not args.text,
+        )
+        return LiveSource(spec.name or f"dn{index + 1}", opts, mode=args.mode)
+    if not os.path.exists(spec.target):
+        raise ConfigError(f"source {spec.target!r}: no such file (a live node is postgresql://...)")
+    return RecordedSource(spec.target, name=spec.name)
+
+
+def _batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
+    """Cut one node's transaction into merge batches: a new batch at each cid change or size bound."""
+    chunk: list[tuple[int, int, str]] = []
+    cid = None
+    for change in txn.changes:
+        if chunk and (change[0] != cid or len(chunk) >= MERGE_BATCH_CHANGES):
+            yield NodeBatch(txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, False)
+            chunk = []
+        cid = change[0]
+        chunk.append(change)
+    yield NodeBatch(
+        txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid or 0, chunk, True
+    )
+
+
+class _Output:
+    """JSON lines to stdout or to FILE (written as FILE.partial, renamed when complete)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.partial = f"{path}.partial" if path else None
+        self.f: IO[str] = open(self.partial, "w", encoding="utf-8") if self.partial else sys.stdout  # noqa: SIM115
+        self.lines = 0
+
+    def write(self, line: str) -> None:
+        self.f.write(line)
+        self.f.write("\n")
+        self.lines += 1
+
+    def sync(self) -> None:
+        self.f.flush()
+        if self.partial:
+            os.fsync(self.f.fileno())
+
+    def commit(self) -> None:
+        self.sync()
+        if self.partial and self.path:
+            self.f.close()
+            os.replace(self.partial, self.path)
+
+    def abandon(self) -> str | None:
+        if self.partial:
+            self.f.close()
+            return self.partial
+        self.f.flush()
+        return None
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    specs = [parse_source(s) for s in args.sources]
+    sources = [open_source(spec, args, i) for i, spec in enumerate(specs)]
+    names = [s.node for s in sources]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE")
+    check_modes({s.node: s.mode for s in sources})
+    pipelines = [NodePipeline(s, args.decoders) for s in sources]
+    out = _Output(args.output)
+    try:
+        _merge_loop(pipelines, out)
+    except (CsndError, KeyboardInterrupt) as e:
+        for p in pipelines:
+            p.stop()
+        partial = out.abandon()
+        if partial and isinstance(e, CsndError):
+            raise _with_partial(e, partial) from None
+        raise
+    out.commit()
+    for p in pipelines:
+        p.stop()
+    return 0
+
+
+def _with_partial(e: CsndError, partial: str) -> CsndError:
+    e.args = (f"{e}; the incomplete output is in {partial}",)
+    return e
+
+
+def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
+    merge = CsnMerge([p.node for p in pipelines])
+    wakeup = threading.Event()
+    trackers = {p.node: ConfirmTracker() for p in pipelines}
+    by_node = {p.node: p for p in pipelines}
+    for p in pipelines:
+        p.start(wakeup)
+    live = [p for p in pipelines if hasattr(p.source, "confirmed_lsn")]
+    ended: set[str] = set()
+    last_confirm = time.monotonic()
+    while len(ended) < len(pipelines) or merge.has_pending():
+        progressed = False
+        wakeup.clear()
+        for p in pipelines:
+            if p.node in ended:
+                continue
+            while merge.wants_more(p.node):
+                try:
+                    item = p.out.get_nowait()
+                except queue.Empty:
+                    break
+                progressed = True
+                if isinstance(item, _Txn):
+                    trackers[p.node].on_release(item.confirmable)
+                    for batch in _batches(item.txn):
+                        merge.add_batch(p.node, batch)
+                elif isinstance(item, _Watermark):
+                    merge.add_watermark(p.node, item.csn)
+                else:
+                    if item.error is not None:
+                        raise item.error
+                    merge.node_ended(p.node)
+                    ended.add(p.node)
+                    break
+        for gtxn in merge.pop_ready():
+            out.write(gtxn.to_json_line())
+            for node in gtxn.nodes:
+                trackers[node].on_written()
+            progressed = True
+        now = time.monotonic()
+        if live and now - last_confirm >= CONFIRM_INTERVAL_S:
+            out.sync()
+            for p in live:
+                p.source.confirm(trackers[p.node].safe)
+            last_confirm = now
+        if not progressed:
+            if len(ended) == len(pipelines) and merge.has_pending():
+                raise CsndError("merge stalled with transactions pending after every node ended; this is a bug")
+            wakeup.wait(0.2)
+    out.sync()
+    for p in live:
+        p.source.confirm(trackers[p.node].safe)
+    del by_node

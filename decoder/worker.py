@@ -1,0 +1,57 @@
+"""The body of one decoder process (see `decoder.pool`).
+
+Kept apart from the pool so the child imports as little as possible: spawn
+starts a fresh interpreter per worker.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from typing import Any
+
+from csnd.errors import CsndError, DecodeError
+from decoder.rows import RelationCache, decode_change
+from reader.pgoutput import Change, Column, Relation, Truncate, TypeMsg
+
+
+def _message(w: tuple[Any, ...]) -> Any:
+    tag = w[0]
+    if tag == "c":
+        return Change(w[2], w[3], w[4], w[5])
+    if tag == "t":
+        return Truncate(w[2], w[3], w[4])
+    if tag == "r":
+        return Relation(w[2], w[3], w[4], w[5], w[6], tuple(Column(*c) for c in w[7]))
+    return TypeMsg(w[2], w[3], w[4], w[5])
+
+
+def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) -> None:
+    # Ctrl-C goes to the whole process group; the parent decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cache = RelationCache()
+    failed: BaseException | None = None
+    while True:
+        item = inbox.get()
+        if item is None:
+            return
+        kind, payload = item
+        if failed is not None:
+            continue  # already reported; wait for the parent to stop us
+        try:
+            if kind == "meta":
+                cache.apply(_message(payload))
+                continue
+            out = []
+            for w in payload:
+                rows = decode_change(_message(w), w[1], cache, binary)
+                out.append([(r.lsn, r.xid, r.op, r.body) for r in rows])
+            outbox.put(("ok", out))
+        except CsndError as e:
+            if e.node is None:
+                e = type(e)(e.message, node=node, lsn=e.lsn, xid=e.xid) if type(e) is not CsndError else e
+            failed = e
+            outbox.put(("error", e))
+        except Exception as e:  # noqa: BLE001 - a bug, reported with its traceback
+            failed = e
+            outbox.put(("error", DecodeError(f"decoder worker {index} crashed: {e!r}\n{traceback.format_exc()}", node=node)))
