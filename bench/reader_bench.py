@@ -42,7 +42,9 @@ def live_capture() -> dict[str, float]:
     try:
         dsn = server.dsn()
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(b"CREATE TABLE wide (id bigint PRIMARY KEY, n numeric(12,2), t timestamptz, s text, j jsonb)")
+            c.execute(
+                b"CREATE TABLE wide (id bigint PRIMARY KEY, n numeric(12,2), t timestamptz, s text, j jsonb)"
+            )
             c.execute(b"CREATE PUBLICATION bench FOR ALL TABLES")
             for slot in ("ours1", "twin1", "ours2", "twin2"):
                 c.execute(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')".encode())
@@ -66,12 +68,33 @@ def live_capture() -> dict[str, float]:
             subprocess.run(
                 [
                     os.path.join(PG_BIN, "pg_recvlogical"),
-                    "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-d", "postgres",
-                    "--slot", slot, "--start", "-E", lsn_to_str(end), "-f", "/dev/null", "--no-loop",
-                    "-o", "proto_version=2", "-o", "publication_names=bench", "-o", "binary=true",
-                    "-o", "streaming=on",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(server.port),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                    "--slot",
+                    slot,
+                    "--start",
+                    "-E",
+                    lsn_to_str(end),
+                    "-f",
+                    "/dev/null",
+                    "--no-loop",
+                    "-o",
+                    "proto_version=2",
+                    "-o",
+                    "publication_names=bench",
+                    "-o",
+                    "binary=true",
+                    "-o",
+                    "streaming=on",
                 ],
-                check=True, capture_output=True,
+                check=True,
+                capture_output=True,
             )
             twin_times.append(time.perf_counter() - t0)
 

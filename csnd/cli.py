@@ -33,7 +33,11 @@ def _add_live_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slot", help="logical replication slot (pgoutput) on the live node")
     g.add_argument("--publication", help="publication the slot streams")
     g.add_argument("--create-slot", action="store_true", help="create the slot if it does not exist")
-    g.add_argument("--until-lsn", metavar="LSN", help="end the source at the first transaction boundary at or after LSN (X/X)")
+    g.add_argument(
+        "--until-lsn",
+        metavar="LSN",
+        help="end the source at the first transaction boundary at or after LSN (X/X)",
+    )
     g.add_argument("--text", action="store_true", help="ask for values in text form instead of binary")
     g.add_argument(
         "--mode",
@@ -70,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 0 when every source has ended; on a protocol error exit 1 with one line on stderr.",
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help=SOURCE_HELP)
-    p.add_argument("--decoders", type=int, default=os.cpu_count() or 1, help="decoder processes per node (default: cores)")
+    p.add_argument(
+        "--decoders",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="decoder processes per node (default: cores)",
+    )
     p.add_argument("--output", metavar="FILE", help="write JSON lines here instead of stdout")
     _add_live_options(p)
 
@@ -163,7 +172,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.nodes < 1 or args.transactions < 0:
         raise ConfigError("--nodes must be >= 1 and --transactions >= 0")
-    summary = generate_cluster(args.out, nodes=args.nodes, transactions=args.transactions, seed=args.seed, binary=not args.text)
+    summary = generate_cluster(
+        args.out, nodes=args.nodes, transactions=args.transactions, seed=args.seed, binary=not args.text
+    )
     print(summary, file=sys.stderr)
     return 0
 

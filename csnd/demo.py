@@ -101,7 +101,9 @@ def run_demo(args: argparse.Namespace) -> int:
     secs = _replay([capture], out, decoders)
     s = _summarise(out)
     _say(f"replayed the capture with {decoders} decoder processes in {secs:.2f}s -> {out}")
-    _say(f"  {s['transactions']} transactions, {s['changes']} changes {s['ops']}, CSN-ordered: {s['csn_ordered']}")
+    _say(
+        f"  {s['transactions']} transactions, {s['changes']} changes {s['ops']}, CSN-ordered: {s['csn_ordered']}"
+    )
     with open(out, encoding="utf-8") as f:
         first = f.readline().strip()
     _say(f"  first line: {first[:300]}{'...' if len(first) > 300 else ''}")
@@ -115,7 +117,10 @@ def run_demo(args: argparse.Namespace) -> int:
     files = [os.path.join(cluster, f"dn{i}.pgstream") for i in (1, 2, 3)]
     secs = _replay(files, merged, decoders)
     s = _summarise(merged)
-    with open(merged, encoding="utf-8") as a, open(os.path.join(cluster, "expected.jsonl"), encoding="utf-8") as b:
+    with (
+        open(merged, encoding="utf-8") as a,
+        open(os.path.join(cluster, "expected.jsonl"), encoding="utf-8") as b,
+    ):
         same = a.read() == b.read()
     _say(f"merged 3 nodes in {secs:.2f}s -> {merged}")
     _say(f"  {s['transactions']} transactions, {s['changes']} changes, CSN-ordered: {s['csn_ordered']}")

@@ -8,7 +8,7 @@ ordering by an LSN in GTM mode.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import NewType
 
 Lsn = NewType("Lsn", int)
@@ -21,7 +21,7 @@ MAX_LSN = Lsn(0xFFFF_FFFF_FFFF_FFFF)
 _LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 
 # PostgreSQL counts time in microseconds since 2000-01-01 00:00:00 UTC.
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 PG_EPOCH_UNIX_US = 946_684_800_000_000
 
 

@@ -79,14 +79,28 @@ class PgServer:
             "--locale=C",
         )
         conf = [f"{k} = '{v}'" for k, v in SERVER_SETTINGS.items()]
-        conf += [f"port = {self.port}", f"unix_socket_directories = '{self.sock_dir}'", "listen_addresses = '127.0.0.1'"]
+        conf += [
+            f"port = {self.port}",
+            f"unix_socket_directories = '{self.sock_dir}'",
+            "listen_addresses = '127.0.0.1'",
+        ]
         hba = "host replication all 127.0.0.1/32 trust\nlocal replication all trust\n"
         script = f"cat >> {self.data_dir}/postgresql.conf <<'EOF'\n" + "\n".join(conf) + "\nEOF\n"
         script += f"cat >> {self.data_dir}/pg_hba.conf <<'EOF'\n{hba}EOF\n"
         self._run("bash", "-c", script)
 
     def start(self) -> None:
-        self._run(os.path.join(PG_BIN, "pg_ctl"), "-D", self.data_dir, "-l", self.log_file, "-w", "-t", "60", "start")
+        self._run(
+            os.path.join(PG_BIN, "pg_ctl"),
+            "-D",
+            self.data_dir,
+            "-l",
+            self.log_file,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run(os.path.join(PG_BIN, "pg_ctl"), "-D", self.data_dir, "-m", mode, "-w", "stop", check=False)

@@ -41,8 +41,10 @@ def setup(conninfo: str, publication: str = "csnd_pub") -> None:
 
 
 def ddl_done(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
-    row = conn.execute(b"SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
-                       b"WHERE attrelid = 'acct'::regclass AND attname = 'owner'").fetchone()
+    row = conn.execute(
+        b"SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+        b"WHERE attrelid = 'acct'::regclass AND attname = 'owner'"
+    ).fetchone()
     return row is not None and row[0] != "text"
 
 

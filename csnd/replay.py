@@ -171,7 +171,9 @@ def _batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     cid = None
     for change in txn.changes:
         if chunk and (change[0] != cid or len(chunk) >= MERGE_BATCH_CHANGES):
-            yield NodeBatch(txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, False)
+            yield NodeBatch(
+                txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, False
+            )
             chunk = []
         cid = change[0]
         chunk.append(change)
@@ -290,7 +292,9 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
             last_confirm = now
         if not progressed:
             if len(ended) == len(pipelines) and merge.has_pending():
-                raise CsndError("merge stalled with transactions pending after every node ended; this is a bug")
+                raise CsndError(
+                    "merge stalled with transactions pending after every node ended; this is a bug"
+                )
             wakeup.wait(0.2)
     out.sync()
     for p in live:

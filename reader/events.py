@@ -9,12 +9,11 @@ position and -- for recorded files -- the path and byte offset.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Union
 
 from csnd.errors import ProtocolError, StreamFormatError
 from reader.pgoutput import FrameError, Keepalive, Message, PgOutputParser, parse_frame
 
-Event = tuple[int, Union[Message, Keepalive]]
+Event = tuple[int, Message | Keepalive]
 
 
 def iter_events(
@@ -38,5 +37,7 @@ def iter_events(
             yield frame.data_start, parse(frame.payload)
         except FrameError as e:
             if path is not None:
-                raise StreamFormatError(e.message, path=path, offset=offset, node=node, lsn=last_lsn) from None
+                raise StreamFormatError(
+                    e.message, path=path, offset=offset, node=node, lsn=last_lsn
+                ) from None
             raise ProtocolError(e.message, node=node, lsn=last_lsn) from None

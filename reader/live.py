@@ -22,6 +22,7 @@ authentication) fail at once with a `SourceError`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import threading
@@ -137,7 +138,7 @@ class LiveSource:
 
     # --- connection -----------------------------------------------------------------
 
-    def _connect(self) -> pq.PGconn:
+    def _connect(self) -> pq.abc.PGconn:
         try:
             conn = psycopg.connect(self.options.conninfo, replication="database", autocommit=True)
         except psycopg.OperationalError as e:
@@ -145,7 +146,7 @@ class LiveSource:
         self._conn = conn
         return conn.pgconn
 
-    def _exec(self, pgconn: pq.PGconn, sql: str) -> pq.abc.PGresult:
+    def _exec(self, pgconn: pq.abc.PGconn, sql: str) -> pq.abc.PGresult:
         res = pgconn.exec_(sql.encode())
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
             raise self._result_error(res, sql.split(" ", 2)[0:2])
@@ -159,7 +160,7 @@ class LiveSource:
             return SourceError(text, node=self.node)
         return ConnectionLost(text, node=self.node)
 
-    def create_slot_if_missing(self, pgconn: pq.PGconn) -> None:
+    def create_slot_if_missing(self, pgconn: pq.abc.PGconn) -> None:
         slot = self.options.slot
         res = pgconn.exec_(
             f"SELECT 1 FROM pg_replication_slots WHERE slot_name = {_quote_literal(slot)}".encode()
@@ -169,7 +170,7 @@ class LiveSource:
         self._exec(pgconn, f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT")
         log.info("node %s: created slot %s", self.node, slot)
 
-    def _start(self, pgconn: pq.PGconn) -> None:
+    def _start(self, pgconn: pq.abc.PGconn) -> None:
         o = self.options
         opts = {
             "proto_version": "2",
@@ -194,14 +195,14 @@ class LiveSource:
                 raise ConnectionLost("START_REPLICATION returned no result", node=self.node)
             raise self._result_error(res, ["START_REPLICATION", f"slot {o.slot}"])
 
-    def _wait(self, pgconn: pq.PGconn, read: bool, timeout: float = POLL_S) -> bool:
+    def _wait(self, pgconn: pq.abc.PGconn, read: bool, timeout: float = POLL_S) -> bool:
         if self._closed.is_set():
             raise _Closed
         fd = pgconn.socket
         r, w, _ = select.select([fd] if read else [], [] if read else [fd], [], timeout)
         return bool(r or w)
 
-    def _send_status(self, pgconn: pq.PGconn, reply: bool = False) -> None:
+    def _send_status(self, pgconn: pq.abc.PGconn, reply: bool = False) -> None:
         flush = self.confirmed_lsn
         # write = what we have received; flush/apply = what is durable downstream
         msg = encode_status_update(max(self._received, flush), flush, flush, _now_pg_us(), reply)
@@ -249,7 +250,11 @@ class LiveSource:
                 self._finish_copy()
                 return
             except (ConnectionLost, psycopg.OperationalError, OSError) as err:
-                e = err if isinstance(err, ConnectionLost) else ConnectionLost(str(err).strip(), node=self.node)
+                e = (
+                    err
+                    if isinstance(err, ConnectionLost)
+                    else ConnectionLost(str(err).strip(), node=self.node)
+                )
                 now = time.monotonic()
                 down_since = down_since or now
                 if now - down_since > self.options.reconnect_give_up_s:
@@ -269,7 +274,7 @@ class LiveSource:
                     self._drop_conn()
         self._drop_conn()
 
-    def _copy_loop(self, pgconn: pq.PGconn) -> Generator[Item, None, bool]:
+    def _copy_loop(self, pgconn: pq.abc.PGconn) -> Generator[Item, None, bool]:
         parser = PgOutputParser()
         filt = self.filter.feed
         last_status = time.monotonic()
@@ -289,7 +294,9 @@ class LiveSource:
                     try:
                         pgconn.consume_input()
                     except psycopg.OperationalError:
-                        raise ConnectionLost(self._pq_error(pgconn), node=self.node, lsn=self._received) from None
+                        raise ConnectionLost(
+                            self._pq_error(pgconn), node=self.node, lsn=self._received
+                        ) from None
                 continue
             if nbytes < 0:
                 res = pgconn.get_result()
@@ -320,7 +327,7 @@ class LiveSource:
                 self._finish_copy()
                 return True
 
-    def _pq_error(self, pgconn: pq.PGconn) -> str:
+    def _pq_error(self, pgconn: pq.abc.PGconn) -> str:
         return (pgconn.error_message or b"connection lost").decode(errors="replace").strip()
 
     def _finish_copy(self) -> None:
@@ -342,10 +349,8 @@ class LiveSource:
     def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing a broken connection
                 conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
 
 
 class _Closed(Exception):

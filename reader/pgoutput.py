@@ -24,7 +24,7 @@ exactly one place.
 from __future__ import annotations
 
 import struct
-from typing import Final, Union
+from typing import Final
 
 from csnd.errors import ProtocolError
 
@@ -72,7 +72,7 @@ class Keepalive:
         self.reply_requested = reply_requested
 
 
-Frame = Union[XLogData, Keepalive]
+Frame = XLogData | Keepalive
 
 
 class Begin:
@@ -197,9 +197,7 @@ class LogicalMessage:
     __slots__ = ("xid", "transactional", "lsn", "prefix", "content")
     tag = "M"
 
-    def __init__(
-        self, xid: int | None, transactional: bool, lsn: int, prefix: str, content: bytes
-    ) -> None:
+    def __init__(self, xid: int | None, transactional: bool, lsn: int, prefix: str, content: bytes) -> None:
         self.xid = xid
         self.transactional = transactional
         self.lsn = lsn
@@ -242,20 +240,20 @@ class StreamAbort:
         self.subxid = subxid
 
 
-Message = Union[
-    Begin,
-    Commit,
-    Origin,
-    Relation,
-    TypeMsg,
-    Change,
-    Truncate,
-    LogicalMessage,
-    StreamStart,
-    StreamStop,
-    StreamCommit,
-    StreamAbort,
-]
+Message = (
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | TypeMsg
+    | Change
+    | Truncate
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
+)
 
 # Messages that carry the extra leading xid inside a stream block.
 _XID_IN_STREAM: Final = frozenset(b"RYIUDTM")
@@ -340,7 +338,9 @@ def parse_message(buf: bytes, in_stream: bool) -> Message:
             size = _U32.unpack_from(buf, p)[0]
             content = bytes(buf[p + 4 : p + 4 + size])
             if len(content) != size:
-                raise FrameError(f"corrupt Message message: content of {len(content)} bytes, header says {size}")
+                raise FrameError(
+                    f"corrupt Message message: content of {len(content)} bytes, header says {size}"
+                )
             return LogicalMessage(xid, bool(flags & 1), lsn, prefix, content)
         if tag == 0x52:  # R
             relid = _U32.unpack_from(buf, pos)[0]
@@ -425,7 +425,7 @@ class PgOutputParser:
 # Used by the synthetic cluster generator and the tests, and by the live reader
 # for standby status updates.
 
-TupleValue = Union[None, bytes, str]
+TupleValue = None | bytes | str
 """One column of tuple data for encoding: None is SQL NULL, `UNCHANGED` unchanged
 TOAST, `bytes` a binary value, `str` a text value."""
 

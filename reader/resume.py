@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Final
 
 from reader.pgoutput import (
+    XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
     Commit,
@@ -47,7 +48,6 @@ from reader.pgoutput import (
     StreamStop,
     Truncate,
     TypeMsg,
-    XLOGDATA_HEADER_SIZE,
     encode_relation,
     encode_stream_start,
     encode_stream_stop,
@@ -226,9 +226,8 @@ class ResumeFilter:
             # Downstream is outside any block, where Relation/Type carry no
             # xid; the schema still matters (the walsender will not send it again).
             return [_without_xid(item)]
-        if isinstance(msg, (Change, Truncate, LogicalMessage)):
-            if not self.progress[xid].admit(lsn):
-                return self._drop()
+        if isinstance(msg, (Change, Truncate, LogicalMessage)) and not self.progress[xid].admit(lsn):
+            return self._drop()
         out: list[Item] = []
         if self._held_start is not None:
             out.append(self._release_start(xid))

@@ -57,7 +57,9 @@ class StreamHeader:
         try:
             doc = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise StreamFormatError(f"header is not valid UTF-8 JSON: {e}", path=path, offset=len(MAGIC)) from None
+            raise StreamFormatError(
+                f"header is not valid UTF-8 JSON: {e}", path=path, offset=len(MAGIC)
+            ) from None
         if not isinstance(doc, dict):
             raise StreamFormatError("header is not a JSON object", path=path, offset=len(MAGIC))
         node, mode = doc.pop("node", None), doc.pop("mode", "single")
@@ -67,7 +69,9 @@ class StreamHeader:
         if mode not in MODES:
             raise StreamFormatError(f'header "mode" is {mode!r}, expected "gtm" or "single"', path=path)
         if proto != 2:
-            raise StreamFormatError(f"pgoutput protocol version {proto!r} is not supported (only 2)", path=path)
+            raise StreamFormatError(
+                f"pgoutput protocol version {proto!r} is not supported (only 2)", path=path
+            )
         if not isinstance(binary, bool):
             raise StreamFormatError('header "binary" must be true or false', path=path)
         return cls(node=node, proto_version=proto, binary=binary, mode=mode, extra=doc)

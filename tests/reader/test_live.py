@@ -12,13 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from csnd import pgworkload as workload
 from csnd.errors import SourceError
 from csnd.ids import lsn_from_str, lsn_to_str
 from reader.live import LiveOptions, LiveSource
 from reader.record import record
 from reader.recorded import RecordedSource
 from tests.fixtures.pg import PgDatabase
-from csnd import pgworkload as workload
 from tests.reader import witness
 
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -52,9 +52,24 @@ def _compare(ours: list[witness.WTxn], theirs: list[witness.WTxn]) -> None:
 
 def _record_cli(pg: PgDatabase, out: Path, until: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*CSND, "record", f"dn1={pg.url}", "--slot", "csnd", "--publication", "csnd_pub", "--text",
-         "--until-lsn", until, "--out", str(out), *extra],
-        capture_output=True, text=True, timeout=180,
+        [
+            *CSND,
+            "record",
+            f"dn1={pg.url}",
+            "--slot",
+            "csnd",
+            "--publication",
+            "csnd_pub",
+            "--text",
+            "--until-lsn",
+            until,
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
 
 
@@ -75,13 +90,21 @@ def test_record_matches_test_decoding_witness(pg: PgDatabase, tmp_path: Path) ->
     # the witness saw the features we claim to cover
     ops = {c[1] for t in theirs for c in t.changes}
     assert ops == {"insert", "update", "delete", "truncate", "message"}
-    assert any(v == witness.UNCHANGED for t in ours for c in t.changes if c[1] == "update" for v in (c[4] or {}).values())
+    assert any(
+        v == witness.UNCHANGED
+        for t in ours
+        for c in t.changes
+        if c[1] == "update"
+        for v in (c[4] or {}).values()
+    )
     # the big transaction really was streamed
     kinds = {type(m).__name__ for _, m in RecordedSource(str(out)).events()}
     assert {"StreamStart", "StreamStop", "StreamCommit", "StreamAbort"} <= kinds
     # the slot was confirmed to the end of the last transaction (or an idle
     # keepalive after it), never past WAL the server has written
-    confirmed = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'")[0][0]
+    confirmed = pg.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'"
+    )[0][0]
     last_end = ours[-1].end_lsn
     assert last_end is not None and lsn_from_str(str(confirmed)) >= last_end
     assert lsn_from_str(str(confirmed)) <= lsn_from_str(pg.current_lsn())
@@ -115,7 +138,9 @@ def test_binary_mode_frames_match_text_mode_structure(pg: PgDatabase, tmp_path: 
     out_b, out_t = tmp_path / "b.pgstream", tmp_path / "t.pgstream"
     src = LiveSource("dn1", LiveOptions(pg.url, "csnd", "csnd_pub", until_lsn=lsn_from_str(end)))
     record(src, str(out_b), progress=None)
-    src = LiveSource("dn1", LiveOptions(pg.url, "csnd_text", "csnd_pub", until_lsn=lsn_from_str(end), binary=False))
+    src = LiveSource(
+        "dn1", LiveOptions(pg.url, "csnd_text", "csnd_pub", until_lsn=lsn_from_str(end), binary=False)
+    )
     record(src, str(out_t), progress=None)
     assert RecordedSource(str(out_b)).binary is True and RecordedSource(str(out_t)).binary is False
     bt, _ = _ours(out_b)

@@ -29,12 +29,28 @@ def test_commit(c: int, e: int, t: int, flags: int) -> None:
     assert (m.flags, m.commit_lsn, m.end_lsn, m.commit_time) == (flags, c, e, t)
 
 
-@given(opt_xid, u32, names, names, st.sampled_from("dnfi"), st.lists(st.tuples(st.integers(0, 1), names, u32, st.integers(-1, 2**31 - 1)), max_size=8))
-def test_relation(xid: int | None, relid: int, ns: str, name: str, ident: str, cols: list[tuple[int, str, int, int]]) -> None:
+@given(
+    opt_xid,
+    u32,
+    names,
+    names,
+    st.sampled_from("dnfi"),
+    st.lists(st.tuples(st.integers(0, 1), names, u32, st.integers(-1, 2**31 - 1)), max_size=8),
+)
+def test_relation(
+    xid: int | None, relid: int, ns: str, name: str, ident: str, cols: list[tuple[int, str, int, int]]
+) -> None:
     columns = tuple(p.Column(*c) for c in cols)
     m = p.parse_message(p.encode_relation(relid, ns, name, ident, columns, xid=xid), xid is not None)
     assert isinstance(m, p.Relation)
-    assert (m.xid, m.relid, m.namespace, m.name, m.replident, m.columns) == (xid, relid, ns, name, ident, columns)
+    assert (m.xid, m.relid, m.namespace, m.name, m.replident, m.columns) == (
+        xid,
+        relid,
+        ns,
+        name,
+        ident,
+        columns,
+    )
 
 
 @given(opt_xid, u32, names, names)
@@ -44,19 +60,27 @@ def test_type(xid: int | None, oid: int, ns: str, name: str) -> None:
     assert (m.xid, m.type_oid, m.namespace, m.name) == (xid, oid, ns, name)
 
 
-tuple_values = st.lists(st.none() | st.just(p.UNCHANGED) | st.binary(max_size=10) | st.text(max_size=10), max_size=6)
+tuple_values = st.lists(
+    st.none() | st.just(p.UNCHANGED) | st.binary(max_size=10) | st.text(max_size=10), max_size=6
+)
 
 
 @given(opt_xid, u32, tuple_values, st.none() | tuple_values, st.sampled_from("KO"))
-def test_changes(xid: int | None, relid: int, new: list[p.TupleValue], old: list[p.TupleValue] | None, kind: str) -> None:
+def test_changes(
+    xid: int | None, relid: int, new: list[p.TupleValue], old: list[p.TupleValue] | None, kind: str
+) -> None:
     ins = p.parse_message(p.encode_insert(relid, new, xid=xid), xid is not None)
     assert isinstance(ins, p.Change) and (ins.kind, ins.xid, ins.relid) == ("I", xid, relid)
     assert ins.data == b"N" + p.encode_tuple(new)
     upd = p.parse_message(p.encode_update(relid, new, old, kind, xid=xid), xid is not None)
     assert isinstance(upd, p.Change) and upd.kind == "U" and upd.relid == relid
-    assert upd.data == (b"" if old is None else kind.encode() + p.encode_tuple(old)) + b"N" + p.encode_tuple(new)
+    assert upd.data == (b"" if old is None else kind.encode() + p.encode_tuple(old)) + b"N" + p.encode_tuple(
+        new
+    )
     dele = p.parse_message(p.encode_delete(relid, new, kind, xid=xid), xid is not None)
-    assert isinstance(dele, p.Change) and dele.kind == "D" and dele.data == kind.encode() + p.encode_tuple(new)
+    assert (
+        isinstance(dele, p.Change) and dele.kind == "D" and dele.data == kind.encode() + p.encode_tuple(new)
+    )
 
 
 @given(opt_xid, st.lists(u32, min_size=1, max_size=5), st.integers(0, 3))
@@ -78,7 +102,12 @@ def test_stream_messages(xid: int, sub: int, c: int, e: int, t: int, first: bool
     assert isinstance(s, p.StreamStart) and (s.xid, s.first_segment) == (xid, first)
     assert isinstance(p.parse_message(p.encode_stream_stop(), True), p.StreamStop)
     sc = p.parse_message(p.encode_stream_commit(xid, c, e, t), False)
-    assert isinstance(sc, p.StreamCommit) and (sc.xid, sc.commit_lsn, sc.end_lsn, sc.commit_time) == (xid, c, e, t)
+    assert isinstance(sc, p.StreamCommit) and (sc.xid, sc.commit_lsn, sc.end_lsn, sc.commit_time) == (
+        xid,
+        c,
+        e,
+        t,
+    )
     sa = p.parse_message(p.encode_stream_abort(xid, sub), False)
     assert isinstance(sa, p.StreamAbort) and (sa.xid, sa.subxid) == (xid, sub)
 
@@ -92,7 +121,12 @@ def test_origin() -> None:
 @given(u64, u64, i64, st.binary(max_size=30), st.booleans())
 def test_frames(start: int, end: int, t: int, body: bytes, reply: bool) -> None:
     f = p.parse_frame(p.encode_xlogdata(start, end, t, b"E" + body))
-    assert isinstance(f, p.XLogData) and (f.data_start, f.wal_end, f.send_time, f.payload) == (start, end, t, b"E" + body)
+    assert isinstance(f, p.XLogData) and (f.data_start, f.wal_end, f.send_time, f.payload) == (
+        start,
+        end,
+        t,
+        b"E" + body,
+    )
     k = p.parse_frame(p.encode_keepalive(end, t, reply))
     assert isinstance(k, p.Keepalive) and (k.wal_end, k.send_time, k.reply_requested) == (end, t, reply)
 

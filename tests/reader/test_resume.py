@@ -75,7 +75,7 @@ def _resend(items: list[Item], confirmed: int) -> list[Item]:
     out: list[Item] = [items[0]]  # the relation, as a new walsender sends it again
     txn_end: dict[int, int] = {}
     xid: int | None = None
-    for lsn, m, _ in items:
+    for _lsn, m, _ in items:
         if isinstance(m, p.Begin):
             xid = m.xid
         elif isinstance(m, p.Commit):
@@ -86,9 +86,7 @@ def _resend(items: list[Item], confirmed: int) -> list[Item]:
     cur: int | None = None
     for item in items[1:]:
         lsn, m, _ = item
-        if isinstance(m, (p.Begin, p.StreamStart)):
-            cur = m.xid
-        elif isinstance(m, (p.StreamAbort, p.StreamCommit)):
+        if isinstance(m, (p.Begin, p.StreamStart, p.StreamAbort, p.StreamCommit)):
             cur = m.xid
         if isinstance(m, p.LogicalMessage) and not m.transactional:
             if m.lsn > confirmed:
@@ -134,7 +132,12 @@ def test_cut_and_resend_is_invisible(stream: tuple[list[Item], list[tuple[int, i
             f.confirmed(confirmed)  # lands after the new connection started
         remaining = _resend(items, confirmed)
         pos = 0
-        commits = [(i, end) for i, (lsn, m, _) in enumerate(remaining, 1) for end in [getattr(m, "end_lsn", None)] if end is not None and isinstance(m, (p.Commit, p.StreamCommit))]
+        commits = [
+            (i, end)
+            for i, (lsn, m, _) in enumerate(remaining, 1)
+            for end in [getattr(m, "end_lsn", None)]
+            if end is not None and isinstance(m, (p.Commit, p.StreamCommit))
+        ]
     delivered += _deliver(f, remaining)
     got = assemble(delivered)
     assert got == expected
