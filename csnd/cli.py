@@ -175,7 +175,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     summary = generate_cluster(
         args.out, nodes=args.nodes, transactions=args.transactions, seed=args.seed, binary=not args.text
     )
-    print(summary, file=sys.stderr)
+    print(
+        f"generated {summary.nodes} node(s) in {args.out}: {summary.transactions} global transactions "
+        f"({summary.committed} committed, {summary.aborted} aborted), {summary.changes} changes, "
+        f"{summary.bytes / 1e6:.1f} MB of streams; expected output in {summary.expected}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -1,1 +1,34 @@
-"""gtm."""
+"""gtm: the GTM side of a GaussDB-style cluster -- the CSN sequencer and its writers.
+
+    Gtm (sequencer) ── current() / next() ──┬─► writer.GlobalTransaction ─► live PostgreSQL nodes
+                                            │     (csn markers via pg_logical_emit_message,
+                                            │      PREPARE / COMMIT PREPARED)
+                                            │
+                                            └─► generate_cluster ─► DIR/dn1..dnK.pgstream
+                                                  (synthetic cluster,   DIR/expected.jsonl
+                                                   emulated walsenders)
+
+Both writers follow the same commit protocol (DESIGN section 2): `committing`
+with the GTM's current CSN on every node, then a new CSN from the GTM, then the
+transactional `commit` marker and the commit on every node; `abort` when a
+transaction that logged `committing` fails; `tick` watermarks.  The marker
+texts live in `gtm.markers`.
+"""
+
+from gtm.generate import generate_cluster
+from gtm.markers import Marker, parse_marker
+from gtm.options import GenerateOptions, GenerateSummary
+from gtm.sequencer import Gtm
+from gtm.writer import CommitIncomplete, GlobalTransaction, tick
+
+__all__ = [
+    "CommitIncomplete",
+    "GenerateOptions",
+    "GenerateSummary",
+    "GlobalTransaction",
+    "Gtm",
+    "Marker",
+    "generate_cluster",
+    "parse_marker",
+    "tick",
+]
