@@ -25,10 +25,10 @@ worker that dies fails the run with a `WorkerError` naming it -- never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import queue
 import threading
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -127,7 +127,9 @@ class DecoderPool:
             )
             for i in range(workers)
         ]
-        self.stats = PoolStats(queues=[QueueStats(f"decoder-{node}-{i}-in", QUEUE_DEPTH) for i in range(workers)])
+        self.stats = PoolStats(
+            queues=[QueueStats(f"decoder-{node}-{i}-in", QUEUE_DEPTH) for i in range(workers)]
+        )
         # batches cut by the reader thread, waiting for their results, in order
         self._skeletons: queue.Queue[_Batch | object] = queue.Queue(workers * (QUEUE_DEPTH + 1))
         self._reader_error: BaseException | None = None
@@ -188,10 +190,8 @@ class DecoderPool:
                 if self._stop.is_set():
                     raise _Stopped from None
                 self._check_worker(worker)
-        try:
+        with contextlib.suppress(NotImplementedError):  # qsize() is missing on macOS
             self.stats.queues[worker].observe(q.qsize())
-        except NotImplementedError:  # qsize() is missing on macOS
-            pass
 
     def _put_skeleton(self, item: _Batch | object) -> None:
         while not self._stop.is_set():
@@ -204,7 +204,9 @@ class DecoderPool:
     # --- collector side (the caller's thread) --------------------------------------
 
     def run(self, events: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
-        feeder = threading.Thread(target=self._feed, args=(events,), name=f"csnd-reader-{self.node}", daemon=True)
+        feeder = threading.Thread(
+            target=self._feed, args=(events,), name=f"csnd-reader-{self.node}", daemon=True
+        )
         feeder.start()
         try:
             while True:
@@ -254,7 +256,11 @@ class DecoderPool:
         p = self._procs[worker]
         if not p.is_alive():
             code = p.exitcode
-            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+            how = (
+                f"was killed by signal {-code}"
+                if code is not None and code < 0
+                else f"exited with status {code}"
+            )
             raise WorkerError(
                 f"decoder worker {worker} (pid {p.pid}) {how}; the run stops, nothing after the last "
                 "complete transaction was written",
@@ -269,10 +275,8 @@ class DecoderPool:
         self._stop.set()
         for i, p in enumerate(self._procs):
             if p.is_alive():
-                try:
+                with contextlib.suppress(queue.Full):
                     self._in[i].put_nowait(None)
-                except queue.Full:
-                    pass
         for p in self._procs:
             p.join(timeout=2)
             if p.is_alive():

@@ -54,4 +54,11 @@ def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) ->
             outbox.put(("error", e))
         except Exception as e:  # noqa: BLE001 - a bug, reported with its traceback
             failed = e
-            outbox.put(("error", DecodeError(f"decoder worker {index} crashed: {e!r}\n{traceback.format_exc()}", node=node)))
+            outbox.put(
+                (
+                    "error",
+                    DecodeError(
+                        f"decoder worker {index} crashed: {e!r}\n{traceback.format_exc()}", node=node
+                    ),
+                )
+            )

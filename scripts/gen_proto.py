@@ -22,8 +22,14 @@ PROTO_DIR = os.path.join(ROOT, "proto")
 def generate(out_dir: str) -> list[str]:
     protos = sorted(glob.glob(os.path.join(PROTO_DIR, "*.proto")))
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    args = ["protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-            f"--pyi_out={out_dir}"]
+    args = [
+        "protoc",
+        f"-I{ROOT}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+    ]
     rc = protoc.main([*args, *(os.path.relpath(p, ROOT) for p in protos)])
     if rc != 0:
         sys.exit(f"gen_proto: protoc failed with status {rc}")
