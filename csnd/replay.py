@@ -168,7 +168,7 @@ def open_source(spec: SourceSpec, args: argparse.Namespace, index: int) -> Any:
 def _batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     """Cut one node's transaction into merge batches: a new batch at each cid change or size bound."""
     chunk: list[tuple[int, int, str]] = []
-    cid = None
+    cid = 0
     for change in txn.changes:
         if chunk and (change[0] != cid or len(chunk) >= MERGE_BATCH_CHANGES):
             yield NodeBatch(
@@ -177,9 +177,7 @@ def _batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
             chunk = []
         cid = change[0]
         chunk.append(change)
-    yield NodeBatch(
-        txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid or 0, chunk, True
-    )
+    yield NodeBatch(txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, True)
 
 
 class _Output:

@@ -29,7 +29,7 @@ def _message(w: tuple[Any, ...]) -> Any:
 def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) -> None:
     # Ctrl-C goes to the whole process group; the parent decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cache = RelationCache()
+    cache = RelationCache(binary=binary)
     failed: BaseException | None = None
     while True:
         item = inbox.get()
@@ -40,7 +40,7 @@ def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) ->
             continue  # already reported; wait for the parent to stop us
         try:
             if kind == "meta":
-                cache.apply(_message(payload))
+                cache.apply(_message(payload), payload[1])
                 continue
             out = []
             for w in payload:

@@ -1,0 +1,52 @@
+"""What crosses from a node pipeline into the merge, and the merge's statistics.
+
+`NodeBatch` is the node -> coordinator contract: a sender's finished
+transaction (`sender.txn.FinishedTxn`) cut into batches of one command id, so
+the merge can interleave the nodes of a distributed transaction by cid, and
+back-pressure can stop a node between batches rather than only between
+whole transactions.  The statistics follow the house rule that every queue exposes its
+depth and peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(slots=True)
+class NodeBatch:
+    """Consecutive changes of one node's transaction, all of one cid.
+
+    A node sends a transaction as one or more batches, cids non-decreasing,
+    the last one with `last_of_txn`; an empty transaction is one empty batch.
+    `changes` holds `(cid, lsn, body)`; the merge keeps the list (no copy)
+    until the transaction is emitted.
+    """
+
+    csn: int
+    gid: str | None
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+    cid: int
+    changes: list[tuple[int, int, str]]
+    last_of_txn: bool
+
+
+class NodeStatistics(NamedTuple):
+    pending_batches: int
+    pending_bytes: int
+    peak_batches: int
+    peak_bytes: int
+    watermark: int | None
+    ended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MergeStatistics:
+    nodes: dict[str, NodeStatistics]
+    emitted: int  # transactions popped so far
+    last_csn: int | None  # CSN of the last one
+    assembling_csn: int | None  # CSN of the transaction whose batches are being taken, if any

@@ -1,0 +1,573 @@
+"""The coordinator's merge: K node streams in, one CSN-ordered stream of global transactions out.
+
+    dn1 ─ add_batch / add_watermark / node_ended ─┐
+    dn2 ─ add_batch / add_watermark / node_ended ─┼─► CsnMerge ── pop_ready() ─► [GlobalTxn, ...]
+    dnK ─ add_batch / add_watermark / node_ended ─┘     │           strictly increasing csn
+                                                        └─ wants_more(node): back-pressure
+
+Seed 002 section 3.6, DESIGN section 4.  Each node's sender releases its
+transactions in its own commit-CSN order; a transaction arrives here as one or
+more batches, each of one command id (cid), the last one flagged.  The merge
+orders batches by `<commitcsn, cid, batch_id>`: CSN first (global commit
+order), cid next (statement order inside a distributed transaction: a delete
+on dn1 that precedes an insert on dn2 is replayed first, so unique keys never
+collide), batch_id last (within one CSN and cid, the ready batches of one node
+do not wait for another node's late batch).
+
+One key per node.  The merge keeps exactly one key per node that has not
+ended in a SortedList of `(csn, cid, batch_id, node index)`:
+
+- a node with batches waiting: the key of its first batch (a *batch key*);
+- a node with nothing waiting: a *bound* -- the smallest key anything it may
+  still send can have:
+  - in the middle of a transaction (its last batch not yet sent):
+    `(csn, last cid, TOP, i)`.  It can only continue that transaction at this
+    cid or a later one; TOP puts it after the other nodes' ready batches of the
+    same csn/cid -- the seed's "bump the batch_id when the node's next batch is
+    not there" taken to its limit, so they go first instead of waiting;
+  - otherwise `(max(watermark, last csn) + 1, -1, -1, i)`: its CSNs only grow,
+    so after a complete transaction at csn c the node is passed c even
+    without a watermark (the seed's "the dn's next transaction has a larger
+    commitcsn"), and a watermark w says nothing <= w will follow.
+- an ended node with nothing waiting has no key: watermark +infinity.
+
+The rule is then one comparison: the smallest key is taken if it is a batch
+key; if it is a bound, the merge must wait for that node (only that node can
+still send something that sorts first).  So an idle node never stalls the
+stream once it sends a watermark, and a slow node is never overtaken.  A
+transaction being assembled at csn C is complete when the smallest key has a
+CSN > C (or no key is left): every node has passed C, which also means every
+participant's last batch was taken (a participant that owes a batch keeps a
+key at C).  That is the completion rule, and it emits every transaction as
+soon as the delivered batches and watermarks allow, never earlier.
+
+Batch ids.  A node's batch_id counts, within its current (csn, cid), how
+often its next batch was missing when one was taken; it restarts at 0 at each
+new (csn, cid).  Ties in (csn, cid) between ready batches go to the lower
+batch_id, then the lower node index, so when every batch of a transaction is
+already here the output is in node order inside each cid (what the
+generator's expected.jsonl writes), and when a node is slow the others'
+ready batches rotate ahead of it.  DESIGN invariant 3 promises only cid order
+and each node's own order; the order of different nodes' changes inside one
+cid depends on arrival timing.
+
+Memory.  `wants_more(node)` turns False once a node has the
+configured number of batches or bytes waiting, so the I/O layer stops reading
+a node that runs far ahead.  It cannot deadlock: the merge only ever waits
+for the node owning the smallest key, which is a bound, so that node has
+nothing waiting and always wants more.  Batches already taken into the
+transaction being assembled are not counted: a transaction is emitted whole,
+so the merge holds the largest transaction entirely (the sender's spill files
+are read back by then).
+
+Errors.  A ProtocolError names the node(s), gid and CSNs concerned; after one
+the merge is in an undefined state and the run stops.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, Final
+
+from sortedcontainers import SortedList
+
+from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
+from coordinator.txn import GlobalTxn, NodeCommit, Part
+from csnd.errors import ProtocolError
+from csnd.ids import lsn_to_str
+
+# Batches one node may have waiting before wants_more() says stop.  Larger: a
+# node can run further ahead while another catches up (more decoding overlap,
+# fewer stalls of fast nodes); smaller: less memory.  Byte size is the real
+# memory guard (below); this bounds the per-batch bookkeeping of many tiny
+# transactions.
+DEFAULT_MAX_PENDING_BATCHES: Final = 4096
+# Approximate bytes of change text one node may have waiting.  Larger: more
+# slack for nodes of uneven speed; smaller: a tighter memory ceiling of
+# K x this (plus the transaction being assembled).
+DEFAULT_MAX_PENDING_BYTES: Final = 64 << 20
+# Gids of emitted transactions remembered to catch "same gid, different CSN"
+# when the second node's part arrives after the first was already emitted.
+# Larger: catches such a bug across a wider distance; smaller: less memory
+# (about 100 bytes a gid).  Parts that are buffered at the same time are always
+# checked, whatever this is.
+DEFAULT_RECENT_GIDS: Final = 65536
+
+# Rough CPython cost of a waiting batch and of one change tuple besides its
+# body text, for the byte count.
+_BATCH_OVERHEAD: Final = 200
+_CHANGE_OVERHEAD: Final = 100
+# Sort positions of bounds: above any cid (uint32) or batch id, and below any.
+_TOP: Final = 1 << 64
+_BELOW: Final = -1
+
+Key = tuple[int, int, int, int]  # (csn, cid, batch_id, node index)
+
+
+class _Node:
+    """Per-node state: its waiting batches, what it promised, where its batch_id stands."""
+
+    __slots__ = (
+        "name",
+        "index",
+        "queue",
+        "pending_bytes",
+        "peak_batches",
+        "peak_bytes",
+        "watermark",
+        "ended",
+        "last_csn",
+        "last_gid",
+        "last_xid",
+        "last_cid",
+        "open",
+        "key",
+        "bid_csn",
+        "bid_cid",
+        "bid",
+    )
+
+    def __init__(self, name: str, index: int) -> None:
+        self.name = name
+        self.index = index
+        self.queue: deque[tuple[NodeBatch, int]] = deque()  # (batch, approximate bytes)
+        self.pending_bytes = 0
+        self.peak_batches = 0
+        self.peak_bytes = 0
+        self.watermark = -1  # largest watermark received; -1: none
+        self.ended = False
+        # The last batch received: its transaction, and whether that one still owes batches.
+        self.last_csn = -1
+        self.last_gid: str | None = None
+        self.last_xid = 0
+        self.last_cid = 0
+        self.open = False
+        self.key: Key | None = None  # this node's entry in CsnMerge._keys
+        # batch_id of this node at (bid_csn, bid_cid).
+        self.bid_csn = -1
+        self.bid_cid = -1
+        self.bid = 0
+
+
+class _Assembly:
+    """The transaction whose batches are being taken, at one CSN."""
+
+    __slots__ = ("csn", "gid", "commits", "parts", "unfinished")
+
+    def __init__(self, csn: int, gid: str | None) -> None:
+        self.csn = csn
+        self.gid = gid
+        self.commits: dict[int, tuple[int, int, int, int]] = {}  # index -> xid, commit lsn, time, end lsn
+        self.parts: list[Part] = []
+        self.unfinished: set[int] = set()  # nodes whose last batch is not taken yet
+
+
+def _txn(gid: str | None, xid: int, csn: int, commit_lsn: int | None = None) -> str:
+    name = f"transaction {gid}" if gid is not None else "transaction"
+    at = f", commit {lsn_to_str(commit_lsn)}" if commit_lsn is not None else ""
+    return f"{name} (xid {xid}, csn {csn}{at})"
+
+
+def _where(batch: NodeBatch) -> str:
+    return _txn(batch.gid, batch.xid, batch.csn, batch.commit_lsn)
+
+
+def _error(n: _Node, batch: NodeBatch, message: str) -> ProtocolError:
+    return ProtocolError(message, node=n.name, lsn=batch.commit_lsn, xid=batch.xid)
+
+
+class CsnMerge:
+    """Merge node streams into global transactions in strictly increasing CSN order (pure, no I/O).
+
+    Push batches, watermarks and ends in each node's own order, then call
+    `pop_ready()` for every transaction that is now safe to emit.  Not
+    thread-safe: one thread owns it.
+    """
+
+    __slots__ = (
+        "_nodes",
+        "_by_name",
+        "_keys",
+        "_asm",
+        "_by_csn",
+        "_by_gid",
+        "_recent",
+        "_recent_order",
+        "_last_emitted",
+        "_emitted",
+        "max_pending_batches",
+        "max_pending_bytes",
+        "recent_gids",
+    )
+
+    def __init__(
+        self,
+        nodes: Iterable[str],
+        *,
+        max_pending_batches: int = DEFAULT_MAX_PENDING_BATCHES,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        recent_gids: int = DEFAULT_RECENT_GIDS,
+    ) -> None:
+        names = list(nodes)
+        if not names:
+            raise ValueError("a merge needs at least one node")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"node name {dup[0]!r} is given more than once")
+        if max_pending_batches < 1 or max_pending_bytes < 1 or recent_gids < 0:
+            raise ValueError("max_pending_batches and max_pending_bytes must be >= 1, recent_gids >= 0")
+        self.max_pending_batches = max_pending_batches
+        self.max_pending_bytes = max_pending_bytes
+        self.recent_gids = recent_gids
+        self._nodes = [_Node(name, i) for i, name in enumerate(names)]
+        self._by_name = {n.name: n for n in self._nodes}
+        self._keys: Any = SortedList()
+        for n in self._nodes:
+            n.key = self._bound(n)
+            self._keys.add(n.key)
+        self._asm: _Assembly | None = None
+        # Transactions buffered here (waiting or being assembled): csn -> (gid, node index), gid -> (csn, node index).
+        self._by_csn: dict[int, tuple[str | None, int]] = {}
+        self._by_gid: dict[str, tuple[int, int]] = {}
+        # Recently emitted gids -> (csn, node name), oldest first in _recent_order.
+        self._recent: dict[str, tuple[int, str]] = {}
+        self._recent_order: deque[str] = deque()
+        self._last_emitted = -1
+        self._emitted = 0
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _bound(n: _Node) -> Key | None:
+        """The smallest key anything node `n` may still send can have (its queue is empty)."""
+        if n.open:
+            return (n.last_csn, n.last_cid, _TOP, n.index)
+        if n.ended:
+            return None
+        return (max(n.watermark, n.last_csn) + 1, _BELOW, _BELOW, n.index)
+
+    @staticmethod
+    def _head(n: _Node) -> Key:
+        """The key of node `n`'s first waiting batch; a new (csn, cid) restarts the batch_id."""
+        b = n.queue[0][0]
+        if b.csn != n.bid_csn or b.cid != n.bid_cid:
+            n.bid_csn = b.csn
+            n.bid_cid = b.cid
+            n.bid = 0
+        return (b.csn, b.cid, n.bid, n.index)
+
+    def _rekey(self, n: _Node, key: Key | None) -> None:
+        if key == n.key:
+            return
+        if n.key is not None:
+            self._keys.remove(n.key)
+        if key is not None:
+            self._keys.add(key)
+        n.key = key
+
+    def _node(self, name: str) -> _Node:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"unknown node {name!r}; the merge has {list(self._by_name)}") from None
+
+    # -- input --------------------------------------------------------------------------------
+
+    def add_batch(self, node: str, batch: NodeBatch) -> None:
+        """Accept the next batch of `node`; raises ProtocolError if it breaks the node's order."""
+        n = self._node(node)
+        csn, gid, xid, cid = batch.csn, batch.gid, batch.xid, batch.cid
+        if n.ended:
+            raise _error(n, batch, f"{_where(batch)} arrived after the node's stream ended")
+        if csn < 0 or cid < 0:
+            raise _error(n, batch, f"{_where(batch)} has a negative csn or cid {cid}")
+        if n.open:
+            if (csn, gid, xid) != (n.last_csn, n.last_gid, n.last_xid):
+                raise _error(
+                    n,
+                    batch,
+                    f"{_where(batch)} began before the last batch of "
+                    f"{_txn(n.last_gid, n.last_xid, n.last_csn)}; a node's transactions must not interleave",
+                )
+            if cid < n.last_cid:
+                raise _error(
+                    n,
+                    batch,
+                    f"{_where(batch)} went back from cid {n.last_cid} to cid {cid}; cids never decrease",
+                )
+        else:
+            self._check_new_txn(n, batch)
+        nbytes = _BATCH_OVERHEAD
+        for c, _lsn, body in batch.changes:
+            if c != cid:
+                raise _error(
+                    n,
+                    batch,
+                    f"a batch of cid {cid} of {_where(batch)} holds a change of cid {c}; one cid a batch",
+                )
+            nbytes += len(body) + _CHANGE_OVERHEAD
+
+        if not n.open:
+            self._by_csn.setdefault(csn, (gid, n.index))
+            if gid is not None:
+                self._by_gid.setdefault(gid, (csn, n.index))
+        q = n.queue
+        q.append((batch, nbytes))
+        n.pending_bytes += nbytes
+        if len(q) > n.peak_batches:
+            n.peak_batches = len(q)
+        if n.pending_bytes > n.peak_bytes:
+            n.peak_bytes = n.pending_bytes
+        n.last_csn, n.last_gid, n.last_xid, n.last_cid = csn, gid, xid, cid
+        n.open = not batch.last_of_txn
+        if len(q) == 1:
+            self._rekey(n, self._head(n))
+
+    def _check_new_txn(self, n: _Node, batch: NodeBatch) -> None:
+        """The first batch of a node's transaction: its CSN must be new here and agree with other nodes."""
+        csn, gid = batch.csn, batch.gid
+        if csn <= n.last_csn:
+            raise _error(
+                n,
+                batch,
+                f"{_where(batch)} arrived after {_txn(n.last_gid, n.last_xid, n.last_csn)} on this node; "
+                f"csn {csn} <= {n.last_csn}: a node must send its transactions in strictly increasing csn order",
+            )
+        if csn <= n.watermark:
+            raise _error(
+                n,
+                batch,
+                f"{_where(batch)} arrived after this node's watermark {n.watermark} promised no csn <= "
+                f"{n.watermark} would follow; its tick or committing markers are wrong",
+            )
+        other = self._by_csn.get(csn)
+        if other is not None and other[0] != gid:
+            raise _error(
+                n,
+                batch,
+                f"csn {csn} is transaction {gid} on node {n.name} (xid {batch.xid}, commit "
+                f"{lsn_to_str(batch.commit_lsn)}) but transaction {other[0]} on node {self._nodes[other[1]].name}; "
+                "one csn must name one global transaction: check the gtm",
+            )
+        if gid is None:
+            return
+        seen = self._by_gid.get(gid)
+        if seen is not None:
+            other_csn, other_node = seen[0], self._nodes[seen[1]].name
+        elif gid in self._recent:
+            other_csn, other_node = self._recent[gid]
+        else:
+            return
+        if other_csn != csn:
+            raise _error(
+                n,
+                batch,
+                f"global transaction {gid} has csn {csn} on node {n.name} (xid {batch.xid}, commit "
+                f"{lsn_to_str(batch.commit_lsn)}) but csn {other_csn} on node {other_node}; a global "
+                "transaction commits with one csn on every node: check the gtm and the commit markers",
+            )
+
+    def add_watermark(self, node: str, csn: int) -> None:
+        """`node` will send nothing with a CSN <= `csn` any more (a smaller one than before is ignored)."""
+        n = self._node(node)
+        if n.ended:
+            return
+        if n.open and csn >= n.last_csn:
+            raise ProtocolError(
+                f"watermark {csn} passes {_txn(n.last_gid, n.last_xid, n.last_csn)} whose last batch "
+                f"has not arrived; csn {n.last_csn} <= {csn}",
+                node=node,
+                xid=n.last_xid,
+            )
+        if csn <= n.watermark:
+            return
+        n.watermark = csn
+        if not n.queue:
+            self._rekey(n, self._bound(n))
+
+    def node_ended(self, node: str) -> None:
+        """`node` sends nothing more: it counts as watermark +infinity once its waiting batches are taken."""
+        n = self._node(node)
+        if n.ended:
+            return
+        if n.open:
+            raise ProtocolError(
+                f"stream ended inside {_txn(n.last_gid, n.last_xid, n.last_csn)} before its last batch; "
+                "the node's output is truncated",
+                node=node,
+                xid=n.last_xid,
+            )
+        n.ended = True
+        if not n.queue:
+            self._rekey(n, None)
+
+    # -- output -------------------------------------------------------------------------------
+
+    def pop_ready(self) -> list[GlobalTxn]:
+        """Every transaction that is safe to emit now, in strictly increasing CSN order."""
+        out: list[GlobalTxn] = []
+        keys = self._keys
+        nodes = self._nodes
+        head = self._head
+        bound = self._bound
+        asm = self._asm
+        while True:
+            if not keys:
+                if asm is not None:
+                    out.append(self._finish(asm))
+                    asm = None
+                break
+            key = keys[0]
+            if asm is not None and key[0] > asm.csn:
+                out.append(self._finish(asm))
+                asm = None
+                continue
+            n = nodes[key[3]]
+            q = n.queue
+            if not q:
+                break  # a bound: only this node can still send what sorts first
+            batch, nbytes = q.popleft()
+            n.pending_bytes -= nbytes
+            if asm is None:
+                asm = _Assembly(batch.csn, batch.gid)
+            i = n.index
+            if i not in asm.commits:
+                asm.commits[i] = (batch.xid, batch.commit_lsn, batch.commit_time, batch.end_lsn)
+            if batch.changes:
+                asm.parts.append((n.name, batch.changes))
+            if batch.last_of_txn:
+                asm.unfinished.discard(i)
+            else:
+                asm.unfinished.add(i)
+            new: Key | None
+            if q:
+                new = head(n)
+            else:
+                if not batch.last_of_txn:
+                    n.bid += 1  # its next batch is late: let the others' ready ones go first
+                new = bound(n)
+            keys.pop(0)
+            if new is not None:
+                keys.add(new)
+            n.key = new
+        self._asm = asm
+        return out
+
+    def _finish(self, asm: _Assembly) -> GlobalTxn:
+        assert not asm.unfinished and asm.csn > self._last_emitted, (asm.csn, asm.unfinished)
+        nodes = self._nodes
+        order = sorted(asm.commits)
+        txn = GlobalTxn(
+            asm.csn,
+            asm.gid,
+            {nodes[i].name: NodeCommit(*asm.commits[i][:3]) for i in order},
+            {nodes[i].name: asm.commits[i][3] for i in order},
+            asm.parts,
+        )
+        del self._by_csn[asm.csn]
+        gid = asm.gid
+        if gid is not None:
+            del self._by_gid[gid]
+            if self.recent_gids:
+                self._recent[gid] = (asm.csn, nodes[order[0]].name)
+                self._recent_order.append(gid)
+                if len(self._recent_order) > self.recent_gids:
+                    self._recent.pop(self._recent_order.popleft(), None)
+        self._last_emitted = asm.csn
+        self._emitted += 1
+        return txn
+
+    # -- back-pressure and statistics ------------------------------------------------------------
+
+    def wants_more(self, node: str) -> bool:
+        """False while `node` has more waiting than the limits allow (or has ended): stop reading it."""
+        n = self._node(node)
+        return (
+            not n.ended
+            and len(n.queue) < self.max_pending_batches
+            and n.pending_bytes < self.max_pending_bytes
+        )
+
+    def pending_batches(self, node: str) -> int:
+        return len(self._node(node).queue)
+
+    def pending_bytes(self, node: str) -> int:
+        return self._node(node).pending_bytes
+
+    def has_pending(self) -> bool:
+        """Batches are waiting or a transaction is half assembled."""
+        return self._asm is not None or any(n.queue for n in self._nodes)
+
+    def statistics(self) -> MergeStatistics:
+        return MergeStatistics(
+            nodes={
+                n.name: NodeStatistics(
+                    len(n.queue),
+                    n.pending_bytes,
+                    n.peak_batches,
+                    n.peak_bytes,
+                    n.watermark if n.watermark >= 0 else None,
+                    n.ended,
+                )
+                for n in self._nodes
+            },
+            emitted=self._emitted,
+            last_csn=self._last_emitted if self._emitted else None,
+            assembling_csn=self._asm.csn if self._asm is not None else None,
+        )
+
+    # -- invariants -------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Assert every internal invariant (tests call this after each step)."""
+        keys = self._keys
+        keys._check()
+        assert list(keys) == sorted({n.key for n in self._nodes if n.key is not None})
+        asm = self._asm
+        buffered: set[int] = set() if asm is None else {asm.csn}
+        for n in self._nodes:
+            q = n.queue
+            assert n.pending_bytes == sum(b for _, b in q), n.name
+            assert len(q) <= n.peak_batches
+            assert n.pending_bytes <= n.peak_bytes
+            assert not (n.open and n.ended), n.name
+            if q:
+                b0 = q[0][0]
+                assert (n.bid_csn, n.bid_cid) == (b0.csn, b0.cid), n.name
+                assert n.key == (b0.csn, b0.cid, n.bid, n.index), (n.name, n.key)
+            else:
+                assert n.key == self._bound(n), (n.name, n.key)
+            if n.open:
+                assert n.watermark < n.last_csn, n.name
+            prev: NodeBatch | None = None
+            for b, nbytes in q:
+                assert nbytes >= _BATCH_OVERHEAD
+                assert all(c == b.cid for c, _, _ in b.changes)
+                buffered.add(b.csn)
+                if prev is not None:
+                    if prev.last_of_txn:
+                        assert b.csn > prev.csn, n.name
+                    else:
+                        assert (b.csn, b.gid, b.xid) == (prev.csn, prev.gid, prev.xid), n.name
+                        assert b.cid >= prev.cid, n.name
+                prev = b
+            if prev is not None:
+                assert prev.csn == n.last_csn and prev.last_of_txn != n.open, n.name
+        for key in keys:
+            # Nothing waiting or still to come sorts at or below what was emitted ...
+            assert key[0] > self._last_emitted, key
+            # ... nor below the transaction being assembled.
+            assert asm is None or key[0] >= asm.csn, (key, asm.csn)
+        if asm is not None:
+            assert asm.csn > self._last_emitted
+            assert asm.unfinished <= set(asm.commits)
+            for i in asm.unfinished:
+                k = self._nodes[i].key
+                assert k is not None and k[0] == asm.csn, (i, k)
+        assert set(self._by_csn) == buffered, (sorted(self._by_csn), sorted(buffered))
+        assert {g for g, _ in self._by_csn.values() if g is not None} == set(self._by_gid)
+        for gid, (csn, _i) in self._by_gid.items():
+            assert self._by_csn[csn][0] == gid
+        assert len(self._recent) == len(self._recent_order) <= self.recent_gids
+        assert set(self._recent) == set(self._recent_order)

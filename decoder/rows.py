@@ -1,0 +1,338 @@
+"""Row changes: raw pgoutput changes + table metadata -> `DecodedChange` bodies.
+
+    Relation / Type messages ──► RelationCache ── per table, once: column names,
+                                                  key columns, one binary and one
+                                                  text decoder per column, the
+                                                  body's fixed text
+    Change / Truncate ─────────► decode_change ── split tuples (decoder.tuples),
+                                                  decode values (decoder.values),
+                                                  one json encode per tuple
+
+Every decoder process keeps its own `RelationCache`; the reader broadcasts
+Relation and Type messages to all of them in stream order, so a table's
+metadata is replaced (DDL mid-stream) before any later change of it is
+decoded.  Everything a change needs is looked up when its Relation arrives,
+not per change: the hot loop is a zip over precomputed decoder lists.
+
+The body is the JSON text of DESIGN section 7 after `"lsn"`:
+
+    "op": "update", "schema": "public", "table": "acct", "old": {"id": 7},
+    "new": {"id": 8, "owner": "bo"}, "unchanged": ["doc"]
+
+`old` follows the old tuple pgoutput sent: a key tuple ('K') holds every
+column, the non-key ones null, and only the replica identity's key columns are
+shown; a full old row ('O', REPLICA IDENTITY FULL) is shown whole; no old
+tuple gives null.  Unchanged TOAST values are left out of `new` and listed in
+`unchanged`, in column order.
+
+User-defined types.  pgoutput sends a Type message for every non-built-in
+column type, but it only carries the type's name -- an enum, a composite, a
+range and an array of any of them look alike.  A Type message in namespace ""
+(pg_catalog) is a domain over that built-in type and decodes as the built-in
+one.  Anything else is read as its text form in a text stream and is
+unreadable in a binary stream, unless the caller declared it an enum
+(`declare_enum`, e.g. from `SELECT oid, typarray FROM pg_type WHERE typtype
+= 'e'` on a live source): enum labels are the same text in both formats.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Final
+
+from psycopg import DataError
+
+from csnd.errors import DecodeError
+from decoder import values as V
+from decoder.change import DecodedChange
+from decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_update
+from reader.pgoutput import Change, Relation, Truncate, TypeMsg
+
+__all__ = ["RelationCache", "Table", "decode_change"]
+
+# One encoder, built once: json.dumps(..., ensure_ascii=False) would build a new
+# one per call.  NaN never reaches it (the value decoders spell it "NaN").
+_encode: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+# What a value decoder raises on bad input; anything else is a bug and travels
+# as such.
+_VALUE_ERRORS: Final = (ValueError, KeyError, IndexError, OverflowError, struct.error, DataError)
+
+_OPS: Final = {"I": "insert", "U": "update", "D": "delete"}
+
+_Decoders = tuple[str, V.BinaryDecoder, V.TextDecoder]  # column name, binary, text
+
+
+class Table:
+    """One relation as the decoder needs it, compiled from its Relation message."""
+
+    __slots__ = (
+        "relid",
+        "schema",
+        "name",
+        "columns",
+        "names",
+        "key_columns",
+        "type_labels",
+        "heads",
+        "truncate_body",
+        "unreadable",
+    )
+
+    def __init__(
+        self,
+        msg: Relation,
+        columns: list[_Decoders],
+        type_labels: list[str],
+        unreadable: str | None,
+    ) -> None:
+        self.relid = msg.relid
+        self.schema = msg.namespace
+        self.name = msg.name
+        self.columns = columns
+        self.names = [c[0] for c in columns]
+        self.key_columns = [(i, *c) for i, c in enumerate(columns) if msg.columns[i].is_key]
+        self.type_labels = type_labels
+        where = f'"schema": {_encode(msg.namespace)}, "table": {_encode(msg.name)}, "old": '
+        self.heads = {k: f'"op": "{op}", {where}' for k, op in _OPS.items()}
+        self.truncate_body = f'"op": "truncate", {where}null, "new": null'
+        self.unreadable = unreadable  # the error a binary stream of this table is
+
+    def __repr__(self) -> str:
+        return f"Table({self.relid}, {self.schema}.{self.name}, {self.names})"
+
+    def where(self) -> str:
+        return f"{self.schema}.{self.name} (relid {self.relid})"
+
+
+class RelationCache:
+    """The tables and types one decoder knows, from Relation and Type messages.
+
+    `binary` says whether the stream is a binary one; if so, a Relation
+    message with a column csnd cannot read in binary raises `DecodeError`
+    right away (DESIGN section 7), before any change of it.
+    """
+
+    __slots__ = ("binary", "_tables", "_type_names", "_enums", "_enum_arrays")
+
+    def __init__(self, binary: bool = False) -> None:
+        self.binary = binary
+        self._tables: dict[int, Table] = {}
+        self._type_names: dict[int, tuple[str, str]] = {}
+        self._enums: set[int] = set()
+        self._enum_arrays: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __contains__(self, relid: object) -> bool:
+        return relid in self._tables
+
+    def declare_enum(self, type_oid: int, array_oid: int | None = None) -> None:
+        """Declare a user type an enum (and `array_oid` its array), before its Relation."""
+        self._enums.add(type_oid)
+        if array_oid:
+            self._enum_arrays[array_oid] = type_oid
+
+    def apply(self, msg: Relation | TypeMsg, lsn: int | None = None) -> None:
+        """Take in a Relation (replacing the table's old metadata) or a Type message."""
+        if isinstance(msg, TypeMsg):
+            self._type_names[msg.type_oid] = (msg.namespace, msg.name)
+            return
+        columns: list[_Decoders] = []
+        labels: list[str] = []
+        problems: list[str] = []
+        for col in msg.columns:
+            binary, text, label = self._resolve(col.type_oid)
+            labels.append(label)
+            if binary is None:
+                if not V.binary_readable(col.type_oid):
+                    problems.append(f'column "{col.name}" has type {label} (oid {col.type_oid})')
+                binary = _unreadable(col.name, label, col.type_oid)
+            columns.append((col.name, binary, text))
+        unreadable = None
+        if problems:
+            unreadable = (
+                f"relation {msg.namespace}.{msg.name} (relid {msg.relid}): {'; '.join(problems)}, which "
+                "csnd cannot decode in binary form; stream or record this source in text mode "
+                "(pgoutput option binary 'false')"
+            )
+        self._tables[msg.relid] = Table(msg, columns, labels, unreadable)
+        if unreadable and self.binary:
+            raise DecodeError(unreadable, lsn=lsn, xid=msg.xid)
+
+    def table(self, relid: int) -> Table:
+        try:
+            return self._tables[relid]
+        except KeyError:
+            raise DecodeError(
+                f"change for unknown relation id {relid}: no Relation message for it came first; "
+                "the stream began after it was sent (a cut or resumed recording) or is corrupt"
+            ) from None
+
+    def _resolve(self, oid: int) -> tuple[V.BinaryDecoder | None, V.TextDecoder, str]:
+        """(binary decoder or None if unreadable, text decoder, label) of a column type."""
+        if oid in self._enums:
+            return V.enum_binary, V.enum_text, self._label(oid, "enum")
+        if oid in self._enum_arrays:
+            elem = self._enum_arrays[oid]
+            return V.binary_array(elem, V.enum_binary), V.text_array(V.enum_text), self._label(oid, "enum[]")
+        named = self._type_names.get(oid)
+        if named is not None:
+            namespace, name = named
+            base: int | None = None
+            if namespace == "":  # a domain over a built-in type: pgoutput names the base type
+                base = V.builtin_type_oid(name)
+            else:  # a domain over a declared enum: pgoutput gives the enum's name
+                base = next((e for e in self._enums if self._type_names.get(e) == named), None)
+            if base is not None and base != oid:
+                binary, text, label = self._resolve(base)
+                return binary, text, f"domain over {label}"
+            return None, V.text_decoder(oid), self._label(oid, "user type")
+        return V.binary_decoder(oid), V.text_decoder(oid), self._label(oid, "type")
+
+    def _label(self, oid: int, kind: str) -> str:
+        named = self._type_names.get(oid)
+        if named is not None:
+            return f"{kind} {named[0] or 'pg_catalog'}.{named[1]}"
+        return V.builtin_type_name(oid) or f"unknown {kind}"
+
+
+def _unreadable(column: str, label: str, oid: int) -> V.BinaryDecoder:
+    def decode(data: bytes) -> V.JsonValue:
+        raise DecodeError(
+            f'column "{column}" of type {label} (oid {oid}) arrived in binary form, which csnd '
+            "cannot decode; use text mode (pgoutput option binary 'false')"
+        )
+
+    return decode
+
+
+def _value_error(table: Table, name: str, value: TupleValue, e: Exception) -> str:
+    label = table.type_labels[table.names.index(name)]
+    if isinstance(value, bytes):
+        what = f"binary value of {len(value)} bytes"
+    else:
+        what = f"text value of {len(value or '')} characters"
+    return f'cannot decode column "{name}" ({label}, {what}) of {table.where()}: {type(e).__name__}: {e}'
+
+
+def _check_width(table: Table, values: list[TupleValue], lsn: int, xid: int | None) -> None:
+    if len(values) != len(table.columns):
+        raise DecodeError(
+            f"tuple of {len(values)} columns for {table.where()} of {len(table.columns)} columns; "
+            "the change does not match the table's last Relation message",
+            lsn=lsn,
+            xid=xid,
+        )
+
+
+def _row(table: Table, values: list[TupleValue], lsn: int, xid: int | None) -> tuple[str, str]:
+    """The JSON object of a whole row, and the `, "unchanged": [...]` part ('' if none)."""
+    _check_width(table, values, lsn, xid)
+    row: dict[str, V.JsonValue] = {}
+    unchanged: list[str] | None = None
+    name = ""
+    v: TupleValue = None
+    try:
+        for (name, binary, text), v in zip(table.columns, values, strict=True):
+            if v is None:
+                row[name] = None
+            elif isinstance(v, bytes):
+                row[name] = binary(v)
+            elif v is UNCHANGED:
+                if unchanged is None:
+                    unchanged = [name]
+                else:
+                    unchanged.append(name)
+            else:
+                row[name] = text(v)
+    except _VALUE_ERRORS as e:
+        raise DecodeError(_value_error(table, name, v, e), lsn=lsn, xid=xid) from e
+    return _encode(row), "" if unchanged is None else f', "unchanged": {_encode(unchanged)}'
+
+
+def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int | None) -> str:
+    """The `old` JSON: the key columns of a 'K' tuple, or the whole 'O' row."""
+    if kind == "O":
+        body, unchanged = _row(table, values, lsn, xid)
+        if unchanged:
+            raise DecodeError(
+                f"old row of {table.where()} has unchanged TOAST values; pgoutput sends old rows whole",
+                lsn=lsn,
+                xid=xid,
+            )
+        return body
+    _check_width(table, values, lsn, xid)
+    key: dict[str, V.JsonValue] = {}
+    name = ""
+    v: TupleValue = None
+    try:
+        for i, name, binary, text in table.key_columns:
+            v = values[i]
+            if v is None:
+                key[name] = None
+            elif isinstance(v, bytes):
+                key[name] = binary(v)
+            elif v is UNCHANGED:
+                raise DecodeError(
+                    f"old key of {table.where()} has an unchanged TOAST value", lsn=lsn, xid=xid
+                )
+            else:
+                key[name] = text(v)
+    except _VALUE_ERRORS as e:
+        raise DecodeError(_value_error(table, name, v, e), lsn=lsn, xid=xid) from e
+    return _encode(key)
+
+
+def decode_change(
+    change: Change | Truncate, lsn: int, cache: RelationCache, binary: bool
+) -> list[DecodedChange]:
+    """Decode one Insert/Update/Delete (one result) or Truncate (one per table).
+
+    `lsn` is the dataStart of the frame that carried the change; `binary` says
+    whether the stream is binary (a table with a column unreadable in binary
+    is then an error even if `cache` was not told).
+    """
+    xid = change.xid
+    if isinstance(change, Truncate):
+        out = []
+        for relid in change.relids:
+            try:
+                table = cache.table(relid)
+            except DecodeError as e:
+                raise DecodeError(f"truncate: {e.message}", lsn=lsn, xid=xid) from None
+            out.append(DecodedChange(lsn, xid, "truncate", table.truncate_body))
+        return out
+    try:
+        table = cache.table(change.relid)
+    except DecodeError as e:
+        raise DecodeError(e.message, lsn=lsn, xid=xid) from None
+    if binary and table.unreadable is not None:
+        raise DecodeError(table.unreadable, lsn=lsn, xid=xid)
+    kind = change.kind
+    op = _OPS.get(kind)
+    if op is None:
+        raise DecodeError(f"unknown change kind {kind!r} for {table.where()}", lsn=lsn, xid=xid)
+    try:
+        if kind == "I":
+            new, unchanged = _row(table, split_insert(change.data), lsn, xid)
+            body = f'{table.heads["I"]}null, "new": {new}{unchanged}'
+        elif kind == "U":
+            old_kind, old_values, new_values = split_update(change.data)
+            old = (
+                "null"
+                if old_kind is None or old_values is None
+                else _old(table, old_kind, old_values, lsn, xid)
+            )
+            new, unchanged = _row(table, new_values, lsn, xid)
+            body = f'{table.heads["U"]}{old}, "new": {new}{unchanged}'
+        else:
+            old_kind, old_values = split_delete(change.data)
+            body = f'{table.heads["D"]}{_old(table, old_kind, old_values, lsn, xid)}, "new": null'
+    except DecodeError as e:
+        if e.lsn is not None:
+            raise
+        raise DecodeError(f"{op} of {table.where()}: {e.message}", lsn=lsn, xid=xid) from None
+    return [DecodedChange(lsn, xid, op, body)]

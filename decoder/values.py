@@ -1,0 +1,510 @@
+"""Column values: PostgreSQL wire forms -> the JSON values of DESIGN section 7.
+
+pgoutput sends each column either in the type's *binary send format* (`'b'`,
+binary streams) or as the type's *text output* (`'t'`, text streams -- and,
+even in a binary stream, the few types without a send function, such as
+`aclitem`).  So every type has a text decoder (str -> JSON value) and, when
+csnd can render it exactly, a binary decoder (bytes -> JSON value); the row
+decoder picks one per value by its wire kind.
+
+Both decoders of a type must give the same JSON value, because a binary and a
+text recording of a stream must give the same output.  Where the JSON rule is
+"the PostgreSQL text form" (interval, time, inet, bit strings, ...), the binary
+decoder renders that text form itself, exactly as PostgreSQL 15 does with its
+default `DateStyle=ISO` and `IntervalStyle=postgres`.  A type whose binary form
+cannot be rendered exactly (money: its text depends on the server's
+`lc_monetary`; ranges, geometric types, tsvector, user-defined types) has no
+binary decoder: `binary_readable()` is false, and its Relation message fails
+with an error that says to use text mode -- never a wrong value.  Text in a
+binary value (text, varchar, xml, enum labels) is in the connection's client
+encoding, which must be UTF-8, psycopg's default.
+
+Dates, times and intervals live in `decoder.temporal`.  psycopg's C loaders
+decode binary numeric here and timestamps there fastest; they do not check
+lengths, so each fixed-size value is length-checked first.  The catalogue of
+built-in type names, OIDs and array types is psycopg's too.
+
+Known limit: json/jsonb numbers become Python int (exact) or float, so a JSON
+number beyond double precision loses digits -- the JSON lines carry a parsed
+JSON value, and most JSON readers would lose them the same way.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import re
+import struct
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, Final
+
+from psycopg import postgres
+from psycopg.adapt import Transformer
+from psycopg.pq import Format
+
+from csnd.ids import lsn_to_str
+from decoder import temporal as T
+
+JsonValue = Any
+BinaryDecoder = Callable[[bytes], JsonValue]
+TextDecoder = Callable[[str], JsonValue]
+
+_I16 = struct.Struct("!h")
+_I32 = struct.Struct("!i")
+_I64 = struct.Struct("!q")
+_U32 = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+_F32 = struct.Struct("!f")
+_F64 = struct.Struct("!d")
+_ARRAY_HEAD = struct.Struct("!iiI")  # ndim, has-null flag, element type oid
+_ARRAY_DIM = struct.Struct("!ii")  # size, lower bound
+_NUMERIC_HEAD = struct.Struct("!HhHH")  # ndigits, weight, sign, dscale
+_TID = struct.Struct("!IH")
+
+_load_numeric = Transformer().get_loader(1700, Format.BINARY).load
+
+
+def _fixed(size: int, what: str, data: bytes) -> None:
+    if len(data) != size:
+        raise ValueError(f"{what} value of {len(data)} bytes, expected {size}")
+
+
+# --- numbers ---------------------------------------------------------------------
+
+_FLOAT_SPECIAL: Final[dict[str, str]] = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity"}
+_INF: Final = float("inf")
+_INF_DECIMAL: Final = Decimal("Infinity")
+_FLOAT4_MAX_BITS: Final = 0x7F7FFFFF
+
+
+def _float_json(x: float) -> JsonValue:
+    if x != x:
+        return "NaN"
+    if x in (_INF, -_INF):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+# Exact decimal arithmetic for float4 bounds: a float4 and the midpoints around it
+# have at most ~110 significant decimal digits.
+_EXACT: Final = decimal.Context(prec=200)
+
+
+def float4_shortest(x: float) -> JsonValue:
+    """The decimal float4out (PostgreSQL's Ryu) prints for float4 `x`, as a Python float.
+
+    Ryu's choice, checked against the server bit pattern by bit pattern in the
+    tests: the fewest significant digits strictly inside x's rounding interval
+    (the bounds themselves excluded), the nearest to x of those, a tie going to
+    the even last digit.  For each length the candidates are the correctly
+    rounded decimal and its two neighbours.  The float64 of that decimal
+    prints as the same digits, so the JSON shows what PostgreSQL shows.
+    """
+    if x != x or x in (_INF, -_INF):
+        return _float_json(x)
+    if x == 0:
+        return x  # keeps -0.0
+    a = abs(x)
+    bits = _U32.unpack(_F32.pack(a))[0]
+    below = _F32.unpack(_U32.pack(bits - 1))[0]
+    above = a + (a - below) if bits == _FLOAT4_MAX_BITS else _F32.unpack(_U32.pack(bits + 1))[0]
+    exact, lo, hi = Decimal(a), Decimal((a + below) / 2), Decimal((a + above) / 2)
+    for p in range(9):
+        mantissa, _, exp = f"{a:.{p}e}".partition("e")
+        rounded = int(mantissa.replace(".", ""))
+        best: Decimal | None = None
+        best_gap = _INF_DECIMAL
+        for digits in (rounded - 1, rounded, rounded + 1):
+            d = Decimal(digits).scaleb(int(exp) - p, _EXACT)
+            if lo < d < hi:
+                gap = _EXACT.abs(_EXACT.subtract(d, exact))
+                if gap < best_gap or (gap == best_gap and digits % 2 == 0):
+                    best, best_gap = d, gap
+        if best is not None:
+            return float(best) if x > 0 else -float(best)
+    raise AssertionError(f"no decimal of 9 digits reads back as float4 {x!r}")  # 9 digits always do
+
+
+def _float4_bin(data: bytes) -> JsonValue:
+    return float4_shortest(_F32.unpack(data)[0])
+
+
+def _float4_text(text: str) -> JsonValue:
+    # float4out already printed the shortest decimal (extra_float_digits >= 1,
+    # the default since PostgreSQL 12): read it as it is.
+    special = _FLOAT_SPECIAL.get(text)
+    if special is not None:
+        return special
+    x = float(text)
+    _F32.pack(x)  # OverflowError beyond float4's range: not a float4out text
+    return x
+
+
+def _float8_bin(data: bytes) -> JsonValue:
+    return _float_json(_F64.unpack(data)[0])
+
+
+def _float8_text(text: str) -> JsonValue:
+    special = _FLOAT_SPECIAL.get(text)
+    return special if special is not None else float(text)
+
+
+def _numeric_bin(data: bytes) -> str:
+    ndigits = _NUMERIC_HEAD.unpack_from(data)[0]
+    _fixed(8 + 2 * ndigits, "numeric", data)
+    return format(_load_numeric(data), "f")
+
+
+def _int2_bin(data: bytes) -> int:
+    return int(_I16.unpack(data)[0])
+
+
+def _int4_bin(data: bytes) -> int:
+    return int(_I32.unpack(data)[0])
+
+
+def _int8_bin(data: bytes) -> int:
+    return int(_I64.unpack(data)[0])
+
+
+def _uint32_bin(data: bytes) -> int:
+    return int(_U32.unpack(data)[0])
+
+
+def _uint32_str(data: bytes) -> str:
+    return str(_U32.unpack(data)[0])
+
+
+def _uint64_str(data: bytes) -> str:
+    return str(_U64.unpack(data)[0])
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+# --- strings, bytes, json -----------------------------------------------------------
+
+
+def _utf8(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+_BOOL_BIN: Final = {b"\x01": True, b"\x00": False}
+_BOOL_TEXT: Final = {"t": True, "f": False}  # boolout; `true` is only bool::text's form
+
+
+def _char_bin(data: bytes) -> str:
+    """charout: the byte itself, `\\ooo` for a high-bit byte, '' for NUL."""
+    _fixed(1, '"char"', data)
+    ch = data[0]
+    if ch == 0:
+        return ""
+    return f"\\{ch:03o}" if ch & 0x80 else chr(ch)
+
+
+def _bytea_bin(data: bytes) -> str:
+    return "\\x" + data.hex()
+
+
+_BYTEA_ESCAPE = re.compile(rb"\\([0-3][0-7][0-7]|\\)")
+
+
+def _bytea_text(text: str) -> str:
+    if text.startswith("\\x"):
+        return "\\x" + bytes.fromhex(text[2:]).hex()
+    # bytea_output = 'escape': printable ASCII as is, `\\` and `\ooo` octal escapes
+    raw = _BYTEA_ESCAPE.sub(
+        lambda m: b"\\" if m.group(1) == b"\\" else bytes((int(m.group(1), 8),)), text.encode("ascii")
+    )
+    if b"\\" in _BYTEA_ESCAPE.sub(b"", text.encode("ascii")):
+        raise ValueError(f"bad escape in bytea text {text[:40]!r}")
+    return "\\x" + raw.hex()
+
+
+def _json_bin(data: bytes) -> JsonValue:
+    return json.loads(data.decode("utf-8"))
+
+
+def _jsonb_bin(data: bytes) -> JsonValue:
+    if data[:1] != b"\x01":
+        raise ValueError(f"unsupported jsonb binary version {data[:1]!r}, expected 1")
+    return json.loads(data[1:].decode("utf-8"))
+
+
+def _uuid_bin(data: bytes) -> str:
+    _fixed(16, "uuid", data)
+    h = data.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _bits_bin(data: bytes) -> str:
+    nbits = _I32.unpack_from(data)[0]
+    body = data[4:]
+    _fixed((nbits + 7) // 8, "bit string", body)
+    if not nbits:
+        return ""
+    return format(int.from_bytes(body, "big"), f"0{len(body) * 8}b")[:nbits]
+
+
+def _macaddr_bin(data: bytes) -> str:
+    _fixed(6, "macaddr", data)
+    return data.hex(":")
+
+
+def _macaddr8_bin(data: bytes) -> str:
+    _fixed(8, "macaddr8", data)
+    return data.hex(":")
+
+
+def _ipv6_text(addr: bytes) -> str:
+    """inet_net_ntop_ipv6: longest zero run (>= 2 words, first wins) as `::`, IPv4 tails."""
+    words = struct.unpack("!8H", addr)
+    best_base, best_len, cur_base, cur_len = -1, 0, -1, 0
+    for i, w in enumerate(words):
+        if w == 0:
+            if cur_base < 0:
+                cur_base, cur_len = i, 0
+            cur_len += 1
+            if cur_len > best_len:
+                best_base, best_len = cur_base, cur_len
+        else:
+            cur_base = -1
+    if best_len < 2:
+        best_base = -1
+    out = []
+    for i in range(8):
+        if best_base >= 0 and best_base <= i < best_base + best_len:
+            if i == best_base:
+                out.append(":")
+            continue
+        if i:
+            out.append(":")
+        if i == 6 and best_base == 0 and (best_len == 6 or (best_len == 5 and words[5] == 0xFFFF)):
+            out.append(".".join(map(str, addr[12:])))
+            break
+        out.append(f"{words[i]:x}")
+    if best_base >= 0 and best_base + best_len == 8:
+        out.append(":")
+    return "".join(out)
+
+
+def _inet_bin(data: bytes) -> str:
+    """inet_send / cidr_send: family, bits, is_cidr, length, address -> network_out's text."""
+    family, bits, is_cidr, size = data[:4]
+    addr = data[4:]
+    if family == 2 and size == 4 and len(addr) == 4:
+        text, max_bits = ".".join(map(str, addr)), 32
+    elif family == 3 and size == 16 and len(addr) == 16:
+        text, max_bits = _ipv6_text(addr), 128
+    else:
+        raise ValueError(f"bad inet value: family {family}, {size} address bytes, {len(data)} bytes in all")
+    return f"{text}/{bits}" if is_cidr or bits != max_bits else text
+
+
+def _pg_lsn_bin(data: bytes) -> str:
+    return lsn_to_str(_U64.unpack(data)[0])
+
+
+def _tid_bin(data: bytes) -> str:
+    block, offset = _TID.unpack(data)
+    return f"({block},{offset})"
+
+
+# --- arrays --------------------------------------------------------------------------
+
+
+def binary_array(elem_oid: int, elem: BinaryDecoder) -> BinaryDecoder:
+    """array_send: ndim, flags, element oid, (size, lbound) per dim, then elements."""
+
+    def decode(data: bytes) -> JsonValue:
+        ndim, _flags, oid = _ARRAY_HEAD.unpack_from(data)
+        if oid != elem_oid:
+            raise ValueError(f"array of element type {oid}, expected {elem_oid}")
+        if ndim == 0:
+            return []
+        if not 0 < ndim <= 6:
+            raise ValueError(f"array of {ndim} dimensions")
+        pos = _ARRAY_HEAD.size
+        dims = []
+        count = 1
+        for _ in range(ndim):
+            size = _ARRAY_DIM.unpack_from(data, pos)[0]
+            dims.append(size)
+            count *= size
+            pos += _ARRAY_DIM.size
+        end = len(data)
+        unpack = _I32.unpack_from
+        items: list[JsonValue] = []
+        append = items.append
+        for _ in range(count):
+            size = unpack(data, pos)[0]
+            pos += 4
+            if size < 0:
+                append(None)
+            else:
+                if pos + size > end:
+                    raise ValueError("array element runs past the end of the value")
+                append(elem(data[pos : pos + size]))
+                pos += size
+        if pos != end:
+            raise ValueError(f"{end - pos} bytes after the last array element")
+        for size in reversed(dims[1:]):
+            items = [items[i : i + size] for i in range(0, len(items), size)]
+        return items
+
+    return decode
+
+
+_ARRAY_UNESCAPE = re.compile(r"\\(.)", re.S)
+_ARRAY_TOKENS: dict[str, re.Pattern[str]] = {}
+
+
+def text_array(elem: TextDecoder, delimiter: str = ",") -> TextDecoder:
+    """array_out's form: `{a,"b c",NULL,{..}}`, optional `[lo:hi]=` bounds, quoted with `\\`."""
+    tokens = _ARRAY_TOKENS.get(delimiter)
+    if tokens is None:
+        d = re.escape(delimiter)
+        tokens = re.compile(rf'\{{|\}}|{d}|"((?:[^"\\]|\\.)*)"|([^{{}}"{d}]+)', re.S)
+        _ARRAY_TOKENS[delimiter] = tokens
+
+    def decode(text: str) -> JsonValue:
+        if text[:1] == "{" and '"' not in text and text.count("{") == 1 and text[-1:] == "}":
+            # one dimension, nothing quoted: the common case, split at once
+            inner = text[1:-1]
+            if not inner:
+                return []
+            return [None if len(v) == 4 and v.upper() == "NULL" else elem(v) for v in inner.split(delimiter)]
+        pos = 0
+        if text[:1] == "[":  # dimension decoration of non-default lower bounds
+            pos = text.index("=") + 1
+        stack: list[list[JsonValue]] = []
+        result: list[JsonValue] | None = None
+        for m in tokens.finditer(text, pos):
+            if m.start() != pos or result is not None:
+                raise ValueError(f"malformed array text at offset {pos}")
+            pos = m.end()
+            tok = m.group()
+            if tok == "{":
+                stack.append([])
+            elif tok == "}":
+                done = stack.pop()
+                if stack:
+                    stack[-1].append(done)
+                else:
+                    result = done
+            elif tok != delimiter:
+                quoted = m.group(1)
+                if quoted is not None:
+                    stack[-1].append(elem(_ARRAY_UNESCAPE.sub(r"\1", quoted) if "\\" in quoted else quoted))
+                else:
+                    stack[-1].append(None if len(tok) == 4 and tok.upper() == "NULL" else elem(tok))
+        if result is None or pos != len(text):
+            raise ValueError("unterminated array text")
+        return result
+
+    return decode
+
+
+# --- enums -----------------------------------------------------------------------------
+# enum_send writes the label as text, enum_out prints the label.
+
+enum_binary: Final[BinaryDecoder] = _utf8
+enum_text: Final[TextDecoder] = _identity
+
+# --- the catalogue ---------------------------------------------------------------------
+
+_SCALARS: Final[dict[str, tuple[BinaryDecoder | None, TextDecoder]]] = {
+    "bool": (_BOOL_BIN.__getitem__, _BOOL_TEXT.__getitem__),
+    "bytea": (_bytea_bin, _bytea_text),
+    "char": (_char_bin, _identity),
+    "name": (_utf8, _identity),
+    "int8": (_int8_bin, int),
+    "int2": (_int2_bin, int),
+    "int4": (_int4_bin, int),
+    "text": (_utf8, _identity),
+    "oid": (_uint32_bin, int),
+    "tid": (_tid_bin, _identity),
+    "xid": (_uint32_str, _identity),
+    "cid": (_uint32_str, _identity),
+    "xid8": (_uint64_str, _identity),
+    "json": (_json_bin, json.loads),
+    "xml": (_utf8, _identity),  # xml_send is xml_out's text in the client encoding (UTF-8)
+    "float4": (_float4_bin, _float4_text),
+    "float8": (_float8_bin, _float8_text),
+    "macaddr": (_macaddr_bin, _identity),
+    "macaddr8": (_macaddr8_bin, _identity),
+    "inet": (_inet_bin, _identity),
+    "cidr": (_inet_bin, _identity),
+    "bpchar": (_utf8, _identity),
+    "varchar": (_utf8, _identity),
+    "date": (T.date_binary, T.date_text),
+    "time": (T.time_binary, _identity),
+    "timestamp": (T.timestamp_binary, T.timestamp_text),
+    "timestamptz": (T.timestamptz_binary, T.timestamptz_text),
+    "interval": (T.interval_binary, _identity),
+    "timetz": (T.timetz_binary, _identity),
+    "bit": (_bits_bin, _identity),
+    "varbit": (_bits_bin, _identity),
+    "numeric": (_numeric_bin, _identity),
+    "uuid": (_uuid_bin, _identity),
+    "pg_lsn": (_pg_lsn_bin, _identity),
+    "jsonb": (_jsonb_bin, json.loads),
+}
+
+# Types without a send function (aclitem, gtsvector): PostgreSQL 15's pgoutput
+# sends them as text even in a binary stream, so a binary stream can carry them.
+_TEXT_IN_BINARY_STREAMS: Final = frozenset((1033, 3642))
+
+_OID_BY_NAME: Final[dict[str, int]] = {"char": 18, "_char": 1002}
+_BINARY: Final[dict[int, BinaryDecoder]] = {}
+_TEXT: Final[dict[int, TextDecoder]] = {}
+_NAMES: Final[dict[int, str]] = {18: "char", 1002: "_char"}
+
+
+def _build_catalogue() -> None:
+    infos = [(t.name, t.oid, t.array_oid, t.delimiter) for t in postgres.types if t.oid]
+    for name, oid, array_oid, delimiter in [*infos, ("char", 18, 1002, ",")]:
+        if name.startswith("_") or name.endswith("[]"):
+            continue
+        _OID_BY_NAME[name] = oid
+        _NAMES[oid] = name
+        binary, text = _SCALARS.get(name, (None, _identity))
+        _TEXT[oid] = text
+        if binary is not None:
+            _BINARY[oid] = binary
+        if array_oid:
+            _OID_BY_NAME["_" + name] = array_oid
+            _NAMES[array_oid] = "_" + name
+            _TEXT[array_oid] = text_array(text, delimiter)
+            if binary is not None:
+                _BINARY[array_oid] = binary_array(oid, binary)
+
+
+_build_catalogue()
+
+
+def binary_decoder(type_oid: int) -> BinaryDecoder | None:
+    """The decoder of a built-in type's binary send format, or None if csnd has none."""
+    return _BINARY.get(type_oid)
+
+
+def text_decoder(type_oid: int) -> TextDecoder:
+    """The decoder of a built-in type's text output; any other type keeps its text form."""
+    return _TEXT.get(type_oid, _identity)
+
+
+def binary_readable(type_oid: int) -> bool:
+    """Whether a binary stream can carry this built-in type in a form csnd decodes exactly."""
+    return type_oid in _BINARY or type_oid in _TEXT_IN_BINARY_STREAMS
+
+
+def builtin_type_oid(name: str) -> int | None:
+    """A built-in type's OID by its pg_type name (`int4`, `_int4`), for domains over it."""
+    return _OID_BY_NAME.get(name)
+
+
+def builtin_type_name(type_oid: int) -> str | None:
+    """A built-in type's pg_type name, for messages."""
+    return _NAMES.get(type_oid)

@@ -1,0 +1,662 @@
+"""One node's sender: decoded changes in, finished transactions out, in commit-CSN order.
+
+    (lsn, item) in stream order ──► NodeSender.feed ──► [FinishedTxn, ...] in CSN order
+        Begin / Commit                 open txn ──► TxnBuffer (spills beyond spill_bytes)
+        Stream Start/Stop/Commit/Abort streamed txns by top-level xid, interleaved
+        DecodedChange                  into the open Begin txn (xid None) or the open
+                                       stream block's txn (xid = its subtransaction)
+        Message 'csn' (GTM mode)       committing / abort / tick ─► CsnOrderer
+                                       commit / cid ─► the transaction they are in
+        Keepalive                      tick (single-node mode) and confirmable LSN
+                                       while no transaction is open
+
+Pure logic: the only I/O is a large transaction's spill file (`sender.txnbuf`).
+
+CSNs.  GTM mode: a transaction's CSN is its `commit <gid> <csn>` marker, applied
+at its Commit / Stream Commit (the marker travels inside the transaction, so a
+rolled-back one never counts).  Single-node mode: the CSN is the commit LSN.
+
+Derived ticks (bounds the orderer may use besides explicit `tick` markers):
+
+* GTM mode, every CSN read from a `committing` or `commit` marker: a writer
+  logs `committing` on every node before it takes its commit CSN from the GTM,
+  so a transaction that is not committing on this node yet at this point of
+  the stream will take a CSN larger than any CSN already handed out.
+* single-node mode, each commit's end LSN and an idle keepalive's WAL end: the
+  next commit record starts at or after them.
+
+Empty transactions.  pgoutput skips transactions without changes, but one
+holding only logical messages still arrives, and so does one whose changes
+were all rolled back to savepoints.  Without changes and without a commit
+marker there is nothing to deliver and nothing to order: it is skipped
+silently (in both modes).  A GTM transaction *with* a commit marker is always
+released, even with no changes -- a distributed transaction's coordinator
+needs every node's part (its xid and commit LSN) to assemble it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sortedcontainers import SortedDict, SortedList
+
+from csnd.errors import ConfigError, ProtocolError
+from csnd.ids import lsn_to_str
+from decoder.change import DecodedChange
+from reader.pgoutput import (
+    Begin,
+    Commit,
+    Keepalive,
+    LogicalMessage,
+    Origin,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    TypeMsg,
+)
+from sender.ordering import CsnOrderer
+from sender.txn import FinishedTxn
+from sender.txnbuf import SPILL_BYTES, TxnBuffer
+
+MODES: Final = ("gtm", "single")
+MARKER_PREFIX: Final = "csn"
+
+Key = str | int  # gid in GTM mode, top-level xid in single-node mode
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSenderStatistics:
+    """A snapshot of one node sender, for metrics and the dashboard."""
+
+    node: str
+    open_txns: int  # begun or streaming, not yet committed / aborted
+    committing: int  # committing markers without commit / abort yet
+    waiting: int  # committed, held back by a smaller committing CSN
+    released: int
+    skipped_empty: int
+    dropped_resumed: int
+    spilled_txns: int
+    spilled_bytes: int
+    buffered_bytes: int  # estimated memory of the open transactions' changes
+    watermark: int | None
+    confirmable_lsn: int
+
+
+class _Open:
+    """A transaction between its Begin / first Stream Start and its commit."""
+
+    __slots__ = ("xid", "buf", "cid", "gid", "csn", "marker_sub", "first_lsn", "final_lsn")
+
+    def __init__(self, xid: int, buf: TxnBuffer, first_lsn: int, final_lsn: int | None) -> None:
+        self.xid = xid
+        self.buf = buf
+        self.cid = 0  # command id of the following changes (0 before any cid marker)
+        self.gid: str | None = None  # from the commit marker
+        self.csn = 0
+        self.marker_sub: int | None = None  # subtransaction that carried the commit marker
+        self.first_lsn = first_lsn
+        self.final_lsn = final_lsn  # Begin's final LSN (non-streamed only)
+
+
+class NodeSender:
+    """Consumes one node's stream in order and releases its transactions in CSN order.
+
+    `resume_csn`: the stream was restarted from a confirmed position and every
+    transaction of this node with CSN `<= resume_csn` is already durable
+    downstream.  Those are re-sent by the server; they are dropped here (their
+    `committing` entries stop holding others back), and an `abort` marker for
+    a gid never seen is accepted, because its `committing` may lie before the
+    restart position.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        mode: str,
+        spill_bytes: int = SPILL_BYTES,
+        spill_dir: str | None = None,
+        resume_csn: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"unknown csn mode {mode!r}; expected 'gtm' or 'single'", node=node)
+        self.node = node
+        self.mode = mode
+        self.spill_bytes = spill_bytes
+        self.spill_dir = spill_dir
+        self.resume_csn = resume_csn
+        self._gtm = mode == "gtm"
+        self._orderer: CsnOrderer[Key] = CsnOrderer(node)
+        self._cur: _Open | None = None  # non-streamed txn between Begin and Commit
+        self._streams: dict[int, _Open] = {}  # streamed txns by top-level xid
+        self._block: _Open | None = None  # txn of the open stream block
+        self._ready: dict[Key, FinishedTxn] = {}  # committed, waiting in the orderer
+        # Confirmable LSN bookkeeping (see `confirmable_lsn`).
+        self._floor = 0
+        self._wait_floor: SortedDict = SortedDict()  # end LSN of a waiting txn -> floor at its commit
+        self._caps: SortedList = SortedList()  # floors at the committing markers not yet released
+        self._cap_of: dict[str, tuple[int, int]] = {}  # gid -> (floor, marker lsn)
+        self._confirmable = 0
+        self._last_lsn = 0
+        # statistics
+        self.released = 0
+        self.skipped_empty = 0
+        self.dropped_resumed = 0
+        self.spilled_txns = 0
+        self.spilled_bytes = 0
+
+    # --- the stream -----------------------------------------------------------------
+
+    def feed(self, lsn: int, item: object) -> list[FinishedTxn]:
+        """Take the next stream item; returns the transactions it released, in CSN order."""
+        if type(item) is DecodedChange:  # the hot path: most items are changes
+            sub = item.xid
+            txn = self._cur if sub is None else self._block
+            if txn is None:
+                raise self._stray_change(lsn, item)
+            txn.buf.append(txn.cid, item.lsn, sub, item.body)
+            return []
+        if lsn:
+            self._last_lsn = lsn
+        handler = _HANDLERS.get(item.__class__)
+        if handler is None:
+            raise ProtocolError(
+                f"unexpected {type(item).__name__} in the sender's input; it takes pgoutput messages "
+                "and decoded changes",
+                node=self.node,
+                lsn=lsn or None,
+            )
+        return handler(self, lsn, item)
+
+    def _begin(self, lsn: int, m: Begin) -> list[FinishedTxn]:
+        if self._cur is not None or self._block is not None:
+            other = self._cur or self._block
+            assert other is not None
+            raise ProtocolError(
+                f"Begin of transaction {m.xid} inside transaction {other.xid} (begun at "
+                f"{lsn_to_str(other.first_lsn)}), which never ended; the stream is corrupt",
+                node=self.node,
+                lsn=lsn,
+                xid=m.xid,
+            )
+        self._cur = _Open(m.xid, self._new_buf(m.xid), lsn, m.final_lsn)
+        return []
+
+    def _commit(self, lsn: int, m: Commit) -> list[FinishedTxn]:
+        txn = self._cur
+        if txn is None:
+            raise ProtocolError(
+                f"Commit (commit lsn {lsn_to_str(m.commit_lsn)}) without a Begin; the stream is corrupt "
+                "or starts mid-transaction",
+                node=self.node,
+                lsn=lsn or m.end_lsn,
+            )
+        self._cur = None
+        if txn.final_lsn != m.commit_lsn:
+            txn.buf.close()
+            raise ProtocolError(
+                f"transaction {txn.xid} commits at {lsn_to_str(m.commit_lsn)} but its Begin announced "
+                f"{lsn_to_str(txn.final_lsn or 0)}; the stream is spliced or corrupt",
+                node=self.node,
+                lsn=m.commit_lsn,
+                xid=txn.xid,
+            )
+        return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
+
+    def _stream_start(self, lsn: int, m: StreamStart) -> list[FinishedTxn]:
+        if self._cur is not None or self._block is not None:
+            other = self._cur or self._block
+            assert other is not None
+            raise ProtocolError(
+                f"Stream Start of transaction {m.xid} inside transaction {other.xid}; the stream is corrupt",
+                node=self.node,
+                lsn=lsn or None,
+                xid=m.xid,
+            )
+        txn = self._streams.get(m.xid)
+        if txn is None:
+            if not m.first_segment:
+                raise ProtocolError(
+                    f"stream block continues transaction {m.xid}, whose first block was never seen; "
+                    "its earlier changes are missing",
+                    node=self.node,
+                    lsn=lsn or None,
+                    xid=m.xid,
+                )
+            txn = self._streams[m.xid] = _Open(m.xid, self._new_buf(m.xid), lsn, None)
+        elif m.first_segment:
+            raise ProtocolError(
+                f"first stream block of transaction {m.xid}, which is already streaming since "
+                f"{lsn_to_str(txn.first_lsn)}",
+                node=self.node,
+                lsn=lsn or None,
+                xid=m.xid,
+            )
+        self._block = txn
+        return []
+
+    def _stream_stop(self, lsn: int, m: StreamStop) -> list[FinishedTxn]:
+        if self._block is None:
+            raise ProtocolError("Stream Stop without a Stream Start", node=self.node, lsn=lsn or None)
+        self._block = None
+        return []
+
+    def _stream_commit(self, lsn: int, m: StreamCommit) -> list[FinishedTxn]:
+        self._no_block("Stream Commit", m.xid, lsn)
+        txn = self._streams.pop(m.xid, None)
+        if txn is None:
+            raise ProtocolError(
+                f"Stream Commit of transaction {m.xid}, which never streamed; its changes are missing",
+                node=self.node,
+                lsn=m.commit_lsn,
+                xid=m.xid,
+            )
+        return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
+
+    def _stream_abort(self, lsn: int, m: StreamAbort) -> list[FinishedTxn]:
+        self._no_block("Stream Abort", m.xid, lsn)
+        txn = self._streams.get(m.xid)
+        if txn is None:
+            return []  # nothing of it was seen, nothing to drop
+        if m.subxid == m.xid:
+            del self._streams[m.xid]
+            txn.buf.close()
+            return []
+        txn.buf.abort_subxact(m.subxid)
+        if txn.marker_sub == m.subxid:  # the commit marker was rolled back with its savepoint
+            txn.gid, txn.csn, txn.marker_sub = None, 0, None
+        return []
+
+    def _keepalive(self, lsn: int, m: Keepalive) -> list[FinishedTxn]:
+        # Only while no transaction is open: a keepalive sent while a transaction's
+        # output is under way may carry a WAL end beyond that transaction's commit.
+        if self._cur is None and self._block is None and not self._streams:
+            self._advance_floor(m.wal_end)
+            if not self._gtm:
+                self._orderer.tick(m.wal_end)
+        return []
+
+    def _ignore(self, lsn: int, m: object) -> list[FinishedTxn]:
+        return []
+
+    # --- csn markers -------------------------------------------------------------------
+
+    def _message(self, lsn: int, m: LogicalMessage) -> list[FinishedTxn]:
+        if m.prefix != MARKER_PREFIX:
+            return []
+        if not self._gtm:
+            txn = self._block or self._cur
+            raise ProtocolError(
+                f"csn marker {m.content[:80]!r}"
+                + (f" in transaction {txn.xid}" if txn is not None else "")
+                + " on a node in single-node mode; markers mean a gtm cluster: "
+                "run this node in gtm mode (stream header / --mode)",
+                node=self.node,
+                lsn=m.lsn or lsn or None,
+                xid=txn.xid if txn is not None else m.xid,
+            )
+        where = m.lsn or lsn
+        kind, gid, value = self._parse_marker(m, where)
+        if kind == "committing":
+            assert gid is not None and value is not None
+            self._orderer.committing(gid, value, lsn=where)
+            self._cap_of[gid] = (self._floor, where)
+            self._caps.add(self._floor)
+            self._orderer.tick(value)
+            return []
+        if kind == "abort":
+            assert gid is not None
+            if self.resume_csn is not None and not self._orderer.is_committing(gid):
+                return []
+            self._drop_cap(gid)
+            return self._take(self._orderer.abort(gid, lsn=where))
+        if kind == "tick":
+            assert value is not None
+            self._orderer.tick(value)
+            return []
+        txn = self._block if self._block is not None else self._cur
+        if txn is None:
+            raise ProtocolError(
+                f"transactional csn marker {m.content.decode('ascii', 'replace')!r} outside any "
+                "transaction; the stream is corrupt",
+                node=self.node,
+                lsn=where or None,
+                xid=m.xid,
+            )
+        assert value is not None
+        if kind == "cid":
+            if value < txn.cid:
+                raise ProtocolError(
+                    f"cid marker {value} after cid {txn.cid} in transaction {txn.xid}; command ids "
+                    "never decrease within a transaction",
+                    node=self.node,
+                    lsn=where or None,
+                    xid=txn.xid,
+                )
+            txn.cid = value
+            return []
+        # commit
+        assert gid is not None
+        if txn.gid is not None:
+            raise ProtocolError(
+                f"second commit marker in transaction {txn.xid}: 'commit {gid} {value}' after "
+                f"'commit {txn.gid} {txn.csn}'; a local transaction belongs to one global transaction",
+                node=self.node,
+                lsn=where or None,
+                xid=txn.xid,
+            )
+        txn.gid, txn.csn, txn.marker_sub = gid, value, m.xid
+        return []
+
+    def _parse_marker(self, m: LogicalMessage, where: int) -> tuple[str, str | None, int | None]:
+        """Strict parse of a `csn` marker (DESIGN section 2 table), kind and transactionality checked."""
+        try:
+            text = m.content.decode("ascii")
+        except UnicodeDecodeError:
+            text = None
+        parts = text.split(" ") if text is not None else []
+        kind = parts[0] if parts else ""
+        n = _ARITY.get(kind)
+        if n is not None and len(parts) == n:
+            gid = parts[1] if kind in ("committing", "commit", "abort") else None
+            raw = parts[-1] if kind != "abort" else None
+            if (gid is None or gid) and (raw is None or (raw.isascii() and raw.isdigit())):
+                if m.transactional != _TRANSACTIONAL[kind]:
+                    raise ProtocolError(
+                        f"csn marker {text!r} is {'' if m.transactional else 'non-'}transactional; "
+                        f"{kind} markers are written "
+                        f"{'transactionally' if _TRANSACTIONAL[kind] else 'non-transactionally'}",
+                        node=self.node,
+                        lsn=where or None,
+                        xid=m.xid,
+                    )
+                return kind, gid, int(raw) if raw is not None else None
+        raise ProtocolError(
+            f"malformed csn marker {m.content[:120]!r}; expected one of 'committing <gid> <csn>', "
+            "'commit <gid> <csn>', 'abort <gid>', 'cid <n>', 'tick <csn>'",
+            node=self.node,
+            lsn=where or None,
+            xid=m.xid,
+        )
+
+    # --- commit and release --------------------------------------------------------------
+
+    def _finish_txn(self, txn: _Open, commit_lsn: int, end_lsn: int, commit_time: int) -> list[FinishedTxn]:
+        buf = txn.buf
+        orderer = self._orderer
+        gid = txn.gid
+        if self._gtm:
+            if gid is None:
+                if buf.n_changes:
+                    n = buf.n_changes
+                    buf.close()
+                    raise ProtocolError(
+                        f"transaction {txn.xid} committed at {lsn_to_str(commit_lsn)} with {n} changes but "
+                        "no commit marker; in gtm mode every writing transaction must log "
+                        "'commit <gid> <csn>' (transactional) before it commits",
+                        node=self.node,
+                        lsn=commit_lsn,
+                        xid=txn.xid,
+                    )
+                return self._skip(buf, end_lsn)
+            key: Key = gid
+            csn = txn.csn
+        else:
+            if not buf.n_changes:
+                return self._skip(buf, end_lsn)
+            key = txn.xid
+            csn = commit_lsn
+        if self.resume_csn is not None and csn <= self.resume_csn:
+            self.dropped_resumed += 1
+            released: list[Key] = []
+            if gid is not None and orderer.is_committing(gid):
+                self._drop_cap(gid)
+                released = orderer.abort(gid, lsn=commit_lsn)
+            buf.close()
+            self._advance_floor(end_lsn)
+            return self._take(released)
+        floor = self._floor
+        try:
+            released = orderer.commit(key, csn, lsn=commit_lsn, xid=txn.xid)
+        except ProtocolError:
+            buf.close()
+            raise
+        if buf.spilled:
+            self.spilled_txns += 1
+            self.spilled_bytes += buf.spilled_bytes
+        n = buf.n_changes
+        self._ready[key] = FinishedTxn(
+            self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n
+        )
+        self._wait_floor[end_lsn] = floor
+        self._advance_floor(end_lsn)
+        orderer.tick(csn if self._gtm else end_lsn)
+        return self._take(released)
+
+    def _take(self, keys: list[Key]) -> list[FinishedTxn]:
+        if not keys:
+            return []
+        out = []
+        ready, wait_floor, cap_of = self._ready, self._wait_floor, self._cap_of
+        for key in keys:
+            txn = ready.pop(key)
+            del wait_floor[txn.end_lsn]
+            if isinstance(key, str) and key in cap_of:
+                self._drop_cap(key)
+            out.append(txn)
+        self.released += len(out)
+        self._update_confirmable()
+        return out
+
+    def _skip(self, buf: TxnBuffer, end_lsn: int) -> list[FinishedTxn]:
+        buf.close()
+        self.skipped_empty += 1
+        self._advance_floor(end_lsn)
+        return []
+
+    def _advance_floor(self, end_lsn: int) -> None:
+        if end_lsn > self._floor:
+            self._floor = end_lsn
+        self._update_confirmable()
+
+    def _drop_cap(self, gid: str) -> None:
+        entry = self._cap_of.pop(gid, None)
+        if entry is not None:
+            self._caps.remove(entry[0])
+            self._update_confirmable()
+
+    def _update_confirmable(self) -> None:
+        c = self._floor
+        if self._wait_floor:
+            c = min(c, self._wait_floor.peekitem(0)[1])
+        if self._caps:
+            c = min(c, self._caps[0])
+        if c > self._confirmable:
+            self._confirmable = c
+
+    # --- state ----------------------------------------------------------------------------
+
+    @property
+    def watermark(self) -> int | None:
+        """Largest CSN `w` such that no transaction with CSN `<= w` can still be released; None: unknown.
+
+        Never decreases.  Unknown until the first tick (explicit, or derived as
+        described in the module docstring): before it nothing bounds the CSN
+        of a transaction that has logged nothing yet.
+        """
+        return self._orderer.watermark
+
+    @property
+    def confirmable_lsn(self) -> int:
+        """The LSN this node's slot may be confirmed to once everything released so far is durable.
+
+        The largest `L` (0: none yet) such that a restart from `L` loses
+        nothing and breaks no ordering:
+
+        * every transaction whose commit record lies before `L` has been
+          released (or skipped as empty): `L` is the end LSN of a commit -- or
+          an idle keepalive's WAL end -- that precedes the oldest committed,
+          unreleased transaction (`L` <= its commit LSN, so the server sends
+          it again);
+        * no `committing` marker of a transaction that is not released yet
+          lies before `L`: while one is open or its transaction waits, `L`
+          stays at the position the stream had reached when the marker
+          arrived, so after a restart the marker is sent again and still
+          holds back larger CSNs.
+
+        It never decreases.  The caller confirms it only after every
+        transaction released before it read this value is durable (and should
+        restart with `resume_csn` = the last durable CSN).
+        """
+        return self._confirmable
+
+    @property
+    def orderer(self) -> CsnOrderer[Key]:
+        return self._orderer
+
+    def statistics(self) -> NodeSenderStatistics:
+        open_txns = list(self._streams.values())
+        if self._cur is not None:
+            open_txns.append(self._cur)
+        return NodeSenderStatistics(
+            node=self.node,
+            open_txns=len(open_txns),
+            committing=self._orderer.n_committing,
+            waiting=self._orderer.n_waiting,
+            released=self.released,
+            skipped_empty=self.skipped_empty,
+            dropped_resumed=self.dropped_resumed,
+            spilled_txns=self.spilled_txns,
+            spilled_bytes=self.spilled_bytes,
+            buffered_bytes=sum(t.buf.mem_bytes for t in open_txns),
+            watermark=self.watermark,
+            confirmable_lsn=self._confirmable,
+        )
+
+    def finish(self) -> None:
+        """The stream ended: it must not end inside a transaction or with one still committing."""
+        node = self.node
+        if self._cur is not None:
+            t = self._cur
+            raise ProtocolError(
+                f"stream ended inside transaction {t.xid} (begun at {lsn_to_str(t.first_lsn)}, "
+                f"{t.buf.n_changes} changes so far); the stream is truncated",
+                node=node,
+                lsn=self._last_lsn or t.first_lsn,
+                xid=t.xid,
+            )
+        if self._block is not None:
+            t = self._block
+            raise ProtocolError(
+                f"stream ended inside a stream block of transaction {t.xid} (streaming since "
+                f"{lsn_to_str(t.first_lsn)}); the stream is truncated",
+                node=node,
+                lsn=self._last_lsn or t.first_lsn,
+                xid=t.xid,
+            )
+        if self._streams:
+            t = min(self._streams.values(), key=lambda o: o.first_lsn)
+            more = len(self._streams) - 1
+            raise ProtocolError(
+                f"stream ended with streamed transaction {t.xid} (streaming since "
+                f"{lsn_to_str(t.first_lsn)}) neither committed nor aborted"
+                + (f", and {more} more" if more else "")
+                + "; the stream is truncated",
+                node=node,
+                lsn=self._last_lsn or t.first_lsn,
+                xid=t.xid,
+            )
+        open_ = self._orderer.open_committing()
+        if open_:
+            gid, csn = open_[0]
+            marker_lsn = self._cap_of[gid][1] if isinstance(gid, str) and gid in self._cap_of else 0
+            waiting = self._orderer.n_waiting
+            raise ProtocolError(
+                f"stream ended with global transaction {gid} committing (committing csn {csn}, logged at "
+                f"{lsn_to_str(marker_lsn)}) but neither committed nor aborted"
+                + (f"; {len(open_) - 1} more committing" if len(open_) > 1 else "")
+                + (f"; {waiting} committed transactions wait behind it, unreleased" if waiting else "")
+                + "; the stream is truncated or the writer lost the transaction",
+                node=node,
+                lsn=marker_lsn or None,
+            )
+        assert not self._ready, "committed transactions left without a committing one to wait for"
+
+    def close(self) -> None:
+        """Discard every open transaction and free spill files (error paths, shutdown)."""
+        if self._cur is not None:
+            self._cur.buf.close()
+            self._cur = None
+        for t in self._streams.values():
+            t.buf.close()
+        self._streams.clear()
+        self._block = None
+        self._ready.clear()
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _new_buf(self, xid: int) -> TxnBuffer:
+        return TxnBuffer(self.node, xid, self.spill_bytes, self.spill_dir)
+
+    def _no_block(self, what: str, xid: int, lsn: int) -> None:
+        if self._block is not None:
+            raise ProtocolError(
+                f"{what} of transaction {xid} inside the open stream block of transaction "
+                f"{self._block.xid}; the stream is corrupt",
+                node=self.node,
+                lsn=lsn or None,
+                xid=xid,
+            )
+
+    def _stray_change(self, lsn: int, ch: DecodedChange) -> ProtocolError:
+        if ch.xid is None:
+            where = (
+                f"inside the stream block of transaction {self._block.xid} without a subtransaction xid"
+                if self._block is not None
+                else "outside any transaction"
+            )
+        else:
+            where = f"of subtransaction {ch.xid} outside any stream block"
+        return ProtocolError(
+            f"{ch.op} change at {lsn_to_str(ch.lsn)} {where}; the stream is corrupt or truncated at its start",
+            node=self.node,
+            lsn=ch.lsn or lsn or None,
+            xid=ch.xid,
+        )
+
+    def _check(self) -> None:
+        """Assert every invariant of the sender's bookkeeping (tests call it after each step)."""
+        self._orderer._check()
+        self._caps._check()
+        self._wait_floor._check()
+        assert sorted(f for f, _ in self._cap_of.values()) == list(self._caps)
+        assert set(self._ready) == {k for k, _ in self._orderer.waiting()}
+        assert len(self._wait_floor) == len(self._ready)
+        assert sorted(t.end_lsn for t in self._ready.values()) == list(self._wait_floor)
+        for gid in self._cap_of:
+            assert self._orderer.is_committing(gid) or gid in self._ready
+        assert self._confirmable <= self._floor
+        if self._block is not None:
+            assert self._block is self._streams.get(self._block.xid)
+        assert self._cur is None or self._block is None
+
+
+_ARITY: Final = {"committing": 3, "commit": 3, "abort": 2, "cid": 2, "tick": 2}
+_TRANSACTIONAL: Final = {"committing": False, "commit": True, "abort": False, "cid": True, "tick": False}
+
+_HANDLERS: Final[dict[type, Callable[[NodeSender, int, Any], list[FinishedTxn]]]] = {
+    Begin: NodeSender._begin,
+    Commit: NodeSender._commit,
+    StreamStart: NodeSender._stream_start,
+    StreamStop: NodeSender._stream_stop,
+    StreamCommit: NodeSender._stream_commit,
+    StreamAbort: NodeSender._stream_abort,
+    LogicalMessage: NodeSender._message,
+    Keepalive: NodeSender._keepalive,
+    Relation: NodeSender._ignore,
+    TypeMsg: NodeSender._ignore,
+    Origin: NodeSender._ignore,
+}

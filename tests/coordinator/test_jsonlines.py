@@ -1,0 +1,101 @@
+"""The transaction JSON line of DESIGN section 7, byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+from coordinator import CsnMerge, GlobalTxn, NodeBatch, NodeCommit
+from tests.coordinator.helpers import CLOCK
+
+DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...
+
+DELETE = '"op": "delete", "schema": "public", "table": "acct", "old": {"id": 7}, "new": null'
+INSERT = (
+    '"op": "insert", "schema": "public", "table": "acct", "old": null, '
+    '"new": {"id": 7, "owner": "ann", "balance": "10.50", "doc": {"k": [1, 2]}}'
+)
+UPDATE = (
+    '"op": "update", "schema": "public", "table": "acct", "old": null, '
+    '"new": {"id": 8, "owner": "bo", "balance": "3.00"}, "unchanged": ["doc"]'
+)
+TRUNCATE = '"op": "truncate", "schema": "public", "table": "tmp", "old": null, "new": null'
+
+
+def test_distributed_transaction_line_is_exact() -> None:
+    """dn1's delete (cid 1) precedes dn2's insert (cid 2), whatever order the nodes arrive in."""
+    m = CsnMerge(["dn1", "dn2"])
+    m.add_batch(
+        "dn2",
+        NodeBatch(
+            1042,
+            "g-17",
+            733,
+            DN2 | 0x702A10,
+            DN2 | 0x702A40,
+            CLOCK + 100,
+            2,
+            [(2, DN2 | 0x702900, INSERT)],
+            True,
+        ),
+    )
+    m.add_batch(
+        "dn1",
+        NodeBatch(
+            1042, "g-17", 745, 0x16B3748, 0x16B3778, CLOCK + 123456, 1, [(1, 0x16B3600, DELETE)], False
+        ),
+    )
+    m.add_batch(
+        "dn1",
+        NodeBatch(
+            1042,
+            "g-17",
+            745,
+            0x16B3748,
+            0x16B3778,
+            CLOCK + 123456,
+            3,
+            [(3, 0x16B3700, UPDATE), (3, 0x16B3710, TRUNCATE)],
+            True,
+        ),
+    )
+    m.node_ended("dn1")
+    m.node_ended("dn2")
+    [txn] = m.pop_ready()
+    expected = (
+        '{"csn": 1042, "gid": "g-17", "commit_time": "2026-11-22T10:00:00.123456+00:00", '
+        '"nodes": {"dn1": {"xid": 745, "commit_lsn": "0/16B3748"}, "dn2": {"xid": 733, "commit_lsn": "1/702A10"}}, '
+        '"changes": ['
+        '{"node": "dn1", "cid": 1, "lsn": "0/16B3600", "op": "delete", "schema": "public", "table": "acct", '
+        '"old": {"id": 7}, "new": null}, '
+        '{"node": "dn2", "cid": 2, "lsn": "1/702900", "op": "insert", "schema": "public", "table": "acct", '
+        '"old": null, "new": {"id": 7, "owner": "ann", "balance": "10.50", "doc": {"k": [1, 2]}}}, '
+        '{"node": "dn1", "cid": 3, "lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct", '
+        '"old": null, "new": {"id": 8, "owner": "bo", "balance": "3.00"}, "unchanged": ["doc"]}, '
+        '{"node": "dn1", "cid": 3, "lsn": "0/16B3710", "op": "truncate", "schema": "public", "table": "tmp", '
+        '"old": null, "new": null}'
+        "]}"
+    )
+    assert txn.to_json_line() == expected
+    assert txn.end_lsns == {"dn1": 0x16B3778, "dn2": DN2 | 0x702A40}
+    # The generator writes expected.jsonl with json.dumps; the two must agree byte for byte.
+    assert json.dumps(json.loads(expected), ensure_ascii=False) == expected
+
+
+def test_single_node_line_gid_null_whole_second_empty_changes_non_ascii() -> None:
+    txn = GlobalTxn(0x16B3748, None, {"nœud-1": NodeCommit(745, 0x16B3748, CLOCK)}, {"nœud-1": 0x16B3778}, [])
+    assert txn.to_json_line() == (
+        '{"csn": 23803720, "gid": null, "commit_time": "2026-11-22T10:00:00+00:00", '
+        '"nodes": {"nœud-1": {"xid": 745, "commit_lsn": "0/16B3748"}}, "changes": []}'
+    )
+
+
+def test_quotes_in_names_are_escaped() -> None:
+    nodes = {'d"n': NodeCommit(1, 2, CLOCK - 1)}
+    txn = GlobalTxn(5, 'g "€"', nodes, {'d"n': 3}, [('d"n', [(0, 16, '"op": "truncate"')])])
+    line = txn.to_json_line()
+    assert line == (
+        '{"csn": 5, "gid": "g \\"€\\"", "commit_time": "2026-11-22T09:59:59.999999+00:00", '
+        '"nodes": {"d\\"n": {"xid": 1, "commit_lsn": "0/2"}}, '
+        '"changes": [{"node": "d\\"n", "cid": 0, "lsn": "0/10", "op": "truncate"}]}'
+    )
+    assert json.loads(line)["gid"] == 'g "€"'
