@@ -128,6 +128,44 @@ class LiveSource:
                 self._confirmed = lsn
         self.filter.confirmed(lsn)
 
+    def confirm_final(self, lsn: int, timeout_s: float = 15.0) -> None:
+        """Confirm `lsn` after the stream has ended (`--until-lsn`), so the slot really moves.
+
+        A pipeline whose stages run after the reader (decoders, sender, merge)
+        learns what is durable only after the reader sent its last status
+        update, so that final position is set with pg_replication_slot_advance
+        over an ordinary connection; the walsender may need a moment to let
+        go of the slot, hence the retry while it is still active.
+        """
+        self.confirm(lsn)
+        if lsn <= self._reported:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with psycopg.connect(self.options.conninfo, autocommit=True) as conn:
+                    conn.execute(
+                        "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+                        (self.options.slot, lsn_to_str(lsn)),
+                    )
+                self._reported = lsn
+                return
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() >= deadline:
+                    raise SourceError(
+                        f"slot {self.options.slot} is still in use after the stream ended; "
+                        f"could not confirm {lsn_to_str(lsn)} to it",
+                        node=self.node,
+                        lsn=lsn,
+                    ) from None
+                time.sleep(0.1)
+            except psycopg.Error as e:
+                raise SourceError(
+                    f"cannot confirm {lsn_to_str(lsn)} to slot {self.options.slot}: {str(e).strip()}",
+                    node=self.node,
+                    lsn=lsn,
+                ) from None
+
     @property
     def confirmed_lsn(self) -> int:
         with self._lock:
