@@ -39,8 +39,10 @@ from sender.txn import FinishedTxn
 # Finished transactions (or watermarks) waiting per node between its pipeline
 # thread and the merge.  Small: the merge keeps its own bounded buffer.
 NODE_QUEUE_DEPTH: Final = 64
-# Changes per batch handed to the merge: a transaction bigger than this is
-# split, so a huge transaction never sits whole in the merge's buffer.
+# Changes per batch handed to the merge: the merge interleaves nodes and
+# back-pressures between batches of this size.  (A transaction is still held
+# whole, as batches, until every node's part of it is in: the merge emits
+# whole transactions.)
 MERGE_BATCH_CHANGES: Final = 1024
 # How often output is flushed/fsynced and live slots confirmed.
 CONFIRM_INTERVAL_S: Final = 1.0
@@ -221,6 +223,10 @@ def run_replay(args: argparse.Namespace) -> int:
     if dup:
         raise ConfigError(f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE")
     check_modes({s.node: s.mode for s in sources})
+    # Node order is name order, not command-line order: it decides the order
+    # of "nodes" in the output and ties inside one cid, which should not
+    # depend on how the sources were listed.
+    sources.sort(key=lambda s: s.node)
     pipelines = [NodePipeline(s, args.decoders) for s in sources]
     out = _Output(args.output)
     try:
@@ -296,5 +302,5 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
             wakeup.wait(0.2)
     out.sync()
     for p in live:
-        p.source.confirm(trackers[p.node].safe)
+        p.source.confirm_final(trackers[p.node].safe)
     del by_node

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import queue
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -117,11 +118,16 @@ class DecoderPool:
         self.batch_changes = batch_changes
         ctx = mp.get_context("spawn")  # the parent has threads: never fork it
         self._in: list[Any] = [ctx.Queue(QUEUE_DEPTH) for _ in range(workers)]
-        self._out: list[Any] = [ctx.Queue(QUEUE_DEPTH + 1) for _ in range(workers)]
+        # Results come back over one pipe per worker, not a Queue: the parent
+        # holds no copy of the write end, so a worker killed halfway through a
+        # message shows up as end-of-file here instead of a read that waits
+        # forever for the rest of it.
+        pipes = [ctx.Pipe(duplex=False) for _ in range(workers)]
+        self._out: list[Any] = [r for r, _ in pipes]
         self._procs = [
             ctx.Process(
                 target=worker_main,
-                args=(i, node, binary, self._in[i], self._out[i]),
+                args=(i, node, binary, self._in[i], pipes[i][1]),
                 name=f"csnd-decoder-{node}-{i}",
                 daemon=True,
             )
@@ -134,8 +140,12 @@ class DecoderPool:
         self._skeletons: queue.Queue[_Batch | object] = queue.Queue(workers * (QUEUE_DEPTH + 1))
         self._reader_error: BaseException | None = None
         self._stop = threading.Event()
+        self._close_lock = threading.Lock()
+        self._closed = False
         for p in self._procs:
             p.start()
+        for _, w in pipes:
+            w.close()
 
     # --- reader side (its own thread) ---------------------------------------------
 
@@ -238,13 +248,21 @@ class DecoderPool:
             feeder.join(timeout=5)
 
     def _result(self, worker: int) -> list[list[tuple[int, int | None, str, str]]]:
-        q = self._out[worker]
+        conn = self._out[worker]
         while True:
-            try:
-                kind, payload = q.get(timeout=LIVENESS_POLL_S)
-            except queue.Empty:
+            if not conn.poll(LIVENESS_POLL_S):
                 self._check_worker(worker)
                 continue
+            try:
+                kind, payload = conn.recv()
+            except (EOFError, OSError):
+                self._procs[worker].join(timeout=5)
+                self._check_worker(worker)
+                raise WorkerError(
+                    f"decoder worker {worker} (pid {self._procs[worker].pid}) closed its result pipe "
+                    "without exiting",
+                    node=self.node,
+                ) from None
             if kind == "ok":
                 return payload  # type: ignore[no-any-return]
             assert kind == "error"
@@ -257,7 +275,7 @@ class DecoderPool:
         if not p.is_alive():
             code = p.exitcode
             how = (
-                f"was killed by signal {-code}"
+                f"was killed by signal {-code} ({_signal_name(-code)})"
                 if code is not None and code < 0
                 else f"exited with status {code}"
             )
@@ -272,6 +290,11 @@ class DecoderPool:
             self._check_worker(i)
 
     def close(self) -> None:
+        """Stop the workers and free the queues; safe to call more than once, from any thread."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         self._stop.set()
         for i, p in enumerate(self._procs):
             if p.is_alive():
@@ -282,10 +305,19 @@ class DecoderPool:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2)
-        for q in (*self._in, *self._out):
-            q.cancel_join_thread()
+        for q in self._in:
+            q.cancel_join_thread()  # a dead worker's full inbox must not block our exit
             q.close()
+        for conn in self._out:
+            conn.close()
 
 
 class _Stopped(Exception):
     """The pool is closing: the reader thread stops quietly."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"

@@ -46,15 +46,15 @@ def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) ->
             for w in payload:
                 rows = decode_change(_message(w), w[1], cache, binary)
                 out.append([(r.lsn, r.xid, r.op, r.body) for r in rows])
-            outbox.put(("ok", out))
+            outbox.send(("ok", out))
         except CsndError as e:
             if e.node is None:
                 e = type(e)(e.message, node=node, lsn=e.lsn, xid=e.xid) if type(e) is not CsndError else e
             failed = e
-            outbox.put(("error", e))
+            outbox.send(("error", e))
         except Exception as e:  # noqa: BLE001 - a bug, reported with its traceback
             failed = e
-            outbox.put(
+            outbox.send(
                 (
                     "error",
                     DecodeError(

@@ -1,0 +1,352 @@
+"""`csnd replay` end to end, as a user runs it: a subprocess per run, real files, real servers.
+
+Generated clusters are checked byte for byte against the generator's
+expected.jsonl (an oracle written independently of the pipeline: it is what
+the generator's GTM committed, in CSN order).  A live node is checked against
+a `test_decoding` slot created beside ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csnd import pgworkload as workload
+from csnd.ids import lsn_from_str, lsn_to_str
+from gtm import generate_cluster
+from gtm.markers import PREFIX, parse_marker
+from reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
+from reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
+from tests.fixtures.pg import PgDatabase
+from tests.reader import witness
+
+CSND = [sys.executable, "-m", "csnd.cli"]
+
+
+def replay(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CSND, "replay", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The run failed the way DESIGN section 8 says: exit 1, one clear line, no traceback."""
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("csnd replay: error: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("clusters")
+    made = {}
+    for name, nodes, binary, seed in (("1b", 1, True, 11), ("2t", 2, False, 12), ("3b", 3, True, 13)):
+        out = root / name
+        generate_cluster(str(out), nodes, 600, seed=seed, binary=binary)
+        made[name] = out
+    return made
+
+
+def streams(d: Path) -> list[str]:
+    return sorted(str(p) for p in d.glob("dn*.pgstream"))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "decoders"), [("1b", "1"), ("1b", "2"), ("2t", "2"), ("3b", "1"), ("3b", "2")]
+)
+def test_generated_cluster_replays_to_the_expected_output(
+    clusters: dict[str, Path], tmp_path: Path, cluster: str, decoders: str
+) -> None:
+    d = clusters[cluster]
+    out = tmp_path / "out.jsonl"
+    proc = replay(*streams(d), "--decoders", decoders, "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == (d / "expected.jsonl").read_bytes()
+    assert not (tmp_path / "out.jsonl.partial").exists()
+
+
+def test_stdout_is_the_default_output(clusters: dict[str, Path]) -> None:
+    d = clusters["2t"]
+    proc = replay(*streams(d))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (d / "expected.jsonl").read_text(encoding="utf-8")
+
+
+def test_the_order_of_sources_on_the_command_line_does_not_matter(clusters: dict[str, Path]) -> None:
+    d = clusters["3b"]
+    proc = replay(*reversed(streams(d)), "--decoders", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (d / "expected.jsonl").read_text(encoding="utf-8")
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def copy_frames(src: Path, dst: Path, keep: Any) -> None:
+    """Rewrite a stream file keeping the frames for which keep(index, payload) is true."""
+    with StreamFileReader(str(src)) as r:
+        header = r.header
+        with StreamWriter(str(dst), header) as w:
+            for i, (_, payload) in enumerate(r):
+                if keep(i, payload):
+                    w.write_frame(payload)
+
+
+def frame_messages(path: Path) -> Iterator[tuple[int, Any]]:
+    with StreamFileReader(str(path)) as r:
+        in_stream = False
+        for i, (_, payload) in enumerate(r):
+            frame = parse_frame(payload)
+            if isinstance(frame, XLogData):
+                msg = parse_message(frame.payload, in_stream)
+                tag = type(msg).__name__
+                in_stream = tag == "StreamStart" or (in_stream and tag != "StreamStop")
+                yield i, msg
+
+
+def test_truncated_file_names_the_file_and_offset(clusters: dict[str, Path], tmp_path: Path) -> None:
+    src = streams(clusters["1b"])[0]
+    bad = tmp_path / "dn1.pgstream"
+    shutil.copy(src, bad)
+    with open(bad, "r+b") as f:
+        f.truncate(os.path.getsize(bad) - 7)
+    out = tmp_path / "out.jsonl"
+    line = one_error_line(replay(str(bad), "--output", str(out)))
+    assert str(bad) in line and "offset" in line
+    assert not out.exists(), "nothing half-written may be presented as complete"
+    assert (tmp_path / "out.jsonl.partial").exists()
+    assert "out.jsonl.partial" in line
+
+
+def test_stream_that_ends_inside_a_transaction_says_so(clusters: dict[str, Path], tmp_path: Path) -> None:
+    src = Path(streams(clusters["1b"])[0])
+    msgs = list(frame_messages(src))
+    begins = [i for i, m in msgs if type(m).__name__ == "Begin"]
+    cut = begins[len(begins) // 2] + 2  # the Begin and one more message of that transaction
+    bad = tmp_path / "cut.pgstream"
+    copy_frames(src, bad, lambda i, _: i < cut)
+    line = one_error_line(replay(str(bad)))
+    assert re.search(r"node dn1: stream ended inside transaction \d+ \(begun at [0-9A-F]+/[0-9A-F]+", line)
+
+
+def test_committed_transaction_without_its_commit_marker_is_a_protocol_error(
+    clusters: dict[str, Path], tmp_path: Path
+) -> None:
+    """A GTM-mode node must log a commit marker in every committed transaction with changes."""
+    src = Path(streams(clusters["1b"])[0])
+    victim = None
+    drop = set()
+    for i, m in frame_messages(src):
+        if isinstance(m, LogicalMessage) and m.prefix == PREFIX:
+            marker = parse_marker(m.content)
+            if marker.kind == "commit" and victim is None and marker.value and marker.value > 50:
+                victim = marker.gid
+            if victim is not None and marker.gid == victim and marker.kind == "commit":
+                drop.add(i)
+    assert victim is not None and drop
+    bad = tmp_path / "nomarker.pgstream"
+    copy_frames(src, bad, lambda i, _: i not in drop)
+    line = one_error_line(replay(str(bad)))
+    assert "node dn1" in line and "no commit marker" in line
+    assert re.search(r"(xid|transaction) \d+", line) and re.search(r"[0-9A-F]+/[0-9A-F]+", line)
+
+
+def test_unknown_message_type_names_file_and_lsn(clusters: dict[str, Path], tmp_path: Path) -> None:
+    src = Path(streams(clusters["1b"])[0])
+    target = next(i for i, m in frame_messages(src) if type(m).__name__ == "Change")
+    bad = tmp_path / "unknown.pgstream"
+
+    with StreamFileReader(str(src)) as r, StreamWriter(str(bad), r.header) as w:
+        for i, (_, payload) in enumerate(r):
+            if i == target:
+                payload = payload[:25] + b"Z" + payload[26:]  # an unknown pgoutput tag
+            w.write_frame(payload)
+    line = one_error_line(replay(str(bad)))
+    assert "Z" in line and str(bad) in line and re.search(r"[0-9A-F]+/[0-9A-F]+", line)
+
+
+def test_several_single_mode_nodes_are_refused(tmp_path: Path) -> None:
+    """Plain PostgreSQL nodes (CSN = own commit LSN) have no common order."""
+    files = []
+    for name in ("pg1", "pg2"):
+        path = tmp_path / f"{name}.pgstream"
+        with StreamWriter(str(path), StreamHeader(node=name, binary=False, mode="single")):
+            pass
+        files.append(str(path))
+    line = one_error_line(replay(*files))
+    assert "pg1" in line and "pg2" in line and "single" in line
+
+
+def test_missing_source_file(tmp_path: Path) -> None:
+    line = one_error_line(replay(str(tmp_path / "nope.pgstream")))
+    assert "nope.pgstream" in line
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Large enough that a replay runs for several seconds on this machine."""
+    out = tmp_path_factory.mktemp("big")
+    generate_cluster(str(out), 1, 6000, seed=21, binary=True)
+    return out
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out.append((int(entry), cmd))
+    return out
+
+
+def decoder_workers(pid: int, want: int, timeout: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [p for p, cmd in children(pid) if "spawn_main" in cmd]
+        if len(found) >= want:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"decoder workers of {pid} did not appear")
+
+
+def test_a_decoder_worker_killed_mid_run_fails_the_run_clearly(big_cluster: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = decoder_workers(proc.pid, 2)
+    time.sleep(0.5)  # let it get into the stream
+    os.kill(workers[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
+    line = one_error_line(result)
+    assert "worker" in line and f"pid {workers[1]}" in line and "SIGKILL" in line
+    assert not out.exists()
+    assert not [p for p, _ in children(proc.pid)]
+
+
+def test_ctrl_c_stops_everything_cleanly(big_cluster: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    workers = decoder_workers(proc.pid, 2)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole process group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    assert not out.exists()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{w}") and _alive(w) for w in workers):
+        assert time.monotonic() < deadline, "decoder workers outlived the run"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# --- a live node ------------------------------------------------------------------------------
+
+
+def _witness_rows(pg: PgDatabase, upto: str) -> list[witness.WTxn]:
+    rows = pg.execute(
+        "SELECT lsn::text, xid::text::bigint, data FROM pg_logical_slot_get_changes("
+        f"'witness', '{upto}', NULL, 'include-xids', '1', 'skip-empty-xacts', '1')"
+    )
+    txns, _ = witness.test_decoding_txns([(str(a), int(str(b)), str(c)) for a, b, c in rows])
+    return [t for t in txns if any(c[1] != "message" for c in t.changes)]
+
+
+def _row_changes(line: str) -> tuple[int, list[tuple[str, str, str]]]:
+    doc = json.loads(line)
+    (node,) = doc["nodes"].values()
+    return node["xid"], [(c["lsn"], c["op"], f"{c['schema']}.{c['table']}") for c in doc["changes"]]
+
+
+def _live_replay(pg: PgDatabase, until: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return replay(
+        f"dn1={pg.url}",
+        "--slot",
+        "csnd",
+        "--publication",
+        "csnd_pub",
+        "--until-lsn",
+        until,
+        "--output",
+        str(out),
+        *extra,
+    )
+
+
+def test_live_replay_matches_the_witness_and_a_second_run_continues_exactly(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    workload.setup(pg.dsn)
+    pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+    pg.execute("SELECT pg_create_logical_replication_slot('witness', 'test_decoding')")
+    outputs = []
+    for run in range(2):
+        workload.run(pg.dsn, rounds=1, seed=run)
+        end = pg.current_lsn()
+        out = tmp_path / f"run{run}.jsonl"
+        proc = _live_replay(pg, end, out, "--text", "--decoders", "2")
+        assert proc.returncode == 0, proc.stderr
+        ours = [_row_changes(ln) for ln in out.read_text(encoding="utf-8").splitlines()]
+        ours = [(xid, ch) for xid, ch in ours if ch]
+        theirs = _witness_rows(pg, end)
+        assert [x for x, _ in ours] == [t.xid for t in theirs], f"run {run}"
+        for (xid, changes), t in zip(ours, theirs, strict=True):
+            expected = []
+            for c in t.changes:
+                if c[1] == "message":
+                    continue
+                expected.append((lsn_to_str(c[0]), c[1], c[2]))
+            assert [(lsn_from_str(a), b, c) for a, b, c in changes] == [
+                (lsn_from_str(a), b, c) for a, b, c in expected
+            ], f"xid {xid}"
+        outputs.append(ours)
+        # the slot moved to the end of what was written, and no further
+        (row,) = pg.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name='csnd'"
+        )
+        confirmed = lsn_from_str(str(row[0]))
+        assert theirs[-1].end_lsn is not None
+        assert theirs[-1].end_lsn <= confirmed <= lsn_from_str(end)
+    first, second = ({x for x, _ in o} for o in outputs)
+    assert first and second and not first & second
