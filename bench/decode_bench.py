@@ -1,0 +1,110 @@
+"""Decoding benchmark (issue: parallel decoding): `csnd replay` with 1 and 2 decoders.
+
+A single-node binary stream of wide rows (numeric, timestamptz, text, jsonb,
+int4[], float8) in transactions of `ROWS_PER_TXN` inserts is written once;
+`csnd replay --decoders 1` and `--decoders 2` run over it in the same run, as
+subprocesses, timed end to end (start-up included), output to a file.  The
+rate compares with what one PostgreSQL walsender sends (about 150k rows/s
+measured on this machine, see the reader benchmark).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from decimal import Decimal
+
+from bench.common import out_path
+from gtm import pgtypes as T
+from reader.pgoutput import (
+    Column,
+    encode_begin,
+    encode_commit,
+    encode_insert,
+    encode_relation,
+    encode_xlogdata,
+)
+from reader.streamfile import StreamHeader, StreamWriter
+
+ROWS = 300_000
+ROWS_PER_TXN = 50
+COLUMNS = (
+    ("id", T.INT8),
+    ("amount", T.NUMERIC),
+    ("at", T.TIMESTAMPTZ),
+    ("note", T.TEXT),
+    ("doc", T.JSONB),
+    ("tags", T.INT4_ARRAY),
+    ("score", T.FLOAT8),
+)
+
+
+def write_wide_stream(path: str, rows: int = ROWS, binary: bool = True, seed: int = 1) -> int:
+    """A single-mode stream of `rows` wide inserts; returns the number of changes."""
+    rnd = random.Random(seed)
+    relid = 16400
+    cols = [Column(1 if name == "id" else 0, name, t.oid, -1) for name, t in COLUMNS]
+    lsn = 0x1000000
+    xid = 1000
+    t_us = 817_000_000_000_000
+    with StreamWriter(path, StreamHeader(node="bench", binary=binary, mode="single")) as w:
+        w.write_frame(encode_xlogdata(0, 0, 0, encode_relation(relid, "public", "wide", "d", cols)))
+        for start in range(0, rows, ROWS_PER_TXN):
+            xid += 1
+            first = lsn
+            n = min(ROWS_PER_TXN, rows - start)
+            commit_lsn = lsn + 200 * n + 100
+            w.write_frame(encode_xlogdata(first, first, t_us, encode_begin(commit_lsn, t_us, xid)))
+            for i in range(start, start + n):
+                lsn += 200
+                values = (
+                    i,
+                    Decimal(rnd.randrange(-(10**9), 10**9)) / 100,
+                    t_us + rnd.randrange(10**12),
+                    f"note {i} " + "x" * rnd.randrange(10, 80),
+                    {"id": i, "tags": ["a", "b"], "n": rnd.random(), "ok": bool(i % 2)},
+                    [rnd.randrange(1000) for _ in range(rnd.randrange(1, 6))],
+                    rnd.random() * 1e6,
+                )
+                wires = [t.cell(v, binary)[0] for (_, t), v in zip(COLUMNS, values, strict=True)]
+                w.write_frame(encode_xlogdata(lsn, lsn, t_us, encode_insert(relid, wires)))
+            lsn = commit_lsn + 16
+            t_us += 1000
+            w.write_frame(encode_xlogdata(commit_lsn, lsn, t_us, encode_commit(commit_lsn, lsn, t_us)))
+    return rows
+
+
+def replay_rate(path: str, decoders: int, rows: int) -> dict[str, float]:
+    out = out_path(f"decode-{decoders}.jsonl")
+    cmd = [sys.executable, "-m", "csnd.cli", "replay", path, "--decoders", str(decoders), "--output", out]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    secs = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: replay failed: {proc.stderr.strip()}")
+    return {"seconds": secs, "rows_per_s": rows / secs, "output_bytes": float(os.path.getsize(out))}
+
+
+def main() -> dict[str, object]:
+    path = out_path("wide.pgstream")
+    print(f"bench: writing {ROWS} wide rows to {path} ...", file=sys.stderr)
+    rows = write_wide_stream(path)
+    results: dict[str, object] = {"rows": rows, "stream_mb": os.path.getsize(path) / 1e6}
+    for decoders in (1, 2):
+        print(f"bench: csnd replay --decoders {decoders} ...", file=sys.stderr)
+        results[f"decoders_{decoders}"] = replay_rate(path, decoders, rows)
+    d1 = results["decoders_1"]
+    d2 = results["decoders_2"]
+    assert isinstance(d1, dict) and isinstance(d2, dict)
+    results["speedup"] = d2["rows_per_s"] / d1["rows_per_s"]
+    with open(out_path("decode-1.jsonl"), "rb") as a, open(out_path("decode-2.jsonl"), "rb") as b:
+        results["outputs_identical"] = a.read() == b.read()
+    print(results, file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()
