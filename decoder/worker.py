@@ -6,6 +6,8 @@ starts a fresh interpreter per worker.
 
 from __future__ import annotations
 
+import os
+import queue
 import signal
 import traceback
 from typing import Any
@@ -13,6 +15,9 @@ from typing import Any
 from csnd.errors import CsndError, DecodeError
 from decoder.rows import RelationCache, decode_change
 from reader.pgoutput import Change, Column, Relation, Truncate, TypeMsg
+
+# How often an idle worker checks that its parent is still there.
+PARENT_POLL_S = 1.0
 
 
 def _message(w: tuple[Any, ...]) -> Any:
@@ -31,8 +36,14 @@ def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cache = RelationCache(binary=binary)
     failed: BaseException | None = None
+    parent = os.getppid()
     while True:
-        item = inbox.get()
+        try:
+            item = inbox.get(timeout=PARENT_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return  # the parent was killed (SIGKILL runs no cleanup): do not linger as an orphan
+            continue
         if item is None:
             return
         kind, payload = item

@@ -350,3 +350,19 @@ def test_live_replay_matches_the_witness_and_a_second_run_continues_exactly(
         assert theirs[-1].end_lsn <= confirmed <= lsn_from_str(end)
     first, second = ({x for x, _ in o} for o in outputs)
     assert first and second and not first & second
+
+
+def test_decoder_workers_do_not_outlive_a_killed_replay(big_cluster: Path, tmp_path: Path) -> None:
+    """SIGKILL runs no cleanup in the parent: the workers must notice and go by themselves."""
+    proc = subprocess.Popen(
+        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(tmp_path / "o.jsonl")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers = decoder_workers(proc.pid, 2)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(_alive(w) for w in workers):
+        assert time.monotonic() < deadline, "decoder workers outlived their killed parent"
+        time.sleep(0.1)
