@@ -97,7 +97,8 @@ class NodePipeline:
     def __init__(self, source: Any, decoders: int, spill_dir: str | None = None) -> None:
         self.source = source
         self.node: str = source.node
-        self.pool = DecoderPool(self.node, decoders, source.binary)
+        enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
+        self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         self.sender = NodeSender(self.node, source.mode)
         self.out: queue.Queue[_Txn | _Watermark | _End] = queue.Queue(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import queue
 import signal
 import threading
@@ -109,7 +110,15 @@ class DecoderPool:
     multi-table TRUNCATE).
     """
 
-    def __init__(self, node: str, workers: int, binary: bool, batch_changes: int = BATCH_CHANGES) -> None:
+    def __init__(
+        self,
+        node: str,
+        workers: int,
+        binary: bool,
+        batch_changes: int = BATCH_CHANGES,
+        enums: list[tuple[int, int]] | None = None,
+    ) -> None:
+        """`enums`: (type OID, array OID) of the source's enum types, readable in binary."""
         if workers < 1:
             raise CsndError(f"--decoders must be at least 1, got {workers}", node=node)
         self.node = node
@@ -127,7 +136,7 @@ class DecoderPool:
         self._procs = [
             ctx.Process(
                 target=worker_main,
-                args=(i, node, binary, self._in[i], pipes[i][1]),
+                args=(i, node, binary, self._in[i], pipes[i][1], list(enums or ()), os.getpid()),
                 name=f"csnd-decoder-{node}-{i}",
                 daemon=True,
             )

@@ -31,12 +31,24 @@ def _message(w: tuple[Any, ...]) -> Any:
     return TypeMsg(w[2], w[3], w[4], w[5])
 
 
-def worker_main(index: int, node: str, binary: bool, inbox: Any, outbox: Any) -> None:
+def worker_main(
+    index: int,
+    node: str,
+    binary: bool,
+    inbox: Any,
+    outbox: Any,
+    enums: list[tuple[int, int]] | None = None,
+    parent: int | None = None,
+) -> None:
     # Ctrl-C goes to the whole process group; the parent decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cache = RelationCache(binary=binary)
+    for type_oid, array_oid in enums or ():
+        cache.declare_enum(type_oid, array_oid)
     failed: BaseException | None = None
-    parent = os.getppid()
+    # The parent's pid comes from the parent: asked here, it could already be
+    # init's if the parent died while this interpreter was still starting.
+    parent = parent or os.getppid()
     while True:
         try:
             item = inbox.get(timeout=PARENT_POLL_S)

@@ -114,6 +114,7 @@ class LiveSource:
         self._closed = threading.Event()
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self.filter = ResumeFilter()
+        self._enums: list[tuple[int, int]] | None = None
         self.reconnects = 0
         self.on_reconnect: Callable[[int], None] | None = None
         # called just before the final status update, so a sink can make its
@@ -165,6 +166,39 @@ class LiveSource:
                     node=self.node,
                     lsn=lsn,
                 ) from None
+
+    def enum_types(self) -> list[tuple[int, int]]:
+        """(type OID, array type OID) of every enum in the source database.
+
+        In binary mode pgoutput sends an enum as its label, but a Type message
+        does not say the type is an enum; the decoder is told up front.  An
+        enum created later is reported as unreadable at its Relation message.
+        """
+        if self._enums is None:
+            backoff = RECONNECT_FIRST_S
+            down_since = time.monotonic()
+            while True:
+                try:
+                    with psycopg.connect(self.options.conninfo, autocommit=True) as conn:
+                        rows = conn.execute(
+                            "SELECT oid::int8, typarray::int8 FROM pg_type WHERE typtype = 'e' ORDER BY oid"
+                        ).fetchall()
+                    break
+                except psycopg.OperationalError as e:  # unreachable: the same patience as the stream
+                    if time.monotonic() - down_since > self.options.reconnect_give_up_s:
+                        raise ConnectionLost(
+                            f"connection lost and not back after {self.options.reconnect_give_up_s:.0f}s: "
+                            f"cannot connect: {str(e).strip()}",
+                            node=self.node,
+                        ) from None
+                    log.warning("node %s: %s; retrying in %.1fs", self.node, str(e).strip(), backoff)
+                    if self._closed.wait(backoff):
+                        raise ConnectionLost("closed while listing enum types", node=self.node) from None
+                    backoff = min(backoff * 2, RECONNECT_MAX_S)
+                except psycopg.Error as e:
+                    raise SourceError(f"cannot list enum types: {str(e).strip()}", node=self.node) from None
+            self._enums = [(int(a), int(b)) for a, b in rows]
+        return self._enums
 
     @property
     def confirmed_lsn(self) -> int:

@@ -45,6 +45,8 @@ def record(
     clock: Callable[[], float] = time.monotonic,
 ) -> RecordSummary:
     header = StreamHeader(node=source.node, binary=source.binary, mode=source.mode)
+    if source.binary:
+        header.extra["enums"] = [list(e) for e in source.enum_types()]
     txns = 0
     durable_candidate = source.confirmed_lsn
     with StreamWriter(path, header) as writer:

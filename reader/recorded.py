@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from csnd.errors import StreamFormatError
 from reader.events import Event, iter_events
 from reader.streamfile import StreamFileReader, StreamHeader
 
@@ -18,6 +19,16 @@ class RecordedSource:
         self.node = name or self.header.node
         self.mode = self.header.mode
         self.binary = self.header.binary
+
+    def enum_types(self) -> list[tuple[int, int]]:
+        """The enums `csnd record` found in the source database (binary recordings)."""
+        raw = self.header.extra.get("enums", [])
+        try:
+            return [(int(a), int(b)) for a, b in raw]
+        except (TypeError, ValueError):
+            raise StreamFormatError(
+                'header "enums" must be a list of [type oid, array oid] pairs', path=self.path
+            ) from None
 
     def events(self) -> Iterator[Event]:
         try:

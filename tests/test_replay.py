@@ -366,3 +366,36 @@ def test_decoder_workers_do_not_outlive_a_killed_replay(big_cluster: Path, tmp_p
     while any(_alive(w) for w in workers):
         assert time.monotonic() < deadline, "decoder workers outlived their killed parent"
         time.sleep(0.1)
+
+
+def test_enums_decode_in_binary_mode_live_and_recorded(pg: PgDatabase, tmp_path: Path) -> None:
+    """A Type message does not say "enum": the source's enums are looked up and passed on."""
+    pg.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+    pg.execute("CREATE TABLE feel (id int PRIMARY KEY, m mood, ms mood[])")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR ALL TABLES")
+    pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+    pg.execute("SELECT pg_create_logical_replication_slot('rec', 'pgoutput')")
+    pg.execute("INSERT INTO feel VALUES (1, 'happy', '{sad,ok}'), (2, NULL, '{}')")
+    pg.execute("UPDATE feel SET m = 'ok' WHERE id = 2")
+    end = pg.current_lsn()
+    live_out = tmp_path / "live.jsonl"
+    proc = _live_replay(pg, end, live_out)
+    assert proc.returncode == 0, proc.stderr
+    rows = [c["new"] for ln in live_out.read_text().splitlines() for c in json.loads(ln)["changes"]]
+    assert rows == [
+        {"id": 1, "m": "happy", "ms": ["sad", "ok"]},
+        {"id": 2, "m": None, "ms": []},
+        {"id": 2, "m": "ok", "ms": []},
+    ]
+    rec = tmp_path / "dn1.pgstream"
+    proc = subprocess.run(
+        [*CSND, "record", f"dn1={pg.url}", "--slot", "rec", "--publication", "csnd_pub"]
+        + ["--until-lsn", end, "--out", str(rec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    file_out = replay(str(rec))
+    assert file_out.returncode == 0, file_out.stderr
+    assert file_out.stdout == live_out.read_text()
