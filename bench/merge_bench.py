@@ -16,7 +16,7 @@ import sys
 import time
 
 from bench.common import out_path
-from coordinator import CsnMerge, NodeBatch
+from coordinator import CsnMerge, NodeBatch, TxnEnd
 from gtm import generate_cluster
 
 TRANSACTIONS = 4000
@@ -82,10 +82,10 @@ def merge_cost(nodes: int) -> dict[str, float]:
     for i, (node, batch) in enumerate(feed):
         merge.add_batch(node, batch)
         if i % 64 == 0:
-            emitted += len(merge.pop_ready())
+            emitted += sum(1 for ev in merge.pop_events() if isinstance(ev, TxnEnd))
     for n in names:
         merge.node_ended(n)
-    emitted += len(merge.pop_ready())
+    emitted += sum(1 for ev in merge.pop_events() if isinstance(ev, TxnEnd))
     secs = time.perf_counter() - t0
     assert emitted == MERGE_ONLY_TXNS, emitted
     return {"us_per_txn": secs / MERGE_ONLY_TXNS * 1e6, "batches": float(len(feed))}

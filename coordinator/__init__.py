@@ -1,9 +1,9 @@
 """coordinator: the global, CSN-ordered merge of the node streams (DESIGN section 4, seed 002 3.6).
 
     node pipeline dn1 ─ NodeBatch, watermark, end ─┐
-    node pipeline dn2 ─ NodeBatch, watermark, end ─┼─► CsnMerge ─► GlobalTxn ─► to_json_line()
-    node pipeline dnK ─ NodeBatch, watermark, end ─┘  <csn, cid,    (one per     (DESIGN section 7)
-                                                       batch_id>     csn)
+    node pipeline dn2 ─ NodeBatch, watermark, end ─┼─► CsnMerge ─► TxnStart, TxnPart..., TxnEnd
+    node pipeline dnK ─ NodeBatch, watermark, end ─┘  <csn, cid,    (pop_events: streamed, or
+                                                       batch_id>     pop_ready: whole GlobalTxn)
 
 `CsnMerge` is pure (no I/O, no threads, no clock): the I/O layer pushes what
 each node sends, pops what is safe to emit, and asks `wants_more(node)` before
@@ -12,12 +12,16 @@ have no common commit order before anything starts.
 """
 
 from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
-from coordinator.jsonlines import json_line
+from coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line
 from coordinator.merge import (
     DEFAULT_MAX_PENDING_BATCHES,
     DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_RECENT_GIDS,
     CsnMerge,
+    TxnEnd,
+    TxnEvent,
+    TxnPart,
+    TxnStart,
 )
 from coordinator.modes import Mode, check_modes
 from coordinator.txn import GlobalTxn, NodeCommit
@@ -26,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_PENDING_BATCHES",
     "DEFAULT_MAX_PENDING_BYTES",
     "DEFAULT_RECENT_GIDS",
+    "JSON_TAIL",
     "CsnMerge",
     "GlobalTxn",
     "MergeStatistics",
@@ -33,6 +38,12 @@ __all__ = [
     "NodeBatch",
     "NodeCommit",
     "NodeStatistics",
+    "TxnEnd",
+    "TxnEvent",
+    "TxnPart",
+    "TxnStart",
     "check_modes",
+    "json_changes",
+    "json_head",
     "json_line",
 ]

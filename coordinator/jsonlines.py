@@ -13,32 +13,48 @@ bodies would repeat the CPU-heavy step the decoder pool exists to parallelise.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from csnd.ids import lsn_to_str, pg_time_to_iso
 
 if TYPE_CHECKING:
-    from coordinator.txn import GlobalTxn
+    from coordinator.txn import GlobalTxn, NodeCommit
 
 
 def _dumps(value: str | None) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, NodeCommit]) -> str:
+    """A transaction line up to and including `"changes": [`."""
+    listed = ", ".join(
+        f'{_dumps(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
+        for name, c in nodes.items()
+    )
+    return (
+        f'{{"csn": {csn}, "gid": {_dumps(gid)}, "commit_time": "{pg_time_to_iso(commit_time)}", '
+        f'"nodes": {{{listed}}}, "changes": ['
+    )
+
+
+def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> str:
+    """The change objects of one batch, comma-separated (and comma-led unless `first`)."""
+    prefix = f'{{"node": {_dumps(node)}, "cid": '
+    to_lsn = lsn_to_str
+    text = ", ".join([f'{prefix}{cid}, "lsn": "{to_lsn(lsn)}", {body}}}' for cid, lsn, body in chunk])
+    return text if first else ", " + text
+
+
+JSON_TAIL: Final = "]}"
+
+
 def json_line(txn: GlobalTxn) -> str:
     """`{"csn": .., "gid": .., "commit_time": .., "nodes": {..}, "changes": [..]}` (no newline)."""
-    nodes = ", ".join(
-        f'{_dumps(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
-        for name, c in txn.nodes.items()
-    )
-    out: list[str] = []
-    append = out.append
-    to_lsn = lsn_to_str
+    out = [json_head(txn.csn, txn.gid, txn.commit_time, txn.nodes)]
+    first = True
     for node, chunk in txn.parts:
-        prefix = f'{{"node": {_dumps(node)}, "cid": '
-        for cid, lsn, body in chunk:
-            append(f'{prefix}{cid}, "lsn": "{to_lsn(lsn)}", {body}}}')
-    return (
-        f'{{"csn": {txn.csn}, "gid": {_dumps(txn.gid)}, "commit_time": "{pg_time_to_iso(txn.commit_time)}", '
-        f'"nodes": {{{nodes}}}, "changes": [{", ".join(out)}]}}'
-    )
+        if chunk:
+            out.append(json_changes(node, chunk, first))
+            first = False
+    out.append(JSON_TAIL)
+    return "".join(out)

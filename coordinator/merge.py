@@ -3,6 +3,7 @@
     dn1 ─ add_batch / add_watermark / node_ended ─┐
     dn2 ─ add_batch / add_watermark / node_ended ─┼─► CsnMerge ── pop_ready() ─► [GlobalTxn, ...]
     dnK ─ add_batch / add_watermark / node_ended ─┘     │           strictly increasing csn
+                                                        │  (or pop_events(): the same, streamed)
                                                         └─ wants_more(node): back-pressure
 
 Seed 002 section 3.6, DESIGN section 4.  Each node's sender releases its
@@ -55,10 +56,10 @@ Memory.  `wants_more(node)` turns False once a node has the
 configured number of batches or bytes waiting, so the I/O layer stops reading
 a node that runs far ahead.  It cannot deadlock: the merge only ever waits
 for the node owning the smallest key, which is a bound, so that node has
-nothing waiting and always wants more.  Batches already taken into the
-transaction being assembled are not counted: a transaction is emitted whole,
-so the merge holds the largest transaction entirely (the sender's spill files
-are read back by then).
+nothing waiting and always wants more.  Batches taken are handed on at once
+(`pop_events()`: TxnStart, TxnPart..., TxnEnd) and not kept, so a transaction
+of any size streams through; only `pop_ready()`, which returns whole
+transactions, holds one while it is assembled.
 
 Errors.  A ProtocolError names the node(s), gid and CSNs concerned; after one
 the merge is in an undefined state and the run stops.
@@ -68,7 +69,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sortedcontainers import SortedList
 
@@ -153,14 +154,48 @@ class _Node:
 class _Assembly:
     """The transaction whose batches are being taken, at one CSN."""
 
-    __slots__ = ("csn", "gid", "commits", "parts", "unfinished")
+    __slots__ = ("csn", "gid", "commits", "start", "unfinished")
 
-    def __init__(self, csn: int, gid: str | None) -> None:
+    def __init__(
+        self, csn: int, gid: str | None, commits: dict[int, tuple[int, int, int, int]], start: TxnStart
+    ) -> None:
         self.csn = csn
         self.gid = gid
-        self.commits: dict[int, tuple[int, int, int, int]] = {}  # index -> xid, commit lsn, time, end lsn
-        self.parts: list[Part] = []
+        self.commits = commits  # node index -> xid, commit lsn, commit time, end lsn
+        self.start = start
         self.unfinished: set[int] = set()  # nodes whose last batch is not taken yet
+
+
+class TxnStart:
+    """A global transaction begins: everything its JSON line says before the changes."""
+
+    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time")
+
+    def __init__(
+        self, csn: int, gid: str | None, nodes: dict[str, NodeCommit], end_lsns: dict[str, int]
+    ) -> None:
+        self.csn = csn
+        self.gid = gid
+        self.nodes = nodes
+        self.end_lsns = end_lsns
+        self.commit_time = max(c.commit_time for c in nodes.values())
+
+
+class TxnPart(NamedTuple):
+    """The next changes of the current transaction: one node's batch, `(cid, lsn, body)` each."""
+
+    node: str
+    changes: list[tuple[int, int, str]]
+
+
+class TxnEnd(NamedTuple):
+    """The current transaction is complete; `nodes` took part in it."""
+
+    csn: int
+    nodes: list[str]
+
+
+TxnEvent = TxnStart | TxnPart | TxnEnd
 
 
 def _txn(gid: str | None, xid: int, csn: int, commit_lsn: int | None = None) -> str:
@@ -190,6 +225,7 @@ class CsnMerge:
         "_by_name",
         "_keys",
         "_asm",
+        "_whole",
         "_by_csn",
         "_by_gid",
         "_recent",
@@ -227,6 +263,7 @@ class CsnMerge:
             n.key = self._bound(n)
             self._keys.add(n.key)
         self._asm: _Assembly | None = None
+        self._whole: tuple[TxnStart, list[Part]] | None = None  # pop_ready's transaction in progress
         # Transactions buffered here (waiting or being assembled): csn -> (gid, node index), gid -> (csn, node index).
         self._by_csn: dict[int, tuple[str | None, int]] = {}
         self._by_gid: dict[str, tuple[int, int]] = {}
@@ -405,8 +442,40 @@ class CsnMerge:
     # -- output -------------------------------------------------------------------------------
 
     def pop_ready(self) -> list[GlobalTxn]:
-        """Every transaction that is safe to emit now, in strictly increasing CSN order."""
+        """Every transaction that is complete and safe to emit now, whole, in increasing CSN order.
+
+        Built on `pop_events()`; holds a transaction's parts until its end, so
+        for very large transactions prefer `pop_events()`.  Use one or the
+        other on a merge, not both.
+        """
         out: list[GlobalTxn] = []
+        for ev in self.pop_events():
+            if isinstance(ev, TxnStart):
+                self._whole = (ev, [])
+            elif isinstance(ev, TxnPart):
+                assert self._whole is not None
+                self._whole[1].append((ev.node, ev.changes))
+            else:
+                assert self._whole is not None
+                start, parts = self._whole
+                self._whole = None
+                out.append(GlobalTxn(start.csn, start.gid, start.nodes, start.end_lsns, parts))
+        return out
+
+    def pop_events(self) -> list[TxnEvent]:
+        """The output that is safe to emit now, as a stream: TxnStart, TxnPart..., TxnEnd.
+
+        A transaction starts as soon as its first batch is the smallest key;
+        its parts follow as their batches are taken, and the merge keeps none
+        of them, so a transaction of any size passes through in bounded
+        memory.  Its header is complete at the start: when the first batch at
+        csn C is the smallest key, every other node's key is either a batch
+        key at C (a participant, whose first waiting batch carries its xid,
+        commit LSN and time) or has a CSN above C -- a node that could still
+        send something at C would hold a bound (C, -1, -1, i), which sorts
+        first and makes the merge wait for it.
+        """
+        out: list[TxnEvent] = []
         keys = self._keys
         nodes = self._nodes
         head = self._head
@@ -429,13 +498,20 @@ class CsnMerge:
                 break  # a bound: only this node can still send what sorts first
             batch, nbytes = q.popleft()
             n.pending_bytes -= nbytes
-            if asm is None:
-                asm = _Assembly(batch.csn, batch.gid)
             i = n.index
-            if i not in asm.commits:
-                asm.commits[i] = (batch.xid, batch.commit_lsn, batch.commit_time, batch.end_lsn)
+            if asm is None:
+                asm = self._begin(batch, n)
+                out.append(asm.start)
+            elif i not in asm.commits:
+                raise ProtocolError(
+                    f"{_where(batch)} arrived after the transaction at csn {asm.csn} began without it; "
+                    "this breaks the merge's ordering rule and is a bug",
+                    node=n.name,
+                    lsn=batch.commit_lsn,
+                    xid=batch.xid,
+                )
             if batch.changes:
-                asm.parts.append((n.name, batch.changes))
+                out.append(TxnPart(n.name, batch.changes))
             if batch.last_of_txn:
                 asm.unfinished.discard(i)
             else:
@@ -454,29 +530,41 @@ class CsnMerge:
         self._asm = asm
         return out
 
-    def _finish(self, asm: _Assembly) -> GlobalTxn:
+    def _begin(self, batch: NodeBatch, first: _Node) -> _Assembly:
+        """The transaction at batch.csn begins: its participants are the nodes with a batch there now."""
+        csn = batch.csn
+        commits = {first.index: (batch.xid, batch.commit_lsn, batch.commit_time, batch.end_lsn)}
+        for m in self._nodes:
+            if m is not first and m.queue:
+                b = m.queue[0][0]
+                if b.csn == csn:
+                    commits[m.index] = (b.xid, b.commit_lsn, b.commit_time, b.end_lsn)
+        order = sorted(commits)
+        nodes = self._nodes
+        start = TxnStart(
+            csn,
+            batch.gid,
+            {nodes[i].name: NodeCommit(*commits[i][:3]) for i in order},
+            {nodes[i].name: commits[i][3] for i in order},
+        )
+        return _Assembly(csn, batch.gid, commits, start)
+
+    def _finish(self, asm: _Assembly) -> TxnEnd:
         assert not asm.unfinished and asm.csn > self._last_emitted, (asm.csn, asm.unfinished)
         nodes = self._nodes
-        order = sorted(asm.commits)
-        txn = GlobalTxn(
-            asm.csn,
-            asm.gid,
-            {nodes[i].name: NodeCommit(*asm.commits[i][:3]) for i in order},
-            {nodes[i].name: asm.commits[i][3] for i in order},
-            asm.parts,
-        )
+        names = [nodes[i].name for i in sorted(asm.commits)]
         del self._by_csn[asm.csn]
         gid = asm.gid
         if gid is not None:
             del self._by_gid[gid]
             if self.recent_gids:
-                self._recent[gid] = (asm.csn, nodes[order[0]].name)
+                self._recent[gid] = (asm.csn, names[0])
                 self._recent_order.append(gid)
                 if len(self._recent_order) > self.recent_gids:
                     self._recent.pop(self._recent_order.popleft(), None)
         self._last_emitted = asm.csn
         self._emitted += 1
-        return txn
+        return TxnEnd(asm.csn, names)
 
     # -- back-pressure and statistics ------------------------------------------------------------
 

@@ -28,7 +28,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
-from coordinator import CsnMerge, NodeBatch, check_modes
+from coordinator import (
+    JSON_TAIL,
+    CsnMerge,
+    NodeBatch,
+    TxnPart,
+    TxnStart,
+    check_modes,
+    json_changes,
+    json_head,
+)
 from csnd.errors import ConfigError, CsndError
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.pool import DecoderPool
@@ -39,10 +48,9 @@ from sender.txn import FinishedTxn
 # Finished transactions (or watermarks) waiting per node between its pipeline
 # thread and the merge.  Small: the merge keeps its own bounded buffer.
 NODE_QUEUE_DEPTH: Final = 64
-# Changes per batch handed to the merge: the merge interleaves nodes and
-# back-pressures between batches of this size.  (A transaction is still held
-# whole, as batches, until every node's part of it is in: the merge emits
-# whole transactions.)
+# Changes per batch handed to the merge: the merge interleaves nodes, streams
+# its output and back-pressures between batches of this size, so a huge
+# transaction never sits whole in memory.
 MERGE_BATCH_CHANGES: Final = 1024
 # How often output is flushed/fsynced and live slots confirmed.
 CONFIRM_INTERVAL_S: Final = 1.0
@@ -192,8 +200,11 @@ class _Output:
         self.f: IO[str] = open(self.partial, "w", encoding="utf-8") if self.partial else sys.stdout  # noqa: SIM115
         self.lines = 0
 
-    def write(self, line: str) -> None:
-        self.f.write(line)
+    def write(self, text: str) -> None:
+        self.f.write(text)
+
+    def end_line(self, tail: str) -> None:
+        self.f.write(tail)
         self.f.write("\n")
         self.lines += 1
 
@@ -259,6 +270,8 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
         p.start(wakeup)
     live = [p for p in pipelines if hasattr(p.source, "confirmed_lsn")]
     ended: set[str] = set()
+    feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
+    first_part = True  # the next TxnPart is the first of its transaction
     last_confirm = time.monotonic()
     while len(ended) < len(pipelines) or merge.has_pending():
         progressed = False
@@ -267,6 +280,16 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
             if p.node in ended:
                 continue
             while merge.wants_more(p.node):
+                # A transaction goes in batch by batch, only while the merge
+                # wants more, so a huge (spilled) one is never read in whole.
+                batches = feeding.get(p.node)
+                if batches is not None:
+                    batch = next(batches, None)
+                    if batch is not None:
+                        merge.add_batch(p.node, batch)
+                        progressed = True
+                        continue
+                    feeding[p.node] = None
                 try:
                     item = p.out.get_nowait()
                 except queue.Empty:
@@ -274,8 +297,7 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
                 progressed = True
                 if isinstance(item, _Txn):
                     trackers[p.node].on_release(item.confirmable)
-                    for batch in _batches(item.txn):
-                        merge.add_batch(p.node, batch)
+                    feeding[p.node] = _batches(item.txn)
                 elif isinstance(item, _Watermark):
                     merge.add_watermark(p.node, item.csn)
                 else:
@@ -284,10 +306,17 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
                     merge.node_ended(p.node)
                     ended.add(p.node)
                     break
-        for gtxn in merge.pop_ready():
-            out.write(gtxn.to_json_line())
-            for node in gtxn.nodes:
-                trackers[node].on_written()
+        for ev in merge.pop_events():
+            if isinstance(ev, TxnStart):
+                out.write(json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes))
+                first_part = True
+            elif isinstance(ev, TxnPart):
+                out.write(json_changes(ev.node, ev.changes, first_part))
+                first_part = False
+            else:
+                out.end_line(JSON_TAIL)
+                for node in ev.nodes:
+                    trackers[node].on_written()
             progressed = True
         now = time.monotonic()
         if live and now - last_confirm >= CONFIRM_INTERVAL_S:

@@ -1,0 +1,94 @@
+"""`make bench`: every benchmark in one run, printed as the README's table.
+
+Ratios (live capture vs pg_recvlogical, 2 decoders vs 1) are measured inside
+this one run, so the noise of this shared machine mostly cancels; absolute
+rates are what this run saw.  Raw figures go to bench-out/results.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from bench import bigtxn_bench, decode_bench, merge_bench, reader_bench
+from bench.common import out_path
+
+BIG_TXN_MB = 1024
+
+
+def _f(x: Any, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def table(r: dict[str, Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    rd = r["reader"]
+    live = rd["live"]
+    rows.append(("reader: parse a recorded file", f"{_f(rd['reader_parse_frames_per_s'])} frames/s"))
+    rows.append(
+        (
+            "reader: live capture (`csnd record`) vs `pg_recvlogical`, same WAL",
+            f"{_f(live['ours_rows_per_s'])} vs {_f(live['pg_recvlogical_rows_per_s'])} rows/s "
+            f"(ratio {live['ratio']:.2f})",
+        )
+    )
+    d = r["decode"]
+    rows.append(
+        (
+            f"`csnd replay`, {d['rows']:,} wide rows, `--decoders 1`",
+            f"{_f(d['decoders_1']['rows_per_s'])} rows/s",
+        )
+    )
+    rows.append(
+        (
+            f"`csnd replay`, {d['rows']:,} wide rows, `--decoders 2`",
+            f"{_f(d['decoders_2']['rows_per_s'])} rows/s (speedup {d['speedup']:.2f}x)",
+        )
+    )
+    b = r["bigtxn"]
+    rows.append(
+        (
+            f"`csnd replay` of one {b['txn_mb']:.0f} MB transaction: peak RSS",
+            f"{b['peak_rss_mb']:.0f} MB (all processes: {b['peak_rss_all_mb']:.0f} MB)"
+            if "peak_rss_all_mb" in b
+            else f"{b['peak_rss_mb']:.0f} MB",
+        )
+    )
+    m = r["merge"]
+    for n in (1, 2, 3):
+        rows.append(
+            (
+                f"`csnd replay`, generated {n}-node cluster",
+                f"{_f(m[f'replay_{n}']['changes_per_s'])} changes/s",
+            )
+        )
+    rows.append(
+        (
+            "merge alone (`CsnMerge`), per transaction, 1 / 2 / 3 nodes",
+            " / ".join(f"{m[f'merge_only_{n}']['us_per_txn']:.1f}" for n in (1, 2, 3)) + " µs",
+        )
+    )
+    return rows
+
+
+def main() -> None:
+    results: dict[str, Any] = {}
+    print("bench: reader ...", file=sys.stderr)
+    results["reader"] = reader_bench.main()
+    print("bench: decoding ...", file=sys.stderr)
+    results["decode"] = decode_bench.main()
+    print("bench: merge ...", file=sys.stderr)
+    results["merge"] = merge_bench.main()
+    print(f"bench: one {BIG_TXN_MB} MB transaction ...", file=sys.stderr)
+    results["bigtxn"] = bigtxn_bench.run(BIG_TXN_MB)
+    with open(out_path("results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, default=str)
+    print("| benchmark | result |")
+    print("| --- | --- |")
+    for name, value in table(results):
+        print(f"| {name} | {value} |")
+
+
+if __name__ == "__main__":
+    main()
