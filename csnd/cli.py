@@ -83,6 +83,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="write JSON lines here instead of stdout")
     _add_live_options(p)
 
+    p.add_argument(
+        "--agent-give-up",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to keep reconnecting to a grpc:// node agent that went away (default 30)",
+    )
+
+    p = sub.add_parser(
+        "node",
+        help="run one node's pipeline as a node agent serving the coordinator over gRPC",
+        description="Run reader, decoder processes and sender for one node (a live node or a "
+        "recorded file) and serve its CSN-ordered batches and watermarks over gRPC to a "
+        "coordinator (`csnd replay grpc://HOST:PORT`). Batches are kept until the coordinator "
+        "acknowledges them, so a dropped connection or a restarted agent neither loses nor repeats "
+        "one; a live slot is confirmed only as far as the coordinator says its output is durable. "
+        "Prints 'listening on HOST:PORT' on stderr; runs until SIGTERM or Ctrl-C.",
+    )
+    p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
+    p.add_argument(
+        "--listen", required=True, metavar="HOST:PORT", help="address to serve on (port 0: any free port)"
+    )
+    p.add_argument(
+        "--decoders",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="decoder processes (default: cores)",
+    )
+    _add_live_options(p)
+
     p = sub.add_parser(
         "generate",
         help="write a synthetic GaussDB-style cluster of recorded stream files",
@@ -167,6 +197,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run_replay(args)
 
 
+def cmd_node(args: argparse.Namespace) -> int:
+    from csnd.agent import serve
+
+    return serve(args)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from gtm.generate import generate_cluster
 
@@ -190,7 +226,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-COMMANDS = {"record": cmd_record, "replay": cmd_replay, "generate": cmd_generate, "demo": cmd_demo}
+COMMANDS = {
+    "record": cmd_record,
+    "replay": cmd_replay,
+    "node": cmd_node,
+    "generate": cmd_generate,
+    "demo": cmd_demo,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,6 +39,7 @@ from coordinator import (
     json_head,
 )
 from csnd.errors import ConfigError, CsndError
+from csnd.remote import RemoteBatch
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.pool import DecoderPool
 from reader.recorded import RecordedSource
@@ -156,7 +157,10 @@ class NodePipeline:
 
 def open_source(spec: SourceSpec, args: argparse.Namespace, index: int) -> Any:
     if spec.is_grpc:
-        raise ConfigError(f"{spec.target}: gRPC node agents are not available in this version")
+        from csnd.remote import RemoteNode
+
+        address = spec.target.removeprefix("grpc://").rstrip("/")
+        return RemoteNode(address, name=spec.name, give_up_s=getattr(args, "agent_give_up", None) or 30.0)
     if spec.is_live:
         from reader.live import LiveOptions, LiveSource
 
@@ -239,7 +243,9 @@ def run_replay(args: argparse.Namespace) -> int:
     # of "nodes" in the output and ties inside one cid, which should not
     # depend on how the sources were listed.
     sources.sort(key=lambda s: s.node)
-    pipelines = [NodePipeline(s, args.decoders) for s in sources]
+    pipelines: list[Any] = [
+        s if getattr(s, "source", None) is s else NodePipeline(s, args.decoders) for s in sources
+    ]  # a RemoteNode is its own pipeline
     out = _Output(args.output)
     try:
         _merge_loop(pipelines, out)
@@ -261,7 +267,7 @@ def _with_partial(e: CsndError, partial: str) -> CsndError:
     return e
 
 
-def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
+def _merge_loop(pipelines: list[Any], out: _Output) -> None:
     merge = CsnMerge([p.node for p in pipelines])
     wakeup = threading.Event()
     trackers = {p.node: ConfirmTracker() for p in pipelines}
@@ -298,6 +304,10 @@ def _merge_loop(pipelines: list[NodePipeline], out: _Output) -> None:
                 if isinstance(item, _Txn):
                     trackers[p.node].on_release(item.confirmable)
                     feeding[p.node] = _batches(item.txn)
+                elif isinstance(item, RemoteBatch):  # a node agent's, already cut
+                    if item.confirmable is not None:
+                        trackers[p.node].on_release(item.confirmable)
+                    merge.add_batch(p.node, item.batch)
                 elif isinstance(item, _Watermark):
                     merge.add_watermark(p.node, item.csn)
                 else:

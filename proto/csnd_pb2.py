@@ -24,23 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10proto/csnd.proto\x12\x07\x63snd.v1\"\xc2\x01\n\tNodeBatch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0b\n\x03\x63sn\x18\x03 \x01(\x04\x12\x0b\n\x03gid\x18\x04 \x01(\t\x12\x0b\n\x03xid\x18\x05 \x01(\r\x12\x12\n\ncommit_lsn\x18\x06 \x01(\x04\x12\x0f\n\x07\x65nd_lsn\x18\x07 \x01(\x04\x12\x16\n\x0e\x63ommit_time_us\x18\x08 \x01(\x03\x12\x0b\n\x03\x63id\x18\t \x01(\r\x12\x13\n\x0blast_of_txn\x18\n \x01(\x08\x12\x14\n\x0c\x63hanges_json\x18\x0b \x03(\t\"&\n\tWatermark\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0b\n\x03\x63sn\x18\x02 \x01(\x04\"\x8c\x01\n\x0bNodeMessage\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x12.csnd.v1.NodeBatchH\x00\x12\'\n\twatermark\x18\x02 \x01(\x0b\x32\x12.csnd.v1.WatermarkH\x00\x12\'\n\tkeepalive\x18\x03 \x01(\x0b\x32\x12.csnd.v1.KeepaliveH\x00\x42\x06\n\x04\x62ody\":\n\tKeepalive\x12\x14\n\x0csend_time_us\x18\x01 \x01(\x03\x12\x17\n\x0freply_requested\x18\x02 \x01(\x08\"\"\n\rNodeSubscribe\x12\x11\n\tafter_seq\x18\x01 \x01(\x04\x32\x45\n\tNodeAgent\x12\x38\n\x06Stream\x12\x16.csnd.v1.NodeSubscribe\x1a\x14.csnd.v1.NodeMessage0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10proto/csnd.proto\x12\x07\x63snd.v1\"\x11\n\x0f\x44\x65scribeRequest\"3\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x0e\n\x06\x62inary\x18\x03 \x01(\x08\"&\n\x08Position\x12\x0b\n\x03\x63sn\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\"\x8b\x01\n\x12\x43oordinatorMessage\x12\'\n\tsubscribe\x18\x01 \x01(\x0b\x32\x12.csnd.v1.SubscribeH\x00\x12\x1b\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0c.csnd.v1.AckH\x00\x12\'\n\tkeepalive\x18\x03 \x01(\x0b\x32\x12.csnd.v1.KeepaliveH\x00\x42\x06\n\x04\x62ody\"-\n\tSubscribe\x12 \n\x05\x61\x66ter\x18\x01 \x01(\x0b\x32\x11.csnd.v1.Position\"N\n\x03\x41\x63k\x12#\n\x08received\x18\x01 \x01(\x0b\x32\x11.csnd.v1.Position\x12\x13\n\x0b\x63onfirm_lsn\x18\x02 \x01(\x04\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\"\xaa\x01\n\x0c\x41gentMessage\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x12.csnd.v1.NodeBatchH\x00\x12\'\n\twatermark\x18\x02 \x01(\x0b\x32\x12.csnd.v1.WatermarkH\x00\x12\x1b\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x0c.csnd.v1.EndH\x00\x12\'\n\tkeepalive\x18\x04 \x01(\x0b\x32\x12.csnd.v1.KeepaliveH\x00\x42\x06\n\x04\x62ody\"\xf5\x01\n\tNodeBatch\x12#\n\x08position\x18\x01 \x01(\x0b\x32\x11.csnd.v1.Position\x12\x0b\n\x03gid\x18\x02 \x01(\t\x12\x0f\n\x07has_gid\x18\x03 \x01(\x08\x12\x0b\n\x03xid\x18\x04 \x01(\r\x12\x12\n\ncommit_lsn\x18\x05 \x01(\x04\x12\x0f\n\x07\x65nd_lsn\x18\x06 \x01(\x04\x12\x16\n\x0e\x63ommit_time_us\x18\x07 \x01(\x03\x12\x0b\n\x03\x63id\x18\x08 \x01(\r\x12\x13\n\x0blast_of_txn\x18\t \x01(\x08\x12 \n\x07\x63hanges\x18\n \x03(\x0b\x32\x0f.csnd.v1.Change\x12\x17\n\x0f\x63onfirmable_lsn\x18\x0b \x01(\x04\"0\n\x06\x43hange\x12\x0b\n\x03\x63id\x18\x01 \x01(\r\x12\x0b\n\x03lsn\x18\x02 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"\x18\n\tWatermark\x12\x0b\n\x03\x63sn\x18\x01 \x01(\x04\"\x14\n\x03\x45nd\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"!\n\tKeepalive\x12\x14\n\x0csend_time_us\x18\x01 \x01(\x03\x32\x83\x01\n\tNodeAgent\x12\x34\n\x08\x44\x65scribe\x12\x18.csnd.v1.DescribeRequest\x1a\x0e.csnd.v1.Hello\x12@\n\x06Stream\x12\x1b.csnd.v1.CoordinatorMessage\x1a\x15.csnd.v1.AgentMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.csnd_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODEBATCH']._serialized_start=30
-  _globals['_NODEBATCH']._serialized_end=224
-  _globals['_WATERMARK']._serialized_start=226
-  _globals['_WATERMARK']._serialized_end=264
-  _globals['_NODEMESSAGE']._serialized_start=267
-  _globals['_NODEMESSAGE']._serialized_end=407
-  _globals['_KEEPALIVE']._serialized_start=409
-  _globals['_KEEPALIVE']._serialized_end=467
-  _globals['_NODESUBSCRIBE']._serialized_start=469
-  _globals['_NODESUBSCRIBE']._serialized_end=503
-  _globals['_NODEAGENT']._serialized_start=505
-  _globals['_NODEAGENT']._serialized_end=574
+  _globals['_DESCRIBEREQUEST']._serialized_start=29
+  _globals['_DESCRIBEREQUEST']._serialized_end=46
+  _globals['_HELLO']._serialized_start=48
+  _globals['_HELLO']._serialized_end=99
+  _globals['_POSITION']._serialized_start=101
+  _globals['_POSITION']._serialized_end=139
+  _globals['_COORDINATORMESSAGE']._serialized_start=142
+  _globals['_COORDINATORMESSAGE']._serialized_end=281
+  _globals['_SUBSCRIBE']._serialized_start=283
+  _globals['_SUBSCRIBE']._serialized_end=328
+  _globals['_ACK']._serialized_start=330
+  _globals['_ACK']._serialized_end=408
+  _globals['_AGENTMESSAGE']._serialized_start=411
+  _globals['_AGENTMESSAGE']._serialized_end=581
+  _globals['_NODEBATCH']._serialized_start=584
+  _globals['_NODEBATCH']._serialized_end=829
+  _globals['_CHANGE']._serialized_start=831
+  _globals['_CHANGE']._serialized_end=879
+  _globals['_WATERMARK']._serialized_start=881
+  _globals['_WATERMARK']._serialized_end=905
+  _globals['_END']._serialized_start=907
+  _globals['_END']._serialized_end=927
+  _globals['_KEEPALIVE']._serialized_start=929
+  _globals['_KEEPALIVE']._serialized_end=962
+  _globals['_NODEAGENT']._serialized_start=965
+  _globals['_NODEAGENT']._serialized_end=1096
 # @@protoc_insertion_point(module_scope)

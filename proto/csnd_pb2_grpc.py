@@ -26,7 +26,16 @@ if _version_not_supported:
 
 
 class NodeAgentStub:
-    """Missing associated documentation comment in .proto file."""
+    """---- scale-out: a node agent streams its node pipeline's output to the coordinator ----
+
+    `csnd node SOURCE --listen ADDR` runs reader -> decoders -> sender for one node
+    and serves NodeAgent; `csnd replay grpc://ADDR` subscribes.  Every batch has a
+    position <csn, index of the batch in its transaction>, derived from the stream
+    itself, so it is the same after an agent restart: the coordinator subscribes
+    after the last position it received and the agent skips everything up to it
+    (exactly once across reconnects and restarts, DESIGN section 5).
+
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -34,18 +43,40 @@ class NodeAgentStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Stream = channel.unary_stream(
+        self.Describe = channel.unary_unary(
+                '/csnd.v1.NodeAgent/Describe',
+                request_serializer=proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=proto_dot_csnd__pb2.Hello.FromString,
+                _registered_method=True)
+        self.Stream = channel.stream_stream(
                 '/csnd.v1.NodeAgent/Stream',
-                request_serializer=proto_dot_csnd__pb2.NodeSubscribe.SerializeToString,
-                response_deserializer=proto_dot_csnd__pb2.NodeMessage.FromString,
+                request_serializer=proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
+                response_deserializer=proto_dot_csnd__pb2.AgentMessage.FromString,
                 _registered_method=True)
 
 
 class NodeAgentServicer:
-    """Missing associated documentation comment in .proto file."""
+    """---- scale-out: a node agent streams its node pipeline's output to the coordinator ----
 
-    def Stream(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    `csnd node SOURCE --listen ADDR` runs reader -> decoders -> sender for one node
+    and serves NodeAgent; `csnd replay grpc://ADDR` subscribes.  Every batch has a
+    position <csn, index of the batch in its transaction>, derived from the stream
+    itself, so it is the same after an agent restart: the coordinator subscribes
+    after the last position it received and the agent skips everything up to it
+    (exactly once across reconnects and restarts, DESIGN section 5).
+
+    """
+
+    def Describe(self, request, context):
+        """Who the node is, before anything is streamed (the merge checks modes first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stream(self, request_iterator, context):
+        """Batches and watermarks out; subscription, acknowledgements and keepalives in.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -53,10 +84,15 @@ class NodeAgentServicer:
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Stream': grpc.unary_stream_rpc_method_handler(
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=proto_dot_csnd__pb2.DescribeRequest.FromString,
+                    response_serializer=proto_dot_csnd__pb2.Hello.SerializeToString,
+            ),
+            'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=proto_dot_csnd__pb2.NodeSubscribe.FromString,
-                    response_serializer=proto_dot_csnd__pb2.NodeMessage.SerializeToString,
+                    request_deserializer=proto_dot_csnd__pb2.CoordinatorMessage.FromString,
+                    response_serializer=proto_dot_csnd__pb2.AgentMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -67,10 +103,19 @@ def add_NodeAgentServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NodeAgent:
-    """Missing associated documentation comment in .proto file."""
+    """---- scale-out: a node agent streams its node pipeline's output to the coordinator ----
+
+    `csnd node SOURCE --listen ADDR` runs reader -> decoders -> sender for one node
+    and serves NodeAgent; `csnd replay grpc://ADDR` subscribes.  Every batch has a
+    position <csn, index of the batch in its transaction>, derived from the stream
+    itself, so it is the same after an agent restart: the coordinator subscribes
+    after the last position it received and the agent skips everything up to it
+    (exactly once across reconnects and restarts, DESIGN section 5).
+
+    """
 
     @staticmethod
-    def Stream(request,
+    def Describe(request,
             target,
             options=(),
             channel_credentials=None,
@@ -80,12 +125,39 @@ class NodeAgent:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
+            '/csnd.v1.NodeAgent/Describe',
+            proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
+            proto_dot_csnd__pb2.Hello.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
             '/csnd.v1.NodeAgent/Stream',
-            proto_dot_csnd__pb2.NodeSubscribe.SerializeToString,
-            proto_dot_csnd__pb2.NodeMessage.FromString,
+            proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
+            proto_dot_csnd__pb2.AgentMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,58 @@
+"""NodeBatch <-> protobuf, and batch positions (pure; the gRPC I/O is in csnd.agent / coordinator.remote).
+
+A batch's position is `(csn, index of the batch in its transaction)`.  It is
+derived from the node's stream alone -- the sender's CSN order and the
+deterministic cut of a transaction into batches -- so an agent that restarts
+and re-reads its source produces the same positions, and "skip everything up
+to the coordinator's last position" gives exactly-once delivery.
+"""
+
+from __future__ import annotations
+
+from coordinator.batch import NodeBatch
+from proto import csnd_pb2 as pb
+
+Position = tuple[int, int]  # (csn, batch index in its transaction)
+
+BEFORE_ALL: Position = (-1, -1)
+
+
+def batch_to_pb(batch: NodeBatch, index: int, confirmable_lsn: int | None) -> pb.NodeBatch:
+    return pb.NodeBatch(
+        position=pb.Position(csn=batch.csn, index=index),
+        gid=batch.gid or "",
+        has_gid=batch.gid is not None,
+        xid=batch.xid,
+        commit_lsn=batch.commit_lsn,
+        end_lsn=batch.end_lsn,
+        commit_time_us=batch.commit_time,
+        cid=batch.cid,
+        last_of_txn=batch.last_of_txn,
+        changes=[pb.Change(cid=c, lsn=lsn, body=body) for c, lsn, body in batch.changes],
+        confirmable_lsn=confirmable_lsn or 0,
+    )
+
+
+def batch_from_pb(msg: pb.NodeBatch) -> tuple[NodeBatch, Position, int | None]:
+    """The batch, its position, and the confirmable LSN if it opens a transaction."""
+    batch = NodeBatch(
+        msg.position.csn,
+        msg.gid if msg.has_gid else None,
+        msg.xid,
+        msg.commit_lsn,
+        msg.end_lsn,
+        msg.commit_time_us,
+        msg.cid,
+        [(c.cid, c.lsn, c.body) for c in msg.changes],
+        msg.last_of_txn,
+    )
+    index = msg.position.index
+    return batch, (msg.position.csn, index), (msg.confirmable_lsn if index == 0 else None)
+
+
+def position_to_pb(pos: Position) -> pb.Position:
+    return pb.Position(csn=pos[0], index=pos[1])
+
+
+def position_from_pb(msg: pb.Position) -> Position:
+    return (msg.csn, msg.index)

@@ -1,0 +1,216 @@
+"""`csnd replay grpc://HOST:PORT`: a node pipeline running in a node agent (`csnd node`).
+
+`RemoteNode` stands where a local `NodePipeline` would: the merge loop reads
+its queue of batches, watermarks and the end.  One thread holds the Stream
+RPC; it subscribes after the last position it received, acknowledges what
+arrived (with the LSN the merge says is durable, for the agent's slot), and
+on a lost connection reconnects with backoff -- the agent re-sends exactly
+what follows that position -- until `give_up_s` without the agent, when the
+run fails naming the node and address.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+
+from coordinator.batch import NodeBatch
+from coordinator.wire import BEFORE_ALL, Position, batch_from_pb, position_to_pb
+from csnd.errors import ConfigError, ConnectionLost, CsndError
+from proto import csnd_pb2 as pb
+from proto import csnd_pb2_grpc as pb_grpc
+
+# How long the coordinator keeps trying to reach a node agent that went away.
+GIVE_UP_S: Final = 30.0
+ACK_INTERVAL_S: Final = 0.5
+# An agent sends a keepalive every second when idle; this much silence is a dead agent.
+SILENCE_S: Final = 10.0
+QUEUE_DEPTH: Final = 256
+CHANNEL_OPTIONS: Final = [
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+]
+
+
+@dataclass
+class RemoteBatch:
+    batch: NodeBatch
+    confirmable: int | None  # set on a transaction's first batch
+
+
+class RemoteNode:
+    """A node agent's output as a merge input; also its own `source` (confirm forwards to the agent)."""
+
+    def __init__(self, address: str, name: str | None = None, give_up_s: float = GIVE_UP_S) -> None:
+        from csnd.replay import _End, _Watermark  # the merge loop's queue items
+
+        self._End = _End
+        self._Watermark = _Watermark
+        self.address = address
+        self.give_up_s = give_up_s
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.NodeAgentStub(self.channel)
+        hello = self._describe()
+        self.node: str = name or hello.node
+        self.mode = hello.mode
+        self.binary = hello.binary
+        self.source = self
+        self.out: queue.Queue[object] = queue.Queue(QUEUE_DEPTH)
+        self.position: Position = BEFORE_ALL
+        self._confirm = 0
+        self._final = threading.Event()
+        self._final_sent = threading.Event()
+        self._stop = threading.Event()
+        self._wakeup: threading.Event | None = None
+        self._last_msg = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name=f"csnd-remote-{self.node}", daemon=True)
+
+    def _describe(self) -> pb.Hello:
+        deadline = time.monotonic() + self.give_up_s
+        while True:
+            try:
+                hello: pb.Hello = self.stub.Describe(pb.DescribeRequest(), timeout=5)
+                return hello
+            except grpc.RpcError as e:
+                if time.monotonic() >= deadline:
+                    raise ConfigError(
+                        f"node agent at {self.address} does not answer: {_rpc_text(e)}"
+                    ) from None
+                time.sleep(0.5)
+
+    # --- the source interface the merge loop uses for live confirmation -------------
+
+    @property
+    def confirmed_lsn(self) -> int:
+        return self._confirm
+
+    def confirm(self, lsn: int) -> None:
+        self._confirm = max(self._confirm, lsn)
+
+    def confirm_final(self, lsn: int) -> None:
+        """Send the last confirmation and wait (briefly) until it is out."""
+        self.confirm(lsn)
+        self._final.set()
+        self._final_sent.wait(10)
+
+    # --- the pipeline interface -------------------------------------------------------
+
+    def start(self, wakeup: threading.Event) -> None:
+        self._wakeup = wakeup
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._final.set()
+        self.channel.close()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.out.put(item, timeout=0.5)
+                assert self._wakeup is not None
+                self._wakeup.set()
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _requests(self, outbox: queue.Queue[pb.CoordinatorMessage | None]) -> Iterator[pb.CoordinatorMessage]:
+        after = None if self.position == BEFORE_ALL else position_to_pb(self.position)
+        yield pb.CoordinatorMessage(subscribe=pb.Subscribe(after=after))
+        while True:
+            msg = outbox.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _ack(self, final: bool = False) -> pb.CoordinatorMessage:
+        return pb.CoordinatorMessage(
+            ack=pb.Ack(received=position_to_pb(self.position), confirm_lsn=self._confirm, final=final)
+        )
+
+    def _run(self) -> None:
+        down_since: float | None = None
+        backoff = 0.2
+        ended = False
+        while not self._stop.is_set():
+            outbox: queue.Queue[pb.CoordinatorMessage | None] = queue.Queue()
+            call = self.stub.Stream(self._requests(outbox))
+            acker = threading.Thread(target=self._acks, args=(outbox, call), daemon=True)
+            acker.start()
+            try:
+                for msg in call:
+                    self._last_msg = time.monotonic()
+                    down_since, backoff = None, 0.2
+                    kind = msg.WhichOneof("body")
+                    if kind == "batch":
+                        batch, pos, confirmable = batch_from_pb(msg.batch)
+                        if pos <= self.position:
+                            continue  # never twice, whatever the agent does
+                        if not self._put(RemoteBatch(batch, confirmable)):
+                            return
+                        self.position = pos
+                    elif kind == "watermark":
+                        if not self._put(self._Watermark(msg.watermark.csn)):
+                            return
+                    elif kind == "end":
+                        error = msg.end.error
+                        if error:
+                            self._put(self._End(CsndError(f"node agent at {self.address}: {error}")))
+                            return
+                        ended = True
+                        self._put(self._End())
+                        self._final.wait()  # until the merge has confirmed what it wrote
+                        outbox.put(self._ack(final=True))
+                        outbox.put(None)
+                        self._final_sent.set()
+                        return
+            except grpc.RpcError as e:
+                if self._stop.is_set() or ended:
+                    return
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # refused, not lost: do not retry
+                    self._put(self._End(CsndError(f"node agent at {self.address}: {e.details()}")))
+                    return
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > self.give_up_s:
+                    self._put(
+                        self._End(
+                            ConnectionLost(
+                                f"node agent at {self.address} lost and not back after "
+                                f"{self.give_up_s:.0f}s: {_rpc_text(e)}",
+                                node=self.node,
+                            )
+                        )
+                    )
+                    return
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                outbox.put(None)
+
+    def _acks(self, outbox: queue.Queue[pb.CoordinatorMessage | None], call: grpc.Future) -> None:
+        """Acknowledge what arrived, with the confirm LSN, every ACK_INTERVAL_S while the call lives."""
+        self._last_msg = time.monotonic()
+        while not self._stop.wait(ACK_INTERVAL_S):
+            if call.done() or self._final.is_set():
+                return
+            if time.monotonic() - self._last_msg > SILENCE_S:
+                call.cancel()  # a silent agent is a lost one: reconnect
+                return
+            outbox.put(self._ack())
+
+
+def _rpc_text(e: grpc.RpcError) -> str:
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else str(e)
+    return f"{code.name if code else 'error'}: {details}"

@@ -1,0 +1,161 @@
+"""Scale-out: node agents (`csnd node`) in their own processes, the coordinator over gRPC on loopback."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gtm import generate_cluster
+
+CSND = [sys.executable, "-m", "csnd.cli"]
+
+
+class Agent:
+    def __init__(self, source: str, port: int = 0, delay_s: float = 0.0) -> None:
+        env = dict(os.environ, CSND_TEST_AGENT_DELAY_S=str(delay_s))
+        self.proc = subprocess.Popen(
+            [*CSND, "node", source, "--listen", f"127.0.0.1:{port}", "--decoders", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        assert m, f"agent did not start: {line!r}"
+        self.port = int(m.group(1))
+        self.url = f"grpc://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("agents")
+    generate_cluster(str(d), 2, 800, seed=31, binary=True)
+    return d
+
+
+@pytest.fixture
+def agents() -> Iterator[list[Agent]]:
+    started: list[Agent] = []
+    yield started
+    for a in started:
+        a.stop()
+
+
+def replay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CSND, "replay", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_agents_merge_to_the_expected_output(cluster: Path, agents: list[Agent], tmp_path: Path) -> None:
+    agents += [Agent(str(cluster / "dn1.pgstream")), Agent(str(cluster / "dn2.pgstream"))]
+    out = tmp_path / "out.jsonl"
+    proc = replay(agents[1].url, agents[0].url, "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == (cluster / "expected.jsonl").read_bytes()
+
+
+def test_a_file_and_an_agent_mix(cluster: Path, agents: list[Agent], tmp_path: Path) -> None:
+    agents.append(Agent(str(cluster / "dn2.pgstream")))
+    out = tmp_path / "out.jsonl"
+    proc = replay(str(cluster / "dn1.pgstream"), agents[0].url, "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == (cluster / "expected.jsonl").read_bytes()
+
+
+def test_a_consumed_agent_refuses_a_new_coordinator_instead_of_giving_it_half(
+    cluster: Path, agents: list[Agent], tmp_path: Path
+) -> None:
+    agents.append(Agent(str(cluster / "dn2.pgstream")))
+    assert replay(str(cluster / "dn1.pgstream"), agents[0].url).returncode == 0
+    proc = replay(str(cluster / "dn1.pgstream"), agents[0].url)
+    assert proc.returncode == 1
+    assert "already delivered" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def test_an_agent_killed_and_restarted_mid_stream_loses_and_repeats_nothing(
+    cluster: Path, agents: list[Agent], tmp_path: Path
+) -> None:
+    agents += [Agent(str(cluster / "dn1.pgstream"), delay_s=0.01), Agent(str(cluster / "dn2.pgstream"))]
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        [*CSND, "replay", agents[0].url, agents[1].url, "--output", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    partial = tmp_path / "out.jsonl.partial"
+    deadline = time.monotonic() + 60
+    while _lines(partial) < 50:
+        assert proc.poll() is None and time.monotonic() < deadline, "replay ended before the kill"
+        time.sleep(0.05)
+    port = agents[0].port
+    agents[0].kill()
+    time.sleep(1.0)  # the coordinator notices and starts reconnecting
+    agents.append(Agent(str(cluster / "dn1.pgstream"), port=port))
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert out.read_bytes() == (cluster / "expected.jsonl").read_bytes()
+
+
+def test_an_agent_that_never_comes_back_fails_the_run_clearly(
+    cluster: Path, agents: list[Agent], tmp_path: Path
+) -> None:
+    agents += [Agent(str(cluster / "dn1.pgstream"), delay_s=0.01), Agent(str(cluster / "dn2.pgstream"))]
+    proc = subprocess.Popen(
+        [
+            *CSND,
+            "replay",
+            agents[0].url,
+            agents[1].url,
+            "--agent-give-up",
+            "2",
+            "--output",
+            str(tmp_path / "o"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)
+    agents[0].kill()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr
+    assert f"127.0.0.1:{agents[0].port}" in lines[0] and "not back after 2s" in lines[0]
+    assert "dn1" in lines[0]
+
+
+def test_an_unreachable_agent_at_start_is_a_clear_error(tmp_path: Path) -> None:
+    proc = replay("grpc://127.0.0.1:1", "--agent-give-up", "1")
+    assert proc.returncode == 1
+    assert "127.0.0.1:1" in proc.stderr and "Traceback" not in proc.stderr
