@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,16 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from csnd import pgworkload as workload
+from csnd.ids import lsn_from_str
 from gtm import generate_cluster
+from tests.fixtures.pg import PgDatabase
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
 
 class Agent:
-    def __init__(self, source: str, port: int = 0, delay_s: float = 0.0) -> None:
+    def __init__(self, source: str, port: int = 0, delay_s: float = 0.0, extra: tuple[str, ...] = ()) -> None:
         env = dict(os.environ, CSND_TEST_AGENT_DELAY_S=str(delay_s))
         self.proc = subprocess.Popen(
-            [*CSND, "node", source, "--listen", f"127.0.0.1:{port}", "--decoders", "1"],
+            [*CSND, "node", source, "--listen", f"127.0.0.1:{port}", "--decoders", "1", *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -159,3 +163,38 @@ def test_an_unreachable_agent_at_start_is_a_clear_error(tmp_path: Path) -> None:
     proc = replay("grpc://127.0.0.1:1", "--agent-give-up", "1")
     assert proc.returncode == 1
     assert "127.0.0.1:1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_agent_on_a_live_node_confirms_its_slot_only_as_the_coordinator_says(
+    pg: PgDatabase, agents: list[Agent], tmp_path: Path
+) -> None:
+    """Two rounds through an agent on a live node: the second continues exactly after the first."""
+    workload.setup(pg.dsn)
+    pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+    seen: list[set[int]] = []
+    for run in range(2):
+        workload.run(pg.dsn, rounds=1, seed=run)
+        end = pg.current_lsn()
+        agent = Agent(
+            f"dn1={pg.url}", extra=("--slot", "csnd", "--publication", "csnd_pub", "--until-lsn", end)
+        )
+        agents.append(agent)
+        out = tmp_path / f"run{run}.jsonl"
+        proc = replay(agent.url, "--output", str(out))
+        assert proc.returncode == 0, proc.stderr
+        docs = [json.loads(ln) for ln in out.read_text(encoding="utf-8").splitlines()]
+        assert docs and all(a["csn"] < b["csn"] for a, b in zip(docs, docs[1:], strict=False))
+        seen.append({d["nodes"]["dn1"]["xid"] for d in docs})
+        last_commit = lsn_from_str(docs[-1]["nodes"]["dn1"]["commit_lsn"])
+        deadline = time.monotonic() + 15
+        while True:  # the agent advances its slot when the coordinator's final Ack arrives
+            (row,) = pg.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name='csnd'"
+            )
+            confirmed = lsn_from_str(str(row[0]))
+            if confirmed > last_commit or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert last_commit < confirmed <= lsn_from_str(end)
+        agent.stop()
+    assert not seen[0] & seen[1]
