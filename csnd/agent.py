@@ -166,10 +166,17 @@ class AgentState:
             with self.cond:
                 if self.generation != generation or self.stopping or not active.is_set():
                     return
-                for e in self.window:
-                    if e.seq > sent_seq and (e.pos > after or not e.msg.HasField("batch")):
-                        entry = e
-                        break
+                window = self.window
+                if window:
+                    # seqs in the window are consecutive: jump to the first one not yet sent
+                    i = max(0, sent_seq + 1 - window[0].seq)
+                    while i < len(window):
+                        e = window[i]
+                        if e.pos > after or not e.msg.HasField("batch"):
+                            entry = e
+                            break
+                        sent_seq = e.seq  # at or before `after`: the coordinator has it
+                        i += 1
                 if entry is None:
                     if self.window:
                         sent_seq = max(sent_seq, self.window[-1].seq)

@@ -29,6 +29,8 @@ from proto import csnd_pb2_grpc as pb_grpc
 # How long the coordinator keeps trying to reach a node agent that went away.
 GIVE_UP_S: Final = 30.0
 ACK_INTERVAL_S: Final = 0.5
+# Also acknowledge after this many batches (a quarter of the agent's window).
+ACK_EVERY_BATCHES: Final = 64
 # An agent sends a keepalive every second when idle; this much silence is a dead agent.
 SILENCE_S: Final = 10.0
 QUEUE_DEPTH: Final = 256
@@ -147,6 +149,7 @@ class RemoteNode:
             call = self.stub.Stream(self._requests(outbox))
             acker = threading.Thread(target=self._acks, args=(outbox, call), daemon=True)
             acker.start()
+            unacked = 0
             try:
                 for msg in call:
                     self._last_msg = time.monotonic()
@@ -159,6 +162,10 @@ class RemoteNode:
                         if not self._put(RemoteBatch(batch, confirmable)):
                             return
                         self.position = pos
+                        unacked += 1
+                        if unacked >= ACK_EVERY_BATCHES:  # keep the agent's window from filling up
+                            outbox.put(self._ack())
+                            unacked = 0
                     elif kind == "watermark":
                         if not self._put(self._Watermark(msg.watermark.csn)):
                             return
