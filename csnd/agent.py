@@ -33,7 +33,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coordinator.wire import BEFORE_ALL, Position, batch_to_pb, position_from_pb
 from csnd.errors import ConfigError
-from csnd.replay import NodePipeline, _batches, _End, _Txn, _Watermark, open_source
+from csnd.nodeitems import EndItem, TxnItem, WatermarkItem, cut_batches
+from csnd.replay import NodePipeline, open_source
 from csnd.sources import parse_source
 from proto import csnd_pb2 as pb
 from proto import csnd_pb2_grpc as pb_grpc
@@ -88,8 +89,8 @@ class AgentState:
         try:
             while not self.stopping:
                 item = pipe.out.get()
-                if isinstance(item, _Txn):
-                    for index, batch in enumerate(_batches(item.txn)):
+                if isinstance(item, TxnItem):
+                    for index, batch in enumerate(cut_batches(item.txn)):
                         pos = (batch.csn, index)
                         last_pos = pos
                         msg = pb.AgentMessage(
@@ -98,12 +99,12 @@ class AgentState:
                         self._append(pos, msg)
                         if _TEST_DELAY_S:
                             time.sleep(_TEST_DELAY_S)
-                elif isinstance(item, _Watermark):
+                elif isinstance(item, WatermarkItem):
                     if item.csn < 0:
                         continue  # the sender has no watermark yet
                     self._append(last_pos, pb.AgentMessage(watermark=pb.Watermark(csn=item.csn)), always=True)
                 else:
-                    assert isinstance(item, _End)
+                    assert isinstance(item, EndItem)
                     error = "" if item.error is None else str(item.error) or repr(item.error)
                     with self.cond:
                         self.end = pb.AgentMessage(end=pb.End(error=error))

@@ -15,14 +15,13 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final
 
 import grpc
 
-from coordinator.batch import NodeBatch
 from coordinator.wire import BEFORE_ALL, Position, batch_from_pb, position_to_pb
 from csnd.errors import ConfigError, ConnectionLost, CsndError
+from csnd.nodeitems import BatchItem, EndItem, WatermarkItem
 from proto import csnd_pb2 as pb
 from proto import csnd_pb2_grpc as pb_grpc
 
@@ -43,20 +42,10 @@ CHANNEL_OPTIONS: Final = [
 ]
 
 
-@dataclass
-class RemoteBatch:
-    batch: NodeBatch
-    confirmable: int | None  # set on a transaction's first batch
-
-
 class RemoteNode:
     """A node agent's output as a merge input; also its own `source` (confirm forwards to the agent)."""
 
     def __init__(self, address: str, name: str | None = None, give_up_s: float = GIVE_UP_S) -> None:
-        from csnd.replay import _End, _Watermark  # the merge loop's queue items
-
-        self._End = _End
-        self._Watermark = _Watermark
         self.address = address
         self.give_up_s = give_up_s
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
@@ -159,7 +148,7 @@ class RemoteNode:
                         batch, pos, confirmable = batch_from_pb(msg.batch)
                         if pos <= self.position:
                             continue  # never twice, whatever the agent does
-                        if not self._put(RemoteBatch(batch, confirmable)):
+                        if not self._put(BatchItem(batch, confirmable)):
                             return
                         self.position = pos
                         unacked += 1
@@ -167,15 +156,15 @@ class RemoteNode:
                             outbox.put(self._ack())
                             unacked = 0
                     elif kind == "watermark":
-                        if not self._put(self._Watermark(msg.watermark.csn)):
+                        if not self._put(WatermarkItem(msg.watermark.csn)):
                             return
                     elif kind == "end":
                         error = msg.end.error
                         if error:
-                            self._put(self._End(CsndError(f"node agent at {self.address}: {error}")))
+                            self._put(EndItem(CsndError(f"node agent at {self.address}: {error}")))
                             return
                         ended = True
-                        self._put(self._End())
+                        self._put(EndItem())
                         self._final.wait()  # until the merge has confirmed what it wrote
                         outbox.put(self._ack(final=True))
                         outbox.put(None)
@@ -185,13 +174,13 @@ class RemoteNode:
                 if self._stop.is_set() or ended:
                     return
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # refused, not lost: do not retry
-                    self._put(self._End(CsndError(f"node agent at {self.address}: {e.details()}")))
+                    self._put(EndItem(CsndError(f"node agent at {self.address}: {e.details()}")))
                     return
                 now = time.monotonic()
                 down_since = down_since or now
                 if now - down_since > self.give_up_s:
                     self._put(
-                        self._End(
+                        EndItem(
                             ConnectionLost(
                                 f"node agent at {self.address} lost and not back after "
                                 f"{self.give_up_s:.0f}s: {_rpc_text(e)}",

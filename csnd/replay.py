@@ -25,7 +25,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from coordinator import (
@@ -39,38 +38,17 @@ from coordinator import (
     json_head,
 )
 from csnd.errors import ConfigError, CsndError
-from csnd.remote import RemoteBatch
+from csnd.nodeitems import BatchItem, EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.pool import DecoderPool
 from reader.recorded import RecordedSource
 from sender import NodeSender
-from sender.txn import FinishedTxn
 
 # Finished transactions (or watermarks) waiting per node between its pipeline
 # thread and the merge.  Small: the merge keeps its own bounded buffer.
 NODE_QUEUE_DEPTH: Final = 64
-# Changes per batch handed to the merge: the merge interleaves nodes, streams
-# its output and back-pressures between batches of this size, so a huge
-# transaction never sits whole in memory.
-MERGE_BATCH_CHANGES: Final = 1024
 # How often output is flushed/fsynced and live slots confirmed.
 CONFIRM_INTERVAL_S: Final = 1.0
-
-
-@dataclass
-class _Txn:
-    txn: FinishedTxn
-    confirmable: int
-
-
-@dataclass
-class _Watermark:
-    csn: int
-
-
-@dataclass
-class _End:
-    error: BaseException | None = None
 
 
 class ConfirmTracker:
@@ -109,7 +87,7 @@ class NodePipeline:
         enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         self.sender = NodeSender(self.node, source.mode)
-        self.out: queue.Queue[_Txn | _Watermark | _End] = queue.Queue(NODE_QUEUE_DEPTH)
+        self.out: queue.Queue[TxnItem | WatermarkItem | EndItem] = queue.Queue(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
@@ -118,7 +96,7 @@ class NodePipeline:
         self.wakeup = wakeup
         self.thread.start()
 
-    def _put(self, item: _Txn | _Watermark | _End) -> None:
+    def _put(self, item: TxnItem | WatermarkItem | EndItem) -> None:
         while True:
             try:
                 self.out.put(item, timeout=0.5)
@@ -138,16 +116,16 @@ class NodePipeline:
                 if self._stop.is_set():
                     break
                 for txn in feed(lsn, item):
-                    self._put(_Txn(txn, sender.confirmable_lsn))
+                    self._put(TxnItem(txn, sender.confirmable_lsn))
                 wm = sender.watermark
                 if wm is not None and wm != last_wm:
                     last_wm = wm
-                    self._put(_Watermark(wm))
+                    self._put(WatermarkItem(wm))
             if not self._stop.is_set():
                 sender.finish()
-            self._put(_End())
+            self._put(EndItem())
         except BaseException as e:  # noqa: BLE001 - handed to the merge thread
-            self._put(_End(e))
+            self._put(EndItem(e))
 
     def stop(self) -> None:
         self._stop.set()
@@ -178,21 +156,6 @@ def open_source(spec: SourceSpec, args: argparse.Namespace, index: int) -> Any:
     if not os.path.exists(spec.target):
         raise ConfigError(f"source {spec.target!r}: no such file (a live node is postgresql://...)")
     return RecordedSource(spec.target, name=spec.name)
-
-
-def _batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
-    """Cut one node's transaction into merge batches: a new batch at each cid change or size bound."""
-    chunk: list[tuple[int, int, str]] = []
-    cid = 0
-    for change in txn.changes:
-        if chunk and (change[0] != cid or len(chunk) >= MERGE_BATCH_CHANGES):
-            yield NodeBatch(
-                txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, False
-            )
-            chunk = []
-        cid = change[0]
-        chunk.append(change)
-    yield NodeBatch(txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, True)
 
 
 class _Output:
@@ -301,14 +264,14 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 except queue.Empty:
                     break
                 progressed = True
-                if isinstance(item, _Txn):
+                if isinstance(item, TxnItem):
                     trackers[p.node].on_release(item.confirmable)
-                    feeding[p.node] = _batches(item.txn)
-                elif isinstance(item, RemoteBatch):  # a node agent's, already cut
+                    feeding[p.node] = cut_batches(item.txn)
+                elif isinstance(item, BatchItem):  # a node agent's, already cut
                     if item.confirmable is not None:
                         trackers[p.node].on_release(item.confirmable)
                     merge.add_batch(p.node, item.batch)
-                elif isinstance(item, _Watermark):
+                elif isinstance(item, WatermarkItem):
                     merge.add_watermark(p.node, item.csn)
                 else:
                     if item.error is not None:
