@@ -130,8 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "demo",
         help="run the embedded default demo",
-        description="Start a throwaway local PostgreSQL, run a small workload, capture it live and "
-        "read it back with a summary.",
+        description="Start a throwaway local PostgreSQL, run a workload, capture it live and replay "
+        "it through the parallel pipeline with a summary; then generate a 3-node GaussDB-style "
+        "cluster and merge it, in process and with one node agent process per node over gRPC, "
+        "checking both against the generator's expected output. Writes to demo-out/.",
     )
     return parser
 
