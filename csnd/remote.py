@@ -72,6 +72,8 @@ class RemoteNode:
                 hello: pb.Hello = self.stub.Describe(pb.DescribeRequest(), timeout=5)
                 return hello
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise ConfigError(f"{self.address} is not a csnd node agent: {_rpc_text(e)}") from None
                 if time.monotonic() >= deadline:
                     raise ConfigError(
                         f"node agent at {self.address} does not answer: {_rpc_text(e)}"

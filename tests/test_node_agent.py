@@ -198,3 +198,22 @@ def test_an_agent_on_a_live_node_confirms_its_slot_only_as_the_coordinator_says(
         assert last_commit < confirmed <= lsn_from_str(end)
         agent.stop()
     assert not seen[0] & seen[1]
+
+
+def test_a_grpc_server_that_is_not_a_node_agent_is_refused_at_once(tmp_path: Path) -> None:
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        t0 = time.monotonic()
+        proc = replay(f"grpc://127.0.0.1:{port}")
+        assert proc.returncode == 1 and "not a csnd node agent" in proc.stderr
+        assert time.monotonic() - t0 < 20  # not the 30 s reconnect patience
+    finally:
+        server.stop(0)
