@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import subprocess
@@ -54,7 +53,7 @@ def _prepared(nodes: int, txns: int) -> list[tuple[str, NodeBatch]]:
     rnd = random.Random(nodes)
     names = [f"dn{i + 1}" for i in range(nodes)]
     per_node: dict[str, list[NodeBatch]] = {n: [] for n in names}
-    body = json.dumps({"op": "insert", "new": {"id": 1}})
+    body = '"lsn": "0/1", "op": "insert", "new": {"id": 1}'
     for csn in range(1, txns + 1):
         k = 1 if nodes == 1 or rnd.random() > 0.4 else rnd.randint(2, nodes)
         for n in rnd.sample(names, k):

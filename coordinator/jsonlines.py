@@ -5,14 +5,16 @@ Other tools read and write this format byte for byte (the generator's
 what `json.dumps(obj, ensure_ascii=False)` writes for the equivalent object:
 separators `", "` and `": "`, non-ASCII kept as is.  The values of a change
 were already serialised by a decoder worker (`DecodedChange.body`, the text
-after `"lsn"`); here we only wrap each body in
-`{"node": .., "cid": .., "lsn": .., <body>}` -- re-parsing and re-dumping the
-bodies would repeat the CPU-heavy step the decoder pool exists to parallelise.
+after `"cid": N, `, LSN included); here we only wrap each body in
+`{"node": .., "cid": .., <body>}` -- re-parsing and re-dumping the bodies
+would repeat the CPU-heavy step the decoder pool exists to parallelise.
 """
 
 from __future__ import annotations
 
 import json
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Final
 
 from csnd.ids import lsn_to_str, pg_time_to_iso
@@ -38,13 +40,23 @@ def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, Node
 
 
 def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> str:
-    """The change objects of one batch, comma-separated (and comma-led unless `first`)."""
+    """The change objects of one batch, comma-separated (and comma-led unless `first`).
+
+    The changes of one cid are one C-level join of their bodies (a merge
+    batch holds one cid): this runs in the coordinator's single thread, once
+    per change of the whole cluster.
+    """
     prefix = f'{{"node": {_dumps(node)}, "cid": '
-    to_lsn = lsn_to_str
-    text = ", ".join([f'{prefix}{cid}, "lsn": "{to_lsn(lsn)}", {body}}}' for cid, lsn, body in chunk])
+    parts = []
+    for cid, changes in groupby(chunk, key=_cid):
+        head = f"{prefix}{cid}, "
+        parts.append(head + f"}}, {head}".join(map(_body, changes)) + "}")
+    text = ", ".join(parts)
     return text if first else ", " + text
 
 
+_cid: Final = itemgetter(0)
+_body: Final = itemgetter(2)
 JSON_TAIL: Final = "]}"
 
 

@@ -40,6 +40,7 @@ from coordinator import (
 from csnd.errors import ConfigError, CsndError
 from csnd.nodeitems import BatchItem, EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
+from decoder.change import DecodedChange
 from decoder.pool import DecoderPool
 from reader.recorded import RecordedSource
 from sender import NodeSender
@@ -113,6 +114,9 @@ class NodePipeline:
             feed = sender.feed
             last_wm: int | None = None
             for lsn, item in self.pool.run(self.source.events()):
+                if type(item) is DecodedChange:
+                    feed(lsn, item)  # a change releases nothing and moves no watermark
+                    continue
                 if self._stop.is_set():
                     break
                 for txn in feed(lsn, item):

@@ -3,13 +3,14 @@
 A decoder worker turns each raw `reader.pgoutput.Change` / `Truncate` into one
 `DecodedChange` per affected table.  The change's user-facing fields are
 serialised *in the worker* (that is the CPU-heavy step we parallelise), as the
-JSON text that follows `"lsn"` in a change object of DESIGN section 7:
+JSON text that follows `"cid": N, ` in a change object of DESIGN section 7,
+without its closing brace:
 
-    '"op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 7}'
+    '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 7}'
 
 (plus `, "unchanged": ["doc"]` when TOAST columns were left unchanged).  The
-sender and coordinator only prepend `{"node": .., "cid": .., "lsn": ..,` and
-append `}` -- they never re-serialise values.
+coordinator only joins bodies with `}, {"node": .., "cid": .., ` -- it never
+re-serialises values, nor formats an LSN per change.
 """
 
 from __future__ import annotations

@@ -90,16 +90,20 @@ _END: Final = object()
 
 
 def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
-    """A message as a plain tuple for the trip to a worker."""
-    if isinstance(msg, Change):
-        return ("c", lsn, msg.kind, msg.xid, msg.relid, msg.data)
+    """A message as a plain tuple for the trip to a worker (see `decoder.worker.decode_batch`)."""
+    if type(msg) is Change:
+        return (lsn, msg.kind, msg.xid, msg.relid, msg.data)
     if isinstance(msg, Truncate):
-        return ("t", lsn, msg.xid, msg.options, msg.relids)
+        return (lsn, "T", msg.xid, msg.options, msg.relids)
     if isinstance(msg, Relation):
         cols = tuple((c.flags, c.name, c.type_oid, c.typmod) for c in msg.columns)
         return ("r", lsn, msg.xid, msg.relid, msg.namespace, msg.name, msg.replident, cols)
     assert isinstance(msg, TypeMsg)
     return ("y", lsn, msg.xid, msg.type_oid, msg.namespace, msg.name)
+
+
+# The op of a change by its pgoutput kind.
+_OPS: Final = {"I": "insert", "U": "update", "D": "delete"}
 
 
 class DecoderPool:
@@ -151,8 +155,9 @@ class DecoderPool:
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
-        for p in self._procs:
-            p.start()
+        with _sigint_ignored():
+            for p in self._procs:
+                p.start()
         for _, w in pipes:
             w.close()
 
@@ -178,7 +183,7 @@ class DecoderPool:
             for lsn, msg in events:
                 if self._stop.is_set():
                     break
-                if isinstance(msg, (Change, Truncate)):
+                if type(msg) is Change or isinstance(msg, Truncate):
                     batch.events.append((lsn, msg))
                     wires.append(_wire(lsn, msg))
                     batch.n_changes += 1
@@ -247,16 +252,18 @@ class DecoderPool:
                 self.stats.changes += item.n_changes
                 it = iter(decoded)
                 for lsn, msg in item.events:
-                    if isinstance(msg, (Change, Truncate)):
-                        for row in next(it):
-                            yield row[0], DecodedChange(*row)
+                    if type(msg) is Change:
+                        yield lsn, DecodedChange(lsn, msg.xid, _OPS[msg.kind], next(it))
+                    elif isinstance(msg, Truncate):
+                        for body in next(it):
+                            yield lsn, DecodedChange(lsn, msg.xid, "truncate", body)
                     else:
                         yield lsn, msg
         finally:
             self.close()
             feeder.join(timeout=5)
 
-    def _result(self, worker: int) -> list[list[tuple[int, int | None, str, str]]]:
+    def _result(self, worker: int) -> list[Any]:
         conn = self._out[worker]
         while True:
             if not conn.poll(LIVENESS_POLL_S):
@@ -323,6 +330,26 @@ class DecoderPool:
 
 class _Stopped(Exception):
     """The pool is closing: the reader thread stops quietly."""
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Start workers with Ctrl-C ignored: a spawned interpreter inherits that before it runs any code.
+
+    Ctrl-C goes to the whole process group, and a worker still importing
+    when it arrives would die with a KeyboardInterrupt traceback on the
+    terminal; the parent decides how to stop.  (Only the main thread may
+    change signal handlers; from another thread the worker ignores SIGINT
+    itself once it runs.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _signal_name(number: int) -> str:

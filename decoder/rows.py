@@ -14,10 +14,12 @@ metadata is replaced (DDL mid-stream) before any later change of it is
 decoded.  Everything a change needs is looked up when its Relation arrives,
 not per change: the hot loop is a zip over precomputed decoder lists.
 
-The body is the JSON text of DESIGN section 7 after `"lsn"`:
+The body is the JSON text of a change object of DESIGN section 7 after
+`"cid": N, ` (the sender knows the cid, the coordinator the node), without
+the closing brace:
 
-    "op": "update", "schema": "public", "table": "acct", "old": {"id": 7},
-    "new": {"id": 8, "owner": "bo"}, "unchanged": ["doc"]
+    "lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct",
+    "old": {"id": 7}, "new": {"id": 8, "owner": "bo"}, "unchanged": ["doc"]
 
 `old` follows the old tuple pgoutput sent: a key tuple ('K') holds every
 column, the non-key ones null, and only the replica identity's key columns are
@@ -44,6 +46,7 @@ from typing import Final
 from psycopg import DataError
 
 from csnd.errors import DecodeError
+from csnd.ids import lsn_to_str
 from decoder import values as V
 from decoder.change import DecodedChange
 from decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_update
@@ -286,6 +289,11 @@ def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int |
     return _encode(key)
 
 
+def _at(lsn: int) -> str:
+    """The `"lsn": "X/X", ` that opens a body."""
+    return f'"lsn": "{lsn_to_str(lsn)}", '
+
+
 def decode_change(
     change: Change | Truncate, lsn: int, cache: RelationCache, binary: bool
 ) -> list[DecodedChange]:
@@ -303,7 +311,7 @@ def decode_change(
                 table = cache.table(relid)
             except DecodeError as e:
                 raise DecodeError(f"truncate: {e.message}", lsn=lsn, xid=xid) from None
-            out.append(DecodedChange(lsn, xid, "truncate", table.truncate_body))
+            out.append(DecodedChange(lsn, xid, "truncate", _at(lsn) + table.truncate_body))
         return out
     try:
         table = cache.table(change.relid)
@@ -318,7 +326,7 @@ def decode_change(
     try:
         if kind == "I":
             new, unchanged = _row(table, split_insert(change.data), lsn, xid)
-            body = f'{table.heads["I"]}null, "new": {new}{unchanged}'
+            body = f'{_at(lsn)}{table.heads["I"]}null, "new": {new}{unchanged}'
         elif kind == "U":
             old_kind, old_values, new_values = split_update(change.data)
             old = (
@@ -327,10 +335,10 @@ def decode_change(
                 else _old(table, old_kind, old_values, lsn, xid)
             )
             new, unchanged = _row(table, new_values, lsn, xid)
-            body = f'{table.heads["U"]}{old}, "new": {new}{unchanged}'
+            body = f'{_at(lsn)}{table.heads["U"]}{old}, "new": {new}{unchanged}'
         else:
             old_kind, old_values = split_delete(change.data)
-            body = f'{table.heads["D"]}{_old(table, old_kind, old_values, lsn, xid)}, "new": null'
+            body = f'{_at(lsn)}{table.heads["D"]}{_old(table, old_kind, old_values, lsn, xid)}, "new": null'
     except DecodeError as e:
         if e.lsn is not None:
             raise

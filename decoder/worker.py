@@ -20,15 +20,26 @@ from reader.pgoutput import Change, Column, Relation, Truncate, TypeMsg
 PARENT_POLL_S = 1.0
 
 
-def _message(w: tuple[Any, ...]) -> Any:
-    tag = w[0]
-    if tag == "c":
-        return Change(w[2], w[3], w[4], w[5])
-    if tag == "t":
-        return Truncate(w[2], w[3], w[4])
-    if tag == "r":
+def _meta(w: tuple[Any, ...]) -> Relation | TypeMsg:
+    if w[0] == "r":
         return Relation(w[2], w[3], w[4], w[5], w[6], tuple(Column(*c) for c in w[7]))
     return TypeMsg(w[2], w[3], w[4], w[5])
+
+
+def decode_batch(batch: list[tuple[Any, ...]], cache: RelationCache, binary: bool) -> list[Any]:
+    """The bodies of a batch of wired changes, in order: one str per change, a list per Truncate.
+
+    Only the bodies go back: the pool still holds each change's LSN, xid and
+    kind, so sending them back would only cost pickling.
+    """
+    out: list[Any] = []
+    append = out.append
+    for lsn, kind, xid, a, b in batch:
+        if kind == "T":
+            append([r.body for r in decode_change(Truncate(xid, a, b), lsn, cache, binary)])
+        else:
+            append(decode_change(Change(kind, xid, a, b), lsn, cache, binary)[0].body)
+    return out
 
 
 def worker_main(
@@ -63,13 +74,9 @@ def worker_main(
             continue  # already reported; wait for the parent to stop us
         try:
             if kind == "meta":
-                cache.apply(_message(payload), payload[1])
+                cache.apply(_meta(payload), payload[1])
                 continue
-            out = []
-            for w in payload:
-                rows = decode_change(_message(w), w[1], cache, binary)
-                out.append([(r.lsn, r.xid, r.op, r.body) for r in rows])
-            outbox.send(("ok", out))
+            outbox.send(("ok", decode_batch(payload, cache, binary)))
         except CsndError as e:
             if e.node is None:
                 e = type(e)(e.message, node=node, lsn=e.lsn, xid=e.xid) if type(e) is not CsndError else e

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from csnd.errors import ProtocolError, StreamFormatError
-from reader.pgoutput import FrameError, Keepalive, Message, PgOutputParser, parse_frame
+from reader.pgoutput import FrameError, Keepalive, Message, PgOutputParser, parse_change_frame, parse_frame
 
 Event = tuple[int, Message | Keepalive]
 
@@ -26,6 +26,12 @@ def iter_events(
     parse = parser.parse
     last_lsn = 0
     for offset, payload in frames:
+        fast = parse_change_frame(payload, parser.in_stream)
+        if fast is not None:
+            if fast[0]:
+                last_lsn = fast[0]
+            yield fast
+            continue
         try:
             frame = parse_frame(payload)
             if isinstance(frame, Keepalive):

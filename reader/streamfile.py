@@ -24,6 +24,7 @@ from csnd.ids import lsn_to_str
 
 MAGIC: Final = b"CSNDSTR1"
 _LEN = struct.Struct("!I")
+_LSN = struct.Struct("!Q")
 MODES: Final = ("gtm", "single")
 
 # Frames are read in chunks of this size: big enough that a replay is not
@@ -153,6 +154,7 @@ class StreamFileReader:
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         f, path = self._f, self.path
         unpack_len = _LEN.unpack_from
+        unpack_lsn = _LSN.unpack_from
         offset = f.tell()
         buf = b""
         pos = 0
@@ -181,14 +183,11 @@ class StreamFileReader:
                     raise self._truncated(offset, f"frame of {n} bytes has only {len(buf) - 4}")
             payload = buf[pos + 4 : end]
             kind = payload[0]
-            if kind == 0x77 and n >= 9:  # 'w': track dataStart (0/0 for Relation frames)
-                start = int.from_bytes(payload[1:9], "big")
-                if start > self.last_lsn:
-                    self.last_lsn = start
-            elif kind == 0x6B and n >= 9:  # 'k': walEnd
-                end_lsn = int.from_bytes(payload[1:9], "big")
-                if end_lsn > self.last_lsn:
-                    self.last_lsn = end_lsn
+            if (kind == 0x77 or kind == 0x6B) and n >= 9:
+                # 'w' dataStart (0/0 for Relation frames) or 'k' walEnd: for error messages
+                lsn = unpack_lsn(payload, 1)[0]
+                if lsn > self.last_lsn:
+                    self.last_lsn = lsn
             else:
                 raise StreamFormatError(
                     f"unknown frame type {chr(kind)!r} (0x{kind:02x})",

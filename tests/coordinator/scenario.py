@@ -74,10 +74,13 @@ class Scenario:
         return "\n".join(lines)
 
 
-def body(tag: str) -> str:
-    """A change body as a decoder writes it: the text after `"lsn": ` in a change object."""
+def body(tag: str, lsn: int) -> str:
+    """A change body as a decoder writes it: the change object after `"cid": N, `, no closing brace."""
+    from csnd.ids import lsn_to_str
+
     return json.dumps(
-        {"op": "insert", "schema": "public", "table": "t€", "new": {"tag": tag}}, ensure_ascii=False
+        {"lsn": lsn_to_str(lsn), "op": "insert", "schema": "public", "table": "t€", "new": {"tag": tag}},
+        ensure_ascii=False,
     )[1:-1]
 
 
@@ -105,7 +108,7 @@ def scenarios(draw: st.DrawFn, max_nodes: int = 4, max_txns: int = 8) -> Scenari
             for c in cids:
                 for _ in range(draw(st.integers(0, 2))):
                     lsn[i] += 0x28
-                    changes.append((c, lsn[i], body(f"{csn}.{names[i]}.{len(changes)}")))
+                    changes.append((c, lsn[i], body(f"{csn}.{names[i]}.{len(changes)}", lsn[i])))
             lsn[i] += 0x30
             xid[i] += 1
             parts[i] = Part(i, xid[i], lsn[i], lsn[i] + 0x30, CLOCK + draw(st.integers(0, 10**6)), changes)
@@ -278,8 +281,14 @@ def json_object(g: GlobalTxn) -> dict[str, Any]:
         "gid": g.gid,
         "commit_time": pg_time_to_iso(g.commit_time),
         "nodes": {n: {"xid": c.xid, "commit_lsn": lsn_to_str(c.commit_lsn)} for n, c in g.nodes.items()},
-        "changes": [
-            {"node": n, "cid": c, "lsn": lsn_to_str(lsn), **json.loads("{" + b + "}")}
-            for n, c, lsn, b in g.changes
-        ],
+        "changes": [{"node": n, "cid": c, **_checked_body(b, lsn)} for n, c, lsn, b in g.changes],
     }
+
+
+def _checked_body(b: str, lsn: int) -> dict[str, Any]:
+    """A body as an object; it must open with the change's own LSN."""
+    from csnd.ids import lsn_to_str
+
+    obj: dict[str, Any] = json.loads("{" + b + "}")
+    assert next(iter(obj)) == "lsn" and obj["lsn"] == lsn_to_str(lsn), b
+    return obj

@@ -1,4 +1,8 @@
-"""The transaction JSON line of DESIGN section 7, byte for byte."""
+"""The transaction JSON line of DESIGN section 7, byte for byte.
+
+Bodies are what a decoder worker writes: the change object after `"cid": N, `,
+its LSN included (`decoder.change`).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,20 @@ from tests.coordinator.helpers import CLOCK
 
 DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...
 
-DELETE = '"op": "delete", "schema": "public", "table": "acct", "old": {"id": 7}, "new": null'
+DELETE = (
+    '"lsn": "0/16B3600", "op": "delete", "schema": "public", "table": "acct", "old": {"id": 7}, "new": null'
+)
 INSERT = (
-    '"op": "insert", "schema": "public", "table": "acct", "old": null, '
+    '"lsn": "1/702900", "op": "insert", "schema": "public", "table": "acct", "old": null, '
     '"new": {"id": 7, "owner": "ann", "balance": "10.50", "doc": {"k": [1, 2]}}'
 )
 UPDATE = (
-    '"op": "update", "schema": "public", "table": "acct", "old": null, '
+    '"lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct", "old": null, '
     '"new": {"id": 8, "owner": "bo", "balance": "3.00"}, "unchanged": ["doc"]'
 )
-TRUNCATE = '"op": "truncate", "schema": "public", "table": "tmp", "old": null, "new": null'
+TRUNCATE = (
+    '"lsn": "0/16B3710", "op": "truncate", "schema": "public", "table": "tmp", "old": null, "new": null'
+)
 
 
 def test_distributed_transaction_line_is_exact() -> None:
@@ -91,7 +99,7 @@ def test_single_node_line_gid_null_whole_second_empty_changes_non_ascii() -> Non
 
 def test_quotes_in_names_are_escaped() -> None:
     nodes = {'d"n': NodeCommit(1, 2, CLOCK - 1)}
-    txn = GlobalTxn(5, 'g "€"', nodes, {'d"n': 3}, [('d"n', [(0, 16, '"op": "truncate"')])])
+    txn = GlobalTxn(5, 'g "€"', nodes, {'d"n': 3}, [('d"n', [(0, 16, '"lsn": "0/10", "op": "truncate"')])])
     line = txn.to_json_line()
     assert line == (
         '{"csn": 5, "gid": "g \\"€\\"", "commit_time": "2026-11-22T09:59:59.999999+00:00", '

@@ -47,9 +47,9 @@ def node_batches(lines: list[str], batch_size: int) -> dict[str, list[NodeBatch]
                 (
                     ch["cid"],
                     int(ch["lsn"].split("/")[0], 16) << 32 | int(ch["lsn"].split("/")[1], 16),
-                    json.dumps(
-                        {k: v for k, v in ch.items() if k not in ("node", "cid", "lsn")}, ensure_ascii=False
-                    )[1:-1],
+                    json.dumps({k: v for k, v in ch.items() if k not in ("node", "cid")}, ensure_ascii=False)[
+                        1:-1
+                    ],
                 )
                 for ch in txn["changes"]
                 if ch["node"] == node

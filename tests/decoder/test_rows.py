@@ -50,7 +50,7 @@ def peek(pg: PgDatabase, binary: bool) -> list[tuple[int, Message]]:
 def decode_stream(
     messages: list[tuple[int, Message]], binary: bool, cache: RelationCache | None = None
 ) -> list[str]:
-    """Every decoded change as `op: body`."""
+    """Every decoded change's body after its `"lsn": "X/X", ` (checked to be the change's own)."""
     cache = cache if cache is not None else RelationCache(binary=binary)
     out = []
     for lsn, msg in messages:
@@ -59,8 +59,15 @@ def decode_stream(
         elif isinstance(msg, (Change, Truncate)):
             for ch in decode_change(msg, lsn, cache, binary):
                 assert ch.lsn == lsn and ch.xid is None
-                out.append(ch.body)
+                out.append(without_lsn(ch))
     return out
+
+
+def without_lsn(ch: DecodedChange) -> str:
+    """A body without its leading `"lsn": "X/X", `, which must name the change's own LSN."""
+    head = f'"lsn": "{lsn_to_str(ch.lsn)}", '
+    assert ch.body.startswith(head), ch.body
+    return ch.body[len(head) :]
 
 
 def both_forms(pg: PgDatabase, enums: str = "") -> list[str]:
@@ -298,14 +305,14 @@ def test_bodies_and_decoded_change_fields() -> None:
         0x16B3600,
         745,
         "insert",
-        '"op": "insert", "schema": "public", "table": "acct", "old": null, '
+        '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "old": null, '
         '"new": {"id": 4611686018427387904, "owner": "é", "balance": null}',
     )
     upd = change(p.encode_update(16384, [I8, UNCHANGED, "1.50"], [I8, None, None], "K"))
     [got] = decode_change(upd, 1, cache, True)
     assert got.op == "update" and got.xid is None
     assert got.body == (
-        '"op": "update", "schema": "public", "table": "acct", "old": {"id": 4611686018427387904}, '
+        '"lsn": "0/1", "op": "update", "schema": "public", "table": "acct", "old": {"id": 4611686018427387904}, '
         '"new": {"id": 4611686018427387904, "balance": "1.50"}, "unchanged": ["owner"]'
     )
     dele = change(p.encode_delete(16384, [I8, "x", None], "O"))
@@ -314,7 +321,7 @@ def test_bodies_and_decoded_change_fields() -> None:
     trunc = p.parse_message(p.encode_truncate([16384, 16384]), False)
     assert isinstance(trunc, Truncate)
     assert [c.body for c in decode_change(trunc, 3, cache, True)] == [
-        '"op": "truncate", "schema": "public", "table": "acct", "old": null, "new": null'
+        '"lsn": "0/3", "op": "truncate", "schema": "public", "table": "acct", "old": null, "new": null'
     ] * 2
 
 
@@ -425,7 +432,15 @@ def test_generated_cluster_decodes_to_its_expected_changes(tmp_path: Path, binar
     checked = 0
     for line in (tmp_path / "expected.jsonl").read_text().splitlines():
         for c in json.loads(line)["changes"]:
-            keys = ["op", "schema", "table", "old", "new", *(["unchanged"] if "unchanged" in c else [])]
+            keys = [
+                "lsn",
+                "op",
+                "schema",
+                "table",
+                "old",
+                "new",
+                *(["unchanged"] if "unchanged" in c else []),
+            ]
             body = ", ".join(f"{json.dumps(k)}: {json.dumps(c[k], ensure_ascii=False)}" for k in keys)
             assert body in decoded[(c["node"], c["lsn"])], (c["node"], c["lsn"])
             checked += 1
