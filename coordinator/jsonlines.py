@@ -13,6 +13,7 @@ would repeat the CPU-heavy step the decoder pool exists to parallelise.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Final
@@ -23,14 +24,23 @@ if TYPE_CHECKING:
     from coordinator.txn import GlobalTxn, NodeCommit
 
 
+_encode: Final = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _dumps(value: str | None) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    return "null" if value is None else _encode(value)
+
+
+@lru_cache(maxsize=1024)
+def _node_key(name: str) -> str:
+    """A node name as a JSON string: a cluster has a handful, written once per transaction each."""
+    return _dumps(name)
 
 
 def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, NodeCommit]) -> str:
     """A transaction line up to and including `"changes": [`."""
     listed = ", ".join(
-        f'{_dumps(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
+        f'{_node_key(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
         for name, c in nodes.items()
     )
     return (
@@ -46,7 +56,7 @@ def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> s
     batch holds one cid): this runs in the coordinator's single thread, once
     per change of the whole cluster.
     """
-    prefix = f'{{"node": {_dumps(node)}, "cid": '
+    prefix = f'{{"node": {_node_key(node)}, "cid": '
     parts = []
     for cid, changes in groupby(chunk, key=_cid):
         head = f"{prefix}{cid}, "

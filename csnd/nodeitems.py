@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import groupby, islice
+from operator import itemgetter
 from typing import Final
 
 from coordinator import NodeBatch
@@ -49,15 +51,24 @@ class EndItem:
 
 
 def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
-    """Cut one node's transaction into merge batches: a new batch at each cid change or size bound."""
+    """Cut one node's transaction into merge batches: a new batch at each cid change or size bound.
+
+    The last batch is flagged `last_of_txn` (an empty one if the transaction
+    has no changes).  Grouping and slicing are C-level: this runs once per
+    change of the node.
+    """
+    head = (txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time)
     chunk: list[tuple[int, int, str]] = []
     cid = 0
-    for change in txn.changes:
-        if chunk and (change[0] != cid or len(chunk) >= MERGE_BATCH_CHANGES):
-            yield NodeBatch(
-                txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, False
-            )
-            chunk = []
-        cid = change[0]
-        chunk.append(change)
-    yield NodeBatch(txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time, cid, chunk, True)
+    for group_cid, group in groupby(txn.changes, key=_cid_of):
+        while True:
+            nxt = list(islice(group, MERGE_BATCH_CHANGES))  # noqa: B031 - consumed in slices on purpose
+            if not nxt:
+                break
+            if chunk:
+                yield NodeBatch(*head, cid, chunk, False)
+            chunk, cid = nxt, group_cid
+    yield NodeBatch(*head, cid, chunk, True)
+
+
+_cid_of: Final = itemgetter(0)

@@ -40,7 +40,7 @@ from coordinator import (
 from csnd.errors import ConfigError, CsndError
 from csnd.nodeitems import BatchItem, EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
-from decoder.change import DecodedChange
+from decoder.change import DecodedRun
 from decoder.pool import DecoderPool
 from reader.recorded import RecordedSource
 from sender import NodeSender
@@ -114,8 +114,8 @@ class NodePipeline:
             feed = sender.feed
             last_wm: int | None = None
             for lsn, item in self.pool.run(self.source.events()):
-                if type(item) is DecodedChange:
-                    feed(lsn, item)  # a change releases nothing and moves no watermark
+                if type(item) is DecodedRun:
+                    feed(lsn, item)  # changes release nothing and move no watermark
                     continue
                 if self._stop.is_set():
                     break

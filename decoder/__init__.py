@@ -13,10 +13,14 @@ The decoding layer (rows, tuples, values, temporal) is pure: no processes,
 no I/O; the pool and worker wire it into processes.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from decoder.change import DecodedChange
-from decoder.rows import RelationCache, Table, decode_change
-from decoder.tuples import split_delete, split_insert, split_tuple, split_update
-from decoder.values import binary_decoder, binary_readable, text_decoder
+
+if TYPE_CHECKING:
+    from decoder.rows import RelationCache, Table, decode_change
+    from decoder.tuples import split_delete, split_insert, split_tuple, split_update
+    from decoder.values import binary_decoder, binary_readable, text_decoder
 
 __all__ = [
     "DecodedChange",
@@ -31,3 +35,28 @@ __all__ = [
     "split_update",
     "text_decoder",
 ]
+
+# The decoding layer imports psycopg (its value loaders), a fifth of a
+# second at start-up that only the worker processes need: the coordinator's
+# process, which imports this package for `DecodedChange`, loads it lazily.
+_LAZY = {
+    "RelationCache": "decoder.rows",
+    "Table": "decoder.rows",
+    "decode_change": "decoder.rows",
+    "split_delete": "decoder.tuples",
+    "split_insert": "decoder.tuples",
+    "split_tuple": "decoder.tuples",
+    "split_update": "decoder.tuples",
+    "binary_decoder": "decoder.values",
+    "binary_readable": "decoder.values",
+    "text_decoder": "decoder.values",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'decoder' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from csnd.errors import CsndError, WorkerError
-from decoder.change import DecodedChange
-from decoder.worker import worker_main
+from decoder.change import DecodedChange, DecodedRun
 from reader.pgoutput import Change, Keepalive, Relation, Truncate, TypeMsg
 
 # Changes per batch.  Bigger batches amortise pickling and queue hand-offs
@@ -102,16 +101,26 @@ def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
     return ("y", lsn, msg.xid, msg.type_oid, msg.namespace, msg.name)
 
 
-# The op of a change by its pgoutput kind.
-_OPS: Final = {"I": "insert", "U": "update", "D": "delete"}
+class _Run:
+    """In a batch's skeleton: where a run of row changes of one (sub)xid stood, and their LSNs."""
+
+    __slots__ = ("xid", "lsns")
+
+    def __init__(self, xid: int | None) -> None:
+        self.xid = xid
+        self.lsns: list[int] = []
+
+
+_NO_RUN: Final = object()  # no run open: the next change starts one
 
 
 class DecoderPool:
     """Runs `events` through N decoder processes and yields them back in order.
 
-    `run(events)` yields `(lsn, item)` where item is the original message, or
-    a `DecodedChange` in place of each change (one per table for a
-    multi-table TRUNCATE).
+    `run(events)` yields `(lsn, item)` where item is the original message, a
+    `DecodedRun` in place of each run of consecutive row changes of one
+    (sub)transaction (`lsn` its first change's), or a `DecodedChange` per
+    table of a TRUNCATE.
     """
 
     def __init__(
@@ -139,7 +148,7 @@ class DecoderPool:
         self._out: list[Any] = [r for r, _ in pipes]
         self._procs = [
             ctx.Process(
-                target=worker_main,
+                target=_worker_entry,
                 args=(i, node, binary, self._in[i], pipes[i][1], list(enums or ()), os.getpid()),
                 name=f"csnd-decoder-{node}-{i}",
                 daemon=True,
@@ -168,35 +177,58 @@ class DecoderPool:
             rotation = 0
             batch = _Batch()
             wires: list[tuple[Any, ...]] = []
+            keep, wire = batch.events.append, wires.append  # rebound at each cut
             limit = self.batch_changes
+            stopping = self._stop.is_set
 
             def cut() -> None:
-                nonlocal batch, wires, rotation
-                if batch.n_changes:
+                nonlocal batch, wires, rotation, keep, wire
+                if wires:
                     batch.worker = rotation
+                    batch.n_changes = len(wires)
                     self._put(self._in[rotation], ("batch", wires), rotation)
                     rotation = (rotation + 1) % self.n
                 if batch.events:
                     self._put_skeleton(batch)
+                if stopping():
+                    raise _Stopped
                 batch, wires = _Batch(), []
+                keep, wire = batch.events.append, wires.append
 
-            for lsn, msg in events:
-                if self._stop.is_set():
+            run_xid: object = _NO_RUN  # xid of the run the next change may join
+            add_lsn = _Run(None).lsns.append  # the open run's (none yet)
+            for event in events:
+                msg = event[1]
+                if type(msg) is Change:  # the hot path: nearly every event of a busy node
+                    lsn = event[0]
+                    if msg.xid != run_xid:
+                        run = _Run(msg.xid)
+                        keep((lsn, run))
+                        add_lsn = run.lsns.append
+                        run_xid = msg.xid
+                    add_lsn(lsn)
+                    wire((lsn, msg.kind, msg.xid, msg.relid, msg.data))
+                    if len(wires) >= limit:
+                        cut()
+                        run_xid = _NO_RUN
+                    continue
+                run_xid = _NO_RUN
+                if stopping():
                     break
-                if type(msg) is Change or isinstance(msg, Truncate):
-                    batch.events.append((lsn, msg))
-                    wires.append(_wire(lsn, msg))
-                    batch.n_changes += 1
-                    if batch.n_changes >= limit:
+                lsn = event[0]
+                if isinstance(msg, Truncate):
+                    keep(event)
+                    wire(_wire(lsn, msg))
+                    if len(wires) >= limit:
                         cut()
                 elif isinstance(msg, _CONTROL_KINDS):
                     cut()
                     w = _wire(lsn, msg)
                     for i in range(self.n):
                         self._put(self._in[i], ("meta", w), i)
-                    batch.events.append((lsn, msg))
+                    keep(event)
                 else:
-                    batch.events.append((lsn, msg))
+                    keep(event)
                     if isinstance(msg, Keepalive):
                         cut()  # an idle moment: do not hold a partial batch back
             cut()
@@ -250,13 +282,16 @@ class DecoderPool:
                 decoded = self._result(item.worker)
                 self.stats.batches += 1
                 self.stats.changes += item.n_changes
-                it = iter(decoded)
+                at = 0  # results are in wire order: a run's bodies are consecutive
                 for lsn, msg in item.events:
-                    if type(msg) is Change:
-                        yield lsn, DecodedChange(lsn, msg.xid, _OPS[msg.kind], next(it))
+                    if type(msg) is _Run:
+                        n = len(msg.lsns)
+                        yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
+                        at += n
                     elif isinstance(msg, Truncate):
-                        for body in next(it):
+                        for body in decoded[at]:
                             yield lsn, DecodedChange(lsn, msg.xid, "truncate", body)
+                        at += 1
                     else:
                         yield lsn, msg
         finally:
@@ -326,6 +361,13 @@ class DecoderPool:
             q.close()
         for conn in self._out:
             conn.close()
+
+
+def _worker_entry(*args: Any) -> None:
+    """The workers' target: imports the decoding layer (and psycopg) in the worker only."""
+    from decoder.worker import worker_main
+
+    worker_main(*args)
 
 
 class _Stopped(Exception):

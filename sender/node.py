@@ -3,7 +3,7 @@
     (lsn, item) in stream order ──► NodeSender.feed ──► [FinishedTxn, ...] in CSN order
         Begin / Commit                 open txn ──► TxnBuffer (spills beyond spill_bytes)
         Stream Start/Stop/Commit/Abort streamed txns by top-level xid, interleaved
-        DecodedChange                  into the open Begin txn (xid None) or the open
+        DecodedChange / DecodedRun     into the open Begin txn (xid None) or the open
                                        stream block's txn (xid = its subtransaction)
         Message 'csn' (GTM mode)       committing / abort / tick ─► CsnOrderer
                                        commit / cid ─► the transaction they are in
@@ -44,7 +44,7 @@ from sortedcontainers import SortedDict, SortedList
 
 from csnd.errors import ConfigError, ProtocolError
 from csnd.ids import lsn_to_str
-from decoder.change import DecodedChange
+from decoder.change import DecodedChange, DecodedRun
 from reader.pgoutput import (
     Begin,
     Commit,
@@ -152,7 +152,16 @@ class NodeSender:
 
     def feed(self, lsn: int, item: object) -> list[FinishedTxn]:
         """Take the next stream item; returns the transactions it released, in CSN order."""
-        if type(item) is DecodedChange:  # the hot path: most items are changes
+        if type(item) is DecodedRun:  # the hot path: runs of changes between other events
+            sub = item.xid
+            txn = self._cur if sub is None else self._block
+            if txn is None:
+                if item.lsns:
+                    raise self._stray_change(lsn, item.changes()[0])
+                return []
+            txn.buf.extend(txn.cid, sub, item.lsns, item.bodies)
+            return []
+        if type(item) is DecodedChange:
             sub = item.xid
             txn = self._cur if sub is None else self._block
             if txn is None:

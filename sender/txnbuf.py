@@ -28,7 +28,7 @@ from __future__ import annotations
 import struct
 import tempfile
 from collections.abc import Iterator
-from itertools import chain
+from itertools import chain, repeat
 from typing import IO, Final
 
 from csnd.errors import CsndError
@@ -133,6 +133,24 @@ class TxnBuffer:
         self.n_changes += 1
         if subxid is not None:
             self._counts[subxid] = self._counts.get(subxid, 0) + 1
+
+    def extend(self, cid: int, subxid: int | None, lsns: list[int], bodies: list[str]) -> None:
+        """Add a run of changes of one cid and (sub)transaction: `append` for each, in C-level passes.
+
+        The spill bound is checked once per run, so memory may pass it by
+        one run (a decoder batch at most) before the buffer spills.
+        """
+        if self._file is not None:
+            for lsn, body in zip(lsns, bodies, strict=True):
+                self.append(cid, lsn, subxid, body)
+            return
+        if subxid != self._run_sub:
+            self._new_run(subxid)
+        self._run.extend(zip(repeat(cid), lsns, bodies, strict=False))
+        self.n_changes += len(bodies)
+        self.mem_bytes += sum(map(len, bodies)) + CHANGE_OVERHEAD * len(bodies)
+        if self.mem_bytes > self.spill_bytes:
+            self._spill()
 
     def abort_subxact(self, subxid: int) -> None:
         """Drop the changes of a rolled-back subtransaction (Stream Abort with subxid != xid)."""

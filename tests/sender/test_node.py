@@ -25,7 +25,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from decoder.change import DecodedChange
+from decoder.change import DecodedChange, DecodedRun
 from reader.pgoutput import (
     Begin,
     Column,
@@ -75,6 +75,7 @@ class NodeMachine(RuleBasedStateMachine):
         super().__init__()
         self.gtm = self.MODE == "gtm"
         self.ns = NodeSender("dn1", self.MODE)
+        self.runs = False
         self.pos = 0x1000000
         self.g = 1000
         self.next_xid = 700
@@ -85,10 +86,33 @@ class NodeMachine(RuleBasedStateMachine):
         self.max_conf = 0
         self.time = 0
 
-    @initialize(spill=st.sampled_from([10**9, 200]), load=st.sampled_from([4, 1000]))
-    def setup(self, spill: int, load: int) -> None:
+    @initialize(spill=st.sampled_from([10**9, 200]), load=st.sampled_from([4, 1000]), runs=st.booleans())
+    def setup(self, spill: int, load: int, runs: bool) -> None:
         self.ns = NodeSender("dn1", self.MODE, spill_bytes=spill)
         self.ns.orderer._set_load(load)
+        self.runs = runs  # changes as DecodedRuns (the decoder pool's form) or one by one
+
+    def _feed_items(self, items: list[tuple[Any, ...]], streamed: bool) -> None:
+        """A transaction's pending changes and markers, consecutive changes of one sub as one run if `runs`."""
+        i = 0
+        while i < len(items):
+            item = items[i]
+            if item[0] == "m":
+                _, lsn, sub, text = item
+                xid = sub if streamed else None
+                self._feed(lsn, LogicalMessage(xid, True, lsn, "csn", text.encode("ascii")))
+                i += 1
+                continue
+            sub = item[2] if streamed else None
+            j = i + 1
+            if self.runs:
+                while j < len(items) and items[j][0] == "c" and (items[j][2] if streamed else None) == sub:
+                    j += 1
+                lsns = [it[1] for it in items[i:j]]
+                self._feed(lsns[0], DecodedRun(sub, lsns, [it[3] for it in items[i:j]]))
+            else:
+                self._feed(item[1], DecodedChange(item[1], sub, "insert", item[3]))
+            i = j
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -146,14 +170,8 @@ class NodeMachine(RuleBasedStateMachine):
         lsn0 = t.pending[0][1] if t.pending else self.pos
         self._feed(lsn0, StreamStart(t.xid, first))
         self._feed(0, Relation(t.xid, REL.relid, "public", "t", "d", REL.columns))
-        for item in t.pending:
-            if item[0] == "c":
-                _, lsn, sub, body = item
-                self._feed(lsn, DecodedChange(lsn, sub, "insert", body))
-                t.sent_subs.add(sub)
-            else:
-                _, lsn, sub, text = item
-                self._feed(lsn, LogicalMessage(sub, True, lsn, "csn", text.encode("ascii")))
+        t.sent_subs.update(item[2] for item in t.pending if item[0] == "c")
+        self._feed_items(t.pending, streamed=True)
         t.pending = []
         self._feed(0, StreamStop())
 
@@ -287,13 +305,7 @@ class NodeMachine(RuleBasedStateMachine):
         else:
             first = t.pending[0][1] if t.pending else t.commit_lsn
             self._feed(first, Begin(t.commit_lsn, t.xid * 10, t.xid))
-            for item in t.pending:
-                if item[0] == "c":
-                    _, lsn, _, body = item
-                    self._feed(lsn, DecodedChange(lsn, None, "insert", body))
-                else:
-                    _, lsn, _, text = item
-                    self._feed(lsn, LogicalMessage(None, True, lsn, "csn", text.encode("ascii")))
+            self._feed_items(t.pending, streamed=False)
             t.pending = []
             if keepalive:
                 self._feed(end, Keepalive(end, 0, False))
