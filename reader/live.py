@@ -62,6 +62,9 @@ RECONNECT_MAX_S: Final = 5.0
 RECONNECT_GIVE_UP_S: Final = 120.0
 # Longest a wait for data blocks, so `close()` and deadlines are noticed.
 POLL_S: Final = 0.5
+# How long a finished stream waits for the server to end the copy as well
+# (see `_await_copy_end`) before it closes the connection anyway.
+FINISH_TIMEOUT_S: Final = 10.0
 
 # SQLSTATE classes a reconnect cannot fix: bad object names, auth, config.
 _FATAL_SQLSTATES: Final = ("42704", "42P01", "28000", "28P01", "3D000", "55000", "42601", "42710")
@@ -414,9 +417,32 @@ class LiveSource:
             self._send_status(pgconn)
             pgconn.put_copy_end()
             pgconn.flush()
+            self._await_copy_end(pgconn)
         except (ConnectionLost, psycopg.Error, OSError):
             pass
         self._drop_conn()
+
+    def _await_copy_end(self, pgconn: pq.abc.PGconn) -> None:
+        """Read (and drop) what the server still sends until it ends the copy too.
+
+        The walsender applies our last status update only when it reads it.
+        Closing the socket right after CopyDone lets a walsender that is still
+        sending (WAL past --until-lsn) die of a broken pipe first, the update
+        unread: the slot stays behind and the next run gets transactions
+        again.  The server answers CopyDone with its own only after reading
+        everything before it, so once that arrives the update has been taken.
+        """
+        deadline = time.monotonic() + FINISH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            nbytes, _ = pgconn.get_copy_data(1)
+            if nbytes < 0:
+                while pgconn.get_result() is not None:
+                    pass
+                return
+            if nbytes == 0:
+                select.select([pgconn.socket], [], [], POLL_S)
+                pgconn.consume_input()
+        log.warning("node %s: the server did not end the copy within %.0fs", self.node, FINISH_TIMEOUT_S)
 
     def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
