@@ -240,7 +240,9 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
                 for msg in request_iterator:
                     if msg.HasField("ack"):
                         a = msg.ack
-                        state.ack(position_from_pb(a.received), a.confirm_lsn, a.final)
+                        # no `received`: an ack sent before the first batch arrived
+                        got = position_from_pb(a.received) if a.HasField("received") else BEFORE_ALL
+                        state.ack(got, a.confirm_lsn, a.final)
                         if a.final:
                             break
             except Exception:  # noqa: BLE001, S110 - the stream broke: the subscriber is gone

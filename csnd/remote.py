@@ -127,9 +127,10 @@ class RemoteNode:
             yield msg
 
     def _ack(self, final: bool = False) -> pb.CoordinatorMessage:
-        return pb.CoordinatorMessage(
-            ack=pb.Ack(received=position_to_pb(self.position), confirm_lsn=self._confirm, final=final)
-        )
+        # Before the first batch there is no position to acknowledge (BEFORE_ALL
+        # has no protobuf form): the ack then carries only the confirm LSN.
+        received = None if self.position == BEFORE_ALL else position_to_pb(self.position)
+        return pb.CoordinatorMessage(ack=pb.Ack(received=received, confirm_lsn=self._confirm, final=final))
 
     def _run(self) -> None:
         down_since: float | None = None

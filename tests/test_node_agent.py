@@ -217,3 +217,21 @@ def test_a_grpc_server_that_is_not_a_node_agent_is_refused_at_once(tmp_path: Pat
         assert time.monotonic() - t0 < 20  # not the 30 s reconnect patience
     finally:
         server.stop(0)
+
+
+def test_an_ack_before_the_first_batch_carries_no_position(cluster: Path, agents: list[Agent]) -> None:
+    """The periodic ack may fire before any batch arrived (a slow start): it must encode, without `received`.
+
+    It used to try to encode the "before everything" position (-1, -1) and kill the ack thread with a
+    traceback; a missing `received` is taken by the agent as nothing received.
+    """
+    from csnd.remote import RemoteNode
+
+    agents.append(Agent(str(cluster / "dn1.pgstream")))
+    node = RemoteNode(agents[0].url.removeprefix("grpc://"), name=None, give_up_s=10)
+    try:
+        msg = node._ack()
+        assert not msg.ack.HasField("received")
+        assert msg.SerializeToString()
+    finally:
+        node.channel.close()
