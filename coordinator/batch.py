@@ -11,7 +11,13 @@ depth and peak.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Final, NamedTuple
+
+# Fields of a `(cid, lsn, body)` change, as C-level key functions for the
+# per-change passes of the cut, the merge and the JSON writer.
+change_cid: Final = itemgetter(0)
+change_body: Final = itemgetter(2)
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from itertools import groupby
-from operator import itemgetter
 from typing import TYPE_CHECKING, Final
 
+from coordinator.batch import change_body, change_cid
 from csnd.ids import lsn_to_str, pg_time_to_iso
 
 if TYPE_CHECKING:
@@ -58,15 +58,13 @@ def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> s
     """
     prefix = f'{{"node": {_node_key(node)}, "cid": '
     parts = []
-    for cid, changes in groupby(chunk, key=_cid):
+    for cid, changes in groupby(chunk, key=change_cid):
         head = f"{prefix}{cid}, "
-        parts.append(head + f"}}, {head}".join(map(_body, changes)) + "}")
+        parts.append(head + f"}}, {head}".join(map(change_body, changes)) + "}")
     text = ", ".join(parts)
     return text if first else ", " + text
 
 
-_cid: Final = itemgetter(0)
-_body: Final = itemgetter(2)
 JSON_TAIL: Final = "]}"
 
 

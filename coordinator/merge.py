@@ -69,12 +69,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
 from sortedcontainers import SortedList
 
-from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
+from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
 from coordinator.txn import GlobalTxn, NodeCommit, Part
 from csnd.errors import ProtocolError
 from csnd.ids import lsn_to_str
@@ -99,8 +98,6 @@ DEFAULT_RECENT_GIDS: Final = 65536
 # Rough CPython cost of a waiting batch and of one change tuple besides its
 # body text, for the byte count.
 _BATCH_OVERHEAD: Final = 200
-_cid_of: Final = itemgetter(0)  # of a (cid, lsn, body) change
-_body_of: Final = itemgetter(2)
 _CHANGE_OVERHEAD: Final = 100
 # Sort positions of bounds: above any cid (uint32) or batch id, and below any.
 _TOP: Final = 1 << 64
@@ -340,14 +337,14 @@ class CsnMerge:
             self._check_new_txn(n, batch)
         changes = batch.changes
         # C-level passes: this runs once per change of the whole cluster, in one thread
-        if changes and set(map(_cid_of, changes)) != {cid}:
+        if changes and set(map(change_cid, changes)) != {cid}:
             stray = next(c for c, _, _ in changes if c != cid)
             raise _error(
                 n,
                 batch,
                 f"a batch of cid {cid} of {_where(batch)} holds a change of cid {stray}; one cid a batch",
             )
-        nbytes = _BATCH_OVERHEAD + sum(map(len, map(_body_of, changes))) + _CHANGE_OVERHEAD * len(changes)
+        nbytes = _BATCH_OVERHEAD + sum(map(len, map(change_body, changes))) + _CHANGE_OVERHEAD * len(changes)
 
         if not n.open:
             self._by_csn.setdefault(csn, (gid, n.index))

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import groupby, islice
-from operator import itemgetter
 from typing import Final
 
 from coordinator import NodeBatch
+from coordinator.batch import change_cid
 from sender.txn import FinishedTxn
 
 # Changes per batch handed to the merge: the merge interleaves nodes, streams
@@ -60,7 +60,7 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     head = (txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time)
     chunk: list[tuple[int, int, str]] = []
     cid = 0
-    for group_cid, group in groupby(txn.changes, key=_cid_of):
+    for group_cid, group in groupby(txn.changes, key=change_cid):
         while True:
             nxt = list(islice(group, MERGE_BATCH_CHANGES))  # noqa: B031 - consumed in slices on purpose
             if not nxt:
@@ -69,6 +69,3 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
                 yield NodeBatch(*head, cid, chunk, False)
             chunk, cid = nxt, group_cid
     yield NodeBatch(*head, cid, chunk, True)
-
-
-_cid_of: Final = itemgetter(0)

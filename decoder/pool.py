@@ -89,9 +89,11 @@ _END: Final = object()
 
 
 def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
-    """A message as a plain tuple for the trip to a worker (see `decoder.worker.decode_batch`)."""
-    if type(msg) is Change:
-        return (lsn, msg.kind, msg.xid, msg.relid, msg.data)
+    """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
+
+    (A row change's tuple, `(lsn, kind, xid, relid, data)`, is built inline on
+    the reader's hot path; `decoder.worker.decode_batch` reads both.)
+    """
     if isinstance(msg, Truncate):
         return (lsn, "T", msg.xid, msg.options, msg.relids)
     if isinstance(msg, Relation):

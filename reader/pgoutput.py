@@ -389,6 +389,8 @@ def parse_message(buf: bytes, in_stream: bool) -> Message:
 _CHANGE_KINDS: Final = {0x49: "I", 0x55: "U", 0x44: "D"}
 _STREAM_CHANGE = struct.Struct("!QQqBII")  # header, tag, xid, relid
 _PLAIN_CHANGE = struct.Struct("!QQqBI")  # header, tag, relid
+_STREAM_DATA: Final = 1 + _STREAM_CHANGE.size  # where tuple data starts, after 'w'
+_PLAIN_DATA: Final = 1 + _PLAIN_CHANGE.size
 
 
 def parse_change_frame(payload: bytes, in_stream: bool) -> tuple[int, Change] | None:
@@ -400,16 +402,16 @@ def parse_change_frame(payload: bytes, in_stream: bool) -> tuple[int, Change] | 
     would make.  Anything else (or a change too short to hold its fields)
     returns None and takes the general path, which also reports errors.
     """
-    if len(payload) <= 34 or payload[0] != 0x77:
+    if len(payload) <= _STREAM_DATA or payload[0] != 0x77:
         return None
     kind = _CHANGE_KINDS.get(payload[XLOGDATA_HEADER_SIZE])
     if kind is None:
         return None
     if in_stream:
         start, _, _, _, xid, relid = _STREAM_CHANGE.unpack_from(payload, 1)
-        return start, Change(kind, xid, relid, payload[34:])
+        return start, Change(kind, xid, relid, payload[_STREAM_DATA:])
     start, _, _, _, relid = _PLAIN_CHANGE.unpack_from(payload, 1)
-    return start, Change(kind, None, relid, payload[30:])
+    return start, Change(kind, None, relid, payload[_PLAIN_DATA:])
 
 
 class PgOutputParser:
