@@ -47,12 +47,14 @@ from psycopg import DataError
 
 from csnd.errors import DecodeError
 from csnd.ids import lsn_to_str
+from decoder import jsontext as J
 from decoder import values as V
 from decoder.change import DecodedChange
+from decoder.jsontext import encode_value
 from decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_update
 from reader.pgoutput import Change, Relation, Truncate, TypeMsg
 
-__all__ = ["RelationCache", "Table", "decode_change"]
+__all__ = ["RelationCache", "Table", "decode_change", "row_change_body"]
 
 # One encoder, built once: json.dumps(..., ensure_ascii=False) would build a new
 # one per call.  NaN never reaches it (the value decoders spell it "NaN").
@@ -76,7 +78,9 @@ class Table:
         "name",
         "columns",
         "names",
-        "key_columns",
+        "json_columns",
+        "json_key_columns",
+        "name_of",
         "type_labels",
         "heads",
         "truncate_body",
@@ -95,7 +99,10 @@ class Table:
         self.name = msg.name
         self.columns = columns
         self.names = [c[0] for c in columns]
-        self.key_columns = [(i, *c) for i, c in enumerate(columns) if msg.columns[i].is_key]
+        # per column: `"name": ` and the JSON-text builders of its binary and text values
+        self.json_columns = [(f"{_encode(n)}: ", J.binary_json(b), J.text_json(t)) for n, b, t in columns]
+        self.json_key_columns = [(i, *c) for i, c in enumerate(self.json_columns) if msg.columns[i].is_key]
+        self.name_of = {key: name for name, (key, _, _) in zip(self.names, self.json_columns, strict=True)}
         self.type_labels = type_labels
         where = f'"schema": {_encode(msg.namespace)}, "table": {_encode(msg.name)}, "old": '
         self.heads = {k: f'"op": "{op}", {where}' for k, op in _OPS.items()}
@@ -234,26 +241,27 @@ def _check_width(table: Table, values: list[TupleValue], lsn: int, xid: int | No
 def _row(table: Table, values: list[TupleValue], lsn: int, xid: int | None) -> tuple[str, str]:
     """The JSON object of a whole row, and the `, "unchanged": [...]` part ('' if none)."""
     _check_width(table, values, lsn, xid)
-    row: dict[str, V.JsonValue] = {}
+    parts: list[str] = []
+    append = parts.append
     unchanged: list[str] | None = None
-    name = ""
+    key = ""
     v: TupleValue = None
     try:
-        for (name, binary, text), v in zip(table.columns, values, strict=True):
-            if v is None:
-                row[name] = None
-            elif isinstance(v, bytes):
-                row[name] = binary(v)
+        for (key, binary, text), v in zip(table.json_columns, values, strict=True):
+            if isinstance(v, bytes):
+                append(key + binary(v))
+            elif v is None:
+                append(key + "null")
             elif v is UNCHANGED:
                 if unchanged is None:
-                    unchanged = [name]
-                else:
-                    unchanged.append(name)
+                    unchanged = []
+                unchanged.append(table.name_of[key])
             else:
-                row[name] = text(v)
+                append(key + text(v))
     except _VALUE_ERRORS as e:
-        raise DecodeError(_value_error(table, name, v, e), lsn=lsn, xid=xid) from e
-    return _encode(row), "" if unchanged is None else f', "unchanged": {_encode(unchanged)}'
+        raise DecodeError(_value_error(table, table.name_of[key], v, e), lsn=lsn, xid=xid) from e
+    body = "{" + ", ".join(parts) + "}"
+    return body, "" if unchanged is None else f', "unchanged": {encode_value(unchanged)}'
 
 
 def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int | None) -> str:
@@ -268,25 +276,25 @@ def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int |
             )
         return body
     _check_width(table, values, lsn, xid)
-    key: dict[str, V.JsonValue] = {}
-    name = ""
+    parts: list[str] = []
+    key = ""
     v: TupleValue = None
     try:
-        for i, name, binary, text in table.key_columns:
+        for i, key, binary, text in table.json_key_columns:
             v = values[i]
-            if v is None:
-                key[name] = None
-            elif isinstance(v, bytes):
-                key[name] = binary(v)
+            if isinstance(v, bytes):
+                parts.append(key + binary(v))
+            elif v is None:
+                parts.append(key + "null")
             elif v is UNCHANGED:
                 raise DecodeError(
                     f"old key of {table.where()} has an unchanged TOAST value", lsn=lsn, xid=xid
                 )
             else:
-                key[name] = text(v)
+                parts.append(key + text(v))
     except _VALUE_ERRORS as e:
-        raise DecodeError(_value_error(table, name, v, e), lsn=lsn, xid=xid) from e
-    return _encode(key)
+        raise DecodeError(_value_error(table, table.name_of[key], v, e), lsn=lsn, xid=xid) from e
+    return "{" + ", ".join(parts) + "}"
 
 
 def _at(lsn: int) -> str:
@@ -313,34 +321,41 @@ def decode_change(
                 raise DecodeError(f"truncate: {e.message}", lsn=lsn, xid=xid) from None
             out.append(DecodedChange(lsn, xid, "truncate", _at(lsn) + table.truncate_body))
         return out
+    body = row_change_body(change.kind, xid, change.relid, change.data, lsn, cache, binary)
+    return [DecodedChange(lsn, xid, _OPS[change.kind], body)]
+
+
+def row_change_body(
+    kind: str, xid: int | None, relid: int, data: bytes, lsn: int, cache: RelationCache, binary: bool
+) -> str:
+    """The body of one Insert ('I'), Update ('U') or Delete ('D'): `decode_change` without the object.
+
+    The decoder workers' hot path: they send back only bodies.
+    """
     try:
-        table = cache.table(change.relid)
+        table = cache.table(relid)
     except DecodeError as e:
         raise DecodeError(e.message, lsn=lsn, xid=xid) from None
     if binary and table.unreadable is not None:
         raise DecodeError(table.unreadable, lsn=lsn, xid=xid)
-    kind = change.kind
-    op = _OPS.get(kind)
-    if op is None:
-        raise DecodeError(f"unknown change kind {kind!r} for {table.where()}", lsn=lsn, xid=xid)
     try:
         if kind == "I":
-            new, unchanged = _row(table, split_insert(change.data), lsn, xid)
-            body = f'{_at(lsn)}{table.heads["I"]}null, "new": {new}{unchanged}'
-        elif kind == "U":
-            old_kind, old_values, new_values = split_update(change.data)
+            new, unchanged = _row(table, split_insert(data), lsn, xid)
+            return f'{_at(lsn)}{table.heads["I"]}null, "new": {new}{unchanged}'
+        if kind == "U":
+            old_kind, old_values, new_values = split_update(data)
             old = (
                 "null"
                 if old_kind is None or old_values is None
                 else _old(table, old_kind, old_values, lsn, xid)
             )
             new, unchanged = _row(table, new_values, lsn, xid)
-            body = f'{_at(lsn)}{table.heads["U"]}{old}, "new": {new}{unchanged}'
-        else:
-            old_kind, old_values = split_delete(change.data)
-            body = f'{_at(lsn)}{table.heads["D"]}{_old(table, old_kind, old_values, lsn, xid)}, "new": null'
+            return f'{_at(lsn)}{table.heads["U"]}{old}, "new": {new}{unchanged}'
+        if kind == "D":
+            old_kind, old_values = split_delete(data)
+            return f'{_at(lsn)}{table.heads["D"]}{_old(table, old_kind, old_values, lsn, xid)}, "new": null'
     except DecodeError as e:
         if e.lsn is not None:
             raise
-        raise DecodeError(f"{op} of {table.where()}: {e.message}", lsn=lsn, xid=xid) from None
-    return [DecodedChange(lsn, xid, op, body)]
+        raise DecodeError(f"{_OPS[kind]} of {table.where()}: {e.message}", lsn=lsn, xid=xid) from None
+    raise DecodeError(f"unknown change kind {kind!r} for {table.where()}", lsn=lsn, xid=xid)

@@ -184,6 +184,10 @@ def _identity(text: str) -> str:
     return text
 
 
+# The text decoder of every type whose JSON value is its text form as it came.
+text_form: Final[TextDecoder] = _identity
+
+
 # --- strings, bytes, json -----------------------------------------------------------
 
 
@@ -225,6 +229,11 @@ def _bytea_text(text: str) -> str:
 
 def _json_bin(data: bytes) -> JsonValue:
     return json.loads(data.decode("utf-8"))
+
+
+def _jsonb_text(text: str) -> JsonValue:
+    # its own function, not json.loads: decoder.jsontext tells json and jsonb apart by decoder
+    return json.loads(text)
 
 
 def _jsonb_bin(data: bytes) -> JsonValue:
@@ -450,7 +459,7 @@ _SCALARS: Final[dict[str, tuple[BinaryDecoder | None, TextDecoder]]] = {
     "numeric": (_numeric_bin, _identity),
     "uuid": (_uuid_bin, _identity),
     "pg_lsn": (_pg_lsn_bin, _identity),
-    "jsonb": (_jsonb_bin, json.loads),
+    "jsonb": (_jsonb_bin, _jsonb_text),
 }
 
 # Types without a send function (aclitem, gtsvector): PostgreSQL 15's pgoutput
@@ -461,6 +470,8 @@ _OID_BY_NAME: Final[dict[str, int]] = {"char": 18, "_char": 1002}
 _BINARY: Final[dict[int, BinaryDecoder]] = {}
 _TEXT: Final[dict[int, TextDecoder]] = {}
 _NAMES: Final[dict[int, str]] = {18: "char", 1002: "_char"}
+# (oid, name, element oid or None, array delimiter) of every built-in type, scalars first
+_CATALOGUE: Final[list[tuple[int, str, int | None, str]]] = []
 
 
 def _build_catalogue() -> None:
@@ -474,7 +485,9 @@ def _build_catalogue() -> None:
         _TEXT[oid] = text
         if binary is not None:
             _BINARY[oid] = binary
+        _CATALOGUE.append((oid, name, None, delimiter))
         if array_oid:
+            _CATALOGUE.append((array_oid, "_" + name, oid, delimiter))
             _OID_BY_NAME["_" + name] = array_oid
             _NAMES[array_oid] = "_" + name
             _TEXT[array_oid] = text_array(text, delimiter)
@@ -483,6 +496,11 @@ def _build_catalogue() -> None:
 
 
 _build_catalogue()
+
+
+def catalogue() -> list[tuple[int, str, int | None, str]]:
+    """(oid, name, element oid or None, array delimiter) of every built-in type csnd knows."""
+    return list(_CATALOGUE)
 
 
 def binary_decoder(type_oid: int) -> BinaryDecoder | None:

@@ -13,8 +13,8 @@ import traceback
 from typing import Any
 
 from csnd.errors import CsndError, DecodeError
-from decoder.rows import RelationCache, decode_change
-from reader.pgoutput import Change, Column, Relation, Truncate, TypeMsg
+from decoder.rows import RelationCache, decode_change, row_change_body
+from reader.pgoutput import Column, Relation, Truncate, TypeMsg
 
 # How often an idle worker checks that its parent is still there.
 PARENT_POLL_S = 1.0
@@ -38,7 +38,7 @@ def decode_batch(batch: list[tuple[Any, ...]], cache: RelationCache, binary: boo
         if kind == "T":
             append([r.body for r in decode_change(Truncate(xid, a, b), lsn, cache, binary)])
         else:
-            append(decode_change(Change(kind, xid, a, b), lsn, cache, binary)[0].body)
+            append(row_change_body(kind, xid, a, b, lsn, cache, binary))
     return out
 
 

@@ -21,7 +21,7 @@ import math
 import os
 import random
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from random import Random
 from typing import Any
@@ -31,6 +31,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decoder import jsontext as J
 from decoder import values as V
 from gtm import pgtypes as T
 from gtm.values import Values
@@ -87,6 +88,24 @@ def check_both(conn: Conn, sql_type: str, literal: str, expected: Any) -> None:
     assert V.binary_readable(oid)
     assert as_json(decode(binary)) == as_json(expected), f"binary {sql_type} {literal!r}: {binary!r}"
     assert as_json(V.text_decoder(oid)(text)) == as_json(expected), f"text {sql_type} {literal!r}: {text!r}"
+    check_builders(oid, binary, text, expected)
+
+
+def check_builders(oid: int, binary: bytes | None, text: str, expected: Any) -> None:
+    """The rows' JSON-text builders write what the decoders' values encode to, in both forms.
+
+    jsonb is the exception by design: its builders pass jsonb_out's text
+    through, which is the same JSON value with numbers as PostgreSQL wrote
+    them; both forms still give the same text.
+    """
+    by_text = J.text_json(V.text_decoder(oid))(text)
+    if binary is not None:
+        decode = bdec(oid)
+        assert J.binary_json(decode)(binary) == by_text, f"type {oid}: {binary!r} / {text!r}"
+    if "jsonb" in (V.builtin_type_name(oid) or ""):
+        assert json.loads(by_text) == expected, text
+    else:
+        assert by_text == as_json(expected), f"type {oid}: {text!r}"
 
 
 INF = "Infinity"
@@ -368,6 +387,7 @@ def test_float4_shortest_matches_float4out(conn: Conn) -> None:
     for binary, text in rows:
         got = bdec(700)(bytes(binary))
         assert as_json(got) == as_json(V.text_decoder(700)(text))
+        check_builders(700, bytes(binary), text, got)
         if text not in ("Infinity", "-Infinity"):
             assert Decimal(repr(got)).normalize() == Decimal(text).normalize(), text
 
@@ -450,6 +470,59 @@ def test_random_text_arrays(conn: Conn) -> None:
         binary, text = bytes(row[0]), row[1]
         assert bdec(1009)(binary) == arr
         assert V.text_decoder(1009)(text) == arr, text
+        check_builders(1009, binary, text, arr)
+
+
+def array_literal(items: list[str | None], shape: list[int]) -> str:
+    """array_in's text of `items` laid out in `shape` (outermost dimension first)."""
+    if not items:
+        return "{}"
+    texts = ["NULL" if x is None else x for x in items]
+    for size in reversed(shape):
+        texts = ["{" + ",".join(texts[i : i + size]) + "}" for i in range(0, len(texts), size)]
+    return texts[0]
+
+
+NUMBER_ARRAY_ITEMS: dict[str, Callable[[Random], str]] = {
+    "int2": lambda rng: str(rng.randint(-(2**15), 2**15 - 1)),
+    "int4": lambda rng: str(rng.randint(-(2**31), 2**31 - 1)),
+    "int8": lambda rng: str(rng.randint(-(2**63), 2**63 - 1)),
+    "oid": lambda rng: str(rng.randint(0, 2**32 - 1)),
+    "float8": lambda rng: rng.choice([repr(rng.uniform(-1e9, 1e9)), "NaN", "-Infinity", "1e-300"]),
+}
+
+
+@pytest.mark.parametrize("sql_type", sorted(NUMBER_ARRAY_ITEMS))
+def test_random_number_arrays(conn: Conn, sql_type: str) -> None:
+    """Number arrays (a one-dimensional int array without NULLs is one struct call) against the server."""
+    rng = random.Random(sql_type)
+    item = NUMBER_ARRAY_ITEMS[sql_type]
+    literals = []
+    for _ in range(300):
+        shape = rng.choice([[rng.randint(0, 7)], [rng.randint(1, 3), rng.randint(1, 3)], [2, 1, 2]])
+        nulls = 0.1 if rng.random() < 0.5 else 0.0
+        items = [None if rng.random() < nulls else item(rng) for _ in range(math.prod(shape))]
+        literals.append(array_literal(items, shape))
+    rows = conn.execute(
+        f"SELECT array_send(x::{sql_type}[]), array_out(x::{sql_type}[])::text "
+        f"FROM unnest(%s::text[]) x".encode(),
+        (literals,),
+    ).fetchall()
+    oid = V.builtin_type_oid("_" + sql_type)
+    assert oid is not None
+    for binary, text in rows:
+        check_builders(oid, bytes(binary), text, bdec(oid)(bytes(binary)))
+
+
+def test_jsonb_keeps_numbers_exactly(conn: Conn) -> None:
+    """jsonb's text is passed through: digits beyond a double and trailing zeros stay as PostgreSQL wrote them."""
+    literal = (
+        '{"a": 1.10, "big": 1e400, "long": 0.1000000000000000000001, "s": "\\u00e9\\n", "e": [-0, 2.5e-7]}'
+    )
+    oid, binary, text = wire(conn, "jsonb", literal)
+    assert J.binary_json(bdec(oid))(binary) == J.text_json(V.text_decoder(oid))(text) == text
+    assert text.startswith('{"a": 1.10, "e": [0, 0.00000025], "s": "é\\n", "big": 1000')
+    assert json.loads(text)["long"] == 0.1  # a JSON reader's float; the text kept every digit
 
 
 # --- bad input: an exception (made a DecodeError by the row decoder), never a value --
@@ -477,6 +550,12 @@ def test_random_text_arrays(conn: Conn) -> None:
         (1562, b"\x00\x00\x00\x09\x00"),  # 9 bits need 2 bytes
         (3802, b"\x02{}"),  # jsonb version 2
         (3802, b"\x01{"),
+        (3802, b"\x01"),
+        (
+            1005,
+            b"\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x15\x00\x00\x00\x01\x00\x00\x00\x01"
+            b"\x00\x00\x00\x04\x00\x00\x00\x01",
+        ),  # int2[] whose element says 4 bytes
         (25, b"\xff"),
         (
             1007,
@@ -502,6 +581,8 @@ def test_corrupt_binary_values_raise(oid: int, data: bytes) -> None:
     assert decode is not None
     with pytest.raises((ValueError, KeyError, IndexError, struct.error, psycopg.DataError)):
         decode(data)
+    with pytest.raises((ValueError, KeyError, IndexError, struct.error, psycopg.DataError)):
+        J.binary_json(decode)(data)
 
 
 @pytest.mark.parametrize(
@@ -520,12 +601,16 @@ def test_corrupt_binary_values_raise(oid: int, data: bytes) -> None:
         (17, "\\xzz"),
         (17, "a\\9b"),
         (3802, "{"),
+        (3802, ""),
+        (3802, '{"a": 1'),
         (700, "1e39"),
     ],
 )
 def test_corrupt_text_values_raise(oid: int, text: str) -> None:
     with pytest.raises((ValueError, KeyError, IndexError, OverflowError)):
         V.text_decoder(oid)(text)
+    with pytest.raises((ValueError, KeyError, IndexError, OverflowError)):
+        J.text_json(V.text_decoder(oid))(text)
 
 
 def test_catalogue() -> None:

@@ -1,0 +1,311 @@
+"""Column values straight to JSON text: the decoder's hot path.
+
+`decoder.values` turns a wire value into a Python value (str, int, float,
+bool, list, dict); a row's body is the JSON text of those values.  Building a
+dict per row and handing it to the json module cost about as much as decoding
+the values themselves (the stdlib's `JSONEncoder.encode` even builds a new C
+encoder per call), so each column gets a *JSON-text builder* here instead --
+wire value in, the value's JSON text out -- and a row is a join of
+`"name": <text>` pieces.
+
+A builder must write exactly what `json.dumps(decoder(value),
+ensure_ascii=False, allow_nan=False)` writes; `tests/decoder/test_jsontext.py`
+checks that for every type and both wire forms.  Builders exist for the
+shapes that are common and cheap to get right:
+
+    integers          str() of the int                       int2, int4, int8, oid
+    float8            repr(); NaN / +-Infinity as strings    float8
+    bool              true / false
+    strings           the decoder's str, quoted by json's     text, numeric, timestamptz,
+                      C escaper                               uuid, inet, interval, ...
+    jsonb             jsonb_out's text as it came, once its   jsonb
+                      first and last characters look like
+                      one JSON value
+    arrays            the element builder per element, nested by dimension
+    anything else     the decoder's value through one prebuilt C encoder
+
+jsonb is passed through because PostgreSQL already wrote it as canonical
+JSON (`, ` and `: ` separators, keys in jsonb order, the escapes json uses)
+in both wire forms; parsing and re-encoding it only lost digits of numbers
+beyond double precision (`1.10` stays `1.10`, `1e400` no longer fails).  `json`
+(not jsonb) keeps its input's spacing and duplicate keys, so it is parsed and
+re-encoded like any other value.
+"""
+
+from __future__ import annotations
+
+import json.encoder
+import struct
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, Final
+
+from decoder import values as V
+
+__all__ = ["BinaryJson", "TextJson", "binary_json", "text_json", "encode_value"]
+
+BinaryJson = Callable[[bytes], str]
+TextJson = Callable[[str], str]
+
+
+def _not_json(o: Any) -> Any:
+    raise TypeError(f"a decoder returned {type(o).__name__}, which has no JSON form")
+
+
+# One C encoder for the whole process (json.JSONEncoder.encode builds one per call).
+_c_encode: Final = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, _not_json, json.encoder.encode_basestring, None, ": ", ", ", False, False, False
+)
+quote: Final[Callable[[str], str]] = json.encoder.encode_basestring
+
+
+def encode_value(value: Any) -> str:
+    """json.dumps(value, ensure_ascii=False, allow_nan=False), without building an encoder."""
+    return "".join(_c_encode(value, 0))
+
+
+_I16 = struct.Struct("!h").unpack
+_I32 = struct.Struct("!i").unpack
+_I64 = struct.Struct("!q").unpack
+_U32 = struct.Struct("!I").unpack
+_F64 = struct.Struct("!d").unpack
+_ARRAY_HEAD = struct.Struct("!iiI")
+_ARRAY_DIM = struct.Struct("!ii")
+_unpack_i32_at = struct.Struct("!i").unpack_from
+
+_FLOAT_SPECIAL: Final = {"NaN": '"NaN"', "Infinity": '"Infinity"', "-Infinity": '"-Infinity"'}
+_FLOAT_NAMES: Final = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _float8_bin(data: bytes) -> str:
+    text = repr(_F64(data)[0])
+    # a finite float's repr ends in a digit; "nan" and "inf" do not
+    return text if text[-1] <= "9" else _FLOAT_SPECIAL[_FLOAT_NAMES[text]]
+
+
+def _float8_text(text: str) -> str:
+    special = _FLOAT_SPECIAL.get(text)
+    return special if special is not None else repr(float(text))
+
+
+def _jsonb_bin(data: bytes) -> str:
+    if data[:1] != b"\x01":
+        raise ValueError(f"unsupported jsonb binary version {data[:1]!r}, expected 1")
+    return _jsonb_text(data[1:].decode("utf-8"))
+
+
+# What jsonb_out's text of one JSON value starts and ends with.
+_JSON_ENDS: Final = {"{": "}", "[": "]", '"': '"', "t": "e", "f": "e", "n": "l"}
+_DIGITS: Final = frozenset("0123456789")
+
+
+def _jsonb_text(text: str) -> str:
+    """jsonb_out's text is already the JSON value: checked only at its two ends."""
+    first, last = text[:1], text[-1:]
+    if (
+        _JSON_ENDS.get(first) == last
+        and len(text) > 1
+        or (first == "-" or first in _DIGITS)
+        and last in _DIGITS
+    ):
+        return text
+    raise ValueError(f"jsonb text {text[:40]!r} is not one JSON value")
+
+
+_BOOL_BIN: Final = {b"\x01": "true", b"\x00": "false"}
+_BOOL_TEXT: Final = {"t": "true", "f": "false"}
+
+_INT_BIN: Final[dict[str, Callable[[bytes], tuple[int, ...]]]] = {
+    "int2": _I16,
+    "int4": _I32,
+    "int8": _I64,
+    "oid": _U32,
+}
+# Types whose decoders return a str in both forms (quoted here as JSON strings).
+_STRING_TYPES: Final = frozenset(
+    (
+        "bytea", "char", "name", "text", "tid", "xid", "cid", "xid8", "xml", "macaddr", "macaddr8",
+        "inet", "cidr", "bpchar", "varchar", "date", "time", "timestamp", "timestamptz", "interval",
+        "timetz", "bit", "varbit", "numeric", "uuid", "pg_lsn",
+    )
+)  # fmt: skip
+
+
+def _int_bin(unpack: Callable[[bytes], tuple[int, ...]]) -> BinaryJson:
+    def build(data: bytes) -> str:
+        return str(unpack(data)[0])
+
+    return build
+
+
+def _int_text(text: str) -> str:
+    return str(int(text))
+
+
+def _quoted(decode: Callable[[Any], Any]) -> Callable[[Any], str]:
+    def build(raw: Any) -> str:
+        return quote(decode(raw))
+
+    return build
+
+
+def _generic(decode: Callable[[Any], Any]) -> Callable[[Any], str]:
+    def build(raw: Any) -> str:
+        return "".join(_c_encode(decode(raw), 0))
+
+    return build
+
+
+def _scalar_binary(name: str, decode: V.BinaryDecoder) -> BinaryJson:
+    unpack = _INT_BIN.get(name)
+    if unpack is not None:
+        return _int_bin(unpack)
+    if name in _STRING_TYPES:
+        return _quoted(decode)
+    special: dict[str, BinaryJson] = {
+        "float8": _float8_bin,
+        "jsonb": _jsonb_bin,
+        "bool": _BOOL_BIN.__getitem__,
+    }
+    return special.get(name) or _generic(decode)
+
+
+def _scalar_text(name: str, decode: V.TextDecoder) -> TextJson:
+    if decode is V.text_form:
+        return quote
+    if name in _INT_BIN:
+        return _int_text
+    if name in _STRING_TYPES:
+        return _quoted(decode)
+    special: dict[str, TextJson] = {
+        "float8": _float8_text,
+        "jsonb": _jsonb_text,
+        "bool": _BOOL_TEXT.__getitem__,
+    }
+    return special.get(name) or _generic(decode)
+
+
+# Integer elements: struct codes of their (length, value) pairs in array_send.
+_INT_ELEMENT_CODES: Final = {"int2": "ih", "int4": "ii", "int8": "iq", "oid": "iI"}
+_INT_ELEMENT_SIZES: Final = {"int2": 2, "int4": 4, "int8": 8, "oid": 4}
+
+
+@lru_cache(maxsize=256)
+def _int_items(code: str, count: int) -> struct.Struct:
+    return struct.Struct("!" + code * count)
+
+
+def _binary_array(elem_oid: int, elem: BinaryJson, elem_name: str) -> BinaryJson:
+    """array_send -> JSON text, mirroring `values.binary_array` (which the tests hold it to).
+
+    A one-dimensional integer array without NULLs, the common case, is read
+    with one struct call for all its elements.
+    """
+    int_code = _INT_ELEMENT_CODES.get(elem_name)
+    int_size = _INT_ELEMENT_SIZES.get(elem_name, 0)
+    one_dim_bytes = _ARRAY_HEAD.size + _ARRAY_DIM.size
+
+    def build(data: bytes) -> str:
+        ndim, flags, oid = _ARRAY_HEAD.unpack_from(data)
+        if oid != elem_oid:
+            raise ValueError(f"array of element type {oid}, expected {elem_oid}")
+        if ndim == 0:
+            return "[]"
+        if int_code is not None and ndim == 1 and flags == 0:
+            count = _ARRAY_DIM.unpack_from(data, _ARRAY_HEAD.size)[0]
+            if 0 <= count <= 256 and len(data) == one_dim_bytes + count * (4 + int_size):
+                pairs = _int_items(int_code, count).unpack_from(data, one_dim_bytes)
+                if pairs[0::2].count(int_size) == count:
+                    return "[" + ", ".join(map(str, pairs[1::2])) + "]"
+        if not 0 < ndim <= 6:
+            raise ValueError(f"array of {ndim} dimensions")
+        pos = _ARRAY_HEAD.size
+        dims = []
+        count = 1
+        for _ in range(ndim):
+            size = _ARRAY_DIM.unpack_from(data, pos)[0]
+            dims.append(size)
+            count *= size
+            pos += _ARRAY_DIM.size
+        end = len(data)
+        items: list[str] = []
+        append = items.append
+        for _ in range(count):
+            size = _unpack_i32_at(data, pos)[0]
+            pos += 4
+            if size < 0:
+                append("null")
+            else:
+                if pos + size > end:
+                    raise ValueError("array element runs past the end of the value")
+                append(elem(data[pos : pos + size]))
+                pos += size
+        if pos != end:
+            raise ValueError(f"{end - pos} bytes after the last array element")
+        for size in reversed(dims[1:]):
+            items = ["[" + ", ".join(items[i : i + size]) + "]" for i in range(0, len(items), size)]
+        return "[" + ", ".join(items) + "]"
+
+    return build
+
+
+def _text_array(decode: V.TextDecoder, elem: TextJson, delimiter: str) -> TextJson:
+    """array_out's text -> JSON text: one dimension with nothing quoted at once, else via the decoder."""
+    slow = _generic(decode)
+
+    def build(text: str) -> str:
+        if text[:1] == "{" and '"' not in text and text.count("{") == 1 and text[-1:] == "}":
+            inner = text[1:-1]
+            if not inner:
+                return "[]"
+            return (
+                "["
+                + ", ".join(
+                    [
+                        "null" if len(v) == 4 and v.upper() == "NULL" else elem(v)
+                        for v in inner.split(delimiter)
+                    ]
+                )
+                + "]"
+            )
+        return slow(text)
+
+    return build
+
+
+# Builders by the decoder they stand for: a domain, an enum or a type resolved
+# through a Type message reuses a built-in decoder and so finds its builder.
+# Decoders shared by several types (utf-8 text, `int`) give those types the same
+# JSON shape, so one builder serves them all.
+_BY_BINARY: Final[dict[Any, BinaryJson]] = {}
+_BY_TEXT: Final[dict[Any, TextJson]] = {}
+
+
+def _build_catalogue() -> None:
+    elements: dict[int, tuple[TextJson, BinaryJson | None]] = {}
+    for oid, name, elem_oid, delimiter in V.catalogue():
+        binary, text = V.binary_decoder(oid), V.text_decoder(oid)
+        if elem_oid is None:
+            text_build = _BY_TEXT.setdefault(text, _scalar_text(name, text))
+            binary_build = (
+                None if binary is None else _BY_BINARY.setdefault(binary, _scalar_binary(name, binary))
+            )
+            elements[oid] = (text_build, binary_build)
+            continue
+        elem_text, elem_binary = elements[elem_oid]
+        _BY_TEXT[text] = _text_array(text, elem_text, delimiter)
+        if binary is not None and elem_binary is not None:
+            _BY_BINARY[binary] = _binary_array(elem_oid, elem_binary, name[1:])
+
+
+def binary_json(decode: V.BinaryDecoder) -> BinaryJson:
+    """The JSON-text builder standing for binary decoder `decode` (any decoder: unknown ones are encoded)."""
+    return _BY_BINARY.get(decode) or _generic(decode)
+
+
+def text_json(decode: V.TextDecoder) -> TextJson:
+    """The JSON-text builder standing for text decoder `decode` (see `binary_json`)."""
+    return _BY_TEXT.get(decode) or _generic(decode)
+
+
+_build_catalogue()
