@@ -24,9 +24,11 @@ decode binary numeric here and timestamps there fastest; they do not check
 lengths, so each fixed-size value is length-checked first.  The catalogue of
 built-in type names, OIDs and array types is psycopg's too.
 
-Known limit: json/jsonb numbers become Python int (exact) or float, so a JSON
-number beyond double precision loses digits -- the JSON lines carry a parsed
-JSON value, and most JSON readers would lose them the same way.
+Rows do not go through these values on the hot path: `decoder.jsontext` turns
+each column into JSON text with builders held to these decoders (and passes
+jsonb's text through, so its numbers keep every digit).  Known limit: a `json`
+(not jsonb) number beyond double precision loses digits, since json's text is
+parsed and re-encoded.
 """
 
 from __future__ import annotations
