@@ -2,17 +2,19 @@
 
     Relation / Type messages ──► RelationCache ── per table, once: column names,
                                                   key columns, one binary and one
-                                                  text decoder per column, the
-                                                  body's fixed text
+                                                  text decoder per column and their
+                                                  JSON-text builders, the body's
+                                                  fixed text
     Change / Truncate ─────────► decode_change ── split tuples (decoder.tuples),
-                                                  decode values (decoder.values),
-                                                  one json encode per tuple
+                                 row_change_body  each value straight to JSON text
+                                                  (decoder.jsontext over
+                                                  decoder.values), one join per tuple
 
 Every decoder process keeps its own `RelationCache`; the reader broadcasts
 Relation and Type messages to all of them in stream order, so a table's
 metadata is replaced (DDL mid-stream) before any later change of it is
 decoded.  Everything a change needs is looked up when its Relation arrives,
-not per change: the hot loop is a zip over precomputed decoder lists.
+not per change: the hot loop is a zip over precomputed builder lists.
 
 The body is the JSON text of a change object of DESIGN section 7 after
 `"cid": N, ` (the sender knows the cid, the coordinator the node), without
