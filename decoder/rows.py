@@ -41,7 +41,6 @@ unreadable in a binary stream, unless the caller declared it an enum
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import Final
 
@@ -52,15 +51,11 @@ from csnd.ids import lsn_to_str
 from decoder import jsontext as J
 from decoder import values as V
 from decoder.change import DecodedChange
-from decoder.jsontext import encode_value
 from decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_update
 from reader.pgoutput import Change, Relation, Truncate, TypeMsg
 
 __all__ = ["RelationCache", "Table", "decode_change", "row_change_body"]
 
-# One encoder, built once: json.dumps(..., ensure_ascii=False) would build a new
-# one per call.  NaN never reaches it (the value decoders spell it "NaN").
-_encode: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 # What a value decoder raises on bad input; anything else is a bug and travels
 # as such.
@@ -102,11 +97,11 @@ class Table:
         self.columns = columns
         self.names = [c[0] for c in columns]
         # per column: `"name": ` and the JSON-text builders of its binary and text values
-        self.json_columns = [(f"{_encode(n)}: ", J.binary_json(b), J.text_json(t)) for n, b, t in columns]
+        self.json_columns = [(f"{J.quote(n)}: ", J.binary_json(b), J.text_json(t)) for n, b, t in columns]
         self.json_key_columns = [(i, *c) for i, c in enumerate(self.json_columns) if msg.columns[i].is_key]
         self.name_of = {key: name for name, (key, _, _) in zip(self.names, self.json_columns, strict=True)}
         self.type_labels = type_labels
-        where = f'"schema": {_encode(msg.namespace)}, "table": {_encode(msg.name)}, "old": '
+        where = f'"schema": {J.quote(msg.namespace)}, "table": {J.quote(msg.name)}, "old": '
         self.heads = {k: f'"op": "{op}", {where}' for k, op in _OPS.items()}
         self.truncate_body = f'"op": "truncate", {where}null, "new": null'
         self.unreadable = unreadable  # the error a binary stream of this table is
@@ -263,7 +258,7 @@ def _row(table: Table, values: list[TupleValue], lsn: int, xid: int | None) -> t
     except _VALUE_ERRORS as e:
         raise DecodeError(_value_error(table, table.name_of[key], v, e), lsn=lsn, xid=xid) from e
     body = "{" + ", ".join(parts) + "}"
-    return body, "" if unchanged is None else f', "unchanged": {encode_value(unchanged)}'
+    return body, "" if unchanged is None else f', "unchanged": {J.encode_value(unchanged)}'
 
 
 def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int | None) -> str:

@@ -238,10 +238,15 @@ def _jsonb_text(text: str) -> JsonValue:
     return json.loads(text)
 
 
-def _jsonb_bin(data: bytes) -> JsonValue:
+def jsonb_payload(data: bytes) -> str:
+    """jsonb_send's text: a version byte (1) and jsonb_out's text."""
     if data[:1] != b"\x01":
         raise ValueError(f"unsupported jsonb binary version {data[:1]!r}, expected 1")
-    return json.loads(data[1:].decode("utf-8"))
+    return data[1:].decode("utf-8")
+
+
+def _jsonb_bin(data: bytes) -> JsonValue:
+    return json.loads(jsonb_payload(data))
 
 
 def _uuid_bin(data: bytes) -> str:
@@ -326,41 +331,54 @@ def _tid_bin(data: bytes) -> str:
 # --- arrays --------------------------------------------------------------------------
 
 
+def array_items(
+    data: bytes, elem_oid: int, elem: Callable[[bytes], Any], null: Any
+) -> tuple[list[Any], list[int]]:
+    """array_send's elements, flat, each through `elem` (`null` for a NULL), and the dimension sizes.
+
+    array_send: ndim, has-null flag, element oid, (size, lower bound) per
+    dimension, then each element as an int32 length (-1 for NULL) and its
+    bytes.  Every length is checked; a zero-dimensional array gives ([], []).
+    """
+    ndim, _flags, oid = _ARRAY_HEAD.unpack_from(data)
+    if oid != elem_oid:
+        raise ValueError(f"array of element type {oid}, expected {elem_oid}")
+    if ndim == 0:
+        return [], []
+    if not 0 < ndim <= 6:
+        raise ValueError(f"array of {ndim} dimensions")
+    pos = _ARRAY_HEAD.size
+    dims = []
+    count = 1
+    for _ in range(ndim):
+        size = _ARRAY_DIM.unpack_from(data, pos)[0]
+        dims.append(size)
+        count *= size
+        pos += _ARRAY_DIM.size
+    end = len(data)
+    unpack = _I32.unpack_from
+    items: list[Any] = []
+    append = items.append
+    for _ in range(count):
+        size = unpack(data, pos)[0]
+        pos += 4
+        if size < 0:
+            append(null)
+        else:
+            if pos + size > end:
+                raise ValueError("array element runs past the end of the value")
+            append(elem(data[pos : pos + size]))
+            pos += size
+    if pos != end:
+        raise ValueError(f"{end - pos} bytes after the last array element")
+    return items, dims
+
+
 def binary_array(elem_oid: int, elem: BinaryDecoder) -> BinaryDecoder:
-    """array_send: ndim, flags, element oid, (size, lbound) per dim, then elements."""
+    """array_send -> nested JSON arrays of the element rule."""
 
     def decode(data: bytes) -> JsonValue:
-        ndim, _flags, oid = _ARRAY_HEAD.unpack_from(data)
-        if oid != elem_oid:
-            raise ValueError(f"array of element type {oid}, expected {elem_oid}")
-        if ndim == 0:
-            return []
-        if not 0 < ndim <= 6:
-            raise ValueError(f"array of {ndim} dimensions")
-        pos = _ARRAY_HEAD.size
-        dims = []
-        count = 1
-        for _ in range(ndim):
-            size = _ARRAY_DIM.unpack_from(data, pos)[0]
-            dims.append(size)
-            count *= size
-            pos += _ARRAY_DIM.size
-        end = len(data)
-        unpack = _I32.unpack_from
-        items: list[JsonValue] = []
-        append = items.append
-        for _ in range(count):
-            size = unpack(data, pos)[0]
-            pos += 4
-            if size < 0:
-                append(None)
-            else:
-                if pos + size > end:
-                    raise ValueError("array element runs past the end of the value")
-                append(elem(data[pos : pos + size]))
-                pos += size
-        if pos != end:
-            raise ValueError(f"{end - pos} bytes after the last array element")
+        items, dims = array_items(data, elem_oid, elem, None)
         for size in reversed(dims[1:]):
             items = [items[i : i + size] for i in range(0, len(items), size)]
         return items
