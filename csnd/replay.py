@@ -116,7 +116,7 @@ class NodePipeline:
             sender = self.sender
             feed = sender.feed
             last_wm: int | None = None
-            for lsn, item in self.pool.run(self.source.events()):
+            for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark
                     continue

@@ -19,7 +19,11 @@ worker's queue in stream order: each worker's queue is FIFO, so every worker
 reloads table metadata before it decodes any later change of that table.
 
 Work crosses the process boundary in batches of plain tuples (cheap to
-pickle).  Every queue is bounded, and its depth is sampled into `stats`.  A
+pickle).  A recorded file's row changes come as `ChangeFrames`: runs of frames
+still in their recorded framing, one bytes slice each, which the workers
+parse -- so the reader thread, the one serial step in front of them, spends a
+few operations per change instead of parsing each one and building its
+tuple.  Every queue is bounded, and its depth is sampled into `stats`.  A
 worker that dies fails the run with a `WorkerError` naming it -- never a hang.
 """
 
@@ -37,7 +41,7 @@ from typing import Any, Final
 
 from csnd.errors import CsndError, WorkerError
 from decoder.change import DecodedChange, DecodedRun
-from reader.pgoutput import Change, Keepalive, Relation, Truncate, TypeMsg
+from reader.pgoutput import Change, ChangeFrames, Keepalive, Relation, Truncate, TypeMsg
 
 # Changes per batch.  Bigger batches amortise pickling and queue hand-offs
 # (measured in bench/); smaller ones cut latency and memory in flight.
@@ -91,8 +95,9 @@ _END: Final = object()
 def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
     """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
 
-    (A row change's tuple, `(lsn, kind, xid, relid, data)`, is built inline on
-    the reader's hot path; `decoder.worker.decode_batch` reads both.)
+    (A row change's tuple, `(lsn, kind, xid, relid, data)`, and a run of raw
+    change frames', `(lsn, "F", xid, in_stream, blob)`, are built inline on
+    the reader's hot path; `decoder.worker.decode_batch` reads all three.)
     """
     if isinstance(msg, Truncate):
         return (lsn, "T", msg.xid, msg.options, msg.relids)
@@ -182,35 +187,43 @@ class DecoderPool:
             keep, wire = batch.events.append, wires.append  # rebound at each cut
             limit = self.batch_changes
             stopping = self._stop.is_set
+            pending = 0  # row changes (and truncates) in `wires`
 
             def cut() -> None:
-                nonlocal batch, wires, rotation, keep, wire
+                nonlocal batch, wires, rotation, keep, wire, pending
                 if wires:
                     batch.worker = rotation
-                    batch.n_changes = len(wires)
+                    batch.n_changes = pending
                     self._put(self._in[rotation], ("batch", wires), rotation)
                     rotation = (rotation + 1) % self.n
                 if batch.events:
                     self._put_skeleton(batch)
                 if stopping():
                     raise _Stopped
-                batch, wires = _Batch(), []
+                batch, wires, pending = _Batch(), [], 0
                 keep, wire = batch.events.append, wires.append
 
             run_xid: object = _NO_RUN  # xid of the run the next change may join
-            add_lsn = _Run(None).lsns.append  # the open run's (none yet)
+            run_lsns: list[int] = []  # the open run's (none yet)
             for event in events:
                 msg = event[1]
-                if type(msg) is Change:  # the hot path: nearly every event of a busy node
+                kind = type(msg)
+                if kind is ChangeFrames or kind is Change:  # the hot path: nearly every event of a busy node
                     lsn = event[0]
                     if msg.xid != run_xid:
                         run = _Run(msg.xid)
                         keep((lsn, run))
-                        add_lsn = run.lsns.append
+                        run_lsns = run.lsns
                         run_xid = msg.xid
-                    add_lsn(lsn)
-                    wire((lsn, msg.kind, msg.xid, msg.relid, msg.data))
-                    if len(wires) >= limit:
+                    if kind is ChangeFrames:
+                        run_lsns += msg.lsns
+                        wire((lsn, "F", msg.xid, msg.in_stream, msg.blob))
+                        pending += len(msg.lsns)
+                    else:
+                        run_lsns.append(lsn)
+                        wire((lsn, msg.kind, msg.xid, msg.relid, msg.data))
+                        pending += 1
+                    if pending >= limit:
                         cut()
                         run_xid = _NO_RUN
                     continue
@@ -221,7 +234,8 @@ class DecoderPool:
                 if isinstance(msg, Truncate):
                     keep(event)
                     wire(_wire(lsn, msg))
-                    if len(wires) >= limit:
+                    pending += 1
+                    if pending >= limit:
                         cut()
                 elif isinstance(msg, _CONTROL_KINDS):
                     cut()

@@ -14,7 +14,7 @@ from typing import Any
 
 from csnd.errors import CsndError, DecodeError
 from decoder.rows import RelationCache, decode_change, row_change_body
-from reader.pgoutput import Column, Relation, Truncate, TypeMsg
+from reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames
 
 # How often an idle worker checks that its parent is still there.
 PARENT_POLL_S = 1.0
@@ -35,7 +35,10 @@ def decode_batch(batch: list[tuple[Any, ...]], cache: RelationCache, binary: boo
     out: list[Any] = []
     append = out.append
     for lsn, kind, xid, a, b in batch:
-        if kind == "T":
+        if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is in_stream
+            for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, a):
+                append(row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary))
+        elif kind == "T":
             append([r.body for r in decode_change(Truncate(xid, a, b), lsn, cache, binary)])
         else:
             append(row_change_body(kind, xid, a, b, lsn, cache, binary))

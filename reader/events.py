@@ -11,21 +11,40 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from csnd.errors import ProtocolError, StreamFormatError
-from reader.pgoutput import FrameError, Keepalive, Message, PgOutputParser, parse_change_frame, parse_frame
+from reader.pgoutput import (
+    ChangeFrames,
+    FrameError,
+    Keepalive,
+    Message,
+    PgOutputParser,
+    parse_change_frame,
+    parse_frame,
+)
 
-Event = tuple[int, Message | Keepalive]
+Event = tuple[int, Message | Keepalive | ChangeFrames]
 
 
 def iter_events(
-    frames: Iterable[tuple[int, bytes]],
+    frames: Iterable[tuple[int, bytes | ChangeFrames]],
     node: str,
     path: str | None = None,
+    parser: PgOutputParser | None = None,
 ) -> Iterator[Event]:
-    """`frames` yields `(offset, payload)`; offset is a file byte offset or a frame counter."""
-    parser = PgOutputParser()
+    """`frames` yields `(offset, payload)`; offset is a file byte offset or a frame counter.
+
+    A `ChangeFrames` run among them (`StreamFileReader.scan`) passes through
+    as `(its first dataStart, run)`; such a reader must follow `parser`'s
+    stream state, so the caller then passes the parser it gave the reader.
+    """
+    parser = parser or PgOutputParser()
     parse = parser.parse
     last_lsn = 0
     for offset, payload in frames:
+        if type(payload) is ChangeFrames:
+            last_lsn = payload.lsns[-1]
+            yield payload.lsns[0], payload
+            continue
+        assert isinstance(payload, bytes)
         fast = parse_change_frame(payload, parser.in_stream)
         if fast is not None:
             if fast[0]:

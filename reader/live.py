@@ -288,8 +288,13 @@ class LiveSource:
 
     # --- the stream -----------------------------------------------------------------
 
-    def events(self) -> Iterator[Event]:
-        """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`."""
+    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+        """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`.
+
+        Every change comes parsed whatever `raw_changes` says: the resume
+        filter places each one by its LSN and xid (and the walsender, not
+        this parse, bounds a live node's rate).
+        """
         for lsn, msg, _payload in self.frames():
             yield lsn, msg
 

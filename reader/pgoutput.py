@@ -24,6 +24,7 @@ exactly one place.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Final
 
 from csnd.errors import ProtocolError
@@ -412,6 +413,76 @@ def parse_change_frame(payload: bytes, in_stream: bool) -> tuple[int, Change] | 
         return start, Change(kind, xid, relid, payload[_STREAM_DATA:])
     start, _, _, _, relid = _PLAIN_CHANGE.unpack_from(payload, 1)
     return start, Change(kind, None, relid, payload[_PLAIN_DATA:])
+
+
+# For a reader that leaves row-change frames in its buffer (`ChangeFrames`):
+# the payload bytes a frame must have beyond this to count as a change (as in
+# `parse_change_frame`: a shorter one takes the general path, which reports
+# it), the tags, and where a streamed change's xid sits in the payload.
+CHANGE_FRAME_MIN: Final = _STREAM_DATA
+CHANGE_TAGS: Final = frozenset(_CHANGE_KINDS)
+CHANGE_XID_OFFSET: Final = XLOGDATA_HEADER_SIZE + 1
+
+
+def is_change_frame(payload: bytes, at: int, size: int) -> bool:
+    """Whether the frame payload of `size` bytes at `payload[at:]` is an XLogData row change."""
+    return (
+        size > CHANGE_FRAME_MIN and payload[at] == 0x77 and payload[at + XLOGDATA_HEADER_SIZE] in CHANGE_TAGS
+    )
+
+
+class ChangeFrames:
+    """Consecutive row-change frames of one (sub)transaction, left in their recorded framing.
+
+    What a recorded file's reader hands the decoder pool in place of one
+    `Change` per frame: `blob` is the frames exactly as stored (`uint32
+    length | XLogData payload`, each an Insert, Update or Delete), one slice
+    of the file's buffer, so the serial reader thread only finds where the
+    run starts and ends and the decoder workers parse the frames
+    (`iter_change_frames`).  `lsns` are the frames' dataStarts; `xid` is as
+    in `Change` (the subtransaction inside a stream block, else None), and
+    `in_stream` says which of the two change layouts the frames have.
+    """
+
+    __slots__ = ("blob", "in_stream", "xid", "lsns")
+    tag = "changes"
+
+    def __init__(self, blob: bytes, in_stream: bool, xid: int | None, lsns: list[int]) -> None:
+        self.blob = blob
+        self.in_stream = in_stream
+        self.xid = xid
+        self.lsns = lsns
+
+    def __repr__(self) -> str:
+        return f"ChangeFrames(n={len(self.lsns)}, xid={self.xid}, in_stream={self.in_stream})"
+
+
+# A framed change as `ChangeFrames.blob` holds it: length, 'w', XLogData header, tag, [xid,] relid.
+_FRAMED_STREAM_CHANGE = struct.Struct("!IBQQqBII")
+_FRAMED_PLAIN_CHANGE = struct.Struct("!IBQQqBI")
+
+
+def iter_change_frames(blob: bytes, in_stream: bool) -> Iterator[tuple[int, str, int | None, int, bytes]]:
+    """`(dataStart, kind, xid, relid, tuple data)` of each frame of a `ChangeFrames.blob`.
+
+    The reader checked each frame's length and tag before it put the frame
+    in the run, so this only unpacks.
+    """
+    pos, end = 0, len(blob)
+    if in_stream:
+        unpack_stream = _FRAMED_STREAM_CHANGE.unpack_from
+        while pos < end:
+            n, _, lsn, _, _, tag, xid, relid = unpack_stream(blob, pos)
+            nxt = pos + 4 + n
+            yield lsn, _CHANGE_KINDS[tag], xid, relid, blob[pos + _FRAMED_STREAM_CHANGE.size : nxt]
+            pos = nxt
+        return
+    unpack_plain = _FRAMED_PLAIN_CHANGE.unpack_from
+    while pos < end:
+        n, _, lsn, _, _, tag, relid = unpack_plain(blob, pos)
+        nxt = pos + 4 + n
+        yield lsn, _CHANGE_KINDS[tag], None, relid, blob[pos + _FRAMED_PLAIN_CHANGE.size : nxt]
+        pos = nxt
 
 
 class PgOutputParser:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from csnd.errors import StreamFormatError
 from reader.events import Event, iter_events
+from reader.pgoutput import PgOutputParser
 from reader.streamfile import StreamFileReader, StreamHeader
 
 
@@ -30,9 +31,12 @@ class RecordedSource:
                 'header "enums" must be a list of [type oid, array oid] pairs', path=self.path
             ) from None
 
-    def events(self) -> Iterator[Event]:
+    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+        """The stream's events; with `raw_changes`, row changes come in `ChangeFrames` runs, unparsed."""
+        parser = PgOutputParser()
+        frames = self._file.scan(lambda: parser.in_stream) if raw_changes else self._file
         try:
-            yield from iter_events(self._file, self.node, self.path)
+            yield from iter_events(frames, self.node, self.path, parser)
         finally:
             self._file.close()
 

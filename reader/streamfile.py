@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
 from csnd.errors import StreamFormatError
 from csnd.ids import lsn_to_str
+from reader.pgoutput import CHANGE_FRAME_MIN, CHANGE_TAGS, CHANGE_XID_OFFSET, ChangeFrames, is_change_frame
 
 MAGIC: Final = b"CSNDSTR1"
 _LEN = struct.Struct("!I")
@@ -33,6 +34,13 @@ READ_CHUNK_BYTES: Final = 1 << 20
 # A single CopyData payload larger than this is taken as corruption, not data:
 # the walsender never sends one message above 1 GB (PostgreSQL's MaxAllocSize).
 MAX_FRAME_BYTES: Final = 1 << 30
+# Row-change frames per `ChangeFrames` run at most: a run is one item of a
+# decoder batch, so this keeps a batch near its intended size.
+MAX_RUN_FRAMES: Final = 256
+# A framed change's head: length, 'w', dataStart, walEnd, sendTime, tag.
+_FRAMED_CHANGE_HEAD = struct.Struct("!IBQQqB")
+# The smallest frame `is_change_frame` takes for a row change, with its length.
+_MIN_FRAMED_CHANGE: Final = 4 + CHANGE_FRAME_MIN + 1
 
 
 @dataclass
@@ -134,6 +142,30 @@ def read_header(f: BinaryIO, path: str) -> StreamHeader:
     return StreamHeader.from_json(raw, path)
 
 
+def _change_run(buf: bytes, pos: int, in_stream: bool) -> ChangeFrames:
+    """The run of row-change frames of one (sub)transaction starting at `buf[pos]`, whole frames only.
+
+    The frame at `pos` is known to be a whole row change; the run ends at the
+    buffer's last whole frame, at a frame that is not a row change (or is
+    too short to be one: the caller's checked path reports it), at another
+    xid, or after `MAX_RUN_FRAMES`.
+    """
+    head = _FRAMED_CHANGE_HEAD.unpack_from
+    xid = _LEN.unpack_from(buf, pos + 4 + CHANGE_XID_OFFSET)[0] if in_stream else None
+    start, size = pos, len(buf)
+    lsns: list[int] = []
+    while pos + _MIN_FRAMED_CHANGE <= size and len(lsns) < MAX_RUN_FRAMES:
+        n, w, lsn, _, _, tag = head(buf, pos)
+        end = pos + 4 + n
+        if end > size or n < _MIN_FRAMED_CHANGE - 4 or w != 0x77 or tag not in CHANGE_TAGS:
+            break
+        if in_stream and _LEN.unpack_from(buf, pos + 4 + CHANGE_XID_OFFSET)[0] != xid:
+            break
+        lsns.append(lsn)
+        pos = end
+    return ChangeFrames(buf[start:pos], in_stream, xid, lsns)
+
+
 class StreamFileReader:
     """Iterates the frames of a recorded stream: `(byte_offset, payload)`.
 
@@ -152,9 +184,25 @@ class StreamFileReader:
         self.last_lsn = 0
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return self.scan()  # type: ignore[return-value]  # no runs without `in_stream`
+
+    def scan(self, in_stream: Callable[[], bool] | None = None) -> Iterator[tuple[int, bytes | ChangeFrames]]:
+        """The frames: `(byte_offset, payload)`, or with `in_stream`, row changes in runs.
+
+        With `in_stream` (asked after each frame that is not a row change:
+        whether the stream is inside a Stream Start/Stop block, which decides
+        the change layout), consecutive row changes of one (sub)transaction
+        come as one `(offset of the first, ChangeFrames)`: a slice of the read
+        buffer, not a payload object per frame.  Their loop is the one serial
+        step of a replay that looks at every frame, so it reads a change's
+        length, tag, dataStart and (in a stream) xid in one unpack, and
+        leaves anything else -- including a change too short to be one -- to
+        the checked path below it.
+        """
         f, path = self._f, self.path
         unpack_len = _LEN.unpack_from
         unpack_lsn = _LSN.unpack_from
+        stream = in_stream() if in_stream is not None else False
         offset = f.tell()
         buf = b""
         pos = 0
@@ -181,11 +229,19 @@ class StreamFileReader:
                 pos = 0
                 if end > len(buf):
                     raise self._truncated(offset, f"frame of {n} bytes has only {len(buf) - 4}")
-            payload = buf[pos + 4 : end]
-            kind = payload[0]
+            if in_stream is not None and is_change_frame(buf, pos + 4, n):
+                run_at = pos
+                run = _change_run(buf, pos, stream)
+                pos = run_at + len(run.blob)
+                if run.lsns[-1] > self.last_lsn:
+                    self.last_lsn = run.lsns[-1]
+                yield offset, run
+                offset += pos - run_at
+                continue
+            kind = buf[pos + 4]
             if (kind == 0x77 or kind == 0x6B) and n >= 9:
                 # 'w' dataStart (0/0 for Relation frames) or 'k' walEnd: for error messages
-                lsn = unpack_lsn(payload, 1)[0]
+                lsn = unpack_lsn(buf, pos + 5)[0]
                 if lsn > self.last_lsn:
                     self.last_lsn = lsn
             else:
@@ -195,7 +251,9 @@ class StreamFileReader:
                     offset=offset,
                     lsn=self.last_lsn or None,
                 )
-            yield offset, payload
+            yield offset, buf[pos + 4 : end]
+            if in_stream is not None:
+                stream = in_stream()
             offset += 4 + n
             pos = end
 

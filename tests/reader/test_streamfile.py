@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from csnd.errors import StreamFormatError
 from reader import pgoutput as p
+from reader import streamfile
 from reader.recorded import RecordedSource
 from reader.streamfile import MAGIC, StreamFileReader, StreamHeader, StreamWriter
 
@@ -85,8 +90,9 @@ def test_header_cut_short(tmp_path: Path) -> None:
         StreamFileReader(str(path))
 
 
+@pytest.mark.parametrize("raw_changes", [False, True])
 @pytest.mark.parametrize("cut", [1, 2, 5, 20])
-def test_truncated_last_frame_names_file_offset_and_lsn(tmp_path: Path, cut: int) -> None:
+def test_truncated_last_frame_names_file_offset_and_lsn(tmp_path: Path, cut: int, raw_changes: bool) -> None:
     path = tmp_path / "t.pgstream"
     _write(path, FRAMES)
     size = os.path.getsize(path)
@@ -94,20 +100,21 @@ def test_truncated_last_frame_names_file_offset_and_lsn(tmp_path: Path, cut: int
         f.truncate(size - cut)
     last_offset = size - (4 + len(FRAMES[-1]))
     with pytest.raises(StreamFormatError) as info:
-        list(RecordedSource(str(path)).events())
+        list(RecordedSource(str(path)).events(raw_changes=raw_changes))
     msg = str(info.value)
     assert "t.pgstream" in msg and "truncated last frame" in msg
     assert f"byte offset {last_offset}" in msg
     assert "0/228" in msg  # the last LSN read
 
 
-def test_unknown_message_type_names_file_offset_lsn(tmp_path: Path) -> None:
+@pytest.mark.parametrize("raw_changes", [False, True])
+def test_unknown_message_type_names_file_offset_lsn(tmp_path: Path, raw_changes: bool) -> None:
     path = tmp_path / "u.pgstream"
     bad = p.encode_xlogdata(0x300, 0x300, 1, b"Z" + b"\x00" * 8)
     _write(path, [*FRAMES[:3], bad])
     offset = 12 + len(StreamHeader(node="dn1", mode="gtm").to_json()) + sum(4 + len(f) for f in FRAMES[:3])
     with pytest.raises(StreamFormatError) as info:
-        list(RecordedSource(str(path)).events())
+        list(RecordedSource(str(path)).events(raw_changes=raw_changes))
     msg = str(info.value)
     assert "unknown pgoutput message type 'Z'" in msg
     assert f"byte offset {offset}" in msg and "node dn1" in msg and "0/300" in msg
@@ -134,6 +141,106 @@ def test_corrupt_message_inside_frame(tmp_path: Path) -> None:
     _write(path, [FRAMES[0], p.encode_xlogdata(0x150, 0x150, 1, p.encode_commit(1, 2, 3)[:4])])
     with pytest.raises(StreamFormatError, match=r"corrupt Commit message"):
         list(RecordedSource(str(path)).events())
+
+
+def _insert(lsn: int, n: int, xid: int | None = None) -> bytes:
+    return p.encode_xlogdata(lsn, lsn, 1, p.encode_insert(16384, [b"\x00\x00\x00\x01"] * n, xid=xid))
+
+
+RUN = [FRAMES[0], FRAMES[1], _insert(0x110, 1), _insert(0x120, 2), _insert(0x130, 3)]
+
+
+@pytest.mark.parametrize("raw_changes", [False, True])
+def test_file_cut_inside_a_run_of_changes_names_the_cut_frame(tmp_path: Path, raw_changes: bool) -> None:
+    path = tmp_path / "r.pgstream"
+    _write(path, RUN)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 3)
+    src = RecordedSource(str(path))
+    got = []
+    with pytest.raises(StreamFormatError) as info:
+        got.extend(_expanded(src.events(raw_changes=raw_changes)))
+    assert f"byte offset {size - (4 + len(RUN[-1]))}" in str(info.value)
+    assert "0/120" in str(info.value)  # the last whole change
+    assert [lsn for lsn, _ in got] == [0x100, 0, 0x110, 0x120]  # everything before the cut frame
+
+
+@pytest.mark.parametrize("raw_changes", [False, True])
+def test_change_too_short_to_be_one_inside_a_run_is_reported(tmp_path: Path, raw_changes: bool) -> None:
+    path = tmp_path / "s.pgstream"
+    short = p.encode_xlogdata(0x140, 0x140, 1, b"I\x00\x00")  # relid cut short
+    _write(path, [*RUN, short, _insert(0x150, 1)])
+    offset = 12 + len(StreamHeader(node="dn1", mode="gtm").to_json()) + sum(4 + len(f) for f in RUN)
+    with pytest.raises(StreamFormatError, match=rf"corrupt Insert message.*byte offset {offset}"):
+        list(RecordedSource(str(path)).events(raw_changes=raw_changes))
+
+
+def _expanded(events: Iterator[tuple[int, object]]) -> Iterator[tuple[int, object]]:
+    """Events with each `ChangeFrames` run parsed into its changes, as `events()` gives them."""
+    for lsn, msg in events:
+        if isinstance(msg, p.ChangeFrames):
+            assert msg.lsns[0] == lsn and len(msg.lsns) <= streamfile.MAX_RUN_FRAMES
+            for lsn_i, kind, xid, relid, data in p.iter_change_frames(msg.blob, msg.in_stream):
+                assert xid == msg.xid  # one (sub)transaction a run
+                yield lsn_i, (kind, xid, relid, data)
+        elif isinstance(msg, p.Change):
+            yield lsn, (msg.kind, msg.xid, msg.relid, msg.data)
+        else:  # a message as its class and fields, to compare by value
+            fields = getattr(msg, "__slots__", None)
+            fields = vars(msg) if fields is None else fields
+            yield lsn, (type(msg).__name__, *(getattr(msg, f) for f in fields))
+
+
+def _stream_of(plan: list[tuple[str, int, int]]) -> list[bytes]:
+    """Frames for a plan of (what, xid, size): plain transactions and stream blocks with subxacts."""
+    frames = []
+    lsn = 0x1000
+    for what, xid, size in plan:
+        lsn += 0x10
+        if what == "txn":
+            frames.append(p.encode_xlogdata(lsn, lsn, 1, p.encode_begin(lsn + 0x800, 5, xid)))
+            for i in range(size):
+                kind = (p.encode_insert, p.encode_delete)[i % 2]
+                frames.append(p.encode_xlogdata(lsn + i, lsn, 1, kind(16384, [b"x" * (i % 7)] * (1 + i % 3))))
+            frames.append(
+                p.encode_xlogdata(lsn + 0x800, lsn, 1, p.encode_commit(lsn + 0x800, lsn + 0x900, 5))
+            )
+        elif what == "block":
+            frames.append(p.encode_xlogdata(lsn, lsn, 1, p.encode_stream_start(xid, True)))
+            for i in range(size):
+                sub = xid + (i // 3) % 2  # runs of three changes, alternating two subxids
+                frames.append(p.encode_xlogdata(lsn + i, lsn, 1, p.encode_insert(16384, [b"y" * i], xid=sub)))
+            frames.append(p.encode_xlogdata(0, 0, 1, p.encode_stream_stop()))
+        else:
+            frames.append(p.encode_keepalive(lsn, 7, False))
+    return frames
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    plan=st.lists(
+        st.tuples(st.sampled_from(["txn", "block", "keepalive"]), st.integers(1, 2**31), st.integers(0, 12)),
+        max_size=12,
+    ),
+    chunk=st.integers(8, 400),
+    max_run=st.integers(1, 5),
+)
+def test_runs_of_raw_change_frames_are_the_parsed_changes(
+    tmp_path: Path, plan: list[tuple[str, int, int]], chunk: int, max_run: int
+) -> None:
+    """Whatever the read size and run bound, the runs hold exactly the changes `events()` parses, in order."""
+    path = tmp_path / "h.pgstream"
+    _write(path, _stream_of(plan))
+    with (
+        mock.patch.object(streamfile, "READ_CHUNK_BYTES", chunk),
+        mock.patch.object(streamfile, "MAX_RUN_FRAMES", max_run),
+    ):
+        raw = list(_expanded(RecordedSource(str(path)).events(raw_changes=True)))
+        parsed = list(_expanded(RecordedSource(str(path)).events()))
+    assert raw == parsed
+    changes = [m for _, m in raw if m[0] in ("I", "D")]
+    assert len(changes) == sum(size for what, _, size in plan if what != "keepalive")
 
 
 def test_error_is_picklable(tmp_path: Path) -> None:
