@@ -28,6 +28,12 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("reader: parse a recorded file", f"{_f(rd['reader_parse_frames_per_s'])} frames/s"))
     rows.append(
         (
+            "reader: scan the same file into runs of raw change frames (`csnd replay`'s path)",
+            f"{_f(rd['reader_scan_frames_per_s'])} frames/s",
+        )
+    )
+    rows.append(
+        (
             "reader: live capture (`csnd record`) vs `pg_recvlogical`, same WAL",
             f"{_f(live['ours_rows_per_s'])} vs {_f(live['pg_recvlogical_rows_per_s'])} rows/s "
             f"(ratio {live['ratio']:.2f})",

@@ -1,7 +1,9 @@
 """Reader benchmarks (issue: the reader).
 
 * frames per second the reader parses from a recorded file (framing and
-  pgoutput classification only, as in the pipeline);
+  pgoutput classification only), and the same file scanned into runs of raw
+  change frames as `csnd replay` reads it (`ChangeFrames`: the workers parse
+  the changes);
 * live capture rate of `csnd record` compared with `pg_recvlogical` draining a
   twin pgoutput slot over the same WAL, as a ratio.
 """
@@ -20,6 +22,7 @@ from bench.common import best_of, out_path
 from csnd.ids import lsn_from_str, lsn_to_str
 from csnd.pgserver import PG_BIN, start_server
 from reader.live import LiveOptions, LiveSource
+from reader.pgoutput import ChangeFrames
 from reader.record import record
 from reader.recorded import RecordedSource
 
@@ -35,6 +38,17 @@ def parse_rate(path: str) -> tuple[float, int]:
 
     secs, frames = best_of(3, run)
     return frames / secs, frames
+
+
+def scan_rate(path: str) -> float:
+    def run() -> int:
+        n = 0
+        for _, msg in RecordedSource(path).events(raw_changes=True):
+            n += len(msg.lsns) if isinstance(msg, ChangeFrames) else 1
+        return n
+
+    secs, frames = best_of(3, run)
+    return frames / secs
 
 
 def live_capture() -> dict[str, float]:
@@ -127,7 +141,12 @@ def live_capture() -> dict[str, float]:
 def main() -> dict[str, object]:
     live = live_capture()
     rate, frames = parse_rate(out_path("live.pgstream"))
-    results = {"reader_parse_frames_per_s": rate, "reader_parse_frames": frames, "live": live}
+    results = {
+        "reader_parse_frames_per_s": rate,
+        "reader_parse_frames": frames,
+        "reader_scan_frames_per_s": scan_rate(out_path("live.pgstream")),
+        "live": live,
+    }
     print(results, file=sys.stderr)
     return results
 

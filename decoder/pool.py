@@ -30,6 +30,7 @@ worker that dies fails the run with a `WorkerError` naming it -- never a hang.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing as mp
 import os
 import queue
@@ -50,6 +51,8 @@ BATCH_CHANGES: Final = 512
 # busy while the collector is momentarily slow; memory is about
 # N x QUEUE_DEPTH x BATCH_CHANGES changes.
 QUEUE_DEPTH: Final = 4
+# What each pipe to and from a worker may hold (see `_widen_pipe`).
+PIPE_BYTES: Final = 1 << 20
 # How often a blocked wait checks that the workers are still alive.
 LIVENESS_POLL_S: Final = 0.5
 
@@ -152,6 +155,8 @@ class DecoderPool:
         # message shows up as end-of-file here instead of a read that waits
         # forever for the rest of it.
         pipes = [ctx.Pipe(duplex=False) for _ in range(workers)]
+        for conn in [r for r, _ in pipes] + [q._reader for q in self._in]:
+            _widen_pipe(conn.fileno())
         self._out: list[Any] = [r for r, _ in pipes]
         self._procs = [
             ctx.Process(
@@ -408,6 +413,23 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _widen_pipe(fd: int) -> None:
+    """Let the pipe hold `PIPE_BYTES`, several whole batches, where the system allows it.
+
+    A batch's results are about 200 kB and a pipe holds 64 kB by default, so
+    a worker that finished a batch sat in send() until the collector -- one
+    thread of a busy process, reading the workers in rotation -- came round
+    to it, and lost its core meanwhile; the inputs likewise arrived in
+    pieces.  With room for whole batches a worker sends and goes on.
+    (A bounded queue still: `QUEUE_DEPTH` batches in, a pipe's worth out.)
+    """
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if set_size is None:
+        return
+    with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: keep the default
+        fcntl.fcntl(fd, set_size, PIPE_BYTES)
 
 
 def _signal_name(number: int) -> str:
