@@ -92,7 +92,7 @@ def replay_rate(path: str, decoders: int, rows: int) -> dict[str, float]:
 # Rounds of (1 decoder, 2 decoders), alternated so that a slow spell of this
 # shared machine hits both sides; each side's best round is its figure (as
 # timeit does: noise only ever adds time).
-ROUNDS = 3
+ROUNDS = 5
 
 
 def main() -> dict[str, object]:

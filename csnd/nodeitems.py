@@ -7,6 +7,8 @@ with `cut_batches`, the same cut, so positions `<csn, index>` agree.
 
 from __future__ import annotations
 
+import queue
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import groupby, islice
@@ -48,6 +50,40 @@ class EndItem:
     """The node's stream ended; `error` says why if it did not end normally."""
 
     error: BaseException | None = None
+
+
+NodeItem = TxnItem | BatchItem | WatermarkItem | EndItem
+
+
+class Outbox:
+    """A node pipeline's bounded output: items go in by the list, come out one at a time.
+
+    The pipeline thread hands over what one decoder batch released (several
+    transactions and the watermark after them) in one `put_many`, so the
+    lock, the wake-up and the GIL hand-off to the merge thread are paid per
+    batch, not per transaction.  `depth` bounds the lists waiting; the
+    consumer (one thread) takes items one by one, so the merge can still
+    stop taking between any two transactions.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self._lists: queue.Queue[list[NodeItem]] = queue.Queue(depth)
+        self._taken: deque[NodeItem] = deque()  # the consumer's current list
+
+    def put_many(self, items: list[NodeItem], timeout: float | None = None) -> None:
+        """Raises `queue.Full` after `timeout` seconds without room."""
+        self._lists.put(items, timeout=timeout)
+
+    def get_nowait(self) -> NodeItem:
+        """Raises `queue.Empty` if nothing is waiting."""
+        while not self._taken:
+            self._taken.extend(self._lists.get_nowait())
+        return self._taken.popleft()
+
+    def get(self) -> NodeItem:
+        while not self._taken:
+            self._taken.extend(self._lists.get())
+        return self._taken.popleft()
 
 
 def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:

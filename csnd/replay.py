@@ -5,7 +5,8 @@
     source ─► DecoderPool ─► NodeSender ─┘  (this thread)
 
 Each node pipeline runs in its own thread and hands finished transactions and
-watermarks to the merge through a bounded per-node queue; the merge thread
+watermarks to the merge through a bounded per-node `Outbox`, what each
+decoder batch released in one hand-off (not one per transaction); the merge thread
 only takes from a node while the merge wants more from it, so a node far
 ahead blocks on its own queue (back-pressure) instead of being buffered
 without limit.
@@ -38,10 +39,10 @@ from coordinator import (
     json_head,
 )
 from csnd.errors import ConfigError, CsndError
-from csnd.nodeitems import BatchItem, EndItem, TxnItem, WatermarkItem, cut_batches
+from csnd.nodeitems import BatchItem, EndItem, NodeItem, Outbox, TxnItem, WatermarkItem, cut_batches
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.change import DecodedRun
-from decoder.pool import DecoderPool
+from decoder.pool import BATCH_END, DecoderPool
 from reader.recorded import RecordedSource
 from sender import NodeSender
 
@@ -91,7 +92,7 @@ class NodePipeline:
         enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         self.sender = NodeSender(self.node, source.mode)
-        self.out: queue.Queue[TxnItem | WatermarkItem | EndItem] = queue.Queue(NODE_QUEUE_DEPTH)
+        self.out = Outbox(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
@@ -100,10 +101,10 @@ class NodePipeline:
         self.wakeup = wakeup
         self.thread.start()
 
-    def _put(self, item: TxnItem | WatermarkItem | EndItem) -> None:
+    def _put(self, items: list[NodeItem]) -> None:
         while True:
             try:
-                self.out.put(item, timeout=0.5)
+                self.out.put_many(items, timeout=0.5)
                 break
             except queue.Full:
                 if self._stop.is_set():
@@ -112,6 +113,7 @@ class NodePipeline:
         self.wakeup.set()
 
     def _run(self) -> None:
+        released: list[NodeItem] = []  # handed on at the end of each decoder batch
         try:
             sender = self.sender
             feed = sender.feed
@@ -120,19 +122,24 @@ class NodePipeline:
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark
                     continue
+                if item is BATCH_END:
+                    wm = sender.watermark
+                    if wm is not None and wm != last_wm:
+                        last_wm = wm  # the last one covers every transaction before it
+                        released.append(WatermarkItem(wm))
+                    if released:
+                        self._put(released)
+                        released = []
+                    continue
                 if self._stop.is_set():
                     break
                 for txn in feed(lsn, item):
-                    self._put(TxnItem(txn, sender.confirmable_lsn))
-                wm = sender.watermark
-                if wm is not None and wm != last_wm:
-                    last_wm = wm
-                    self._put(WatermarkItem(wm))
+                    released.append(TxnItem(txn, sender.confirmable_lsn))
             if not self._stop.is_set():
                 sender.finish()
-            self._put(EndItem())
+            self._put([*released, EndItem()])
         except BaseException as e:  # noqa: BLE001 - handed to the merge thread
-            self._put(EndItem(e))
+            self._put([*released, EndItem(e)])
 
     def stop(self) -> None:
         self._stop.set()

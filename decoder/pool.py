@@ -95,6 +95,14 @@ class _Batch:
 _END: Final = object()
 
 
+class _BatchEnd:
+    def __repr__(self) -> str:
+        return "BATCH_END"
+
+
+BATCH_END: Final = _BatchEnd()  # `DecoderPool.run`'s mark after each batch
+
+
 def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
     """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
 
@@ -130,7 +138,9 @@ class DecoderPool:
     `run(events)` yields `(lsn, item)` where item is the original message, a
     `DecodedRun` in place of each run of consecutive row changes of one
     (sub)transaction (`lsn` its first change's), or a `DecodedChange` per
-    table of a TRUNCATE.
+    table of a TRUNCATE; and `(0, BATCH_END)` after each batch, where the
+    next item may mean waiting for a worker (a consumer that hands results
+    on to another thread hands them on there, in one go).
     """
 
     def __init__(
@@ -299,6 +309,7 @@ class DecoderPool:
                 assert isinstance(item, _Batch)
                 if item.worker < 0:
                     yield from item.events
+                    yield 0, BATCH_END
                     continue
                 decoded = self._result(item.worker)
                 self.stats.batches += 1
@@ -315,6 +326,7 @@ class DecoderPool:
                         at += 1
                     else:
                         yield lsn, msg
+                yield 0, BATCH_END
         finally:
             self.close()
             feeder.join(timeout=5)
