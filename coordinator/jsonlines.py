@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from itertools import groupby
 from typing import TYPE_CHECKING, Final
 
-from coordinator.batch import change_body, change_cid
+from coordinator.batch import change_body
 from csnd.ids import lsn_to_str, pg_time_to_iso
 
 if TYPE_CHECKING:
@@ -50,18 +49,16 @@ def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, Node
 
 
 def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> str:
-    """The change objects of one batch, comma-separated (and comma-led unless `first`).
+    """The change objects of one merge batch, comma-separated (and comma-led unless `first`).
 
-    The changes of one cid are one C-level join of their bodies (a merge
-    batch holds one cid): this runs in the coordinator's single thread, once
-    per change of the whole cluster.
+    A merge batch holds one cid (`CsnMerge.add_batch` checks), so this is one
+    C-level join of the bodies: it runs in the coordinator's single thread,
+    once per change of the whole cluster.
     """
-    prefix = f'{{"node": {_node_key(node)}, "cid": '
-    parts = []
-    for cid, changes in groupby(chunk, key=change_cid):
-        head = f"{prefix}{cid}, "
-        parts.append(head + f"}}, {head}".join(map(change_body, changes)) + "}")
-    text = ", ".join(parts)
+    if not chunk:
+        return ""
+    head = f'{{"node": {_node_key(node)}, "cid": {chunk[0][0]}, '
+    text = head + f"}}, {head}".join(map(change_body, chunk)) + "}"
     return text if first else ", " + text
 
 

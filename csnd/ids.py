@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import NewType
 
 Lsn = NewType("Lsn", int)
@@ -44,8 +45,21 @@ def pg_time_to_datetime(us: int) -> datetime:
 
 
 def pg_time_to_iso(us: int) -> str:
-    """Microseconds since the PostgreSQL epoch -> ISO 8601 with `+00:00`."""
-    return pg_time_to_datetime(us).isoformat()
+    """Microseconds since the PostgreSQL epoch -> ISO 8601 with `+00:00`, as `datetime.isoformat`.
+
+    Once per transaction in the coordinator's one thread: the date and time
+    of a second come from a cache (commits cluster in time), the
+    microseconds are appended.
+    """
+    seconds, micros = divmod(us, 1_000_000)
+    if micros:
+        return f"{_iso_second(seconds)}.{micros:06d}+00:00"
+    return f"{_iso_second(seconds)}+00:00"
+
+
+@lru_cache(maxsize=1024)
+def _iso_second(seconds: int) -> str:
+    return (PG_EPOCH + timedelta(seconds=seconds)).replace(tzinfo=None).isoformat()
 
 
 def unix_us_to_pg_time(unix_us: int) -> int:

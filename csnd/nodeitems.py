@@ -94,6 +94,17 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     change of the node.
     """
     head = (txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time)
+    changes = txn.changes
+    if type(changes) is list and len(changes) <= MERGE_BATCH_CHANGES:
+        # The common case, a transaction in memory: cids never decrease inside
+        # a transaction (the sender checks its cid markers), so equal cids at
+        # both ends make the list itself the one batch -- no pass over it.
+        if not changes:
+            yield NodeBatch(*head, 0, changes, True)
+            return
+        if changes[0][0] == changes[-1][0]:
+            yield NodeBatch(*head, changes[0][0], changes, True)
+            return
     chunk: list[tuple[int, int, str]] = []
     cid = 0
     for group_cid, group in groupby(txn.changes, key=change_cid):

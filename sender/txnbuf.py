@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable
 from itertools import chain, repeat
 from typing import IO, Final
 
@@ -165,11 +165,13 @@ class TxnBuffer:
         if self._run_sub == subxid:
             self._run_sub = _NO_RUN
 
-    def drain(self) -> Iterator[Change]:
+    def drain(self) -> Iterable[Change]:
         """Hand the changes over, in append order; the buffer is empty afterwards.
 
-        For a spilled buffer the iterator owns the file: it reads it back
-        lazily and closes it when exhausted, closed or garbage-collected.
+        A buffer held in one run hands over that run's list itself (the merge
+        batch cut takes it whole when it can).  For a spilled buffer the
+        iterator owns the file: it reads it back lazily and closes it when
+        exhausted, closed or garbage-collected.
         """
         if self._done:
             raise RuntimeError(f"transaction {self.xid}: changes were already released")
@@ -179,7 +181,7 @@ class TxnBuffer:
             runs = self._runs
             self._reset_memory()
             if len(runs) == 1:
-                return iter(runs[0][1])
+                return runs[0][1]
             return chain.from_iterable(run for _, run in runs)
         self._file = None
         try:
