@@ -84,6 +84,27 @@ def test_stdout_is_the_default_output(clusters: dict[str, Path]) -> None:
     assert proc.stdout == (d / "expected.jsonl").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("how", ["disk full", "reader gone"])
+def test_output_that_cannot_be_written_is_a_clear_error(clusters: dict[str, Path], how: str) -> None:
+    d = clusters["2t"]
+    assert (d / "expected.jsonl").stat().st_size > 1 << 17  # more than a pipe holds: the writer must block
+    cmd = [*CSND, "replay", *streams(d)]
+    if how == "disk full":
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+        reason = "No space left on device"
+    else:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+            assert p.stdout is not None and p.stderr is not None
+            p.stdout.read(10)
+            p.stdout.close()  # the reader of the pipe goes away mid-stream
+            stderr = p.stderr.read()
+            proc = subprocess.CompletedProcess(cmd, p.wait(timeout=300), "", stderr)
+        reason = "Broken pipe"
+    line = one_error_line(proc)
+    assert line == f"csnd replay: error: cannot write the output to standard output: {reason}"
+
+
 def test_the_order_of_sources_on_the_command_line_does_not_matter(clusters: dict[str, Path]) -> None:
     d = clusters["3b"]
     proc = replay(*reversed(streams(d)), "--decoders", "1")
