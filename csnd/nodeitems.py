@@ -107,7 +107,7 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
             return
     chunk: list[tuple[int, int, str]] = []
     cid = 0
-    for group_cid, group in groupby(txn.changes, key=change_cid):
+    for group_cid, group in groupby(changes, key=change_cid):
         while True:
             nxt = list(islice(group, MERGE_BATCH_CHANGES))  # noqa: B031 - consumed in slices on purpose
             if not nxt:

@@ -437,12 +437,13 @@ def _sigint_ignored() -> Iterator[None]:
 def _widen_pipe(fd: int) -> None:
     """Let the pipe hold `PIPE_BYTES`, several whole batches, where the system allows it.
 
-    A batch's results are about 200 kB and a pipe holds 64 kB by default, so
-    a worker that finished a batch sat in send() until the collector -- one
-    thread of a busy process, reading the workers in rotation -- came round
-    to it, and lost its core meanwhile; the inputs likewise arrived in
-    pieces.  With room for whole batches a worker sends and goes on.
-    (A bounded queue still: `QUEUE_DEPTH` batches in, a pipe's worth out.)
+    A batch's results are hundreds of kB (a wide-row batch of 512 changes:
+    about 200 kB) and a pipe holds 64 kB by default, so a worker that
+    finished a batch sat in send() until the collector -- one thread of a
+    busy process, reading the workers in rotation -- came round to it, and
+    lost its core meanwhile; the inputs likewise arrived in pieces.  With
+    room for a whole batch a worker sends and goes on.  (A bounded queue
+    still: `QUEUE_DEPTH` batches in, a pipe's worth out.)
     """
     set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
     if set_size is None:
