@@ -67,12 +67,22 @@ class Outbox:
     """
 
     def __init__(self, depth: int) -> None:
+        self.capacity = depth
+        self.peak = 0  # the most lists ever waiting (STYLE rule 10: depth and peak are metrics)
         self._lists: queue.Queue[list[NodeItem]] = queue.Queue(depth)
         self._taken: deque[NodeItem] = deque()  # the consumer's current list
+
+    @property
+    def depth(self) -> int:
+        """Lists waiting now."""
+        return self._lists.qsize()
 
     def put_many(self, items: list[NodeItem], timeout: float | None = None) -> None:
         """Raises `queue.Full` after `timeout` seconds without room."""
         self._lists.put(items, timeout=timeout)
+        depth = self._lists.qsize()
+        if depth > self.peak:
+            self.peak = depth
 
     def get_nowait(self) -> NodeItem:
         """Raises `queue.Empty` if nothing is waiting."""

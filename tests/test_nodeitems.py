@@ -38,8 +38,11 @@ def test_the_outbox_is_bounded_by_lists() -> None:
     box.put_many([WatermarkItem(2), WatermarkItem(3)])
     with pytest.raises(queue.Full):
         box.put_many([WatermarkItem(4)], timeout=0.01)
+    assert (box.depth, box.peak, box.capacity) == (2, 2, 2)
     assert box.get_nowait() == WatermarkItem(1)  # taking a list makes room for one
+    assert box.depth == 1
     box.put_many([WatermarkItem(4)], timeout=0.01)
+    assert (box.depth, box.peak) == (2, 2)
 
 
 def test_get_waits_for_the_producer() -> None:
