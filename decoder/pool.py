@@ -80,6 +80,8 @@ class QueueStats:
 
 @dataclass
 class PoolStats:
+    """Batches and changes decoded; each worker's input queue, then the batches in flight (last)."""
+
     batches: int = 0
     changes: int = 0
     queues: list[QueueStats] = field(default_factory=list)
@@ -181,11 +183,13 @@ class DecoderPool:
             )
             for i in range(workers)
         ]
+        # batches cut by the reader thread, waiting for their results, in order
+        pending = workers * (QUEUE_DEPTH + 1)
+        self._skeletons: queue.Queue[_Batch | object] = queue.Queue(pending)
         self.stats = PoolStats(
             queues=[QueueStats(f"decoder-{node}-{i}-in", QUEUE_DEPTH) for i in range(workers)]
+            + [QueueStats(f"decoder-{node}-in-flight", pending)]
         )
-        # batches cut by the reader thread, waiting for their results, in order
-        self._skeletons: queue.Queue[_Batch | object] = queue.Queue(workers * (QUEUE_DEPTH + 1))
         self._reader_error: BaseException | None = None
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
@@ -291,9 +295,10 @@ class DecoderPool:
         while not self._stop.is_set():
             try:
                 self._skeletons.put(item, timeout=LIVENESS_POLL_S)
-                return
             except queue.Full:
                 continue
+            self.stats.queues[-1].observe(self._skeletons.qsize())
+            return
 
     # --- collector side (the caller's thread) --------------------------------------
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import fcntl
+import struct
+from pathlib import Path
 
+from decoder.change import DecodedRun
 from decoder.pool import PIPE_BYTES, DecoderPool
+from reader import pgoutput as p
+from reader.recorded import RecordedSource
+from reader.streamfile import StreamHeader, StreamWriter
 
 
 def _pipe_max() -> int:
@@ -23,3 +29,38 @@ def test_pipes_to_and_from_workers_hold_whole_batches() -> None:
     # where the system caps pipes lower, they keep Linux's default of 64 kB
     expected = PIPE_BYTES if _pipe_max() >= PIPE_BYTES else 1 << 16
     assert sizes == [expected] * 4
+
+
+def test_runs_of_raw_frames_decode_in_order_and_every_queue_reports_depth(tmp_path: Path) -> None:
+    """Three transactions of raw change runs through two workers, a batch each, so they cross workers."""
+    path = tmp_path / "s.pgstream"
+    with StreamWriter(str(path), StreamHeader(node="dn1", binary=True, mode="single")) as w:
+        w.write_frame(
+            p.encode_xlogdata(
+                0, 0, 1, p.encode_relation(16384, "public", "t", "d", [p.Column(1, "id", 23, -1)])
+            )
+        )
+        lsn = 0x100
+        for xid in (700, 701, 702):
+            w.write_frame(p.encode_xlogdata(lsn, lsn, 1, p.encode_begin(lsn + 0x80, 5, xid)))
+            for i in range(3):
+                row = struct.pack("!i", xid * 10 + i)
+                w.write_frame(p.encode_xlogdata(lsn + 8 * (i + 1), lsn, 1, p.encode_insert(16384, [row])))
+            w.write_frame(p.encode_xlogdata(lsn + 0x80, lsn, 1, p.encode_commit(lsn + 0x80, lsn + 0x90, 5)))
+            lsn += 0x100
+    pool = DecoderPool("dn1", 2, binary=True, batch_changes=2)
+    runs = [
+        item
+        for _, item in pool.run(RecordedSource(str(path)).events(raw_changes=True))
+        if isinstance(item, DecodedRun)
+    ]
+    ids = [int(body.rsplit('"id": ', 1)[1].rstrip("}")) for run in runs for body in run.bodies]
+    assert ids == [xid * 10 + i for xid in (700, 701, 702) for i in range(3)]
+    assert [lsn for run in runs for lsn in run.lsns] == [
+        0x100 + 0x100 * t + 8 * (i + 1) for t in range(3) for i in range(3)
+    ]
+    # a run is never split: each transaction's run of 3 passes the bound of 2 and ends its batch
+    assert (pool.stats.changes, pool.stats.batches) == (9, 3)
+    names = [q.name for q in pool.stats.queues]
+    assert names == ["decoder-dn1-0-in", "decoder-dn1-1-in", "decoder-dn1-in-flight"]
+    assert all(0 < q.peak <= q.capacity for q in pool.stats.queues), pool.stats.queues
