@@ -51,7 +51,18 @@ from csnd.ids import lsn_to_str
 from decoder import jsontext as J
 from decoder import values as V
 from decoder.change import DecodedChange
-from decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_update
+from decoder.tuples import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED,
+    NEW_TUPLE,
+    UNCHANGED,
+    TupleValue,
+    split_delete,
+    split_insert,
+    split_update,
+)
 from reader.pgoutput import Change, Relation, Truncate, TypeMsg
 
 __all__ = ["RelationCache", "Table", "decode_change", "row_change_body"]
@@ -62,6 +73,9 @@ __all__ = ["RelationCache", "Table", "decode_change", "row_change_body"]
 _VALUE_ERRORS: Final = (ValueError, KeyError, IndexError, OverflowError, struct.error, DataError)
 
 _OPS: Final = {"I": "insert", "U": "update", "D": "delete"}
+
+_unpack_i16 = struct.Struct("!h").unpack_from
+_unpack_i32 = struct.Struct("!i").unpack_from
 
 _Decoders = tuple[str, V.BinaryDecoder, V.TextDecoder]  # column name, binary, text
 
@@ -258,7 +272,62 @@ def _row(table: Table, values: list[TupleValue], lsn: int, xid: int | None) -> t
     except _VALUE_ERRORS as e:
         raise DecodeError(_value_error(table, table.name_of[key], v, e), lsn=lsn, xid=xid) from e
     body = "{" + ", ".join(parts) + "}"
-    return body, "" if unchanged is None else f', "unchanged": {J.encode_value(unchanged)}'
+    return body, _unchanged_json(unchanged)
+
+
+def _row_wire(table: Table, data: bytes, pos: int) -> tuple[str, str, int] | None:
+    """`_row` of the tuple at `data[pos]` read straight off the wire, and its end; None at any oddity.
+
+    The hot path of inserts (and of updates that log no old tuple): one walk
+    builds each column's JSON text as it meets the column, instead of
+    `split_tuple`'s list of values and then `_row`'s second loop over it --
+    about a third less time for a wide row.  It checks only what keeps it
+    inside the data, and gives up (None) at the first thing out of the
+    ordinary -- a column count other than the table's, a length past the
+    end, an unknown kind, a value its builder refuses -- so that the caller
+    takes the checked path (`split_tuple` + `_row`), which names the problem.
+    """
+    end = len(data)
+    columns = table.json_columns
+    if pos + 2 > end or _unpack_i16(data, pos)[0] != len(columns):
+        return None
+    pos += 2
+    parts: list[str] = []
+    append = parts.append
+    unchanged: list[str] | None = None
+    try:
+        for key, binary, text in columns:
+            kind = data[pos]
+            if kind == KIND_BINARY:
+                start = pos + 5
+                pos = start + _unpack_i32(data, pos + 1)[0]
+                if pos > end or pos < start:
+                    return None
+                append(key + binary(data[start:pos]))
+            elif kind == KIND_NULL:
+                append(key + "null")
+                pos += 1
+            elif kind == KIND_TEXT:
+                start = pos + 5
+                pos = start + _unpack_i32(data, pos + 1)[0]
+                if pos > end or pos < start:
+                    return None
+                append(key + text(data[start:pos].decode("utf-8")))
+            elif kind == KIND_UNCHANGED:
+                if unchanged is None:
+                    unchanged = []
+                unchanged.append(table.name_of[key])
+                pos += 1
+            else:
+                return None
+    except Exception:  # noqa: BLE001 - any failure: the checked path raises the precise error
+        return None
+    return "{" + ", ".join(parts) + "}", _unchanged_json(unchanged), pos
+
+
+def _unchanged_json(names: list[str] | None) -> str:
+    """`, "unchanged": [...]` after a row's new tuple, or '' when every column was sent."""
+    return "" if names is None else f', "unchanged": {J.encode_value(names)}'
 
 
 def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int | None) -> str:
@@ -335,6 +404,10 @@ def row_change_body(
         raise DecodeError(e.message, lsn=lsn, xid=xid) from None
     if binary and table.unreadable is not None:
         raise DecodeError(table.unreadable, lsn=lsn, xid=xid)
+    if (kind == "I" or kind == "U") and data and data[0] == NEW_TUPLE:  # no old tuple
+        fast = _row_wire(table, data, 1)
+        if fast is not None and fast[2] == len(data):
+            return f'{_at(lsn)}{table.heads[kind]}null, "new": {fast[0]}{fast[1]}'
     try:
         if kind == "I":
             new, unchanged = _row(table, split_insert(data), lsn, xid)

@@ -40,12 +40,14 @@ __all__ = ["UNCHANGED", "TupleValue", "split_delete", "split_insert", "split_tup
 _unpack_i16 = struct.Struct("!h").unpack_from
 _unpack_i32 = struct.Struct("!i").unpack_from
 
-_NULL: Final = 0x6E  # 'n'
-_UNCHANGED: Final = 0x75  # 'u'
-_TEXT: Final = 0x74  # 't'
-_BINARY: Final = 0x62  # 'b'
-_WITH_VALUE: Final = frozenset((_TEXT, _BINARY))
-_NEW: Final = 0x4E  # 'N'
+# Column kinds, and the tag before a new tuple (public: `decoder.rows` reads
+# an insert's tuple straight off the wire on its hot path).
+KIND_NULL: Final = 0x6E  # 'n'
+KIND_UNCHANGED: Final = 0x75  # 'u'
+KIND_TEXT: Final = 0x74  # 't'
+KIND_BINARY: Final = 0x62  # 'b'
+_WITH_VALUE: Final = frozenset((KIND_TEXT, KIND_BINARY))
+NEW_TUPLE: Final = 0x4E  # 'N'
 _KEY: Final = 0x4B  # 'K'
 _OLD: Final = 0x4F  # 'O'
 
@@ -77,17 +79,17 @@ def split_tuple(data: bytes, pos: int) -> tuple[list[TupleValue], int]:
                     f"{start}, {end - start} left"
                 )
             raw = data[start:pos]
-            if kind == _BINARY:
+            if kind == KIND_BINARY:
                 append(raw)
             else:
                 try:
                     append(raw.decode("utf-8"))
                 except UnicodeDecodeError as e:
                     raise DecodeError(f"text value of column {i + 1} is not valid utf-8: {e}") from None
-        elif kind == _NULL:
+        elif kind == KIND_NULL:
             append(None)
             pos += 1
-        elif kind == _UNCHANGED:
+        elif kind == KIND_UNCHANGED:
             append(UNCHANGED)
             pos += 1
         else:
@@ -112,7 +114,7 @@ def _finish(data: bytes, pos: int, what: str) -> None:
 
 def split_insert(data: bytes) -> list[TupleValue]:
     """`'N' tuple` -> the new row's columns."""
-    _expect(data, 0, _NEW, "insert data")
+    _expect(data, 0, NEW_TUPLE, "insert data")
     new, pos = split_tuple(data, 1)
     _finish(data, pos, "insert data")
     return new
@@ -126,7 +128,7 @@ def split_update(data: bytes) -> tuple[str | None, list[TupleValue] | None, list
     if data[:1] in (b"K", b"O"):
         old_kind = chr(data[0])
         old, pos = split_tuple(data, 1)
-    _expect(data, pos, _NEW, "update data")
+    _expect(data, pos, NEW_TUPLE, "update data")
     new, pos = split_tuple(data, pos + 1)
     _finish(data, pos, "update data")
     return old_kind, old, new

@@ -16,13 +16,18 @@ import pickle
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from csnd.errors import DecodeError
 from csnd.ids import lsn_from_str, lsn_to_str
-from decoder import DecodedChange, RelationCache, decode_change
+from decoder import DecodedChange, RelationCache, decode_change, rows
+from decoder.rows import row_change_body
 from gtm import GenerateOptions, generate_cluster
+from gtm import pgtypes as PT
 from reader import pgoutput as p
 from reader.events import iter_events
 from reader.pgoutput import UNCHANGED, Change, Column, Relation, Truncate, TypeMsg
@@ -408,6 +413,60 @@ def test_corrupt_changes() -> None:
         decode_change(change(p.encode_delete(16384, [I8, UNCHANGED, None], "O")), 0, cache, True)
     with pytest.raises(DecodeError, match="unknown change kind 'X'"):
         decode_change(Change("X", None, 16384, b""), 0, cache, True)
+
+
+def _outcome(kind: str, data: bytes, cache: RelationCache, binary: bool) -> tuple[str, ...]:
+    try:
+        return ("body", row_change_body(kind, None, 16384, data, 0x10, cache, binary))
+    except DecodeError as e:
+        return ("error", str(e))
+
+
+_CELL = st.one_of(
+    st.none(),
+    st.just(UNCHANGED),
+    st.integers(-(2**63), 2**63 - 1).map(lambda v: ("int8", v)),
+    st.text(max_size=8).map(lambda v: ("text", v)),
+    st.decimals(allow_nan=False, allow_infinity=False, places=2).map(lambda v: ("numeric", v)),
+    st.binary(max_size=9),  # anything at all in binary
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cells=st.lists(_CELL, min_size=2, max_size=4),
+    binary=st.booleans(),
+    kind=st.sampled_from(["I", "U"]),
+    cut=st.none() | st.integers(0, 60),
+    flip=st.none() | st.tuples(st.integers(0, 60), st.integers(1, 255)),
+    junk=st.binary(max_size=2),
+)
+def test_the_insert_fast_path_says_what_the_checked_path_says(
+    cells: list[Any], binary: bool, kind: str, cut: int | None, flip: tuple[int, int] | None, junk: bytes
+) -> None:
+    """Row tuples read straight off the wire (`_row_wire`) give the body -- or the error -- of split + `_row`.
+
+    Tuples of valid and arbitrary values, of the table's width or not, cut short, with a byte changed or
+    bytes added after: the fast path must never say something the checked path would not.
+    """
+    types = {"int8": PT.INT8, "text": PT.TEXT, "numeric": PT.NUMERIC}
+    wire: list[Any] = []
+    for c in cells:
+        if isinstance(c, tuple):
+            wire.append(types[c[0]].cell(c[1], binary)[0])
+        else:
+            wire.append(c)
+    data = bytearray(p.encode_insert(16384, wire)[5:])  # after 'I' and the relid: 'N' tuple
+    if cut is not None:
+        del data[cut:]
+    if flip is not None and flip[0] < len(data):
+        data[flip[0]] ^= flip[1]
+    data += junk
+    cache = cache_with(ACCT)
+    fast = _outcome(kind, bytes(data), cache, binary)
+    with mock.patch.object(rows, "_row_wire", lambda *_: None):
+        checked = _outcome(kind, bytes(data), cache, binary)
+    assert fast == checked
 
 
 # --- the synthetic cluster's streams against its expected output -------------------
