@@ -61,15 +61,15 @@ class Outbox:
     The pipeline thread hands over what one decoder batch released (several
     transactions and the watermark after them) in one `put_many`, so the
     lock, the wake-up and the GIL hand-off to the merge thread are paid per
-    batch, not per transaction.  `depth` bounds the lists waiting; the
+    batch, not per transaction.  `capacity` bounds the lists waiting; the
     consumer (one thread) takes items one by one, so the merge can still
     stop taking between any two transactions.
     """
 
-    def __init__(self, depth: int) -> None:
-        self.capacity = depth
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         self.peak = 0  # the most lists ever waiting (STYLE rule 10: depth and peak are metrics)
-        self._lists: queue.Queue[list[NodeItem]] = queue.Queue(depth)
+        self._lists: queue.Queue[list[NodeItem]] = queue.Queue(capacity)
         self._taken: deque[NodeItem] = deque()  # the consumer's current list
 
     @property
@@ -105,16 +105,12 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     """
     head = (txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time)
     changes = txn.changes
-    if type(changes) is list and len(changes) <= MERGE_BATCH_CHANGES:
+    if type(changes) is list and 0 < len(changes) <= MERGE_BATCH_CHANGES and changes[0][0] == changes[-1][0]:
         # The common case, a transaction in memory: cids never decrease inside
         # a transaction (the sender checks its cid markers), so equal cids at
         # both ends make the list itself the one batch -- no pass over it.
-        if not changes:
-            yield NodeBatch(*head, 0, changes, True)
-            return
-        if changes[0][0] == changes[-1][0]:
-            yield NodeBatch(*head, changes[0][0], changes, True)
-            return
+        yield NodeBatch(*head, changes[0][0], changes, True)
+        return
     chunk: list[tuple[int, int, str]] = []
     cid = 0
     for group_cid, group in groupby(changes, key=change_cid):

@@ -52,8 +52,8 @@ NODE_QUEUE_DEPTH: Final = 64
 # Output is handed to the file in chunks of this many bytes: fewer GIL
 # round trips for the merge thread, at most this much held in memory.
 OUTPUT_CHUNK_BYTES: Final = 1 << 20
-# Pieces per writev() call at most (POSIX IOV_MAX is at least 16; Linux's is 1024).
-_IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+# Pieces per writev() call at most (the system's IOV_MAX; Linux's is 1024).
+_IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX"), 1024)
 # How often output is flushed/fsynced and live slots confirmed.
 CONFIRM_INTERVAL_S: Final = 1.0
 
@@ -215,14 +215,9 @@ class _Output:
             try:
                 written = os.writev(self.fd, batch)
             except OSError as e:
-                self._pending.clear()  # nothing more goes out: abandon() must not try again
-                where = self.partial or "standard output"
-                raise CsndError(f"cannot write the output to {where}: {e.strerror or e}") from None
+                raise self._failed(e.strerror or str(e)) from None
             if not written and any(batch):
-                self._pending.clear()
-                raise CsndError(
-                    f"cannot write the output to {self.partial or 'standard output'}: it takes no bytes"
-                )
+                raise self._failed("it takes no bytes")
             # A short write (a pipe, a signal): drop what went out, keep the rest of a piece.
             done = 0
             while done < len(batch) and written >= len(batch[done]):
@@ -232,6 +227,10 @@ class _Output:
                 pending[done] = pending[done][written:]
             del pending[:done]
         self._pending_bytes = 0
+
+    def _failed(self, reason: str) -> CsndError:
+        self._pending.clear()  # nothing more goes out: abandon() must not try again
+        return CsndError(f"cannot write the output to {self.partial or 'standard output'}: {reason}")
 
     def sync(self) -> None:
         self._drain()

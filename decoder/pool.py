@@ -231,15 +231,15 @@ class DecoderPool:
             run_lsns: list[int] = []  # the open run's (none yet)
             for event in events:
                 msg = event[1]
-                kind = type(msg)
-                if kind is ChangeFrames or kind is Change:  # the hot path: nearly every event of a busy node
+                cls = type(msg)
+                if cls is ChangeFrames or cls is Change:  # the hot path: nearly every event of a busy node
                     lsn = event[0]
                     if msg.xid != run_xid:
                         run = _Run(msg.xid)
                         keep((lsn, run))
                         run_lsns = run.lsns
                         run_xid = msg.xid
-                    if kind is ChangeFrames:
+                    if cls is ChangeFrames:
                         run_lsns += msg.lsns
                         wire((lsn, "F", msg.xid, msg.in_stream, msg.blob))
                         pending += len(msg.lsns)

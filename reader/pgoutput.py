@@ -457,31 +457,29 @@ class ChangeFrames:
         return f"ChangeFrames(n={len(self.lsns)}, xid={self.xid}, in_stream={self.in_stream})"
 
 
-# A framed change as `ChangeFrames.blob` holds it: length, 'w', XLogData header, tag, [xid,] relid.
-_FRAMED_STREAM_CHANGE = struct.Struct("!IBQQqBII")
-_FRAMED_PLAIN_CHANGE = struct.Struct("!IBQQqBI")
+# A change as `ChangeFrames.blob` holds it: the frame's length and 'w' before
+# the XLogData layouts above.  The head (through the tag) is what the reader
+# checks; the full layouts are what the workers unpack.
+FRAMED_CHANGE_HEAD: Final = struct.Struct("!IB" + _PLAIN_CHANGE.format[1:-1])
+_FRAMED_STREAM_CHANGE: Final = struct.Struct("!IB" + _STREAM_CHANGE.format[1:])
+_FRAMED_PLAIN_CHANGE: Final = struct.Struct("!IB" + _PLAIN_CHANGE.format[1:])
 
 
 def iter_change_frames(blob: bytes, in_stream: bool) -> Iterator[tuple[int, str, int | None, int, bytes]]:
     """`(dataStart, kind, xid, relid, tuple data)` of each frame of a `ChangeFrames.blob`.
 
     The reader checked each frame's length and tag before it put the frame
-    in the run, so this only unpacks.
+    in the run, so this only unpacks: length, 'w', dataStart, walEnd,
+    sendTime, tag, [xid,] relid.
     """
+    layout = _FRAMED_STREAM_CHANGE if in_stream else _FRAMED_PLAIN_CHANGE
+    unpack, data_at = layout.unpack_from, layout.size
     pos, end = 0, len(blob)
-    if in_stream:
-        unpack_stream = _FRAMED_STREAM_CHANGE.unpack_from
-        while pos < end:
-            n, _, lsn, _, _, tag, xid, relid = unpack_stream(blob, pos)
-            nxt = pos + 4 + n
-            yield lsn, _CHANGE_KINDS[tag], xid, relid, blob[pos + _FRAMED_STREAM_CHANGE.size : nxt]
-            pos = nxt
-        return
-    unpack_plain = _FRAMED_PLAIN_CHANGE.unpack_from
     while pos < end:
-        n, _, lsn, _, _, tag, relid = unpack_plain(blob, pos)
-        nxt = pos + 4 + n
-        yield lsn, _CHANGE_KINDS[tag], None, relid, blob[pos + _FRAMED_PLAIN_CHANGE.size : nxt]
+        fields = unpack(blob, pos)
+        nxt = pos + 4 + fields[0]
+        xid = fields[6] if in_stream else None
+        yield fields[2], _CHANGE_KINDS[fields[5]], xid, fields[-1], blob[pos + data_at : nxt]
         pos = nxt
 
 

@@ -21,7 +21,14 @@ from typing import Any, BinaryIO, Final
 
 from csnd.errors import StreamFormatError
 from csnd.ids import lsn_to_str
-from reader.pgoutput import CHANGE_FRAME_MIN, CHANGE_TAGS, CHANGE_XID_OFFSET, ChangeFrames, is_change_frame
+from reader.pgoutput import (
+    CHANGE_FRAME_MIN,
+    CHANGE_TAGS,
+    CHANGE_XID_OFFSET,
+    FRAMED_CHANGE_HEAD,
+    ChangeFrames,
+    is_change_frame,
+)
 
 MAGIC: Final = b"CSNDSTR1"
 _LEN = struct.Struct("!I")
@@ -37,8 +44,6 @@ MAX_FRAME_BYTES: Final = 1 << 30
 # Row-change frames per `ChangeFrames` run at most: a run is one item of a
 # decoder batch, so this keeps a batch near its intended size.
 MAX_RUN_FRAMES: Final = 256
-# A framed change's head: length, 'w', dataStart, walEnd, sendTime, tag.
-_FRAMED_CHANGE_HEAD = struct.Struct("!IBQQqB")
 # The smallest frame `is_change_frame` takes for a row change, with its length.
 _MIN_FRAMED_CHANGE: Final = 4 + CHANGE_FRAME_MIN + 1
 
@@ -150,7 +155,7 @@ def _change_run(buf: bytes, pos: int, in_stream: bool) -> ChangeFrames:
     too short to be one: the caller's checked path reports it), at another
     xid, or after `MAX_RUN_FRAMES`.
     """
-    head = _FRAMED_CHANGE_HEAD.unpack_from
+    head = FRAMED_CHANGE_HEAD.unpack_from  # length, 'w', dataStart, walEnd, sendTime, tag
     xid = _LEN.unpack_from(buf, pos + 4 + CHANGE_XID_OFFSET)[0] if in_stream else None
     start, size = pos, len(buf)
     lsns: list[int] = []

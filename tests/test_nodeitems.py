@@ -18,7 +18,7 @@ from sender.txn import FinishedTxn
 
 @given(st.lists(st.lists(st.integers(0, 10**6), max_size=5), max_size=8))
 def test_items_come_out_one_by_one_in_the_order_the_lists_went_in(lists: list[list[int]]) -> None:
-    box = Outbox(depth=len(lists) + 1)
+    box = Outbox(capacity=len(lists) + 1)
     for items in lists:
         box.put_many([WatermarkItem(csn) for csn in items])
     got = []
@@ -33,7 +33,7 @@ def test_items_come_out_one_by_one_in_the_order_the_lists_went_in(lists: list[li
 
 
 def test_the_outbox_is_bounded_by_lists() -> None:
-    box = Outbox(depth=2)
+    box = Outbox(capacity=2)
     box.put_many([WatermarkItem(1)])
     box.put_many([WatermarkItem(2), WatermarkItem(3)])
     with pytest.raises(queue.Full):
@@ -46,7 +46,7 @@ def test_the_outbox_is_bounded_by_lists() -> None:
 
 
 def test_get_waits_for_the_producer() -> None:
-    box = Outbox(depth=1)
+    box = Outbox(capacity=1)
     threading.Timer(0.05, box.put_many, args=([EndItem()],)).start()
     assert isinstance(box.get(), EndItem)
 
