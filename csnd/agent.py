@@ -140,12 +140,16 @@ class AgentState:
                 window.popleft()
             self.cond.notify_all()
         source = self.pipeline.source
-        if confirm_lsn > self.confirmed:
+        advanced = confirm_lsn > self.confirmed
+        if advanced:
             self.confirmed = confirm_lsn
-            if final and hasattr(source, "confirm_final"):
-                source.confirm_final(confirm_lsn)
-            else:
-                source.confirm(confirm_lsn)
+        if final and hasattr(source, "confirm_final"):
+            # Even when an earlier Ack already carried this position: once the
+            # stream has ended (--until-lsn) only confirm_final moves the slot,
+            # and it does nothing twice.
+            source.confirm_final(self.confirmed)
+        elif advanced:
+            source.confirm(confirm_lsn)
 
     def messages(
         self, generation: int, after: Position, active: threading.Event

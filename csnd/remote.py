@@ -90,7 +90,7 @@ class RemoteNode:
         self._confirm = max(self._confirm, lsn)
 
     def confirm_final(self, lsn: int) -> None:
-        """Send the last confirmation and wait (briefly) until it is out."""
+        """Send the last confirmation and wait (at most 10 s) until the agent has taken it."""
         self.confirm(lsn)
         self._final.set()
         self._final_sent.wait(10)
@@ -171,7 +171,7 @@ class RemoteNode:
                         self._final.wait()  # until the merge has confirmed what it wrote
                         outbox.put(self._ack(final=True))
                         outbox.put(None)
-                        self._final_sent.set()
+                        self._await_end_of_call(call)
                         return
             except grpc.RpcError as e:
                 if self._stop.is_set() or ended:
@@ -196,6 +196,23 @@ class RemoteNode:
                 backoff = min(backoff * 2, 2.0)
             finally:
                 outbox.put(None)
+
+    def _await_end_of_call(self, call: Iterator[pb.AgentMessage]) -> None:
+        """Wait until the agent ends the call, then let `confirm_final` return.
+
+        The agent ends it only after it has taken the final Ack (and moved its
+        slot).  Putting the Ack in the outbox is not sending it: a caller that
+        closed the channel as soon as it was queued could lose it, and the
+        slot would stay behind, so the next run would get those transactions
+        again.
+        """
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError:
+            pass  # the agent is gone: there is nothing more to wait for
+        finally:
+            self._final_sent.set()
 
     def _acks(self, outbox: queue.Queue[pb.CoordinatorMessage | None], call: grpc.Future) -> None:
         """Acknowledge what arrived, with the confirm LSN, every ACK_INTERVAL_S while the call lives."""

@@ -165,6 +165,34 @@ def test_an_unreachable_agent_at_start_is_a_clear_error(tmp_path: Path) -> None:
     assert "127.0.0.1:1" in proc.stderr and "Traceback" not in proc.stderr
 
 
+class _Slot:
+    """A source's confirm calls, as a live node's slot sees them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def confirm(self, lsn: int) -> None:
+        self.calls.append(("confirm", lsn))
+
+    def confirm_final(self, lsn: int) -> None:
+        self.calls.append(("confirm_final", lsn))
+
+
+def test_the_final_ack_moves_the_slot_even_if_an_earlier_ack_carried_its_position() -> None:
+    """A periodic Ack may carry the last position before the final one; the slot must still move at the end."""
+    from types import SimpleNamespace
+
+    from csnd.agent import AgentState
+
+    slot = _Slot()
+    state = AgentState(SimpleNamespace(source=slot))  # type: ignore[arg-type]
+    state.ack((10, 0), 0x500, final=False)
+    state.ack((10, 0), 0x500, final=True)
+    assert slot.calls == [("confirm", 0x500), ("confirm_final", 0x500)]
+    state.ack((10, 0), 0x400, final=True)  # never backwards
+    assert slot.calls[-1] == ("confirm_final", 0x500)
+
+
 def test_an_agent_on_a_live_node_confirms_its_slot_only_as_the_coordinator_says(
     pg: PgDatabase, agents: list[Agent], tmp_path: Path
 ) -> None:
