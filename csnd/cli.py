@@ -193,13 +193,22 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_decoder_server() -> None:
+    """Let the decoder workers' fork server load the decoding layer while this process imports its own."""
+    from decoder.pool import start_worker_server
+
+    start_worker_server()
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    _start_decoder_server()
     from csnd.replay import run_replay
 
     return run_replay(args)
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    _start_decoder_server()
     from csnd.agent import serve
 
     return serve(args)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import multiprocessing as mp
-import os
+import multiprocessing.forkserver as mp_forkserver
 import queue
 import signal
 import threading
@@ -164,7 +164,7 @@ class DecoderPool:
         self.n = workers
         self.binary = binary
         self.batch_changes = batch_changes
-        ctx = mp.get_context("spawn")  # the parent has threads: never fork it
+        ctx = start_worker_server()
         self._in: list[Any] = [ctx.Queue(QUEUE_DEPTH) for _ in range(workers)]
         # Results come back over one pipe per worker, not a Queue: the parent
         # holds no copy of the write end, so a worker killed halfway through a
@@ -177,7 +177,7 @@ class DecoderPool:
         self._procs = [
             ctx.Process(
                 target=_worker_entry,
-                args=(i, node, binary, self._in[i], pipes[i][1], list(enums or ()), os.getpid()),
+                args=(i, node, binary, self._in[i], pipes[i][1], list(enums or ())),
                 name=f"csnd-decoder-{node}-{i}",
                 daemon=True,
             )
@@ -194,9 +194,8 @@ class DecoderPool:
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
-        with _sigint_ignored():
-            for p in self._procs:
-                p.start()
+        for p in self._procs:
+            p.start()
         for _, w in pipes:
             w.close()
 
@@ -408,8 +407,28 @@ class DecoderPool:
             conn.close()
 
 
+def start_worker_server() -> Any:
+    """The multiprocessing context the workers start from; its fork server is started here if need be.
+
+    The parent has threads, so it must never fork itself, and a spawned
+    worker is a fresh interpreter that imports the decoding layer (psycopg
+    most of it) on its own: about a quarter of a second of CPU per worker,
+    six times over for three nodes of two decoders.  A fork server is a
+    spawned process of no threads that imports the layer once and forks
+    each worker from that, ready to decode.  Calling this early (as
+    `csnd replay` does before its own imports) lets the server load while
+    the parent sets up.  It is started with Ctrl-C ignored, which its
+    workers inherit (the parent decides how to stop).
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["decoder.worker"])
+    with _sigint_ignored():
+        mp_forkserver.ensure_running()
+    return ctx
+
+
 def _worker_entry(*args: Any) -> None:
-    """The workers' target: imports the decoding layer (and psycopg) in the worker only."""
+    """The workers' target (the fork server has already imported the decoding layer)."""
     from decoder.worker import worker_main
 
     worker_main(*args)
@@ -421,13 +440,16 @@ class _Stopped(Exception):
 
 @contextlib.contextmanager
 def _sigint_ignored() -> Iterator[None]:
-    """Start workers with Ctrl-C ignored: a spawned interpreter inherits that before it runs any code.
+    """Start the fork server with Ctrl-C ignored: a spawned interpreter inherits that before it runs any code.
 
-    Ctrl-C goes to the whole process group, and a worker still importing
-    when it arrives would die with a KeyboardInterrupt traceback on the
-    terminal; the parent decides how to stop.  (Only the main thread may
-    change signal handlers; from another thread the worker ignores SIGINT
-    itself once it runs.)
+    Ctrl-C goes to the whole process group.  The server ignores it itself,
+    but gives its forked workers back the handler it started with -- so
+    that must be "ignore", or a worker between fork and its first line
+    would die with a KeyboardInterrupt traceback on the terminal; the
+    parent decides how to stop.  (Only the main thread may change signal
+    handlers; from another thread each worker ignores SIGINT itself once it
+    runs, which is why `csnd replay` and `csnd node` start the server from
+    the main thread first.)
     """
     if threading.current_thread() is not threading.main_thread():
         yield

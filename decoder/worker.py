@@ -6,7 +6,7 @@ starts a fresh interpreter per worker.
 
 from __future__ import annotations
 
-import os
+import multiprocessing as mp
 import queue
 import signal
 import traceback
@@ -52,7 +52,6 @@ def worker_main(
     inbox: Any,
     outbox: Any,
     enums: list[tuple[int, int]] | None = None,
-    parent: int | None = None,
 ) -> None:
     # Ctrl-C goes to the whole process group; the parent decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -60,14 +59,14 @@ def worker_main(
     for type_oid, array_oid in enums or ():
         cache.declare_enum(type_oid, array_oid)
     failed: BaseException | None = None
-    # The parent's pid comes from the parent: asked here, it could already be
-    # init's if the parent died while this interpreter was still starting.
-    parent = parent or os.getppid()
+    # The process that started the pool (not our OS parent, the fork server):
+    # its sentinel pipe reaches end-of-file when it dies, however it died.
+    parent = mp.parent_process()
     while True:
         try:
             item = inbox.get(timeout=PARENT_POLL_S)
         except queue.Empty:
-            if os.getppid() != parent:
+            if parent is not None and not parent.is_alive():
                 return  # the parent was killed (SIGKILL runs no cleanup): do not linger as an orphan
             continue
         if item is None:
@@ -79,19 +78,17 @@ def worker_main(
             if kind == "meta":
                 cache.apply(_meta(payload), payload[1])
                 continue
-            outbox.send(("ok", decode_batch(payload, cache, binary)))
+            reply: tuple[str, Any] = ("ok", decode_batch(payload, cache, binary))
         except CsndError as e:
             if e.node is None:
                 e = type(e)(e.message, node=node, lsn=e.lsn, xid=e.xid) if type(e) is not CsndError else e
             failed = e
-            outbox.send(("error", e))
+            reply = ("error", e)
         except Exception as e:  # noqa: BLE001 - a bug, reported with its traceback
             failed = e
-            outbox.send(
-                (
-                    "error",
-                    DecodeError(
-                        f"decoder worker {index} crashed: {e!r}\n{traceback.format_exc()}", node=node
-                    ),
-                )
-            )
+            crash = f"decoder worker {index} crashed: {e!r}\n{traceback.format_exc()}"
+            reply = ("error", DecodeError(crash, node=node))
+        try:
+            outbox.send(reply)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the parent is gone (killed, so it closed nothing first): there is no one to tell
