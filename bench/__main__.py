@@ -54,6 +54,21 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"{' / '.join(f'{x:.2f}' for x in d['speedup_by_round'])})",
         )
     )
+    rows.append(
+        (
+            "this machine's own 2-process ratio for a pure CPU loop, beside each of those rounds",
+            f"median {d['machine_ratio_median']:.2f}x: {' / '.join(f'{x:.2f}' for x in d['machine_ratio_by_round'])} "
+            f"(decoder speedup over it, median of rounds: {d['efficiency_median']:.2f})",
+        )
+    )
+    w = d["walsender"]
+    rows.append(
+        (
+            f"one walsender sending the same {w['rows']:,} wide rows (`pg_recvlogical`, binary pgoutput)",
+            f"{_f(w['rows_per_s'])} rows/s (`--decoders 2` best: "
+            f"{d['decoders_2']['rows_per_s'] / w['rows_per_s']:.2f}x of it)",
+        )
+    )
     b = r["bigtxn"]
     rows.append(
         (

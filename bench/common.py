@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
+
+from csnd.ids import lsn_to_str
+from csnd.pgserver import PG_BIN
 
 OUT_DIR = os.environ.get("CSND_BENCH_DIR", "bench-out")
 T = TypeVar("T")
@@ -41,3 +45,18 @@ def timed() -> Iterator[list[float]]:
 
 def children_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def pg_recvlogical_seconds(port: int, slot: str, publication: str, end_lsn: int) -> float:
+    """How long `pg_recvlogical` takes to drain pgoutput slot `slot` up to `end_lsn`: one walsender's pace.
+
+    The options are csnd's own (protocol 2, binary, streaming), and the
+    output goes to /dev/null, so this is what the walsender can send.
+    """
+    cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
+    cmd += ["-d", "postgres", "--slot", slot, "--start", "-E", lsn_to_str(end_lsn), "-f", "/dev/null"]
+    cmd += ["--no-loop", "-o", "proto_version=2", "-o", f"publication_names={publication}"]
+    cmd += ["-o", "binary=true", "-o", "streaming=on"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0

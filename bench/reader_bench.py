@@ -10,17 +10,15 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import time
 
 import psycopg
 
-from bench.common import best_of, out_path
-from csnd.ids import lsn_from_str, lsn_to_str
-from csnd.pgserver import PG_BIN, start_server
+from bench.common import best_of, out_path, pg_recvlogical_seconds
+from csnd.ids import lsn_from_str
+from csnd.pgserver import start_server
 from reader.live import LiveOptions, LiveSource
 from reader.pgoutput import ChangeFrames
 from reader.record import record
@@ -78,39 +76,7 @@ def live_capture() -> dict[str, float]:
         transactions = 0
 
         def run_twin(slot: str) -> None:
-            t0 = time.perf_counter()
-            subprocess.run(
-                [
-                    os.path.join(PG_BIN, "pg_recvlogical"),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(server.port),
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                    "--slot",
-                    slot,
-                    "--start",
-                    "-E",
-                    lsn_to_str(end),
-                    "-f",
-                    "/dev/null",
-                    "--no-loop",
-                    "-o",
-                    "proto_version=2",
-                    "-o",
-                    "publication_names=bench",
-                    "-o",
-                    "binary=true",
-                    "-o",
-                    "streaming=on",
-                ],
-                check=True,
-                capture_output=True,
-            )
-            twin_times.append(time.perf_counter() - t0)
+            twin_times.append(pg_recvlogical_seconds(server.port, slot, "bench", end))
 
         def run_ours(slot: str) -> None:
             nonlocal transactions
