@@ -437,9 +437,18 @@ class NodeSender:
             self.spilled_txns += 1
             self.spilled_bytes += buf.spilled_bytes
         n = buf.n_changes
-        self._ready[key] = FinishedTxn(
-            self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n
-        )
+        finished = FinishedTxn(self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n)
+        if len(released) == 1 and released[0] == key:
+            # Released at once, the common case: `_take` without the round
+            # trip through `_ready` and `_wait_floor` (it would leave both as
+            # they are now, and the confirmable LSN where `_advance_floor` puts it).
+            self._advance_floor(end_lsn)
+            orderer.tick(csn if self._gtm else end_lsn)
+            if gid is not None and gid in self._cap_of:
+                self._drop_cap(gid)
+            self.released += 1
+            return [finished]
+        self._ready[key] = finished
         self._wait_floor[end_lsn] = floor
         self._advance_floor(end_lsn)
         orderer.tick(csn if self._gtm else end_lsn)
