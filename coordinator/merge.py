@@ -172,13 +172,19 @@ class TxnStart:
     __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time")
 
     def __init__(
-        self, csn: int, gid: str | None, nodes: dict[str, NodeCommit], end_lsns: dict[str, int]
+        self,
+        csn: int,
+        gid: str | None,
+        nodes: dict[str, NodeCommit],
+        end_lsns: dict[str, int],
+        commit_time: int | None = None,
     ) -> None:
+        """`commit_time`: the latest of the nodes' commit times, if the caller has it at hand."""
         self.csn = csn
         self.gid = gid
         self.nodes = nodes
         self.end_lsns = end_lsns
-        self.commit_time = max(c.commit_time for c in nodes.values())
+        self.commit_time = max(c.commit_time for c in nodes.values()) if commit_time is None else commit_time
 
 
 class TxnPart(NamedTuple):
@@ -540,6 +546,16 @@ class CsnMerge:
                 b = m.queue[0][0]
                 if b.csn == csn:
                     commits[m.index] = (b.xid, b.commit_lsn, b.commit_time, b.end_lsn)
+        if len(commits) == 1:  # a transaction of one node, the common case: no sorting, no max
+            name = first.name
+            start = TxnStart(
+                csn,
+                batch.gid,
+                {name: NodeCommit(batch.xid, batch.commit_lsn, batch.commit_time)},
+                {name: batch.end_lsn},
+                batch.commit_time,
+            )
+            return _Assembly(csn, batch.gid, commits, start)
         order = sorted(commits)
         nodes = self._nodes
         start = TxnStart(
@@ -553,7 +569,12 @@ class CsnMerge:
     def _finish(self, asm: _Assembly) -> TxnEnd:
         assert not asm.unfinished and asm.csn > self._last_emitted, (asm.csn, asm.unfinished)
         nodes = self._nodes
-        names = [nodes[i].name for i in sorted(asm.commits)]
+        commits = asm.commits
+        names = (
+            [nodes[next(iter(commits))].name]
+            if len(commits) == 1
+            else [nodes[i].name for i in sorted(commits)]
+        )
         del self._by_csn[asm.csn]
         gid = asm.gid
         if gid is not None:
