@@ -96,6 +96,30 @@ class Outbox:
         return self._taken.popleft()
 
 
+def whole_batch(txn: FinishedTxn) -> NodeBatch | None:
+    """The transaction as its one merge batch, if `cut_batches` would cut it into exactly that; else None.
+
+    The common case, a transaction in memory: cids never decrease inside a
+    transaction (the sender checks its cid markers), so equal cids at both
+    ends make the list itself the one batch -- no pass over it, and (for
+    the merge loop, once per transaction) no generator.
+    """
+    changes = txn.changes
+    if type(changes) is list and 0 < len(changes) <= MERGE_BATCH_CHANGES and changes[0][0] == changes[-1][0]:
+        return NodeBatch(
+            txn.csn,
+            txn.gid,
+            txn.xid,
+            txn.commit_lsn,
+            txn.end_lsn,
+            txn.commit_time,
+            changes[0][0],
+            changes,
+            True,
+        )
+    return None
+
+
 def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     """Cut one node's transaction into merge batches: a new batch at each cid change or size bound.
 
@@ -103,14 +127,12 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     has no changes).  Grouping and slicing are C-level: this runs once per
     change of the node.
     """
+    whole = whole_batch(txn)
+    if whole is not None:
+        yield whole
+        return
     head = (txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time)
     changes = txn.changes
-    if type(changes) is list and 0 < len(changes) <= MERGE_BATCH_CHANGES and changes[0][0] == changes[-1][0]:
-        # The common case, a transaction in memory: cids never decrease inside
-        # a transaction (the sender checks its cid markers), so equal cids at
-        # both ends make the list itself the one batch -- no pass over it.
-        yield NodeBatch(*head, changes[0][0], changes, True)
-        return
     chunk: list[tuple[int, int, str]] = []
     cid = 0
     for group_cid, group in groupby(changes, key=change_cid):

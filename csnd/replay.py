@@ -39,7 +39,16 @@ from coordinator import (
     json_head,
 )
 from csnd.errors import ConfigError, CsndError
-from csnd.nodeitems import BatchItem, EndItem, NodeItem, Outbox, TxnItem, WatermarkItem, cut_batches
+from csnd.nodeitems import (
+    BatchItem,
+    EndItem,
+    NodeItem,
+    Outbox,
+    TxnItem,
+    WatermarkItem,
+    cut_batches,
+    whole_batch,
+)
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.change import DecodedRun
 from decoder.pool import BATCH_END, DecoderPool
@@ -323,7 +332,11 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 progressed = True
                 if isinstance(item, TxnItem):
                     trackers[p.node].on_release(item.confirmable)
-                    feeding[p.node] = cut_batches(item.txn)
+                    whole = whole_batch(item.txn)
+                    if whole is not None:
+                        merge.add_batch(p.node, whole)
+                    else:
+                        feeding[p.node] = cut_batches(item.txn)
                 elif isinstance(item, BatchItem):  # a node agent's, already cut
                     if item.confirmable is not None:
                         trackers[p.node].on_release(item.confirmable)
