@@ -61,6 +61,15 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"(decoder speedup over it, median of rounds: {d['efficiency_median']:.2f})",
         )
     )
+    ins = d.get("instructions")
+    if ins:
+        rows.append(
+            (
+                "instructions per wide row (valgrind, noise-free): main process / decoders",
+                f"{_f(ins['main_per_row'])} / {_f(ins['worker_per_row'])}: two dedicated cores "
+                f"allow 2W/(W+M) = {ins['two_core_bound']:.2f}x",
+            )
+        )
     w = d["walsender"]
     rows.append(
         (

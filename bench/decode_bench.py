@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -125,6 +126,57 @@ def walsender_rate(rows: int = ROWS) -> dict[str, float]:
         shutil.rmtree(server.base_dir, ignore_errors=True)
 
 
+# Instruction counts (valgrind's cachegrind, when installed): what each
+# process executes does not depend on this machine's noise, so they give the
+# split of the work between the main process and the decoders exactly, and
+# with it the speedup the design allows on two dedicated cores.
+COUNT_ROWS = 30_000
+
+
+def _instructions(path: str, decoders: int) -> dict[str, list[int]]:
+    """Instructions executed per process of `csnd replay path`, by role: main, workers, fork server."""
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--trace-children=yes"]
+    cmd += ["--cachegrind-out-file=/dev/null", sys.executable, "-m", "csnd.cli", "replay", path]
+    cmd += ["--decoders", str(decoders), "--output", out_path("counted.jsonl")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: replay under valgrind failed: {proc.stderr[-2000:]}")
+    commands: dict[int, str] = {}
+    counts: dict[int, int] = {}
+    for line in proc.stderr.splitlines():
+        m = re.match(r"==(\d+)== (Command: (.*)|I\s+refs:\s+([\d,]+))", line)
+        if m and m.group(3) is not None:
+            commands.setdefault(int(m.group(1)), m.group(3))
+        elif m:
+            counts[int(m.group(1))] = int(m.group(4).replace(",", ""))
+    roles: dict[str, list[int]] = {"main": [], "workers": [], "server": []}
+    for pid, n in counts.items():
+        command = commands.get(pid)
+        if command is None:
+            roles["workers"].append(n)  # forked by the server: no exec, no command line
+        elif "forkserver" in command:
+            roles["server"].append(n)
+        elif "csnd.cli" in command:
+            roles["main"].append(n)
+    return roles
+
+
+def instruction_split(rows: int = COUNT_ROWS) -> dict[str, float] | None:
+    """Instructions per row in the main process (M) and in the decoders (W), and 2W/(W+M)."""
+    if shutil.which("valgrind") is None:
+        return None
+    path, empty = out_path("counted.pgstream"), out_path("counted-empty.pgstream")
+    write_wide_stream(path, rows)
+    write_wide_stream(empty, 0)
+    full, base = _instructions(path, 2), _instructions(empty, 2)
+    server = full["server"][0]
+    # a forked worker's count starts from the server's at the fork, which is the server's total
+    # (it does nothing else afterwards), so that is taken off each; start-up is the empty run's
+    w = (sum(full["workers"]) - server * len(full["workers"])) / rows
+    m = (full["main"][0] - base["main"][0]) / rows
+    return {"rows": rows, "main_per_row": m, "worker_per_row": w, "two_core_bound": 2 * w / (w + m)}
+
+
 def replay_rate(path: str, decoders: int, rows: int) -> dict[str, float]:
     out = out_path(f"decode-{decoders}.jsonl")
     cmd = [sys.executable, "-m", "csnd.cli", "replay", path, "--decoders", str(decoders), "--output", out]
@@ -193,6 +245,8 @@ def main() -> dict[str, object]:
     results["machine_ratio_median"] = statistics.median(machine)
     # How much of what the machine offered in that round the decoders took.
     results["efficiency_median"] = statistics.median(s / m for s, m in zip(by_round, machine, strict=True))
+    print("bench: instructions per row, main process and decoders (valgrind) ...", file=sys.stderr)
+    results["instructions"] = instruction_split()
     print("bench: the same rows through one walsender (pg_recvlogical) ...", file=sys.stderr)
     results["walsender"] = walsender_rate(rows)
     with open(out_path("decode-1.jsonl"), "rb") as a, open(out_path("decode-2.jsonl"), "rb") as b:
