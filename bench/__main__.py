@@ -61,6 +61,13 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"(decoder speedup over it, median of rounds: {d['efficiency_median']:.2f})",
         )
     )
+    st = d["small_transactions"]
+    rows.append(
+        (
+            f"`csnd replay`, {st['transactions']:,} one-row transactions, `--decoders 2` (best of 3)",
+            f"{_f(st['transactions_per_s'])} transactions/s",
+        )
+    )
     ins = d.get("instructions")
     if ins:
         rows.append(

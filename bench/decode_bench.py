@@ -55,8 +55,10 @@ COLUMNS = (
 )
 
 
-def write_wide_stream(path: str, rows: int = ROWS, binary: bool = True, seed: int = 1) -> int:
-    """A single-mode stream of `rows` wide inserts; returns the number of changes."""
+def write_wide_stream(
+    path: str, rows: int = ROWS, binary: bool = True, seed: int = 1, rows_per_txn: int = ROWS_PER_TXN
+) -> int:
+    """A single-mode stream of `rows` wide inserts, `rows_per_txn` a transaction; returns the number of changes."""
     rnd = random.Random(seed)
     relid = 16400
     cols = [Column(1 if name == "id" else 0, name, t.oid, -1) for name, t in COLUMNS]
@@ -65,10 +67,10 @@ def write_wide_stream(path: str, rows: int = ROWS, binary: bool = True, seed: in
     t_us = 817_000_000_000_000
     with StreamWriter(path, StreamHeader(node="bench", binary=binary, mode="single")) as w:
         w.write_frame(encode_xlogdata(0, 0, 0, encode_relation(relid, "public", "wide", "d", cols)))
-        for start in range(0, rows, ROWS_PER_TXN):
+        for start in range(0, rows, rows_per_txn):
             xid += 1
             first = lsn
-            n = min(ROWS_PER_TXN, rows - start)
+            n = min(rows_per_txn, rows - start)
             commit_lsn = lsn + 200 * n + 100
             w.write_frame(encode_xlogdata(first, first, t_us, encode_begin(commit_lsn, t_us, xid)))
             for i in range(start, start + n):
@@ -177,8 +179,20 @@ def instruction_split(rows: int = COUNT_ROWS) -> dict[str, float] | None:
     return {"rows": rows, "main_per_row": m, "worker_per_row": w, "two_core_bound": 2 * w / (w + m)}
 
 
-def replay_rate(path: str, decoders: int, rows: int) -> dict[str, float]:
-    out = out_path(f"decode-{decoders}.jsonl")
+# One-row transactions: what the per-transaction work of the main process
+# (sender, merge, output) costs when there is little decoding to share.
+SMALL_TXNS = 100_000
+
+
+def small_transactions_rate(txns: int = SMALL_TXNS) -> dict[str, float]:
+    path = out_path("small.pgstream")
+    write_wide_stream(path, txns, rows_per_txn=1)
+    best = max(replay_rate(path, 2, txns, "small.jsonl")["rows_per_s"] for _ in range(3))
+    return {"transactions": txns, "decoders": 2, "transactions_per_s": best}
+
+
+def replay_rate(path: str, decoders: int, rows: int, out_name: str | None = None) -> dict[str, float]:
+    out = out_path(out_name or f"decode-{decoders}.jsonl")
     cmd = [sys.executable, "-m", "csnd.cli", "replay", path, "--decoders", str(decoders), "--output", out]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -245,6 +259,8 @@ def main() -> dict[str, object]:
     results["machine_ratio_median"] = statistics.median(machine)
     # How much of what the machine offered in that round the decoders took.
     results["efficiency_median"] = statistics.median(s / m for s, m in zip(by_round, machine, strict=True))
+    print(f"bench: {SMALL_TXNS} one-row transactions ...", file=sys.stderr)
+    results["small_transactions"] = small_transactions_rate()
     print("bench: instructions per row, main process and decoders (valgrind) ...", file=sys.stderr)
     results["instructions"] = instruction_split()
     print("bench: the same rows through one walsender (pg_recvlogical) ...", file=sys.stderr)
