@@ -1,7 +1,8 @@
 """The body of one decoder process (see `decoder.pool`).
 
-Kept apart from the pool so the child imports as little as possible: spawn
-starts a fresh interpreter per worker.
+Kept apart from the pool so that the fork server the workers come from
+(`decoder.pool.start_worker_server`) imports what decoding needs and little
+else, once, before it forks them.
 """
 
 from __future__ import annotations
