@@ -92,8 +92,9 @@ def write_wide_stream(
     return rows
 
 
-# The same rows written through a real server, for what one walsender sends
-# of them: `pg_recvlogical` drains a pgoutput slot (binary, like the file).
+# Rows of the same shape (columns, sizes, 50 a transaction; values from SQL's
+# random()) written through a real server, for what one walsender sends of
+# them: `pg_recvlogical` drains a pgoutput slot (binary, like the file).
 WALSENDER_TABLE = (
     "CREATE TABLE wide (id int8 PRIMARY KEY, amount numeric, at timestamptz, note text, doc jsonb, "
     "tags int4[], score float8)"
@@ -171,10 +172,9 @@ def instruction_split(rows: int = COUNT_ROWS) -> dict[str, float] | None:
     write_wide_stream(path, rows)
     write_wide_stream(empty, 0)
     full, base = _instructions(path, 2), _instructions(empty, 2)
-    server = full["server"][0]
-    # a forked worker's count starts from the server's at the fork, which is the server's total
-    # (it does nothing else afterwards), so that is taken off each; start-up is the empty run's
-    w = (sum(full["workers"]) - server * len(full["workers"])) / rows
+    # A forked worker's count starts from the server's at the fork; the empty run has the same
+    # server and the same forks, so taking its counts off removes that and all start-up.
+    w = (sum(full["workers"]) - sum(base["workers"])) / rows
     m = (full["main"][0] - base["main"][0]) / rows
     return {"rows": rows, "main_per_row": m, "worker_per_row": w, "two_core_bound": 2 * w / (w + m)}
 

@@ -569,12 +569,7 @@ class CsnMerge:
     def _finish(self, asm: _Assembly) -> TxnEnd:
         assert not asm.unfinished and asm.csn > self._last_emitted, (asm.csn, asm.unfinished)
         nodes = self._nodes
-        commits = asm.commits
-        names = (
-            [nodes[next(iter(commits))].name]
-            if len(commits) == 1
-            else [nodes[i].name for i in sorted(commits)]
-        )
+        names = [nodes[i].name for i in sorted(asm.commits)]
         del self._by_csn[asm.csn]
         gid = asm.gid
         if gid is not None:
@@ -671,6 +666,7 @@ class CsnMerge:
             assert asm is None or key[0] >= asm.csn, (key, asm.csn)
         if asm is not None:
             assert asm.csn > self._last_emitted
+            assert asm.start.commit_time == max(c.commit_time for c in asm.start.nodes.values())
             assert asm.unfinished <= set(asm.commits)
             for i in asm.unfinished:
                 k = self._nodes[i].key

@@ -201,7 +201,8 @@ def _start_decoder_server() -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    _start_decoder_server()
+    if not all(s.startswith("grpc://") for s in args.sources):  # node agents decode for themselves
+        _start_decoder_server()
     from csnd.replay import run_replay
 
     return run_replay(args)

@@ -28,7 +28,7 @@ PG_EPOCH_UNIX_US = 946_684_800_000_000
 
 def lsn_to_str(lsn: int) -> str:
     """`0x16B3748` -> `'0/16B3748'`, as PostgreSQL prints it (uppercase hex)."""
-    # %-format: a third faster than the f-string, and this runs once per change
+    # %-format: a third faster than the f-string (the decoder's hot path inlines the same format)
     return "%X/%X" % (lsn >> 32, lsn & 0xFFFFFFFF)  # noqa: UP031
 
 

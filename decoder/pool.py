@@ -25,6 +25,10 @@ parse -- so the reader thread, the one serial step in front of them, spends a
 few operations per change instead of parsing each one and building its
 tuple.  Every queue is bounded, and its depth is sampled into `stats`.  A
 worker that dies fails the run with a `WorkerError` naming it -- never a hang.
+
+The workers are forked from a fork server (`start_worker_server`): one
+process with no threads that has imported the decoding layer once, so a
+worker starts ready to decode and this process never forks itself.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing.context import ForkServerContext
 from typing import Any, Final
 
 from csnd.errors import CsndError, WorkerError
@@ -368,6 +373,12 @@ class DecoderPool:
     def _check_worker(self, worker: int) -> None:
         p = self._procs[worker]
         if not p.is_alive():
+            if _server_lost(p):
+                raise WorkerError(
+                    f"the decoder fork server died (decoder worker {worker}, pid {p.pid}, still runs and "
+                    "leaves once idle); the run stops, nothing after the last complete transaction was written",
+                    node=self.node,
+                )
             code = p.exitcode
             how = (
                 f"was killed by signal {-code} ({_signal_name(-code)})"
@@ -392,7 +403,7 @@ class DecoderPool:
             self._closed = True
         self._stop.set()
         for i, p in enumerate(self._procs):
-            if p.is_alive():
+            if p.is_alive() or _server_lost(p):
                 with contextlib.suppress(queue.Full):
                     self._in[i].put_nowait(None)
         for p in self._procs:
@@ -407,7 +418,23 @@ class DecoderPool:
             conn.close()
 
 
-def start_worker_server() -> Any:
+def _server_lost(p: Any) -> bool:
+    """Whether worker `p` only looks dead because its fork server died: it is still running.
+
+    A forked worker's exit status reaches this process through the fork
+    server; with the server gone, multiprocessing reports status 255 for a
+    worker that may well be alive (and, orphaned, leaves by itself once idle).
+    """
+    if p.exitcode != 255 or p.pid is None:
+        return False
+    try:
+        with open(f"/proc/{p.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def start_worker_server() -> ForkServerContext:
     """The multiprocessing context the workers start from; its fork server is started here if need be.
 
     The parent has threads, so it must never fork itself, and a spawned
@@ -421,14 +448,17 @@ def start_worker_server() -> Any:
     workers inherit (the parent decides how to stop).
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["decoder.worker"])
+    ctx.set_forkserver_preload(["decoder.worker", "decoder.pool"])
     with _sigint_ignored():
         mp_forkserver.ensure_running()
     return ctx
 
 
 def _worker_entry(*args: Any) -> None:
-    """The workers' target (the fork server has already imported the decoding layer)."""
+    """The workers' target; `decoder.worker` is imported only here, so the parent never loads psycopg.
+
+    (The fork server has imported both modules, so in a worker this costs nothing.)
+    """
     from decoder.worker import worker_main
 
     worker_main(*args)

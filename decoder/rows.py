@@ -363,8 +363,9 @@ def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int |
     return "{" + ", ".join(parts) + "}"
 
 
-# `_at(lsn)` + head + `null, "new": ` + row + unchanged, for the fast path of `row_change_body`.
-_INSERT_BODY: Final = '"lsn": "%X/%X", %snull, "new": %s%s'
+# `_at(lsn)` + head + `null, "new": ` + row + unchanged, for the fast path of `row_change_body`
+# (an insert, or an update without an old tuple); its LSN is `csnd.ids.lsn_to_str`'s format.
+_NEW_ONLY_BODY: Final = '"lsn": "%X/%X", %snull, "new": %s%s'
 
 
 def _at(lsn: int) -> str:
@@ -412,7 +413,7 @@ def row_change_body(
         fast = _row_wire(table, data, 1)
         if fast is not None and fast[2] == len(data):
             # one %-format for the whole body: the hot path's every row
-            return _INSERT_BODY % (lsn >> 32, lsn & 0xFFFFFFFF, table.heads[kind], fast[0], fast[1])
+            return _NEW_ONLY_BODY % (lsn >> 32, lsn & 0xFFFFFFFF, table.heads[kind], fast[0], fast[1])
     try:
         if kind == "I":
             new, unchanged = _row(table, split_insert(data), lsn, xid)

@@ -8,6 +8,7 @@ else, once, before it forks them.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import signal
 import traceback
@@ -62,13 +63,16 @@ def worker_main(
     failed: BaseException | None = None
     # The process that started the pool (not our OS parent, the fork server):
     # its sentinel pipe reaches end-of-file when it dies, however it died.
+    # And the fork server itself: if it dies, the pool can no longer see
+    # whether we live, and stops, so we leave too.
     parent = mp.parent_process()
+    server = os.getppid()
     while True:
         try:
             item = inbox.get(timeout=PARENT_POLL_S)
         except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return  # the parent was killed (SIGKILL runs no cleanup): do not linger as an orphan
+            if (parent is not None and not parent.is_alive()) or os.getppid() != server:
+                return  # the parent was killed (SIGKILL runs no cleanup), or the server: do not linger
             continue
         if item is None:
             return
@@ -91,5 +95,5 @@ def worker_main(
             reply = ("error", DecodeError(crash, node=node))
         try:
             outbox.send(reply)
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the parent is gone (killed, so it closed nothing first): there is no one to tell
+        except BrokenPipeError:
+            return  # the parent closed our result pipe (it stopped, or was killed): there is no one to tell

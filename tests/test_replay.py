@@ -274,6 +274,34 @@ def test_a_decoder_worker_killed_mid_run_fails_the_run_clearly(big_cluster: Path
     assert not [p for p, _ in children(proc.pid)]
 
 
+def test_a_dead_decoder_fork_server_is_a_clear_error_and_leaves_no_workers(
+    big_cluster: Path, tmp_path: Path
+) -> None:
+    """With the server gone a worker's exit can no longer be seen, so the run stops -- or has already ended."""
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = decoder_workers(proc.pid, 2)
+    (server,) = [p for p, cmd in children(proc.pid) if "multiprocessing.forkserver" in cmd]
+    time.sleep(0.5)
+    os.kill(server, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    if proc.returncode == 0:  # every result was already in: the workers themselves were never hurt
+        assert out.read_bytes() == (big_cluster / "expected.jsonl").read_bytes()
+    else:
+        line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr))
+        assert "fork server died" in line, line
+        assert not out.exists()
+    deadline = time.monotonic() + 15
+    while any(_alive(w) for w in workers):
+        assert time.monotonic() < deadline, "decoder workers outlived their fork server"
+        time.sleep(0.1)
+
+
 def test_ctrl_c_stops_everything_cleanly(big_cluster: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen(
@@ -386,13 +414,12 @@ def test_decoder_workers_do_not_outlive_a_killed_replay(big_cluster: Path, tmp_p
     workers = decoder_workers(proc.pid, 2)
     time.sleep(0.5)  # into the stream: results on their way back when the parent dies
     proc.kill()
-    proc.wait(timeout=30)
+    # end of file on stderr once every process that shared it (workers, fork server) is gone
+    _, stderr = proc.communicate(timeout=30)
     deadline = time.monotonic() + 15
     while any(_alive(w) for w in workers):
         assert time.monotonic() < deadline, "decoder workers outlived their killed parent"
         time.sleep(0.1)
-    assert proc.stderr is not None
-    stderr = proc.stderr.read()  # end of file once every process that shared it is gone
     assert "Traceback" not in stderr, stderr
 
 

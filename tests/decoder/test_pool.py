@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import fcntl
+import os
+import signal
 import struct
+import time
 from pathlib import Path
 
+import pytest
+
+from csnd.errors import WorkerError
 from decoder.change import DecodedRun
 from decoder.pool import PIPE_BYTES, DecoderPool
 from reader import pgoutput as p
@@ -64,3 +70,41 @@ def test_runs_of_raw_frames_decode_in_order_and_every_queue_reports_depth(tmp_pa
     names = [q.name for q in pool.stats.queues]
     assert names == ["decoder-dn1-0-in", "decoder-dn1-1-in", "decoder-dn1-in-flight"]
     assert all(0 < q.peak <= q.capacity for q in pool.stats.queues), pool.stats.queues
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_new_one() -> None:
+    """What a long-running `csnd node` needs: this process lives on, so its death cannot be the signal."""
+    pool = DecoderPool("dn1", 2, binary=True)
+    pids = [proc.pid for proc in pool._procs]
+    assert all(pid is not None for pid in pids)
+    server = _ppid(pids[0])
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    with pytest.raises(WorkerError, match="the decoder fork server died"):
+        while time.monotonic() < deadline:
+            pool._check_all()
+            time.sleep(0.05)
+    pool.close()
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in pids if pid is not None):
+        assert time.monotonic() < deadline, "workers outlived their fork server"
+        time.sleep(0.1)
+    again = DecoderPool("dn1", 1, binary=True)
+    try:
+        assert again._procs[0].pid is not None and _ppid(again._procs[0].pid) != server
+        assert again._procs[0].is_alive()
+    finally:
+        again.close()
