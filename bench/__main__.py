@@ -80,7 +80,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     w = d["walsender"]
     rows.append(
         (
-            f"one walsender sending the same {w['rows']:,} wide rows (`pg_recvlogical`, binary pgoutput)",
+            f"one walsender sending {w['rows']:,} wide rows of the same shape (`pg_recvlogical`, binary pgoutput)",
             f"{_f(w['rows_per_s'])} rows/s (`--decoders 2` best: "
             f"{d['decoders_2']['rows_per_s'] / w['rows_per_s']:.2f}x of it)",
         )
