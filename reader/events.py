@@ -12,13 +12,17 @@ from collections.abc import Iterable, Iterator
 
 from csnd.errors import ProtocolError, StreamFormatError
 from reader.pgoutput import (
+    Begin,
+    Change,
     ChangeFrames,
+    Commit,
     FrameError,
     Keepalive,
     Message,
     PgOutputParser,
     parse_change_frame,
     parse_frame,
+    parse_txn_frame,
 )
 
 Event = tuple[int, Message | Keepalive | ChangeFrames]
@@ -45,7 +49,9 @@ def iter_events(
             yield payload.lsns[0], payload
             continue
         assert isinstance(payload, bytes)
-        fast = parse_change_frame(payload, parser.in_stream)
+        fast: tuple[int, Change | Begin | Commit] | None = parse_change_frame(payload, parser.in_stream)
+        if fast is None and not parser.in_stream:
+            fast = parse_txn_frame(payload)
         if fast is not None:
             if fast[0]:
                 last_lsn = fast[0]

@@ -415,6 +415,33 @@ def parse_change_frame(payload: bytes, in_stream: bool) -> tuple[int, Change] | 
     return start, Change(kind, None, relid, payload[_PLAIN_DATA:])
 
 
+_BEGIN_FRAME = struct.Struct("!QQqBQqI")  # header, tag, final LSN, commit time, xid
+_COMMIT_FRAME = struct.Struct("!QQqBBQQq")  # header, tag, flags, commit LSN, end LSN, commit time
+
+
+def parse_txn_frame(payload: bytes) -> tuple[int, Begin | Commit] | None:
+    """`(dataStart, Begin | Commit)` if `payload` is an XLogData frame of one, else None.
+
+    After row changes, a transaction's Begin and Commit are the frames of a
+    busy node -- with one-row transactions, two of every three -- so they
+    skip `parse_frame`'s object and `parse_message`'s dispatch too.  Only for
+    a parser outside a stream block (inside one they are errors, which the
+    general path reports); a frame too short for its fields returns None
+    and the general path reports that as well.
+    """
+    n = len(payload)
+    if n <= XLOGDATA_HEADER_SIZE or payload[0] != 0x77:
+        return None
+    tag = payload[XLOGDATA_HEADER_SIZE]
+    if tag == 0x42 and n >= 1 + _BEGIN_FRAME.size:
+        start, _, _, _, final_lsn, commit_time, xid = _BEGIN_FRAME.unpack_from(payload, 1)
+        return start, Begin(final_lsn, commit_time, xid)
+    if tag == 0x43 and n >= 1 + _COMMIT_FRAME.size:
+        start, _, _, _, flags, commit_lsn, end_lsn, commit_time = _COMMIT_FRAME.unpack_from(payload, 1)
+        return start, Commit(flags, commit_lsn, end_lsn, commit_time)
+    return None
+
+
 # For a reader that leaves row-change frames in its buffer (`ChangeFrames`):
 # the payload bytes a frame must have beyond this to count as a change (as in
 # `parse_change_frame`: a shorter one takes the general path, which reports

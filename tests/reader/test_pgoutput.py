@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reader import pgoutput as p
@@ -174,3 +174,46 @@ def test_status_update_layout() -> None:
     raw = p.encode_status_update(0x10, 0x20, 0x30, 99, True)
     assert raw[0:1] == b"r" and len(raw) == 34 and raw[-1] == 1
     assert int.from_bytes(raw[9:17], "big") == 0x20
+
+
+def _fields(m: object) -> tuple[object, ...]:
+    return (type(m), *(getattr(m, s) for s in type(m).__slots__))  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300)
+@given(
+    st.sampled_from("BC"),
+    u64,
+    u64,
+    i64,
+    u32,
+    st.integers(0, 255),
+    st.integers(-30, 0) | st.integers(0, 5),
+    st.binary(max_size=8),
+)
+@example("B", 1, 2, 3, 4, 0, -1, b"")  # one byte short of a whole frame
+@example("C", 1, 2, 3, 4, 0, -1, b"")
+def test_txn_frame_fast_path_agrees_with_the_general_path(
+    tag: str, a: int, b: int, t: int, xid: int, flags: int, cut: int, pad: bytes
+) -> None:
+    """A Begin or Commit frame, whole, cut short or padded: the same message, or None where the general path fails."""
+    msg = p.encode_begin(a, t, xid) if tag == "B" else p.encode_commit(a, b, t, flags)
+    frame = p.encode_xlogdata(b, a, t, msg)
+    frame = frame[:cut] if cut < 0 else frame + pad[:cut]
+    fast = p.parse_txn_frame(frame)
+    try:
+        general = p.parse_frame(frame)
+        assert isinstance(general, p.XLogData)
+        expected: tuple[int, object] | None = (general.data_start, p.parse_message(general.payload, False))
+    except p.FrameError:
+        expected = None
+    if expected is None:
+        assert fast is None
+    else:
+        assert fast is not None and fast[0] == expected[0] and _fields(fast[1]) == _fields(expected[1])
+
+
+def test_txn_frame_fast_path_leaves_every_other_frame_to_the_general_path() -> None:
+    assert p.parse_txn_frame(p.encode_xlogdata(1, 2, 3, p.encode_stream_stop())) is None
+    assert p.parse_txn_frame(p.encode_keepalive(5, 6, False)) is None
+    assert p.parse_txn_frame(b"") is None
