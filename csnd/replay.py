@@ -307,6 +307,8 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
     ended: set[str] = set()
     feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
     first_part = True  # the next TxnPart is the first of its transaction
+    line: list[str] = []  # the current transaction's text not yet handed to the output
+    line_chars = 0
     last_confirm = time.monotonic()
     while len(ended) < len(pipelines) or merge.has_pending():
         progressed = False
@@ -350,14 +352,24 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                     ended.add(p.node)
                     break
         for ev in merge.pop_events():
+            # A transaction's line is gathered and handed to the output once
+            # (most lines are short); a big one goes out part by part.
             if isinstance(ev, TxnStart):
-                out.write(json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes))
+                line = [json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes)]
+                line_chars = 0
                 first_part = True
             elif isinstance(ev, TxnPart):
-                out.write(json_changes(ev.node, ev.changes, first_part))
+                text = json_changes(ev.node, ev.changes, first_part)
+                line.append(text)
+                line_chars += len(text)
                 first_part = False
+                if line_chars >= OUTPUT_CHUNK_BYTES:
+                    out.write("".join(line))
+                    line, line_chars = [], 0
             else:
-                out.end_line(JSON_TAIL)
+                line.append(JSON_TAIL)
+                out.end_line("".join(line))
+                line = []
                 for node in ev.nodes:
                     trackers[node].on_written()
             progressed = True
