@@ -47,7 +47,7 @@ from typing import Any, Final
 
 from csnd.errors import CsndError, WorkerError
 from decoder.change import DecodedChange, DecodedRun
-from reader.pgoutput import Change, ChangeFrames, Keepalive, Relation, Truncate, TypeMsg
+from reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
 
 # A batch ends at this many changes or this many bytes of raw change data,
 # whichever comes first.  Bigger batches amortise pickling, pipe hand-offs
@@ -258,6 +258,9 @@ class DecoderPool:
                         run_xid = _NO_RUN
                     continue
                 run_xid = _NO_RUN
+                if cls is Begin or cls is Commit:  # the next most common: straight into the skeleton
+                    keep(event)
+                    continue
                 if stopping():
                     break
                 lsn = event[0]
