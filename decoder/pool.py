@@ -447,11 +447,13 @@ def start_worker_server() -> ForkServerContext:
     spawned process of no threads that imports the layer once and forks
     each worker from that, ready to decode.  Calling this early (as
     `csnd replay` does before its own imports) lets the server load while
-    the parent sets up.  It is started with Ctrl-C ignored, which its
-    workers inherit (the parent decides how to stop).
+    the parent sets up.  It ignores Ctrl-C from its start (when started
+    from the main thread) and from its first import on (`forkserver_init`,
+    whatever thread started it), and its workers inherit that: the parent
+    decides how to stop.
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["decoder.worker", "decoder.pool"])
+    ctx.set_forkserver_preload(["decoder.forkserver_init", "decoder.worker", "decoder.pool"])
     with _sigint_ignored():
         mp_forkserver.ensure_running()
     return ctx
@@ -475,14 +477,11 @@ class _Stopped(Exception):
 def _sigint_ignored() -> Iterator[None]:
     """Start the fork server with Ctrl-C ignored: a spawned interpreter inherits that before it runs any code.
 
-    Ctrl-C goes to the whole process group.  The server ignores it itself,
-    but gives its forked workers back the handler it started with -- so
-    that must be "ignore", or a worker between fork and its first line
-    would die with a KeyboardInterrupt traceback on the terminal; the
-    parent decides how to stop.  (Only the main thread may change signal
-    handlers; from another thread each worker ignores SIGINT itself once it
-    runs, which is why `csnd replay` and `csnd node` start the server from
-    the main thread first.)
+    Ctrl-C goes to the whole process group, and a server still importing
+    when it arrives would die with a KeyboardInterrupt traceback on the
+    terminal.  Only the main thread may change signal handlers, which is
+    why `csnd replay` and `csnd node` start the server from the main thread
+    first; from then on `forkserver_init` covers the server and its workers.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

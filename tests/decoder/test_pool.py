@@ -6,8 +6,12 @@ import fcntl
 import os
 import signal
 import struct
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +112,33 @@ def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_
         assert again._procs[0].is_alive()
     finally:
         again.close()
+
+
+def _report_sigint(conn: Any) -> None:
+    """A forked child's first line: is Ctrl-C ignored already?"""
+    conn.send(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+
+
+def test_workers_start_with_ctrl_c_ignored_even_if_a_thread_started_the_fork_server() -> None:
+    """From a thread the starter cannot set the server's handler; the server's first import does."""
+    code = textwrap.dedent(
+        """
+        import threading
+        from decoder.pool import start_worker_server
+        from tests.decoder.test_pool import _report_sigint
+
+        if __name__ == "__main__":
+            box = []
+            starter = threading.Thread(target=lambda: box.append(start_worker_server()))
+            starter.start()
+            starter.join()
+            r, w = box[0].Pipe(duplex=False)
+            child = box[0].Process(target=_report_sigint, args=(w,))
+            child.start()
+            print(r.recv())
+            child.join(10)
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.stdout.strip() == "True", proc.stderr
