@@ -177,14 +177,14 @@ class TxnStart:
         gid: str | None,
         nodes: dict[str, NodeCommit],
         end_lsns: dict[str, int],
-        commit_time: int | None = None,
+        commit_time: int,
     ) -> None:
-        """`commit_time`: the latest of the nodes' commit times, if the caller has it at hand."""
+        """`commit_time`: the latest of the nodes' commit times (`CsnMerge._check` holds it to that)."""
         self.csn = csn
         self.gid = gid
         self.nodes = nodes
         self.end_lsns = end_lsns
-        self.commit_time = max(c.commit_time for c in nodes.values()) if commit_time is None else commit_time
+        self.commit_time = commit_time
 
 
 class TxnPart(NamedTuple):
@@ -541,21 +541,13 @@ class CsnMerge:
         """The transaction at batch.csn begins: its participants are the nodes with a batch there now."""
         csn = batch.csn
         commits = {first.index: (batch.xid, batch.commit_lsn, batch.commit_time, batch.end_lsn)}
+        latest = batch.commit_time  # the line's commit time: the latest of the participants'
         for m in self._nodes:
             if m is not first and m.queue:
                 b = m.queue[0][0]
                 if b.csn == csn:
                     commits[m.index] = (b.xid, b.commit_lsn, b.commit_time, b.end_lsn)
-        if len(commits) == 1:  # a transaction of one node, the common case: no sorting, no max
-            name = first.name
-            start = TxnStart(
-                csn,
-                batch.gid,
-                {name: NodeCommit(batch.xid, batch.commit_lsn, batch.commit_time)},
-                {name: batch.end_lsn},
-                batch.commit_time,
-            )
-            return _Assembly(csn, batch.gid, commits, start)
+                    latest = max(latest, b.commit_time)
         order = sorted(commits)
         nodes = self._nodes
         start = TxnStart(
@@ -563,6 +555,7 @@ class CsnMerge:
             batch.gid,
             {nodes[i].name: NodeCommit(*commits[i][:3]) for i in order},
             {nodes[i].name: commits[i][3] for i in order},
+            latest,
         )
         return _Assembly(csn, batch.gid, commits, start)
 

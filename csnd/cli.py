@@ -201,7 +201,7 @@ def _start_decoder_server() -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    if not all(s.startswith("grpc://") for s in args.sources):  # node agents decode for themselves
+    if not all(parse_source(s).is_grpc for s in args.sources):  # node agents decode for themselves
         _start_decoder_server()
     from csnd.replay import run_replay
 

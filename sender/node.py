@@ -438,21 +438,21 @@ class NodeSender:
             self.spilled_bytes += buf.spilled_bytes
         n = buf.n_changes
         finished = FinishedTxn(self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n)
-        if len(released) == 1 and released[0] == key:
-            # Released at once, the common case: `_take` without the round
-            # trip through `_ready` and `_wait_floor` (it would leave both as
-            # they are now, and the confirmable LSN where `_advance_floor` puts it).
-            self._advance_floor(end_lsn)
-            orderer.tick(csn if self._gtm else end_lsn)
-            if gid is not None and gid in self._cap_of:
-                self._drop_cap(gid)
-            self.released += 1
-            return [finished]
-        self._ready[key] = finished
-        self._wait_floor[end_lsn] = floor
+        # Released at once, the common case: no round trip through `_ready`
+        # and `_wait_floor` (`_take` would leave both as they are now, and the
+        # confirmable LSN where `_advance_floor` puts it).
+        at_once = len(released) == 1 and released[0] == key
+        if not at_once:
+            self._ready[key] = finished
+            self._wait_floor[end_lsn] = floor
         self._advance_floor(end_lsn)
         orderer.tick(csn if self._gtm else end_lsn)
-        return self._take(released)
+        if not at_once:
+            return self._take(released)
+        if gid is not None and gid in self._cap_of:
+            self._drop_cap(gid)
+        self.released += 1
+        return [finished]
 
     def _take(self, keys: list[Key]) -> list[FinishedTxn]:
         if not keys:
