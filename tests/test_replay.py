@@ -29,6 +29,7 @@ from gtm.markers import PREFIX, parse_marker
 from reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
 from reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
 from tests.fixtures.pg import PgDatabase
+from tests.fixtures.procs import children, wait_until_gone
 from tests.reader import witness
 
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -257,21 +258,11 @@ def big_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def children(pid: int) -> list[tuple[int, str]]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            out.append((int(entry), cmd))
-    return out
+def big_replay(cluster: Path, out: Path, **popen: Any) -> subprocess.Popen[str]:
+    """`csnd replay` of the big cluster with two decoders, started, not waited for."""
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    cmd = [*CSND, "replay", *streams(cluster), "--decoders", "2", "--output", str(out)]
+    return subprocess.Popen(cmd, text=True, **popen)
 
 
 def decoder_workers(pid: int, want: int, timeout: float = 30) -> list[int]:
@@ -288,12 +279,7 @@ def decoder_workers(pid: int, want: int, timeout: float = 30) -> list[int]:
 
 def test_a_decoder_worker_killed_mid_run_fails_the_run_clearly(big_cluster: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(
-        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = big_replay(big_cluster, out)
     workers = decoder_workers(proc.pid, 2)
     time.sleep(0.5)  # let it get into the stream
     os.kill(workers[1], signal.SIGKILL)
@@ -310,12 +296,7 @@ def test_a_dead_decoder_fork_server_is_a_clear_error_and_leaves_no_workers(
 ) -> None:
     """With the server gone a worker's exit can no longer be seen, so the run stops -- or has already ended."""
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(
-        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = big_replay(big_cluster, out)
     workers = decoder_workers(proc.pid, 2)
     (server,) = [p for p, cmd in children(proc.pid) if "multiprocessing.forkserver" in cmd]
     time.sleep(0.5)
@@ -327,21 +308,12 @@ def test_a_dead_decoder_fork_server_is_a_clear_error_and_leaves_no_workers(
         line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr))
         assert "fork server died" in line, line
         assert not out.exists()
-    deadline = time.monotonic() + 15
-    while any(_alive(w) for w in workers):
-        assert time.monotonic() < deadline, "decoder workers outlived their fork server"
-        time.sleep(0.1)
+    wait_until_gone(workers, 15, "decoder workers outlived their fork server")
 
 
 def test_ctrl_c_stops_everything_cleanly(big_cluster: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(
-        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = big_replay(big_cluster, out, start_new_session=True)
     workers = decoder_workers(proc.pid, 2)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole process group
@@ -349,18 +321,7 @@ def test_ctrl_c_stops_everything_cleanly(big_cluster: Path, tmp_path: Path) -> N
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
     assert not out.exists()
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{w}") and _alive(w) for w in workers):
-        assert time.monotonic() < deadline, "decoder workers outlived the run"
-        time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    wait_until_gone(workers, 10, "decoder workers outlived the run")
 
 
 # --- a live node ------------------------------------------------------------------------------
@@ -436,21 +397,13 @@ def test_live_replay_matches_the_witness_and_a_second_run_continues_exactly(
 
 def test_decoder_workers_do_not_outlive_a_killed_replay(big_cluster: Path, tmp_path: Path) -> None:
     """SIGKILL runs no cleanup in the parent: the workers must notice and go by themselves, quietly."""
-    proc = subprocess.Popen(
-        [*CSND, "replay", *streams(big_cluster), "--decoders", "2", "--output", str(tmp_path / "o.jsonl")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = big_replay(big_cluster, tmp_path / "o.jsonl", stdout=subprocess.DEVNULL)
     workers = decoder_workers(proc.pid, 2)
     time.sleep(0.5)  # into the stream: results on their way back when the parent dies
     proc.kill()
     # end of file on stderr once every process that shared it (workers, fork server) is gone
     _, stderr = proc.communicate(timeout=30)
-    deadline = time.monotonic() + 15
-    while any(_alive(w) for w in workers):
-        assert time.monotonic() < deadline, "decoder workers outlived their killed parent"
-        time.sleep(0.1)
+    wait_until_gone(workers, 15, "decoder workers outlived their killed parent")
     assert "Traceback" not in stderr, stderr
 
 

@@ -21,6 +21,7 @@ from decoder.pool import PIPE_BYTES, DecoderPool
 from reader import pgoutput as p
 from reader.recorded import RecordedSource
 from reader.streamfile import StreamHeader, StreamWriter
+from tests.fixtures.procs import parent_of, wait_until_gone
 
 
 def _pipe_max() -> int:
@@ -76,25 +77,12 @@ def test_runs_of_raw_frames_decode_in_order_and_every_queue_reports_depth(tmp_pa
     assert all(0 < q.peak <= q.capacity for q in pool.stats.queues), pool.stats.queues
 
 
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_new_one() -> None:
     """What a long-running `csnd node` needs: this process lives on, so its death cannot be the signal."""
     pool = DecoderPool("dn1", 2, binary=True)
-    pids = [proc.pid for proc in pool._procs]
-    assert all(pid is not None for pid in pids)
-    server = _ppid(pids[0])
+    pids = [proc.pid for proc in pool._procs if proc.pid is not None]
+    assert len(pids) == 2
+    server = parent_of(pids[0])
     os.kill(server, signal.SIGKILL)
     deadline = time.monotonic() + 10
     with pytest.raises(WorkerError, match="the decoder fork server died"):
@@ -102,13 +90,10 @@ def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_
             pool._check_all()
             time.sleep(0.05)
     pool.close()
-    deadline = time.monotonic() + 10
-    while any(_running(pid) for pid in pids if pid is not None):
-        assert time.monotonic() < deadline, "workers outlived their fork server"
-        time.sleep(0.1)
+    wait_until_gone(pids, 10, "workers outlived their fork server")
     again = DecoderPool("dn1", 1, binary=True)
     try:
-        assert again._procs[0].pid is not None and _ppid(again._procs[0].pid) != server
+        assert again._procs[0].pid is not None and parent_of(again._procs[0].pid) != server
         assert again._procs[0].is_alive()
     finally:
         again.close()
