@@ -14,7 +14,8 @@ Every decoder process keeps its own `RelationCache`; the reader broadcasts
 Relation and Type messages to all of them in stream order, so a table's
 metadata is replaced (DDL mid-stream) before any later change of it is
 decoded.  Everything a change needs is looked up when its Relation arrives,
-not per change: the hot loop is a zip over precomputed builder lists.
+not per change: the hot loop is a reader function compiled for the table
+(`_compile_row_reader`), one straight run of code per column.
 
 The body is the JSON text of a change object of DESIGN section 7 after
 `"cid": N, ` (the sender knows the cid, the coordinator the node), without
@@ -42,6 +43,7 @@ unreadable in a binary stream, unless the caller declared it an enum
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from psycopg import DataError
@@ -93,6 +95,7 @@ class Table:
         "json_key_columns",
         "name_of",
         "type_labels",
+        "read_row",
         "heads",
         "truncate_body",
         "unreadable",
@@ -104,7 +107,9 @@ class Table:
         columns: list[_Decoders],
         type_labels: list[str],
         unreadable: str | None,
+        binary_first: bool = True,
     ) -> None:
+        """`binary_first`: whether the stream is binary, so its values are mostly binary ones."""
         self.relid = msg.relid
         self.schema = msg.namespace
         self.name = msg.name
@@ -115,6 +120,7 @@ class Table:
         self.json_key_columns = [(i, *c) for i, c in enumerate(self.json_columns) if msg.columns[i].is_key]
         self.name_of = {key: name for name, (key, _, _) in zip(self.names, self.json_columns, strict=True)}
         self.type_labels = type_labels
+        self.read_row = _compile_row_reader(self.json_columns, binary_first)
         where = f'"schema": {J.quote(msg.namespace)}, "table": {J.quote(msg.name)}, "old": '
         self.heads = {k: f'"op": "{op}", {where}' for k, op in _OPS.items()}
         self.truncate_body = f'"op": "truncate", {where}null, "new": null'
@@ -179,7 +185,7 @@ class RelationCache:
                 "csnd cannot decode in binary form; stream or record this source in text mode "
                 "(pgoutput option binary 'false')"
             )
-        self._tables[msg.relid] = Table(msg, columns, labels, unreadable)
+        self._tables[msg.relid] = Table(msg, columns, labels, unreadable, self.binary)
         if unreadable and self.binary:
             raise DecodeError(unreadable, lsn=lsn, xid=msg.xid)
 
@@ -278,7 +284,9 @@ def _row(table: Table, values: list[TupleValue], lsn: int, xid: int | None) -> t
 def _row_wire(table: Table, data: bytes, pos: int) -> tuple[str, str, int] | None:
     """`_row` of the tuple at `data[pos]` read straight off the wire, and its end; None at any oddity.
 
-    The hot path of inserts (and of updates that log no old tuple): one walk
+    The path of inserts (and of updates that log no old tuple) that the
+    table's compiled reader leaves -- rows with unchanged TOAST values, and
+    anything odd, before the checked path: one walk
     builds each column's JSON text as it meets the column, instead of
     `split_tuple`'s list of values and then `_row`'s second loop over it --
     about a third less time for a wide row.  It checks only what keeps it
@@ -323,6 +331,80 @@ def _row_wire(table: Table, data: bytes, pos: int) -> tuple[str, str, int] | Non
     except Exception:  # noqa: BLE001 - any failure: the checked path raises the precise error
         return None
     return "{" + ", ".join(parts) + "}", _unchanged_json(unchanged), pos
+
+
+# One column of a compiled row reader (`_compile_row_reader`); {i} is the column's index.
+_READ_COLUMN: Final = """\
+    kind = data[pos]
+    if kind == {first}:
+        start = pos + 5
+        pos = start + unpack_i32(data, pos + 1)[0]
+        if pos > end or pos < start:
+            return None
+        v{i} = {first_builder}
+    elif kind == {second}:
+        start = pos + 5
+        pos = start + unpack_i32(data, pos + 1)[0]
+        if pos > end or pos < start:
+            return None
+        v{i} = {second_builder}
+    elif kind == {null}:
+        v{i} = "null"
+        pos += 1
+    else:
+        return None
+"""
+_BINARY_BUILDER: Final = "binary{i}(data[start:pos])"
+_TEXT_BUILDER: Final = 'text{i}(data[start:pos].decode("utf-8"))'
+
+RowReader = Callable[[bytes, int, int], "tuple[str, int] | None"]
+
+
+def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first: bool) -> RowReader:
+    """`_row_wire` for one table, unrolled: `read(data, pos, end)` -> (row JSON, end of the tuple) or None.
+
+    The decoder's hot loop is one of these per row.  Compiled from the
+    table's Relation message (as `collections.namedtuple` compiles its
+    class), it reads column i into local `v{i}` with column i's builders
+    bound as globals, and ends with one %-format of all the values -- no
+    per-column tuple unpacking, list append or join; about a tenth less
+    time per wide row than the loop.  Only the column index appears in the
+    generated source; names and builders come in through the namespace.
+    It gives up (None) on what `_row_wire` handles or rejects: a column
+    count other than the table's, an unchanged TOAST value, an unknown
+    kind, a length past `end`, a value its builder refuses.
+    """
+    first, second = (KIND_BINARY, KIND_TEXT) if binary_first else (KIND_TEXT, KIND_BINARY)
+    builders = {KIND_BINARY: _BINARY_BUILDER, KIND_TEXT: _TEXT_BUILDER}
+    namespace: dict[str, object] = {"unpack_i32": _unpack_i32, "unpack_i16": _unpack_i16}
+    lines = [
+        "def read_row(data, pos, end):",
+        "  try:",
+        f"    if pos + 2 > end or unpack_i16(data, pos)[0] != {len(columns)}:",
+        "        return None",
+        "    pos += 2",
+    ]
+    for i, (_, binary, text) in enumerate(columns):
+        namespace[f"binary{i}"] = binary
+        namespace[f"text{i}"] = text
+        column = _READ_COLUMN.format(
+            i=i,
+            first=first,
+            second=second,
+            null=KIND_NULL,
+            first_builder=builders[first].format(i=i),
+            second_builder=builders[second].format(i=i),
+        )
+        lines.append(column.rstrip("\n"))
+    namespace["ROW"] = "{" + ", ".join(key.replace("%", "%%") + "%s" for key, _, _ in columns) + "}"
+    values = "".join(f"v{i}, " for i in range(len(columns)))
+    lines += [
+        "  except Exception:  # any failure: the checked path raises the precise error",
+        "    return None",
+        f"  return ROW % ({values}), pos",
+    ]
+    exec(compile("\n".join(lines), "<csnd row reader>", "exec"), namespace)  # noqa: S102 - see above
+    return namespace["read_row"]  # type: ignore[return-value]
 
 
 def _unchanged_json(names: list[str] | None) -> str:
@@ -410,9 +492,13 @@ def row_change_body(
     if binary and table.unreadable is not None:
         raise DecodeError(table.unreadable, lsn=lsn, xid=xid)
     if (kind == "I" or kind == "U") and data and data[0] == NEW_TUPLE:  # no old tuple
-        fast = _row_wire(table, data, 1)
-        if fast is not None and fast[2] == len(data):
+        end = len(data)
+        row = table.read_row(data, 1, end)
+        if row is not None and row[1] == end:
             # one %-format for the whole body: the hot path's every row
+            return _NEW_ONLY_BODY % (lsn >> 32, lsn & 0xFFFFFFFF, table.heads[kind], row[0], "")
+        fast = _row_wire(table, data, 1)  # unchanged TOAST values, or the checked path's case
+        if fast is not None and fast[2] == end:
             return _NEW_ONLY_BODY % (lsn >> 32, lsn & 0xFFFFFFFF, table.heads[kind], fast[0], fast[1])
     try:
         if kind == "I":
