@@ -37,7 +37,6 @@ from __future__ import annotations
 import json.encoder
 import struct
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any, Final
 
 from decoder import values as V
@@ -178,35 +177,41 @@ def _scalar_text(name: str, decode: V.TextDecoder) -> TextJson:
 _INT_ELEMENTS: Final = {"int2": ("ih", 2), "int4": ("ii", 4), "int8": ("iq", 8), "oid": ("iI", 4)}
 
 
-@lru_cache(maxsize=256)
-def _int_items(code: str, count: int) -> struct.Struct:
-    return struct.Struct("!" + code * count)
+# Integer arrays of up to this many elements take the fast path of `_binary_array`.
+_INT_ARRAY_FAST_MAX: Final = 256
+_I32_AT = struct.Struct("!i").unpack_from
+
+
+def _int_array_reader(code: str, count: int) -> tuple[struct.Struct, str]:
+    """The struct of `count` (length, value) pairs of struct code `code`, and the %-format of their JSON text."""
+    return struct.Struct("!" + code * count), "[" + ", ".join(["%d"] * count) + "]"
 
 
 def _binary_array(elem_oid: int, elem: BinaryJson, elem_name: str) -> BinaryJson:
     """array_send -> JSON text: `values.array_items` with JSON-text elements, nested by dimension.
 
-    A one-dimensional integer array without NULLs, the common case, is read
-    with one struct call for all its elements; anything else (or anything
-    that does not add up) takes the checked walk.
+    A one-dimensional integer array without NULLs of up to
+    `_INT_ARRAY_FAST_MAX` elements, the common case, is one prefix compare
+    (ndim 1, no NULLs, the element type), one struct call for all its
+    elements and one %-format; anything else (or anything that does not add
+    up) takes the checked walk.
     """
     int_code, int_size = _INT_ELEMENTS.get(elem_name, ("", 0))
     one_dim_bytes = _ARRAY_HEAD.size + _ARRAY_DIM.size
+    head = _ARRAY_HEAD.pack(1, 0, elem_oid)
+    readers: dict[int, tuple[struct.Struct, str]] = {}  # by element count, made as met
+    pair_bytes = 4 + int_size
 
     def build(data: bytes) -> str:
-        if int_code and len(data) >= one_dim_bytes:
-            ndim, flags, oid = _ARRAY_HEAD.unpack_from(data)
-            count = _ARRAY_DIM.unpack_from(data, _ARRAY_HEAD.size)[0]
-            if (
-                ndim == 1
-                and flags == 0
-                and oid == elem_oid
-                and 0 <= count <= 256
-                and len(data) == one_dim_bytes + count * (4 + int_size)
-            ):
-                pairs = _int_items(int_code, count).unpack_from(data, one_dim_bytes)
+        if int_code and data.startswith(head) and len(data) >= one_dim_bytes:
+            count = _I32_AT(data, _ARRAY_HEAD.size)[0]
+            if 0 <= count <= _INT_ARRAY_FAST_MAX and len(data) == one_dim_bytes + count * pair_bytes:
+                reader = readers.get(count)
+                if reader is None:
+                    reader = readers[count] = _int_array_reader(int_code, count)
+                pairs = reader[0].unpack_from(data, one_dim_bytes)
                 if pairs[0::2].count(int_size) == count:
-                    return "[" + ", ".join(map(str, pairs[1::2])) + "]"
+                    return reader[1] % pairs[1::2]
         items, dims = V.array_items(data, elem_oid, elem, "null")
         for size in reversed(dims[1:]):
             items = ["[" + ", ".join(items[i : i + size]) + "]" for i in range(0, len(items), size)]

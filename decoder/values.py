@@ -155,7 +155,9 @@ def _float8_text(text: str) -> JsonValue:
 def _numeric_bin(data: bytes) -> str:
     ndigits = _NUMERIC_HEAD.unpack_from(data)[0]
     _fixed(8 + 2 * ndigits, "numeric", data)
-    return format(_load_numeric(data), "f")
+    value = _load_numeric(data)
+    text = str(value)  # a third of format(value, "f"), and the same text unless in E notation
+    return text if "E" not in text else format(value, "f")
 
 
 def _int2_bin(data: bytes) -> int:

@@ -638,6 +638,25 @@ def test_float4_shortest_reads_back(bits: int) -> None:
     assert len(Decimal(repr(got)).normalize().as_tuple().digits) <= 9
 
 
+@pytest.mark.parametrize(
+    ("array", "elem", "code", "bits"),
+    [(1005, 21, "h", 16), (1007, 23, "i", 32), (1016, 20, "q", 64), (1028, 26, "I", 32)],
+)
+@given(data=st.data())
+def test_int_arrays_fast_path_agrees_with_the_walk(
+    array: int, elem: int, code: str, bits: int, data: st.DataObject
+) -> None:
+    """One-dimensional int arrays (the one-struct-call path up to 256 elements, the walk beyond) as JSON."""
+    low, high = (0, 2**bits - 1) if code == "I" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    items = data.draw(st.lists(st.integers(low, high), max_size=300))
+    lower = data.draw(st.integers(-5, 5))
+    wire = struct.pack("!iiIii", 1, 0, elem, len(items), lower)
+    wire += b"".join(struct.pack("!i" + code, bits // 8, v) for v in items)
+    assert J.binary_json(bdec(array))(wire) == json.dumps(items)
+    with pytest.raises((ValueError, KeyError, IndexError, struct.error)):
+        J.binary_json(bdec(array))(wire + b"!")  # a trailing byte: the walk names it
+
+
 @pytest.mark.parametrize("type_name", sorted(T.TYPES))
 def test_agrees_with_the_generator(type_name: str) -> None:
     """The synthetic cluster's oracle (gtm.pgtypes) and the decoders agree, value by value, both forms."""
