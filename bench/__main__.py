@@ -61,6 +61,12 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
             f"(decoder speedup over it, median of rounds: {d['efficiency_median']:.2f})",
         )
     )
+    rows.append(
+        (
+            "`csnd replay --decoders 2` of a stream with no rows (start-up and shutdown, in every figure above)",
+            f"{d['startup_s']:.2f} s",
+        )
+    )
     st = d["small_transactions"]
     rows.append(
         (
