@@ -4,7 +4,9 @@
     source ─► DecoderPool ─► NodeSender ─┼─► CsnMerge ─► JSON lines ─► confirm live slots
     source ─► DecoderPool ─► NodeSender ─┘  (this thread)
 
-Each node pipeline runs in its own thread and hands finished transactions and
+With one node there is nothing to merge: its released transactions are
+written in the order they come (`_write_alone`), the merge's own order check
+kept.  Each node pipeline runs in its own thread and hands finished transactions and
 watermarks to the merge through a bounded per-node `Outbox`, what each
 decoder batch released in one hand-off (not one per transaction); the merge thread
 only takes from a node while the merge wants more from it, so a node far
@@ -32,13 +34,15 @@ from coordinator import (
     JSON_TAIL,
     CsnMerge,
     NodeBatch,
+    NodeCommit,
     TxnPart,
     TxnStart,
     check_modes,
     json_changes,
     json_head,
 )
-from csnd.errors import ConfigError, CsndError
+from csnd.errors import ConfigError, CsndError, ProtocolError
+from csnd.ids import lsn_to_str
 from csnd.nodeitems import (
     BatchItem,
     EndItem,
@@ -53,7 +57,7 @@ from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.change import DecodedRun
 from decoder.pool import BATCH_END, DecoderPool
 from reader.recorded import RecordedSource
-from sender import NodeSender
+from sender import FinishedTxn, NodeSender
 
 # Finished transactions (or watermarks) waiting per node between its pipeline
 # thread and the merge.  Small: the merge keeps its own bounded buffer.
@@ -291,6 +295,38 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_alone(out: _Output, txn: FinishedTxn, last_csn: int) -> int:
+    """Write the line of a transaction of the only node, as the merge would; returns its CSN.
+
+    The merge's own check of a node's order stays: a CSN that does not
+    increase is a protocol error, not a line out of order.
+    """
+    csn = txn.csn
+    if csn <= last_csn:
+        raise ProtocolError(
+            f"transaction {txn.gid or txn.xid} (csn {csn}, commit {lsn_to_str(txn.commit_lsn)}) was released "
+            f"after csn {last_csn}; a node must send its transactions in strictly increasing csn order",
+            node=txn.node,
+            lsn=txn.commit_lsn,
+            xid=txn.xid,
+        )
+    head = json_head(
+        csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
+    )
+    whole = whole_batch(txn)
+    if whole is not None:  # the common case: one write per line
+        out.end_line(head + json_changes(txn.node, whole.changes, True) + JSON_TAIL)
+        return csn
+    out.write(head)
+    first = True
+    for batch in cut_batches(txn):  # a spilled transaction is read back batch by batch
+        if batch.changes:
+            out.write(json_changes(txn.node, batch.changes, first))
+            first = False
+    out.end_line(JSON_TAIL)
+    return csn
+
+
 def _with_partial(e: CsndError, partial: str) -> CsndError:
     e.args = (f"{e}; the incomplete output is in {partial}",)
     return e
@@ -304,6 +340,12 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
     for p in pipelines:
         p.start(wakeup)
     live = [p for p in pipelines if hasattr(p.source, "confirmed_lsn")]
+    # One node's released transactions are already in the output's order (its
+    # sender releases them in increasing CSN order), so the merge of that one
+    # stream is the identity and they skip it: its keys, events and their
+    # objects were two thirds of this thread's work per transaction.
+    alone = len(pipelines) == 1 and isinstance(pipelines[0], NodePipeline)
+    last_csn = -1  # the last transaction written when `alone`
     ended: set[str] = set()
     feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
     first_part = True  # the next TxnPart is the first of its transaction
@@ -334,6 +376,10 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 progressed = True
                 if isinstance(item, TxnItem):
                     trackers[p.node].on_release(item.confirmable)
+                    if alone:
+                        last_csn = _write_alone(out, item.txn, last_csn)
+                        trackers[p.node].on_written()
+                        continue
                     whole = whole_batch(item.txn)
                     if whole is not None:
                         merge.add_batch(p.node, whole)

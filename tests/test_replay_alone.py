@@ -1,0 +1,88 @@
+"""`csnd replay` of one node writes its released transactions without the merge: the same bytes as through it."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator import CsnMerge, json_line
+from csnd import nodeitems, replay
+from csnd.errors import ProtocolError
+from csnd.nodeitems import cut_batches
+from sender.txn import FinishedTxn
+
+_TXN = st.tuples(
+    st.lists(st.integers(0, 2), max_size=12),  # cid steps: cids never decrease inside a transaction
+    st.booleans(),  # in memory (a list) or spilled (an iterator)
+    st.none() | st.text(min_size=1, max_size=6),  # gid
+    st.integers(0, 10**12),  # commit time
+)
+
+
+def _txns(drawn: list[tuple[list[int], bool, str | None, int]]) -> list[FinishedTxn]:
+    txns = []
+    for k, (steps, in_memory, gid, commit_time) in enumerate(drawn):
+        changes = [
+            (cid, 0x100 + i, f'"lsn": "0/{i:X}", "body": "t{k} é"') for i, cid in enumerate(accumulate(steps))
+        ]
+        csn = 10 * (k + 1)
+        txns.append(
+            FinishedTxn(
+                "dn1",
+                csn,
+                None if gid is None else f"{gid}-{k}",  # one gid, one transaction
+                700 + k,
+                0x900 + csn,
+                0x910 + csn,
+                commit_time,
+                changes if in_memory else iter(changes),
+                len(changes),
+            )
+        )
+    return txns
+
+
+def _through_the_merge(txns: list[FinishedTxn]) -> str:
+    merge = CsnMerge(["dn1"])
+    lines = []
+    for txn in txns:
+        for batch in cut_batches(txn):
+            merge.add_batch("dn1", batch)
+        lines += [json_line(t) + "\n" for t in merge.pop_ready()]
+    return "".join(lines)
+
+
+@settings(max_examples=100, deadline=None)
+@given(drawn=st.lists(_TXN, max_size=6), bound=st.integers(1, 5))
+def test_lines_written_alone_are_the_merges_lines(
+    tmp_path_factory: pytest.TempPathFactory, drawn: list[tuple[list[int], bool, str | None, int]], bound: int
+) -> None:
+    """Empty, one-cid, many-cid, in-memory and spilled transactions, cut at any batch bound."""
+    with mock.patch.object(nodeitems, "MERGE_BATCH_CHANGES", bound):
+        expected = _through_the_merge(_txns(drawn))
+        path = tmp_path_factory.mktemp("alone") / "out.jsonl"
+        out = replay._Output(str(path))
+        last = -1
+        for txn in _txns(drawn):
+            last = replay._write_alone(out, txn, last)
+        out.commit()
+    assert path.read_text(encoding="utf-8") == expected
+    assert out.lines == len(drawn)
+
+
+def test_a_csn_that_does_not_increase_is_a_protocol_error(tmp_path: Path) -> None:
+    first, second = _txns([([0], True, None, 5), ([0], True, "g", 6)])
+    second.csn = first.csn
+    out = replay._Output(str(tmp_path / "out.jsonl"))
+    last = replay._write_alone(out, first, -1)
+    with pytest.raises(ProtocolError) as info:
+        replay._write_alone(out, second, last)
+    e = info.value
+    assert (e.node, e.xid, e.lsn) == ("dn1", second.xid, second.commit_lsn)
+    assert "transaction g-1 (csn 10, commit 0/914) was released after csn 10" in str(e)
+    assert "strictly increasing csn order" in str(e)
