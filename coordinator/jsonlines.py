@@ -58,8 +58,14 @@ def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> s
     if not chunk:
         return ""
     head = f'{{"node": {_node_key(node)}, "cid": {chunk[0][0]}, '
-    text = head + f"}}, {head}".join(map(change_body, chunk)) + "}"
-    return text if first else ", " + text
+    if len(chunk) == 1:  # (one-row transactions: one format beats the list below)
+        return f"{head}{chunk[0][2]}}}" if first else f", {head}{chunk[0][2]}}}"
+    bodies = list(map(change_body, chunk))
+    # The head and the closing brace go onto the first and last bodies, so the
+    # text (a transaction's worth of bodies) is copied once, by the join.
+    bodies[0] = head + bodies[0] if first else ", " + head + bodies[0]
+    bodies[-1] += "}"
+    return f"}}, {head}".join(bodies)
 
 
 JSON_TAIL: Final = "]}"
