@@ -96,16 +96,27 @@ class Outbox:
         return self._taken.popleft()
 
 
-def whole_batch(txn: FinishedTxn) -> NodeBatch | None:
-    """The transaction as its one merge batch, if `cut_batches` would cut it into exactly that; else None.
+def whole_list(txn: FinishedTxn) -> list[tuple[int, int, str]] | None:
+    """The transaction's changes if `cut_batches` would make them one batch: in memory, of one cid, not too many.
 
-    The common case, a transaction in memory: cids never decrease inside a
-    transaction (the sender checks its cid markers), so equal cids at both
-    ends make the list itself the one batch -- no pass over it, and (for
-    the merge loop, once per transaction) no generator.
+    Cids never decrease inside a transaction (the sender checks its cid
+    markers), so equal cids at both ends are enough.
     """
     changes = txn.changes
     if type(changes) is list and 0 < len(changes) <= MERGE_BATCH_CHANGES and changes[0][0] == changes[-1][0]:
+        return changes
+    return None
+
+
+def whole_batch(txn: FinishedTxn) -> NodeBatch | None:
+    """The transaction as its one merge batch, if `cut_batches` would cut it into exactly that; else None.
+
+    The common case (`whole_list`): the list itself is the one batch -- no
+    pass over it, and (for the merge loop, once per transaction) no
+    generator.
+    """
+    changes = whole_list(txn)
+    if changes is not None:
         return NodeBatch(
             txn.csn,
             txn.gid,

@@ -52,6 +52,7 @@ from csnd.nodeitems import (
     WatermarkItem,
     cut_batches,
     whole_batch,
+    whole_list,
 )
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.change import DecodedRun
@@ -319,9 +320,10 @@ def _write_alone(out: _Output, txn: FinishedTxn, last_csn: int) -> int:
     head = json_head(
         csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
     )
-    whole = whole_batch(txn)
-    if whole is not None:  # the common case: one write per line, its text copied once
-        out.end_line("".join((head, json_changes(txn.node, whole.changes, True), JSON_TAIL)))
+    changes = whole_list(txn)
+    if changes is not None:  # the common case: one write per line, its text copied once
+        # (a bigger transaction goes out batch by batch below: its text is never held whole)
+        out.end_line("".join((head, json_changes(txn.node, changes, True), JSON_TAIL)))
         return csn
     out.write(head)
     first = True
@@ -341,11 +343,12 @@ def _with_partial(e: CsndError, partial: str) -> CsndError:
 def _merge_loop(pipelines: list[Any], out: _Output) -> None:
     merge = CsnMerge([p.node for p in pipelines])
     wakeup = threading.Event()
-    trackers = {p.node: ConfirmTracker() for p in pipelines}
+    live = [p for p in pipelines if hasattr(p.source, "confirmed_lsn")]
+    # Only a live source has a slot to confirm, so only its writes are tracked.
+    trackers = {p.node: ConfirmTracker() for p in live}
     by_node = {p.node: p for p in pipelines}
     for p in pipelines:
         p.start(wakeup)
-    live = [p for p in pipelines if hasattr(p.source, "confirmed_lsn")]
     # One node's released transactions are already in the output's order (its
     # sender releases them in increasing CSN order), so the merge of that one
     # stream is the identity and they skip it: its keys, events and their
@@ -364,9 +367,20 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
         for p in pipelines:
             if p.node in ended:
                 continue
-            while merge.wants_more(p.node):
+            tracker = trackers.get(p.node)
+            taken = 0  # when alone: items written this round
+            while True:
                 # A transaction goes in batch by batch, only while the merge
                 # wants more, so a huge (spilled) one is never read in whole.
+                # Alone, a round ends after as many transactions as the merge
+                # would hold, so a node that releases faster than its lines
+                # are written still lets the loop below confirm its slot.
+                if alone:
+                    if taken == merge.max_pending_batches:
+                        break
+                    taken += 1
+                elif not merge.wants_more(p.node):
+                    break
                 batches = feeding.get(p.node)
                 if batches is not None:
                     batch = next(batches, None)
@@ -381,10 +395,12 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                     break
                 progressed = True
                 if isinstance(item, TxnItem):
-                    trackers[p.node].on_release(item.confirmable)
+                    if tracker is not None:
+                        tracker.on_release(item.confirmable)
                     if alone:
                         last_csn = _write_alone(out, item.txn, last_csn)
-                        trackers[p.node].on_written()
+                        if tracker is not None:
+                            tracker.on_written()
                         continue
                     whole = whole_batch(item.txn)
                     if whole is not None:
@@ -392,8 +408,8 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                     else:
                         feeding[p.node] = cut_batches(item.txn)
                 elif isinstance(item, BatchItem):  # a node agent's, already cut
-                    if item.confirmable is not None:
-                        trackers[p.node].on_release(item.confirmable)
+                    if item.confirmable is not None and tracker is not None:
+                        tracker.on_release(item.confirmable)
                     merge.add_batch(p.node, item.batch)
                 elif isinstance(item, WatermarkItem):
                     merge.add_watermark(p.node, item.csn)
@@ -423,7 +439,8 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 out.end_line("".join(line))
                 line = []
                 for node in ev.nodes:
-                    trackers[node].on_written()
+                    if node in trackers:
+                        trackers[node].on_written()
             progressed = True
         now = time.monotonic()
         if live and now - last_confirm >= CONFIRM_INTERVAL_S:

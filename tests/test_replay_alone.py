@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from coordinator import CsnMerge, json_line
 from csnd import nodeitems, replay
 from csnd.errors import ProtocolError
-from csnd.nodeitems import cut_batches
+from csnd.nodeitems import EndItem, Outbox, TxnItem, cut_batches
 from sender.txn import FinishedTxn
 
 _TXN = st.tuples(
@@ -86,3 +86,42 @@ def test_a_csn_that_does_not_increase_is_a_protocol_error(tmp_path: Path) -> Non
     assert (e.node, e.xid, e.lsn) == ("dn1", second.xid, second.commit_lsn)
     assert "transaction g-1 (csn 10, commit 0/914) was released after csn 10" in str(e)
     assert "strictly increasing csn order" in str(e)
+
+
+class _LiveLike:
+    """A live source as `_merge_loop` sees it: a slot it confirms."""
+
+    node = "dn1"
+    confirmed_lsn = 0
+
+    def __init__(self) -> None:
+        self.confirms: list[int] = []
+        self.final: int | None = None
+
+    def confirm(self, lsn: int) -> None:
+        self.confirms.append(lsn)
+
+    def confirm_final(self, lsn: int) -> None:
+        self.final = lsn
+
+
+def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed(tmp_path: Path) -> None:
+    """Alone, the loop takes a bounded round of transactions, so confirms are not starved by a full queue."""
+    n = 3 * CsnMerge(["dn1"]).max_pending_batches
+    txns = _txns([([0], True, None, 5)] * n)
+    for k, txn in enumerate(txns):
+        txn.xid = 700 + k  # (the drawn list repeats one transaction)
+    source = _LiveLike()
+    pipeline = replay.NodePipeline.__new__(replay.NodePipeline)  # the loop's view of one: no threads
+    pipeline.node, pipeline.source = "dn1", source
+    pipeline.out = Outbox(1)
+    pipeline.out.put_many([*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])  # all waiting at once
+    pipeline.start = lambda wakeup: None  # type: ignore[method-assign]
+    out = replay._Output(str(tmp_path / "out.jsonl"))
+    with mock.patch.object(replay, "CONFIRM_INTERVAL_S", 0.0):
+        replay._merge_loop([pipeline], out)
+    out.commit()
+    assert out.lines == n
+    assert len(source.confirms) >= 3  # one per round at least, before the stream ended
+    assert source.confirms == sorted(source.confirms) and source.confirms[0] > 0
+    assert source.final == txns[-1].end_lsn
