@@ -63,7 +63,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     )
     rows.append(
         (
-            "`csnd replay --decoders 2` of a stream with no rows (start-up and shutdown, in every figure above)",
+            "`csnd replay --decoders 2` of a stream with no rows (start-up and shutdown, in every replay figure)",
             f"{d['startup_s']:.2f} s",
         )
     )

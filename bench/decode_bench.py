@@ -44,7 +44,7 @@ from reader.pgoutput import (
 )
 from reader.streamfile import StreamHeader, StreamWriter
 
-# A million rows: about 14 s with one decoder, so the ~0.4 s a replay takes to
+# A million rows: about 14 s with one decoder, so the 0.4-0.5 s a replay takes to
 # start (interpreter, imports, the decoders' fork server; measured and shown
 # apart) is a few per cent of a round, as it is of a long-running service,
 # instead of the tenth it was of the 300,000 rows used before.

@@ -11,6 +11,7 @@ reading a node further (back-pressure).  `check_modes` refuses node sets that
 have no common commit order before anything starts.
 """
 
+from coordinator.alone import AloneOrder
 from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
 from coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line
 from coordinator.merge import (
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_MAX_PENDING_BYTES",
     "DEFAULT_RECENT_GIDS",
     "JSON_TAIL",
+    "AloneOrder",
     "CsnMerge",
     "GlobalTxn",
     "MergeStatistics",

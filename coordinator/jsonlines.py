@@ -51,9 +51,11 @@ def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, Node
 def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> str:
     """The change objects of one merge batch, comma-separated (and comma-led unless `first`).
 
-    A merge batch holds one cid (`CsnMerge.add_batch` checks), so this is one
-    C-level join of the bodies: it runs in the coordinator's single thread,
-    once per change of the whole cluster.
+    A chunk holds one cid -- `CsnMerge.add_batch` checks a merge batch; a
+    single node's transaction written without the merge is one cid at both
+    ends (`csnd.nodeitems.whole_list`), and its sender never lets cids
+    decrease -- so this is one C-level join of the bodies: it runs in the
+    coordinator's single thread, once per change of the whole cluster.
     """
     if not chunk:
         return ""

@@ -4,9 +4,11 @@
     source ─► DecoderPool ─► NodeSender ─┼─► CsnMerge ─► JSON lines ─► confirm live slots
     source ─► DecoderPool ─► NodeSender ─┘  (this thread)
 
-With one node there is nothing to merge: its released transactions are
-written in the order they come (`_write_alone`), the merge's own order check
-kept.  Each node pipeline runs in its own thread and hands finished transactions and
+With one local node there is nothing to merge: its released transactions
+are written in the order they come (`_write_alone`), with the merge's own
+checks of a node's order kept (`coordinator.alone`).
+
+Each node pipeline runs in its own thread and hands finished transactions and
 watermarks to the merge through a bounded per-node `Outbox`, what each
 decoder batch released in one hand-off (not one per transaction); the merge thread
 only takes from a node while the merge wants more from it, so a node far
@@ -32,6 +34,7 @@ from typing import Any, Final
 
 from coordinator import (
     JSON_TAIL,
+    AloneOrder,
     CsnMerge,
     NodeBatch,
     NodeCommit,
@@ -41,8 +44,7 @@ from coordinator import (
     json_changes,
     json_head,
 )
-from csnd.errors import ConfigError, CsndError, ProtocolError
-from csnd.ids import lsn_to_str
+from csnd.errors import ConfigError, CsndError
 from csnd.nodeitems import (
     BatchItem,
     EndItem,
@@ -302,21 +304,10 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_alone(out: _Output, txn: FinishedTxn, last_csn: int) -> int:
-    """Write the line of a transaction of the only node, as the merge would; returns its CSN.
-
-    The merge's own check of a node's order stays: a CSN that does not
-    increase is a protocol error, not a line out of order.
-    """
+def _write_alone(out: _Output, txn: FinishedTxn, order: AloneOrder) -> None:
+    """Write the line of a transaction of the only node, as the merge would, after the merge's checks."""
     csn = txn.csn
-    if csn <= last_csn:
-        raise ProtocolError(
-            f"transaction {txn.gid or txn.xid} (csn {csn}, commit {lsn_to_str(txn.commit_lsn)}) was released "
-            f"after csn {last_csn}; a node must send its transactions in strictly increasing csn order",
-            node=txn.node,
-            lsn=txn.commit_lsn,
-            xid=txn.xid,
-        )
+    order.check(csn, txn.gid, txn.xid, txn.commit_lsn)
     head = json_head(
         csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
     )
@@ -324,7 +315,7 @@ def _write_alone(out: _Output, txn: FinishedTxn, last_csn: int) -> int:
     if changes is not None:  # the common case: one write per line, its text copied once
         # (a bigger transaction goes out batch by batch below: its text is never held whole)
         out.end_line("".join((head, json_changes(txn.node, changes, True), JSON_TAIL)))
-        return csn
+        return
     out.write(head)
     first = True
     for batch in cut_batches(txn):  # a spilled transaction is read back batch by batch
@@ -332,7 +323,6 @@ def _write_alone(out: _Output, txn: FinishedTxn, last_csn: int) -> int:
             out.write(json_changes(txn.node, batch.changes, first))
             first = False
     out.end_line(JSON_TAIL)
-    return csn
 
 
 def _with_partial(e: CsndError, partial: str) -> CsndError:
@@ -354,7 +344,7 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
     # stream is the identity and they skip it: its keys, events and their
     # objects were two thirds of this thread's work per transaction.
     alone = len(pipelines) == 1 and isinstance(pipelines[0], NodePipeline)
-    last_csn = -1  # the last transaction written when `alone`
+    order = AloneOrder(pipelines[0].node) if alone else None  # the merge's checks, kept
     ended: set[str] = set()
     feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
     first_part = True  # the next TxnPart is the first of its transaction
@@ -373,10 +363,13 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 # A transaction goes in batch by batch, only while the merge
                 # wants more, so a huge (spilled) one is never read in whole.
                 # Alone, a round ends after as many transactions as the merge
-                # would hold, so a node that releases faster than its lines
-                # are written still lets the loop below confirm its slot.
+                # would hold or, for a live node, once a confirm is due, so a
+                # node that releases faster than its lines are written still
+                # gets its slot confirmed on time by the code below.
                 if alone:
-                    if taken == merge.max_pending_batches:
+                    if taken == merge.max_pending_batches or (
+                        live and taken % 64 == 63 and time.monotonic() - last_confirm >= CONFIRM_INTERVAL_S
+                    ):
                         break
                     taken += 1
                 elif not merge.wants_more(p.node):
@@ -397,8 +390,8 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 if isinstance(item, TxnItem):
                     if tracker is not None:
                         tracker.on_release(item.confirmable)
-                    if alone:
-                        last_csn = _write_alone(out, item.txn, last_csn)
+                    if order is not None:
+                        _write_alone(out, item.txn, order)
                         if tracker is not None:
                             tracker.on_written()
                         continue

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from functools import lru_cache
+from types import CodeType
 from typing import Final
 
 from psycopg import DataError
@@ -374,19 +376,32 @@ def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], bin
     count other than the table's, an unchanged TOAST value, an unknown
     kind, a length past `end`, a value its builder refuses.
     """
-    first, second = (KIND_BINARY, KIND_TEXT) if binary_first else (KIND_TEXT, KIND_BINARY)
-    builders = {KIND_BINARY: _BINARY_BUILDER, KIND_TEXT: _TEXT_BUILDER}
     namespace: dict[str, object] = {"unpack_i32": _unpack_i32, "unpack_i16": _unpack_i16}
-    lines = [
-        "def read_row(data, pos, end):",
-        "  try:",
-        f"    if pos + 2 > end or unpack_i16(data, pos)[0] != {len(columns)}:",
-        "        return None",
-        "    pos += 2",
-    ]
     for i, (_, binary, text) in enumerate(columns):
         namespace[f"binary{i}"] = binary
         namespace[f"text{i}"] = text
+    namespace["ROW"] = "{" + ", ".join(key.replace("%", "%%") + "%s" for key, _, _ in columns) + "}"
+    exec(_row_reader_code(len(columns), binary_first), namespace)  # noqa: S102 - see above
+    return namespace["read_row"]  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=64)
+def _row_reader_code(n_columns: int, binary_first: bool) -> CodeType:
+    """The code of `_compile_row_reader` for tables of `n_columns`: compiled once per width and form.
+
+    (Compiling costs about a tenth of a millisecond a column, which every
+    decoder would pay again for every Relation message of a wide table.)
+    """
+    first, second = (KIND_BINARY, KIND_TEXT) if binary_first else (KIND_TEXT, KIND_BINARY)
+    builders = {KIND_BINARY: _BINARY_BUILDER, KIND_TEXT: _TEXT_BUILDER}
+    lines = [
+        "def read_row(data, pos, end):",
+        "  try:",
+        f"    if pos + 2 > end or unpack_i16(data, pos)[0] != {n_columns}:",
+        "        return None",
+        "    pos += 2",
+    ]
+    for i in range(n_columns):
         column = _READ_COLUMN.format(
             i=i,
             first=first,
@@ -396,15 +411,13 @@ def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], bin
             second_builder=builders[second].format(i=i),
         )
         lines.append(column.rstrip("\n"))
-    namespace["ROW"] = "{" + ", ".join(key.replace("%", "%%") + "%s" for key, _, _ in columns) + "}"
-    values = "".join(f"v{i}, " for i in range(len(columns)))
+    values = "".join(f"v{i}, " for i in range(n_columns))
     lines += [
         "  except Exception:  # any failure: the checked path raises the precise error",
         "    return None",
         f"  return ROW % ({values}), pos",
     ]
-    exec(compile("\n".join(lines), "<csnd row reader>", "exec"), namespace)  # noqa: S102 - see above
-    return namespace["read_row"]  # type: ignore[return-value]
+    return compile("\n".join(lines), "<csnd row reader>", "exec")
 
 
 def _unchanged_json(names: list[str] | None) -> str:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import CsnMerge, json_line
+from coordinator import AloneOrder, CsnMerge, json_line
 from csnd import nodeitems, replay
 from csnd.errors import ProtocolError
 from csnd.nodeitems import EndItem, Outbox, TxnItem, cut_batches
@@ -67,9 +67,9 @@ def test_lines_written_alone_are_the_merges_lines(
         expected = _through_the_merge(_txns(drawn))
         path = tmp_path_factory.mktemp("alone") / "out.jsonl"
         out = replay._Output(str(path))
-        last = -1
+        order = AloneOrder("dn1")
         for txn in _txns(drawn):
-            last = replay._write_alone(out, txn, last)
+            replay._write_alone(out, txn, order)
         out.commit()
     assert path.read_text(encoding="utf-8") == expected
     assert out.lines == len(drawn)
@@ -79,13 +79,34 @@ def test_a_csn_that_does_not_increase_is_a_protocol_error(tmp_path: Path) -> Non
     first, second = _txns([([0], True, None, 5), ([0], True, "g", 6)])
     second.csn = first.csn
     out = replay._Output(str(tmp_path / "out.jsonl"))
-    last = replay._write_alone(out, first, -1)
+    order = AloneOrder("dn1")
+    replay._write_alone(out, first, order)
     with pytest.raises(ProtocolError) as info:
-        replay._write_alone(out, second, last)
+        replay._write_alone(out, second, order)
     e = info.value
     assert (e.node, e.xid, e.lsn) == ("dn1", second.xid, second.commit_lsn)
-    assert "transaction g-1 (csn 10, commit 0/914) was released after csn 10" in str(e)
+    assert "transaction g-1 (xid 701, csn 10, commit 0/914) was released after csn 10" in str(e)
     assert "strictly increasing csn order" in str(e)
+
+
+def test_a_gid_seen_again_is_a_protocol_error_alone_as_through_the_merge() -> None:
+    """The same gid with another csn: the merge's check, which the sender no longer makes once it released the first."""
+    first, second = _txns([([0], True, "g", 5), ([0], True, "g", 6)])
+    second.gid = first.gid
+    with pytest.raises(ProtocolError, match="global transaction g-0 has csn 20 on node dn1"):
+        _through_the_merge([first, second])
+    order = AloneOrder("dn1")
+    order.check(first.csn, first.gid, first.xid, first.commit_lsn)
+    with pytest.raises(ProtocolError) as info:
+        order.check(second.csn, second.gid, second.xid, second.commit_lsn)
+    assert (info.value.node, info.value.xid, info.value.lsn) == ("dn1", second.xid, second.commit_lsn)
+    assert "global transaction g-0 already committed on this node with csn 10" in str(info.value)
+    # the memory of gids is bounded, as the merge's is
+    small = AloneOrder("dn1", recent_gids=2)
+    for csn, gid in enumerate(["a", "b", "c", "a"], 1):
+        small.check(csn, gid, 700 + csn, 0x900 + csn)  # "a" was forgotten after "c"
+    with pytest.raises(ProtocolError):
+        small.check(9, "c", 709, 0x909)
 
 
 class _LiveLike:
@@ -94,12 +115,15 @@ class _LiveLike:
     node = "dn1"
     confirmed_lsn = 0
 
-    def __init__(self) -> None:
+    def __init__(self, output: Path) -> None:
+        self.output = output
+        self.lines_then: list[int] = []
         self.confirms: list[int] = []
         self.final: int | None = None
 
     def confirm(self, lsn: int) -> None:
         self.confirms.append(lsn)
+        self.lines_then.append(self.output.read_text(encoding="utf-8").count("\n"))  # written and synced
 
     def confirm_final(self, lsn: int) -> None:
         self.final = lsn
@@ -111,7 +135,7 @@ def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed
     txns = _txns([([0], True, None, 5)] * n)
     for k, txn in enumerate(txns):
         txn.xid = 700 + k  # (the drawn list repeats one transaction)
-    source = _LiveLike()
+    source = _LiveLike(tmp_path / "out.jsonl.partial")
     pipeline = replay.NodePipeline.__new__(replay.NodePipeline)  # the loop's view of one: no threads
     pipeline.node, pipeline.source = "dn1", source
     pipeline.out = Outbox(1)
@@ -124,4 +148,6 @@ def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed
     assert out.lines == n
     assert len(source.confirms) >= 3  # one per round at least, before the stream ended
     assert source.confirms == sorted(source.confirms) and source.confirms[0] > 0
+    for lsn, lines in zip(source.confirms, source.lines_then, strict=True):
+        assert lsn <= txns[lines - 1].end_lsn  # nothing confirmed before its line was on disk
     assert source.final == txns[-1].end_lsn

@@ -626,6 +626,22 @@ def test_catalogue() -> None:
 # --- pure properties -------------------------------------------------------------
 
 
+@given(
+    st.decimals(allow_nan=True, allow_infinity=False)  # (Infinity: the server cases above)
+    | st.builds(
+        lambda d, e: d.scaleb(e), st.decimals(allow_nan=False, allow_infinity=False), st.integers(-40, 40)
+    )
+)
+def test_numeric_text_is_the_plain_notation(value: Decimal) -> None:
+    """Binary numeric -> text: `str()` of psycopg's Decimal, or format 'f' where that is in E notation."""
+    if value.is_snan():
+        return  # not a PostgreSQL numeric
+    data = T.NUMERIC.cell(value, True)[0]
+    assert isinstance(data, bytes)
+    loaded = V._load_numeric(data)
+    assert V.binary_decoder(1700)(data) == format(loaded, "f")  # type: ignore[misc]
+
+
 @given(st.integers(0, 2**32 - 1))
 def test_float4_shortest_reads_back(bits: int) -> None:
     x = struct.unpack("!f", struct.pack("!I", bits))[0]
