@@ -335,29 +335,29 @@ def _row_wire(table: Table, data: bytes, pos: int) -> tuple[str, str, int] | Non
     return "{" + ", ".join(parts) + "}", _unchanged_json(unchanged), pos
 
 
-# One column of a compiled row reader (`_compile_row_reader`); {i} is the column's index.
+# One column of a compiled row reader (`_compile_row_reader`), column {i}: its
+# kind byte, then a value of the stream's form, of the other form, or NULL.
 _READ_COLUMN: Final = """\
     kind = data[pos]
-    if kind == {first}:
-        start = pos + 5
-        pos = start + unpack_i32(data, pos + 1)[0]
-        if pos > end or pos < start:
-            return None
-        v{i} = {first_builder}
-    elif kind == {second}:
-        start = pos + 5
-        pos = start + unpack_i32(data, pos + 1)[0]
-        if pos > end or pos < start:
-            return None
-        v{i} = {second_builder}
-    elif kind == {null}:
+{first}{second}    elif kind == {null}:
         v{i} = "null"
         pos += 1
     else:
         return None
 """
-_BINARY_BUILDER: Final = "binary{i}(data[start:pos])"
-_TEXT_BUILDER: Final = 'text{i}(data[start:pos].decode("utf-8"))'
+# A length-prefixed value of one form, read into local v{i} by `build`.
+_READ_VALUE: Final = """\
+    {keyword} kind == {kind}:
+        start = pos + 5
+        pos = start + unpack_i32(data, pos + 1)[0]
+        if pos > end or pos < start:
+            return None
+        v{i} = {build}
+"""
+_BUILDERS: Final = {
+    KIND_BINARY: "binary{i}(data[start:pos])",
+    KIND_TEXT: 'text{i}(data[start:pos].decode("utf-8"))',
+}
 
 RowReader = Callable[[bytes, int, int], "tuple[str, int] | None"]
 
@@ -393,7 +393,6 @@ def _row_reader_code(n_columns: int, binary_first: bool) -> CodeType:
     decoder would pay again for every Relation message of a wide table.)
     """
     first, second = (KIND_BINARY, KIND_TEXT) if binary_first else (KIND_TEXT, KIND_BINARY)
-    builders = {KIND_BINARY: _BINARY_BUILDER, KIND_TEXT: _TEXT_BUILDER}
     lines = [
         "def read_row(data, pos, end):",
         "  try:",
@@ -402,15 +401,11 @@ def _row_reader_code(n_columns: int, binary_first: bool) -> CodeType:
         "    pos += 2",
     ]
     for i in range(n_columns):
-        column = _READ_COLUMN.format(
-            i=i,
-            first=first,
-            second=second,
-            null=KIND_NULL,
-            first_builder=builders[first].format(i=i),
-            second_builder=builders[second].format(i=i),
-        )
-        lines.append(column.rstrip("\n"))
+        forms = [
+            _READ_VALUE.format(keyword=keyword, kind=kind, i=i, build=_BUILDERS[kind].format(i=i))
+            for keyword, kind in (("if", first), ("elif", second))
+        ]
+        lines.append(_READ_COLUMN.format(first=forms[0], second=forms[1], null=KIND_NULL, i=i).rstrip("\n"))
     values = "".join(f"v{i}, " for i in range(n_columns))
     lines += [
         "  except Exception:  # any failure: the checked path raises the precise error",
