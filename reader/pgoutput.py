@@ -487,7 +487,8 @@ class ChangeFrames:
 # A change as `ChangeFrames.blob` holds it: the frame's length and 'w' before
 # the XLogData layouts above.  The head (through the tag) is what the reader
 # checks; the full layouts are what the workers unpack.
-FRAMED_CHANGE_HEAD: Final = struct.Struct("!IB" + _PLAIN_CHANGE.format[1:-1])
+FRAMED_CHANGE_HEAD: Final = struct.Struct("!IBQ16xB")  # walEnd and sendTime skipped: no ints made for them
+assert FRAMED_CHANGE_HEAD.size == struct.calcsize("!IB" + _PLAIN_CHANGE.format[1:-1])
 _FRAMED_STREAM_CHANGE: Final = struct.Struct("!IB" + _STREAM_CHANGE.format[1:])
 _FRAMED_PLAIN_CHANGE: Final = struct.Struct("!IB" + _PLAIN_CHANGE.format[1:])
 

@@ -155,12 +155,12 @@ def _change_run(buf: bytes, pos: int, in_stream: bool) -> ChangeFrames:
     too short to be one: the caller's checked path reports it), at another
     xid, or after `MAX_RUN_FRAMES`.
     """
-    head = FRAMED_CHANGE_HEAD.unpack_from  # length, 'w', dataStart, walEnd, sendTime, tag
+    head = FRAMED_CHANGE_HEAD.unpack_from  # length, 'w', dataStart, tag
     xid = _LEN.unpack_from(buf, pos + 4 + CHANGE_XID_OFFSET)[0] if in_stream else None
     start, size = pos, len(buf)
     lsns: list[int] = []
     while pos + _MIN_FRAMED_CHANGE <= size and len(lsns) < MAX_RUN_FRAMES:
-        n, w, lsn, _, _, tag = head(buf, pos)
+        n, w, lsn, tag = head(buf, pos)
         end = pos + 4 + n
         if end > size or n < _MIN_FRAMED_CHANGE - 4 or w != 0x77 or tag not in CHANGE_TAGS:
             break
