@@ -149,9 +149,9 @@ class NodePipeline:
                     if released:
                         self._put(released)
                         released = []
+                    if self._stop.is_set():  # (once a decoder batch: soon enough, and not per event)
+                        break
                     continue
-                if self._stop.is_set():
-                    break
                 for txn in feed(lsn, item):
                     released.append(TxnItem(txn, sender.confirmable_lsn))
             if not self._stop.is_set():
