@@ -9,9 +9,11 @@ position and -- for recorded files -- the path and byte offset.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Final
 
 from csnd.errors import ProtocolError, StreamFormatError
 from reader.pgoutput import (
+    XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
     ChangeFrames,
@@ -26,6 +28,8 @@ from reader.pgoutput import (
 )
 
 Event = tuple[int, Message | Keepalive | ChangeFrames]
+
+_TXN_TAGS: Final = frozenset((0x42, 0x43))  # 'B'egin, 'C'ommit
 
 
 def iter_events(
@@ -49,9 +53,12 @@ def iter_events(
             yield payload.lsns[0], payload
             continue
         assert isinstance(payload, bytes)
-        fast: tuple[int, Change | Begin | Commit] | None = parse_change_frame(payload, parser.in_stream)
-        if fast is None and not parser.in_stream:
-            fast = parse_txn_frame(payload)
+        fast: tuple[int, Change | Begin | Commit] | None
+        if len(payload) > XLOGDATA_HEADER_SIZE and payload[XLOGDATA_HEADER_SIZE] in _TXN_TAGS:
+            # (the tag of an XLogData frame; anything else the fast paths refuse goes the general way)
+            fast = None if parser.in_stream else parse_txn_frame(payload)
+        else:
+            fast = parse_change_frame(payload, parser.in_stream)
         if fast is not None:
             if fast[0]:
                 last_lsn = fast[0]

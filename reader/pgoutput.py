@@ -451,13 +451,6 @@ CHANGE_TAGS: Final = frozenset(_CHANGE_KINDS)
 CHANGE_XID_OFFSET: Final = XLOGDATA_HEADER_SIZE + 1
 
 
-def is_change_frame(payload: bytes, at: int, size: int) -> bool:
-    """Whether the frame payload of `size` bytes at `payload[at:]` is an XLogData row change."""
-    return (
-        size > CHANGE_FRAME_MIN and payload[at] == 0x77 and payload[at + XLOGDATA_HEADER_SIZE] in CHANGE_TAGS
-    )
-
-
 class ChangeFrames:
     """Consecutive row-change frames of one (sub)transaction, left in their recorded framing.
 

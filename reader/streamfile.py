@@ -26,8 +26,8 @@ from reader.pgoutput import (
     CHANGE_TAGS,
     CHANGE_XID_OFFSET,
     FRAMED_CHANGE_HEAD,
+    XLOGDATA_HEADER_SIZE,
     ChangeFrames,
-    is_change_frame,
 )
 
 MAGIC: Final = b"CSNDSTR1"
@@ -44,7 +44,7 @@ MAX_FRAME_BYTES: Final = 1 << 30
 # Row-change frames per `ChangeFrames` run at most: a run is one item of a
 # decoder batch, so this keeps a batch near its intended size.
 MAX_RUN_FRAMES: Final = 256
-# The smallest frame `is_change_frame` takes for a row change, with its length.
+# The smallest frame the scan takes for a row change (see `scan`), with its length.
 _MIN_FRAMED_CHANGE: Final = 4 + CHANGE_FRAME_MIN + 1
 
 
@@ -234,7 +234,12 @@ class StreamFileReader:
                 pos = 0
                 if end > len(buf):
                     raise self._truncated(offset, f"frame of {n} bytes has only {len(buf) - 4}")
-            if in_stream is not None and is_change_frame(buf, pos + 4, n):
+            if (  # an XLogData row change, long enough to be one (checked inline: this runs for every frame)
+                in_stream is not None
+                and n > CHANGE_FRAME_MIN
+                and buf[pos + 4] == 0x77
+                and buf[pos + 4 + XLOGDATA_HEADER_SIZE] in CHANGE_TAGS
+            ):
                 run_at = pos
                 run = _change_run(buf, pos, stream)
                 pos = run_at + len(run.blob)
