@@ -429,7 +429,10 @@ class NodeSender:
             return self._take(released)
         floor = self._floor
         try:
-            released = orderer.commit(key, csn, lsn=commit_lsn, xid=txn.xid)
+            # A commit ticks: every later transaction gets a larger CSN (gtm) or commits later (single).
+            released = orderer.commit(
+                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else end_lsn
+            )
         except ProtocolError:
             buf.close()
             raise
@@ -446,7 +449,6 @@ class NodeSender:
             self._ready[key] = finished
             self._wait_floor[end_lsn] = floor
         self._advance_floor(end_lsn)
-        orderer.tick(csn if self._gtm else end_lsn)
         if not at_once:
             return self._take(released)
         if gid is not None and gid in self._cap_of:
@@ -488,9 +490,9 @@ class NodeSender:
 
     def _update_confirmable(self) -> None:
         c = self._floor
-        if self._wait_floor:
+        if self._ready:  # `_wait_floor`'s twin, the same size: a dict's len() is not a Python call
             c = min(c, self._wait_floor.peekitem(0)[1])
-        if self._caps:
+        if self._cap_of:  # `_caps`' twin
             c = min(c, self._caps[0])
         if c > self._confirmable:
             self._confirmable = c

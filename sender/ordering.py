@@ -109,12 +109,15 @@ class CsnOrderer(Generic[K]):
         self._committing_by_csn.add(entry)
         self._update_watermark()
 
-    def commit(self, key: K, csn: int, *, lsn: int | None = None, xid: int | None = None) -> list[K]:
+    def commit(
+        self, key: K, csn: int, *, lsn: int | None = None, xid: int | None = None, tick: int | None = None
+    ) -> list[K]:
         """`key` committed with commit CSN `csn`; returns the keys now released, in CSN order.
 
         A commit whose `committing` was never seen is accepted (a stream that
         starts after it was logged); it is then bounded only by what was
-        already released and by the watermark.
+        already released and by the watermark.  `tick`: a `tick()` that
+        follows the commit, taken with it (one watermark update, not two).
         """
         entry = self._committing.get(key)
         if entry is not None and csn <= entry[0]:
@@ -164,15 +167,21 @@ class CsnOrderer(Generic[K]):
         if entry is not None:
             del self._committing[key]
             by_csn.remove(entry)
-        if not self._waiting and (not by_csn or csn <= by_csn[0][0]):
+        # (Emptiness is asked of the plain dicts beside the sorted containers, the
+        # same size, `_check` asserts: a sorted container's len() is a Python call.)
+        if not self._waiting_csn and (not self._committing or csn <= by_csn[0][0]):
             # Released at once, the common case (in single-node mode, always):
             # what `_release` would do after a round trip through the commit list.
             self._last_released = csn
             self.released_count += 1
+            if tick is not None:
+                self._raise_tick(tick)
             self._update_watermark()
             return [key]
         self._waiting[csn] = key
         self._waiting_csn[key] = csn
+        if tick is not None:
+            self._raise_tick(tick)  # (releasing does not look at the tick; the watermark is updated after)
         return self._release()
 
     def abort(self, key: K, *, lsn: int | None = None) -> list[K]:
@@ -195,9 +204,15 @@ class CsnOrderer(Generic[K]):
         nothing (the node sender derives extra ticks from markers, which may
         lag an explicit tick) and is not an error.
         """
+        if self._raise_tick(csn):
+            self._update_watermark()
+
+    def _raise_tick(self, csn: int) -> bool:
+        """Take a tick; whether it raised the known one."""
         if self._tick is None or csn > self._tick:
             self._tick = csn
-            self._update_watermark()
+            return True
+        return False
 
     # --- state --------------------------------------------------------------------
 
@@ -262,9 +277,9 @@ class CsnOrderer(Generic[K]):
         bound = self._tick
         if bound is None:
             return None
-        if self._committing_by_csn:
+        if self._committing:  # (the dict twins again, as in `commit`)
             bound = min(bound, self._committing_by_csn[0][0])
-        if self._waiting:
+        if self._waiting_csn:
             bound = min(bound, self._waiting.keys()[0])
         return bound
 

@@ -139,6 +139,21 @@ class OrdererMachine(RuleBasedStateMachine):
         self.seed_released += self.seed.commit(t.gid, t.csn)
         self._after(self.o.commit(t.gid, t.csn))
 
+    @precondition(lambda self: any(t.csn is not None for t in self._open()))
+    @rule(pick=st.integers(0, 10**6), ahead=st.integers(0, 3), back=st.integers(0, 3))
+    def commit_with_its_tick(self, pick: int, ahead: int, back: int) -> None:
+        """`commit(tick=)`, the sender's path: the commit and then a tick (maybe a stale one), in one call."""
+        cands = [t for t in self._open() if t.csn is not None]
+        t = cands[pick % len(cands)]
+        assert t.csn is not None
+        t.state = "committed"
+        self.g += ahead  # the gtm moved on meanwhile (else the tick could add nothing to the release)
+        tick = self.g - back
+        self.seed_released += self.seed.commit(t.gid, t.csn)
+        released = self.o.commit(t.gid, t.csn, tick=tick)
+        self.tick_max = tick if self.tick_max is None else max(self.tick_max, tick)
+        self._after(released)
+
     @precondition(lambda self: bool(self._open()))
     @rule(pick=st.integers(0, 10**6))
     def abort(self, pick: int) -> None:
