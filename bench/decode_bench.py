@@ -174,10 +174,9 @@ def instruction_split(rows: int = COUNT_ROWS) -> dict[str, float] | None:
     """Instructions per row in the main process (M) and in the decoders (W), and 2W/(W+M)."""
     if shutil.which("valgrind") is None:
         return None
-    path, empty = out_path("counted.pgstream"), out_path("counted-empty.pgstream")
+    path = out_path("counted.pgstream")
     write_wide_stream(path, rows)
-    write_wide_stream(empty, 0)
-    full, base = _instructions(path, 2), _instructions(empty, 2)
+    full, base = _instructions(path, 2), _instructions(_empty_stream(), 2)
     # A forked worker's count starts from the server's at the fork; the empty run has the same
     # server and the same forks, so taking its counts off removes that and all start-up.
     w = (sum(full["workers"]) - sum(base["workers"])) / rows
@@ -185,10 +184,16 @@ def instruction_split(rows: int = COUNT_ROWS) -> dict[str, float] | None:
     return {"rows": rows, "main_per_row": m, "worker_per_row": w, "two_core_bound": 2 * w / (w + m)}
 
 
+def _empty_stream() -> str:
+    """A stream of the wide table with no rows: its replay is start-up and shutdown alone."""
+    path = out_path("empty.pgstream")
+    write_wide_stream(path, 0)
+    return path
+
+
 def startup_seconds() -> float:
     """What `csnd replay --decoders 2` of a stream with no rows takes, end to end (best of 3)."""
-    empty = out_path("empty.pgstream")
-    write_wide_stream(empty, 0)
+    empty = _empty_stream()
     return min(replay_rate(empty, 2, 1, "empty.jsonl")["seconds"] for _ in range(3))
 
 

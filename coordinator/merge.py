@@ -69,7 +69,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from sortedcontainers import SortedList
 
@@ -204,14 +204,48 @@ class TxnEnd(NamedTuple):
 TxnEvent = TxnStart | TxnPart | TxnEnd
 
 
-def _txn(gid: str | None, xid: int, csn: int, commit_lsn: int | None = None) -> str:
+V = TypeVar("V")
+
+
+class RecentGids(Generic[V]):
+    """The last `limit` gids seen and what was kept of each, the oldest forgotten first (limit 0: none kept).
+
+    What lets a gid that comes back after its transaction was emitted be
+    told from a new one, in bounded memory.
+    """
+
+    __slots__ = ("limit", "_values", "_order")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._values: dict[str, V] = {}
+        self._order: deque[str] = deque()  # oldest first
+
+    def get(self, gid: str) -> V | None:
+        return self._values.get(gid)
+
+    def add(self, gid: str, value: V) -> None:
+        if not self.limit:
+            return
+        self._values[gid] = value
+        self._order.append(gid)
+        if len(self._order) > self.limit:
+            self._values.pop(self._order.popleft(), None)
+
+    def _check(self) -> None:
+        assert len(self._values) == len(self._order) <= self.limit
+        assert set(self._values) == set(self._order)
+
+
+def txn_name(gid: str | None, xid: int, csn: int, commit_lsn: int | None = None) -> str:
+    """`transaction GID (xid X, csn C, commit L)`, as the merge's errors name a transaction."""
     name = f"transaction {gid}" if gid is not None else "transaction"
     at = f", commit {lsn_to_str(commit_lsn)}" if commit_lsn is not None else ""
     return f"{name} (xid {xid}, csn {csn}{at})"
 
 
 def _where(batch: NodeBatch) -> str:
-    return _txn(batch.gid, batch.xid, batch.csn, batch.commit_lsn)
+    return txn_name(batch.gid, batch.xid, batch.csn, batch.commit_lsn)
 
 
 def _error(n: _Node, batch: NodeBatch, message: str) -> ProtocolError:
@@ -235,7 +269,6 @@ class CsnMerge:
         "_by_csn",
         "_by_gid",
         "_recent",
-        "_recent_order",
         "_last_emitted",
         "_emitted",
         "max_pending_batches",
@@ -273,9 +306,8 @@ class CsnMerge:
         # Transactions buffered here (waiting or being assembled): csn -> (gid, node index), gid -> (csn, node index).
         self._by_csn: dict[int, tuple[str | None, int]] = {}
         self._by_gid: dict[str, tuple[int, int]] = {}
-        # Recently emitted gids -> (csn, node name), oldest first in _recent_order.
-        self._recent: dict[str, tuple[int, str]] = {}
-        self._recent_order: deque[str] = deque()
+        # Recently emitted gids -> (csn, node name).
+        self._recent: RecentGids[tuple[int, str]] = RecentGids(recent_gids)
         self._last_emitted = -1
         self._emitted = 0
 
@@ -331,7 +363,7 @@ class CsnMerge:
                     n,
                     batch,
                     f"{_where(batch)} began before the last batch of "
-                    f"{_txn(n.last_gid, n.last_xid, n.last_csn)}; a node's transactions must not interleave",
+                    f"{txn_name(n.last_gid, n.last_xid, n.last_csn)}; a node's transactions must not interleave",
                 )
             if cid < n.last_cid:
                 raise _error(
@@ -375,7 +407,7 @@ class CsnMerge:
             raise _error(
                 n,
                 batch,
-                f"{_where(batch)} arrived after {_txn(n.last_gid, n.last_xid, n.last_csn)} on this node; "
+                f"{_where(batch)} arrived after {txn_name(n.last_gid, n.last_xid, n.last_csn)} on this node; "
                 f"csn {csn} <= {n.last_csn}: a node must send its transactions in strictly increasing csn order",
             )
         if csn <= n.watermark:
@@ -399,10 +431,11 @@ class CsnMerge:
         seen = self._by_gid.get(gid)
         if seen is not None:
             other_csn, other_node = seen[0], self._nodes[seen[1]].name
-        elif gid in self._recent:
-            other_csn, other_node = self._recent[gid]
         else:
-            return
+            emitted = self._recent.get(gid)
+            if emitted is None:
+                return
+            other_csn, other_node = emitted
         if other_csn != csn:
             raise _error(
                 n,
@@ -419,7 +452,7 @@ class CsnMerge:
             return
         if n.open and csn >= n.last_csn:
             raise ProtocolError(
-                f"watermark {csn} passes {_txn(n.last_gid, n.last_xid, n.last_csn)} whose last batch "
+                f"watermark {csn} passes {txn_name(n.last_gid, n.last_xid, n.last_csn)} whose last batch "
                 f"has not arrived; csn {n.last_csn} <= {csn}",
                 node=node,
                 xid=n.last_xid,
@@ -437,7 +470,7 @@ class CsnMerge:
             return
         if n.open:
             raise ProtocolError(
-                f"stream ended inside {_txn(n.last_gid, n.last_xid, n.last_csn)} before its last batch; "
+                f"stream ended inside {txn_name(n.last_gid, n.last_xid, n.last_csn)} before its last batch; "
                 "the node's output is truncated",
                 node=node,
                 xid=n.last_xid,
@@ -567,11 +600,7 @@ class CsnMerge:
         gid = asm.gid
         if gid is not None:
             del self._by_gid[gid]
-            if self.recent_gids:
-                self._recent[gid] = (asm.csn, names[0])
-                self._recent_order.append(gid)
-                if len(self._recent_order) > self.recent_gids:
-                    self._recent.pop(self._recent_order.popleft(), None)
+            self._recent.add(gid, (asm.csn, names[0]))
         self._last_emitted = asm.csn
         self._emitted += 1
         return TxnEnd(asm.csn, names)
@@ -668,5 +697,4 @@ class CsnMerge:
         assert {g for g, _ in self._by_csn.values() if g is not None} == set(self._by_gid)
         for gid, (csn, _i) in self._by_gid.items():
             assert self._by_csn[csn][0] == gid
-        assert len(self._recent) == len(self._recent_order) <= self.recent_gids
-        assert set(self._recent) == set(self._recent_order)
+        self._recent._check()

@@ -214,21 +214,17 @@ class _Output:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
-    def write(self, text: str) -> None:
+    def write(self, text: str, end: bytes = b"") -> None:
+        """Write `text`, then `end` as its own piece (a line's newline: no copy of `text` to add it)."""
         piece = text.encode("utf-8")
-        self._pending.append(piece)
-        self._pending_bytes += len(piece)
+        self._pending += (piece, end) if end else (piece,)
+        self._pending_bytes += len(piece) + len(end)
         if self._pending_bytes >= OUTPUT_CHUNK_BYTES:
             self._drain()
 
     def end_line(self, tail: str) -> None:
-        """Write `tail` and the newline that ends the line (its own piece: no copy of `tail` to add it)."""
-        piece = tail.encode("utf-8")
-        self._pending += (piece, _NEWLINE)
-        self._pending_bytes += len(piece) + 1
+        self.write(tail, _NEWLINE)
         self.lines += 1
-        if self._pending_bytes >= OUTPUT_CHUNK_BYTES:
-            self._drain()
 
     def _drain(self) -> None:
         pending = self._pending
@@ -343,8 +339,11 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
     # sender releases them in increasing CSN order), so the merge of that one
     # stream is the identity and they skip it: its keys, events and their
     # objects were two thirds of this thread's work per transaction.
-    alone = len(pipelines) == 1 and isinstance(pipelines[0], NodePipeline)
-    order = AloneOrder(pipelines[0].node) if alone else None  # the merge's checks, kept
+    order = (  # set when alone: the merge's checks, kept
+        AloneOrder(pipelines[0].node)
+        if len(pipelines) == 1 and isinstance(pipelines[0], NodePipeline)
+        else None
+    )
     ended: set[str] = set()
     feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
     first_part = True  # the next TxnPart is the first of its transaction
@@ -358,7 +357,7 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
             if p.node in ended:
                 continue
             tracker = trackers.get(p.node)
-            taken = 0  # when alone: items written this round
+            taken = 0  # alone: items written this round
             while True:
                 # A transaction goes in batch by batch, only while the merge
                 # wants more, so a huge (spilled) one is never read in whole.
@@ -366,7 +365,7 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                 # would hold or, for a live node, once a confirm is due, so a
                 # node that releases faster than its lines are written still
                 # gets its slot confirmed on time by the code below.
-                if alone:
+                if order is not None:
                     if taken == merge.max_pending_batches or (
                         live and taken % 64 == 63 and time.monotonic() - last_confirm >= CONFIRM_INTERVAL_S
                     ):

@@ -9,10 +9,10 @@ position and -- for recorded files -- the path and byte offset.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Final
 
 from csnd.errors import ProtocolError, StreamFormatError
 from reader.pgoutput import (
+    TXN_TAGS,
     XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
@@ -28,8 +28,6 @@ from reader.pgoutput import (
 )
 
 Event = tuple[int, Message | Keepalive | ChangeFrames]
-
-_TXN_TAGS: Final = frozenset((0x42, 0x43))  # 'B'egin, 'C'ommit
 
 
 def iter_events(
@@ -54,7 +52,7 @@ def iter_events(
             continue
         assert isinstance(payload, bytes)
         fast: tuple[int, Change | Begin | Commit] | None
-        if len(payload) > XLOGDATA_HEADER_SIZE and payload[XLOGDATA_HEADER_SIZE] in _TXN_TAGS:
+        if len(payload) > XLOGDATA_HEADER_SIZE and payload[XLOGDATA_HEADER_SIZE] in TXN_TAGS:
             # (the tag of an XLogData frame; anything else the fast paths refuse goes the general way)
             fast = None if parser.in_stream else parse_txn_frame(payload)
         else:

@@ -419,6 +419,9 @@ _BEGIN_FRAME = struct.Struct("!QQqBQqI")  # header, tag, final LSN, commit time,
 _COMMIT_FRAME = struct.Struct("!QQqBBQQq")  # header, tag, flags, commit LSN, end LSN, commit time
 
 
+TXN_TAGS: Final = frozenset((0x42, 0x43))  # the tags `parse_txn_frame` takes: 'B'egin, 'C'ommit
+
+
 def parse_txn_frame(payload: bytes) -> tuple[int, Begin | Commit] | None:
     """`(dataStart, Begin | Commit)` if `payload` is an XLogData frame of one, else None.
 
