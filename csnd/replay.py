@@ -57,6 +57,7 @@ from csnd.nodeitems import (
     whole_list,
 )
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
+from csnd.writeback import Writeback
 from decoder.change import DecodedRun
 from decoder.pool import BATCH_END, DecoderPool
 from reader.recorded import RecordedSource
@@ -207,9 +208,11 @@ class _Output:
         self.partial = f"{path}.partial" if path else None
         if self.partial:
             self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._writeback: Writeback | None = Writeback(self.fd)
         else:
             sys.stdout.flush()  # anything printed before goes first
             self.fd = sys.stdout.fileno()
+            self._writeback = None
         self.lines = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -236,6 +239,8 @@ class _Output:
                 raise self._failed(e.strerror or str(e)) from None
             if not written and any(batch):
                 raise self._failed("it takes no bytes")
+            if self._writeback:
+                self._writeback.wrote(written)
             # A short write (a pipe, a signal): drop what went out, keep the rest of a piece.
             done = 0
             while done < len(batch) and written >= len(batch[done]):

@@ -1,0 +1,64 @@
+"""The writeback hint behind `csnd replay --output FILE`: asked for each stretch as it is written, harmless to the bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from csnd import writeback
+from csnd.replay import _Output
+from csnd.writeback import WRITEBACK_BYTES, Writeback
+
+
+def test_sync_file_range_is_found_on_this_linux() -> None:
+    """Without it the hint is silently a no-op; CI runs on Linux, where libc has it."""
+    assert writeback._sync_file_range is not None
+
+
+def test_the_hint_succeeds_on_a_real_file(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x" * 4096)
+        assert writeback._sync_file_range is not None
+        assert writeback._sync_file_range(fd, 0, 4096, writeback._SYNC_FILE_RANGE_WRITE) == 0
+    finally:
+        os.close(fd)
+
+
+def test_writeback_is_asked_for_each_stretch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int, int, int]] = []
+
+    def record(*args: int) -> int:
+        calls.append(args)  # type: ignore[arg-type]
+        return 0
+
+    monkeypatch.setattr(writeback, "_sync_file_range", record)
+    wb = Writeback(7)
+    step = WRITEBACK_BYTES // 3 + 1  # stretches end between writes, not on them
+    for _ in range(10):
+        wb.wrote(step)
+    assert wb.written == 10 * step
+    # Consecutive, non-overlapping ranges from offset 0, each at least WRITEBACK_BYTES long.
+    assert [c[0] for c in calls] == [7] * len(calls)
+    starts = [c[1] for c in calls]
+    assert starts[0] == 0
+    assert all(s + n == nxt for (_, s, n, _), nxt in zip(calls[:-1], starts[1:], strict=True))
+    assert all(c[2] >= WRITEBACK_BYTES for c in calls)
+    assert len(calls) == 10 * step // WRITEBACK_BYTES
+    assert calls[-1][1] + calls[-1][2] <= wb.written
+
+
+def test_output_through_the_hint_is_every_byte_in_order(tmp_path: Path) -> None:
+    """Lines well past several writeback stretches, through csnd replay's own output writer."""
+    path = tmp_path / "out.jsonl"
+    out = _Output(str(path))
+    lines = [f'{{"n":{i},"pad":"{"y" * (i % 5000)}"}}' for i in range(12_000)]
+    for line in lines:
+        out.end_line(line)
+    out.commit()
+    data = path.read_bytes()
+    assert len(data) > 3 * WRITEBACK_BYTES
+    assert data == "".join(f"{ln}\n" for ln in lines).encode()
+    assert out._writeback is not None and out._writeback.written == len(data)
