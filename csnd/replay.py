@@ -44,6 +44,7 @@ from coordinator import (
     json_changes,
     json_head,
 )
+from csnd.durable import Writeback, sync_directory
 from csnd.errors import ConfigError, CsndError
 from csnd.nodeitems import (
     BatchItem,
@@ -57,7 +58,6 @@ from csnd.nodeitems import (
     whole_list,
 )
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
-from csnd.writeback import Writeback
 from decoder.change import DecodedRun
 from decoder.pool import BATCH_END, DecoderPool
 from reader.recorded import RecordedSource
@@ -265,6 +265,7 @@ class _Output:
         if self.partial and self.path:
             os.close(self.fd)
             os.replace(self.partial, self.path)
+            sync_directory(self.path)  # the rename itself, so a crash cannot leave only the .partial
 
     def abandon(self) -> str | None:
         self._drain()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
+from csnd.durable import sync_directory
 from csnd.errors import StreamFormatError
 from csnd.ids import lsn_to_str
 from reader.pgoutput import (
@@ -106,6 +107,7 @@ class StreamWriter:
         self._f.write(MAGIC + _LEN.pack(len(raw)) + raw)
         self.frames = 0
         self.bytes_written = len(MAGIC) + 4 + len(raw)
+        self._named_durably = False
 
     def write_frame(self, payload: bytes) -> None:
         self._f.write(_LEN.pack(len(payload)))
@@ -116,6 +118,9 @@ class StreamWriter:
     def sync(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
+        if not self._named_durably:  # the file's name too, once: a confirmed slot must not outlive it
+            sync_directory(self.path)
+            self._named_durably = True
 
     def close(self) -> None:
         if not self._f.closed:

@@ -38,5 +38,6 @@ def test_a_command_raises_the_young_threshold_and_cycles_are_still_collected(tmp
     )
     assert proc.returncode == 0, proc.stderr
     rc, default_young, applied, collected = proc.stdout.split()
-    assert (rc, default_young, applied, collected) == ("0", "700", "True", "True")
+    assert (rc, applied, collected) == ("0", "True", "True")
+    assert int(default_young) < 10_000  # (700 up to Python 3.13): the setting raises it
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 10

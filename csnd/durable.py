@@ -1,4 +1,11 @@
-"""Start writing a file's new pages to disk while the file is still being written.
+"""Making written files durable: writeback as they grow, and their directory entries.
+
+`sync_directory` fsyncs the directory that holds a file, after the file is
+created or renamed into place: fsync of a file does not by itself make its
+name durable (PostgreSQL does the same, `fsync_fname` of the parent).
+
+`Writeback` starts writing a file's new pages to disk while the file is still
+being written.
 
 Linux keeps written pages dirty in memory until a flusher thread gets to
 them (after `vm.dirty_expire_centisecs`, 30 s by default, or once a tenth of
@@ -19,6 +26,8 @@ still comes from the fsync.
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 from collections.abc import Callable
 from typing import Final
 
@@ -27,6 +36,7 @@ from typing import Final
 WRITEBACK_BYTES: Final = 8 << 20
 
 _SYNC_FILE_RANGE_WRITE: Final = 2
+_PAGE: Final = mmap.PAGESIZE
 
 
 def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -53,8 +63,21 @@ class Writeback:
 
     def wrote(self, nbytes: int) -> None:
         self.written += nbytes
-        if _sync_file_range is not None and self.written - self._started >= WRITEBACK_BYTES:
+        # Whole pages only: the last, partly written page would go to disk
+        # now and be dirtied again by the next write (which, on a device
+        # that needs stable pages, waits for that I/O).
+        end = self.written - self.written % _PAGE
+        if _sync_file_range is not None and end - self._started >= WRITEBACK_BYTES:
             # Errors are ignored on purpose: a hint that fails changes nothing
             # that the fsync will not do, and the fsync reports real I/O errors.
-            _sync_file_range(self.fd, self._started, self.written - self._started, _SYNC_FILE_RANGE_WRITE)
-            self._started = self.written
+            _sync_file_range(self.fd, self._started, end - self._started, _SYNC_FILE_RANGE_WRITE)
+            self._started = end
+
+
+def sync_directory(path: str) -> None:
+    """fsync the directory holding `path`, so that its entry (a creation or a rename) survives a crash."""
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,4 +1,4 @@
-"""The writeback hint behind `csnd replay --output FILE`: asked for each stretch as it is written, harmless to the bytes."""
+"""csnd.durable: the writeback hint behind `csnd replay --output FILE` (asked once per stretch, harmless to the bytes), and durable names."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from csnd import writeback
+from csnd import durable as writeback
+from csnd.durable import WRITEBACK_BYTES, Writeback
 from csnd.replay import _Output
-from csnd.writeback import WRITEBACK_BYTES, Writeback
+from reader import streamfile
+from reader.streamfile import StreamHeader, StreamWriter
 
 
 def test_sync_file_range_is_found_on_this_linux() -> None:
@@ -46,6 +48,7 @@ def test_writeback_is_asked_for_each_stretch_once(monkeypatch: pytest.MonkeyPatc
     assert starts[0] == 0
     assert all(s + n == nxt for (_, s, n, _), nxt in zip(calls[:-1], starts[1:], strict=True))
     assert all(c[2] >= WRITEBACK_BYTES for c in calls)
+    assert all((s + n) % writeback._PAGE == 0 for _, s, n, _ in calls)  # whole pages only
     assert len(calls) == 10 * step // WRITEBACK_BYTES
     assert calls[-1][1] + calls[-1][2] <= wb.written
 
@@ -62,3 +65,41 @@ def test_output_through_the_hint_is_every_byte_in_order(tmp_path: Path) -> None:
     assert len(data) > 3 * WRITEBACK_BYTES
     assert data == "".join(f"{ln}\n" for ln in lines).encode()
     assert out._writeback is not None and out._writeback.written == len(data)
+
+
+def test_sync_directory_syncs_the_directory_holding_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    writeback.sync_directory(str(tmp_path / "not-yet-there.jsonl"))
+    assert synced == [str(tmp_path)]
+
+
+def test_replay_output_and_recordings_make_their_names_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recording's name once, at its first sync (a slot is confirmed after a sync); a replay's after its rename."""
+    named: list[str] = []
+    monkeypatch.setattr(streamfile, "sync_directory", named.append)
+    rec = tmp_path / "r.pgstream"
+    with StreamWriter(str(rec), StreamHeader(node="dn1", binary=False, mode="single")) as w:
+        w.sync()
+        w.sync()
+    assert named == [str(rec)]
+
+    import csnd.replay
+
+    named.clear()
+    monkeypatch.setattr(csnd.replay, "sync_directory", named.append)
+    out = _Output(str(tmp_path / "o.jsonl"))
+    out.end_line("{}")
+    assert named == []
+    out.commit()
+    assert named == [str(tmp_path / "o.jsonl")] and (tmp_path / "o.jsonl").exists()
