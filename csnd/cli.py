@@ -156,6 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CsndError as e:
         print(f"csnd {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        # The net under the rest: the writers on the hot paths (recordings,
+        # replay output) turn their own failures into errors naming node and
+        # file; anything else a command cannot open or write still gets one
+        # plain line, not a traceback.
+        what = f"cannot use {e.filename}: " if e.filename else ""
+        print(f"csnd {args.command}: error: {what}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"csnd {args.command}: interrupted", file=sys.stderr)
         return 130

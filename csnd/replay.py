@@ -207,7 +207,10 @@ class _Output:
         self.path = path
         self.partial = f"{path}.partial" if path else None
         if self.partial:
-            self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError as e:
+                raise CsndError(f"cannot create the output {self.partial}: {e.strerror or e}") from None
             self._writeback: Writeback | None = Writeback(self.fd)
         else:
             sys.stdout.flush()  # anything printed before goes first
@@ -258,14 +261,27 @@ class _Output:
     def sync(self) -> None:
         self._drain()
         if self.partial:
-            os.fsync(self.fd)
+            try:
+                os.fsync(self.fd)
+            except OSError as e:
+                raise self._failed(f"fsync failed ({e.strerror or e})") from None
 
     def commit(self) -> None:
         self.sync()
         if self.partial and self.path:
             os.close(self.fd)
-            os.replace(self.partial, self.path)
-            sync_directory(self.path)  # the rename itself, so a crash cannot leave only the .partial
+            try:
+                os.replace(self.partial, self.path)
+            except OSError as e:
+                raise CsndError(
+                    f"cannot rename the complete output {self.partial} to {self.path}: {e.strerror or e}"
+                ) from None
+            try:
+                sync_directory(self.path)  # the rename itself, so a crash cannot leave only the .partial
+            except OSError as e:
+                raise CsndError(
+                    f"the output {self.path} is complete, but syncing its directory failed: {e.strerror or e}"
+                ) from None
 
     def abandon(self) -> str | None:
         self._drain()
@@ -287,10 +303,10 @@ def run_replay(args: argparse.Namespace) -> int:
     # of "nodes" in the output and ties inside one cid, which should not
     # depend on how the sources were listed.
     sources.sort(key=lambda s: s.node)
+    out = _Output(args.output)  # before any decoder starts: a bad path fails at once
     pipelines: list[Any] = [
         s if getattr(s, "source", None) is s else NodePipeline(s, args.decoders) for s in sources
     ]  # a RemoteNode is its own pipeline
-    out = _Output(args.output)
     try:
         _merge_loop(pipelines, out)
     except (CsndError, KeyboardInterrupt) as e:
@@ -300,9 +316,11 @@ def run_replay(args: argparse.Namespace) -> int:
         if partial and isinstance(e, CsndError):
             raise _with_partial(e, partial) from None
         raise
-    out.commit()
-    for p in pipelines:
-        p.stop()
+    try:
+        out.commit()
+    finally:
+        for p in pipelines:
+            p.stop()
     return 0
 
 

@@ -80,8 +80,11 @@ def record(
                     )
                     last_progress = now
         finally:
-            make_durable()
-            source.close()
+            try:
+                if not writer.failed:  # (a failed file was already reported, and confirms nothing)
+                    make_durable()
+            finally:
+                source.close()
     return RecordSummary(
         path=path,
         frames=writer.frames,

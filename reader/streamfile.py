@@ -12,6 +12,7 @@ shortened stream would drop transactions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
 from csnd.durable import sync_directory
-from csnd.errors import StreamFormatError
+from csnd.errors import CsndError, StreamFormatError
 from csnd.ids import lsn_to_str
 from reader.pgoutput import (
     CHANGE_FRAME_MIN,
@@ -96,36 +97,75 @@ class StreamWriter:
     """Appends frames to a recorded stream file.
 
     `sync()` flushes and fsyncs; callers confirm a position to the source only
-    after `sync()` has covered it.
+    after `sync()` has covered it.  A file that cannot be written (no such
+    directory, disk full, an I/O error) is a `CsndError` naming the node and
+    the file; after one, nothing more is written or synced, so a caller that
+    confirms after `sync()` never confirms past what the file holds.
     """
 
     def __init__(self, path: str, header: StreamHeader) -> None:
         self.path = path
         self.header = header
-        self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._failed = False
+        try:
+            self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        except OSError as e:
+            raise self._error("create", e) from None
         raw = header.to_json()
-        self._f.write(MAGIC + _LEN.pack(len(raw)) + raw)
         self.frames = 0
-        self.bytes_written = len(MAGIC) + 4 + len(raw)
+        self.bytes_written = 0
         self._named_durably = False
+        self._write(MAGIC + _LEN.pack(len(raw)) + raw)
 
     def write_frame(self, payload: bytes) -> None:
-        self._f.write(_LEN.pack(len(payload)))
-        self._f.write(payload)
+        self._write(_LEN.pack(len(payload)) + payload)
         self.frames += 1
-        self.bytes_written += 4 + len(payload)
+
+    def _write(self, data: bytes) -> None:
+        if self._failed:
+            raise CsndError(
+                f"recording {self.path} failed before; nothing more is written", node=self.header.node
+            )
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise self._error("write to", e) from None
+        self.bytes_written += len(data)
 
     def sync(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        if not self._named_durably:  # the file's name too, once: a confirmed slot must not outlive it
-            sync_directory(self.path)
-            self._named_durably = True
+        if self._failed:
+            raise CsndError(f"recording {self.path} failed before; it is not synced", node=self.header.node)
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            if not self._named_durably:  # the file's name too, once: a confirmed slot must not outlive it
+                sync_directory(self.path)
+                self._named_durably = True
+        except OSError as e:
+            raise self._error("sync", e) from None
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    def _error(self, what: str, e: OSError) -> CsndError:
+        self._failed = True
+        return CsndError(
+            f"cannot {what} the recording {self.path}: {e.strerror or e}; "
+            "the slot is confirmed only up to what was synced before",
+            node=self.header.node,
+        )
 
     def close(self) -> None:
-        if not self._f.closed:
-            self.sync()
-            self._f.close()
+        """Sync and close; after a failure only close (the failure was already raised)."""
+        if self._f.closed:
+            return
+        try:
+            if not self._failed:
+                self.sync()
+        finally:
+            with contextlib.suppress(OSError):  # a failed file's buffered bytes cannot go out either
+                self._f.close()
 
     def __enter__(self) -> StreamWriter:
         return self

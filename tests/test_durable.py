@@ -103,3 +103,24 @@ def test_replay_output_and_recordings_make_their_names_durable(
     assert named == []
     out.commit()
     assert named == [str(tmp_path / "o.jsonl")] and (tmp_path / "o.jsonl").exists()
+
+
+def test_a_failed_fsync_of_the_output_is_a_clear_error_and_keeps_the_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from csnd.errors import CsndError
+
+    out = _Output(str(tmp_path / "o.jsonl"))
+    out.end_line("{}")
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(
+        CsndError, match=rf"cannot write the output to {tmp_path}/o.jsonl.partial: fsync failed"
+    ):
+        out.commit()
+    assert not (tmp_path / "o.jsonl").exists() and (tmp_path / "o.jsonl.partial").exists()

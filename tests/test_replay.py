@@ -45,7 +45,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert lines[0].startswith("csnd replay: error: ")
+    assert lines[0].startswith("csnd ") and ": error: " in lines[0]
     return lines[0]
 
 
@@ -135,6 +135,26 @@ def test_output_that_cannot_be_written_is_a_clear_error(clusters: dict[str, Path
         reason = "Broken pipe"
     line = one_error_line(proc)
     assert line == f"csnd replay: error: cannot write the output to standard output: {reason}"
+
+
+def test_an_output_path_that_cannot_be_created_is_a_clear_error_before_any_decoder_starts(
+    clusters: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "no" / "such" / "dir" / "out.jsonl"
+    proc = replay(*streams(clusters["2t"]), "--output", str(out))
+    line = one_error_line(proc)
+    assert line == f"csnd replay: error: cannot create the output {out}.partial: No such file or directory"
+
+
+def test_a_file_a_command_cannot_use_is_one_error_line(tmp_path: Path) -> None:
+    """The net under the specific errors: `csnd generate` into a path under a regular file."""
+    proc = subprocess.run(
+        [*CSND, "generate", "--nodes", "1", "--transactions", "5", "--out", "/dev/null/x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert one_error_line(proc) == "csnd generate: error: cannot use /dev/null/x: Not a directory"
 
 
 def test_the_order_of_sources_on_the_command_line_does_not_matter(clusters: dict[str, Path]) -> None:

@@ -221,3 +221,20 @@ class _nullctx:
 
     def __exit__(self, *a: object) -> None:
         return None
+
+
+@pytest.mark.parametrize("how", ["no such directory", "disk full"])
+def test_a_recording_that_cannot_be_written_is_a_clear_error_and_confirms_nothing(
+    pg: PgDatabase, tmp_path: Path, how: str
+) -> None:
+    workload.setup(pg.dsn)
+    _slots(pg)
+    before = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'")
+    workload.run(pg.dsn, rounds=1)
+    out = tmp_path / "missing" / "x.pgstream" if how == "no such directory" else Path("/dev/full")
+    proc = _record_cli(pg, out, pg.current_lsn())
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert str(out) in proc.stderr and "node dn1" in proc.stderr
+    after = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'")
+    assert after == before  # nothing reached the file, so nothing is confirmed

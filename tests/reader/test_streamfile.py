@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.errors import StreamFormatError
+from csnd.errors import CsndError, StreamFormatError
 from reader import pgoutput as p
 from reader import streamfile
 from reader.recorded import RecordedSource
@@ -249,3 +249,27 @@ def test_error_is_picklable(tmp_path: Path) -> None:
     err = StreamFormatError("boom", path="x.pgstream", offset=12, node="dn1", lsn=0x10)
     back = pickle.loads(pickle.dumps(err))
     assert str(back) == str(err) and back.offset == 12 and back.path == "x.pgstream"
+
+
+def test_a_recording_that_cannot_be_created_names_node_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "r.pgstream"
+    with pytest.raises(CsndError, match=rf"^node dn1: cannot create the recording {path}: No such file"):
+        StreamWriter(str(path), StreamHeader(node="dn1", binary=False, mode="single"))
+
+
+def test_a_recording_that_cannot_be_written_fails_once_and_syncs_nothing_after() -> None:
+    """Disk full: the error names node and file; later syncs refuse (so nothing is confirmed); close is quiet."""
+    w = StreamWriter("/dev/full", StreamHeader(node="dn1", binary=False, mode="single"))
+    with pytest.raises(
+        CsndError, match=r"^node dn1: cannot (write to|sync) the recording /dev/full: No space left"
+    ):
+        for _ in range(1000):  # past the write buffer, or else at the sync
+            w.write_frame(b"w" + bytes(200))
+        w.sync()
+    assert w.failed
+    with pytest.raises(CsndError, match="failed before; it is not synced"):
+        w.sync()
+    with pytest.raises(CsndError, match="failed before; nothing more is written"):
+        w.write_frame(b"w")
+    w.close()  # no second error: the first was already raised
+    w.close()
