@@ -206,6 +206,8 @@ class _Output:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.partial = f"{path}.partial" if path else None
+        if path and (path.endswith(os.sep) or os.path.isdir(path)):
+            raise ConfigError(f"--output {path} is a directory; name the file to write")
         if self.partial:
             try:
                 self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

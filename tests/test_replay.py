@@ -146,6 +146,15 @@ def test_an_output_path_that_cannot_be_created_is_a_clear_error_before_any_decod
     assert line == f"csnd replay: error: cannot create the output {out}.partial: No such file or directory"
 
 
+def test_an_output_that_is_a_directory_is_refused_before_anything_is_written(
+    clusters: dict[str, Path], tmp_path: Path
+) -> None:
+    for out in (str(tmp_path), f"{tmp_path}/"):
+        line = one_error_line(replay(*streams(clusters["2t"]), "--output", out))
+        assert line == f"csnd replay: error: --output {out} is a directory; name the file to write"
+    assert list(tmp_path.iterdir()) == [] and not Path(f"{tmp_path}.partial").exists()
+
+
 def test_a_file_a_command_cannot_use_is_one_error_line(tmp_path: Path) -> None:
     """The net under the specific errors: `csnd generate` into a path under a regular file."""
     proc = subprocess.run(
