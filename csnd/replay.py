@@ -57,6 +57,7 @@ from csnd.nodeitems import (
     whole_batch,
     whole_list,
 )
+from csnd.progress import ReplayProgress
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from decoder.change import DecodedRun
 from decoder.pool import BATCH_END, DecoderPool
@@ -219,6 +220,7 @@ class _Output:
             self.fd = sys.stdout.fileno()
             self._writeback = None
         self.lines = 0
+        self.bytes_out = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
@@ -244,6 +246,7 @@ class _Output:
                 raise self._failed(e.strerror or str(e)) from None
             if not written and any(batch):
                 raise self._failed("it takes no bytes")
+            self.bytes_out += written
             if self._writeback:
                 self._writeback.wrote(written)
             # A short write (a pipe, a signal): drop what went out, keep the rest of a piece.
@@ -306,11 +309,13 @@ def run_replay(args: argparse.Namespace) -> int:
     # depend on how the sources were listed.
     sources.sort(key=lambda s: s.node)
     out = _Output(args.output)  # before any decoder starts: a bad path fails at once
+    verbose = getattr(args, "verbose", False)
+    progress = ReplayProgress(sys.stderr, sources) if verbose or sys.stderr.isatty() else None
     pipelines: list[Any] = [
         s if getattr(s, "source", None) is s else NodePipeline(s, args.decoders) for s in sources
     ]  # a RemoteNode is its own pipeline
     try:
-        _merge_loop(pipelines, out)
+        _merge_loop(pipelines, out, progress)
     except (CsndError, KeyboardInterrupt) as e:
         for p in pipelines:
             p.stop()
@@ -323,6 +328,8 @@ def run_replay(args: argparse.Namespace) -> int:
     finally:
         for p in pipelines:
             p.stop()
+    if progress is not None:
+        progress.done(out.lines, out.bytes_out)
     return 0
 
 
@@ -352,7 +359,7 @@ def _with_partial(e: CsndError, partial: str) -> CsndError:
     return e
 
 
-def _merge_loop(pipelines: list[Any], out: _Output) -> None:
+def _merge_loop(pipelines: list[Any], out: _Output, progress: ReplayProgress | None = None) -> None:
     merge = CsnMerge([p.node for p in pipelines])
     wakeup = threading.Event()
     live = [p for p in pipelines if hasattr(p.source, "confirmed_lsn")]
@@ -461,6 +468,8 @@ def _merge_loop(pipelines: list[Any], out: _Output) -> None:
                         trackers[node].on_written()
             progressed = True
         now = time.monotonic()
+        if progress is not None:
+            progress.tick(now, out.lines, out.bytes_out)
         if live and now - last_confirm >= CONFIRM_INTERVAL_S:
             out.sync()
             for p in live:

@@ -232,6 +232,10 @@ class StreamFileReader:
             self._f.close()
             raise
         self.last_lsn = 0
+        # How far the file has been read, for progress (another thread may
+        # look: a plain int, updated once per read of up to 1 MiB).
+        self.size = os.fstat(self._f.fileno()).st_size
+        self.bytes_read = self._f.tell()
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         return self.scan()  # type: ignore[return-value]  # no runs without `in_stream`
@@ -259,6 +263,7 @@ class StreamFileReader:
         while True:
             if len(buf) - pos < 4:
                 more = f.read(READ_CHUNK_BYTES)
+                self.bytes_read += len(more)
                 buf = buf[pos:] + more
                 pos = 0
                 if not buf:
@@ -274,6 +279,7 @@ class StreamFileReader:
             if end > len(buf):
                 need = end - len(buf)
                 more = f.read(max(need, READ_CHUNK_BYTES))
+                self.bytes_read += len(more)
                 buf = buf[pos:] + more
                 end -= pos
                 pos = 0

@@ -1,0 +1,72 @@
+"""Progress lines of `csnd replay`: with -v (or a terminal) only, true to what was written and read."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.decode_bench import write_wide_stream
+from csnd.progress import ReplayProgress
+from reader.recorded import RecordedSource
+
+
+class FakeFile:
+    node = "dn1"
+
+    def __init__(self) -> None:
+        self.fraction = 0.0
+
+    def read_fraction(self) -> float:
+        return self.fraction
+
+
+class FakeLive:  # no read_fraction: a live source or a node agent
+    node = "dn2"
+
+
+def test_a_line_once_per_interval_with_what_was_written_and_read() -> None:
+    clock = [100.0]
+    out = io.StringIO()
+    f = FakeFile()
+    p = ReplayProgress(out, [f, FakeLive()], clock=lambda: clock[0], interval=2.0)
+    p.tick(101.0, 10, 1_000_000)
+    assert out.getvalue() == ""  # not yet due
+    f.fraction = 0.25
+    p.tick(102.0, 500, 12_345_678)
+    assert out.getvalue() == "csnd replay: 500 transactions (12.3 MB) written, 250 a second; read dn1 25%\n"
+    p.tick(103.0, 600, 13_000_000)  # the next one is due at 104
+    assert out.getvalue().count("\n") == 1
+    clock[0] = 110.0
+    p.done(4_000, 80_000_000)
+    assert out.getvalue().splitlines()[-1] == "csnd replay: done: 4,000 transactions (80.0 MB) in 10.0 s"
+
+
+def test_a_recording_says_how_much_of_it_was_read(tmp_path: Path) -> None:
+    path = tmp_path / "s.pgstream"
+    write_wide_stream(str(path), 3000, rows_per_txn=10)
+    src = RecordedSource(str(path))
+    assert src.read_fraction() < 0.01  # the header only
+    seen = []
+    for i, _ in enumerate(src.events(raw_changes=True)):
+        if i % 50 == 0:
+            seen.append(src.read_fraction())
+    assert seen == sorted(seen) and src.read_fraction() == 1.0
+
+
+def test_replay_verbose_reports_progress_and_the_output_is_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "s.pgstream"
+    write_wide_stream(str(path), 2000, rows_per_txn=10)
+    cmd = [sys.executable, "-m", "csnd.cli"]
+    quiet = subprocess.run([*cmd, "replay", str(path)], capture_output=True, text=True, timeout=120)
+    loud = subprocess.run([*cmd, "-v", "replay", str(path)], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == loud.returncode == 0, loud.stderr
+    assert quiet.stderr == ""  # scripts read stderr for the one error line
+    assert loud.stdout == quiet.stdout
+    done = loud.stderr.splitlines()[-1]
+    size = len(quiet.stdout.encode())
+    assert re.fullmatch(
+        rf"csnd replay: done: 200 transactions \({size / 1e6:,.1f} MB\) in \d+\.\d s", done
+    ), done
