@@ -1,9 +1,14 @@
-"""Progress lines for long replays: what was written, how fast, how far each file was read.
+"""Progress lines for long replays: what was written, how fast, and where each node is.
 
 `csnd replay` of a big recording runs for minutes with nothing on stdout
 until lines appear in its output file; with `-v`, or when stderr is a
 terminal, it says every few seconds where it is.  Never otherwise: scripts
 read stderr for the one error line of DESIGN section 8.
+
+Per node it gives how much of a recorded file was read, how many changes
+the decoders have done and how full their inboxes were at the last hand-off:
+full inboxes mean the decoders are the bottleneck, empty ones the reader or
+the source -- the first question of whoever is on call.
 """
 
 from __future__ import annotations
@@ -19,13 +24,12 @@ class ReplayProgress:
     def __init__(
         self,
         stream: TextIO,
-        sources: Sequence[Any],
+        pipelines: Sequence[Any],
         clock: Callable[[], float] = time.monotonic,
         interval: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self.stream = stream
-        # Recorded files know how much of them is read; live sources and node agents do not.
-        self._files = [(s.node, s.read_fraction) for s in sources if hasattr(s, "read_fraction")]
+        self._pipelines = pipelines
         self._clock = clock
         self.interval = interval
         self._start = clock()
@@ -37,10 +41,10 @@ class ReplayProgress:
             return
         self._due = now + self.interval
         elapsed = max(now - self._start, 1e-9)
-        read = ", ".join(f"{node} {fraction() * 100:.0f}%" for node, fraction in self._files)
+        nodes = "".join(f"; {_node_state(p)}" for p in self._pipelines)
         self.stream.write(
             f"csnd replay: {transactions:,} transactions ({nbytes / 1e6:,.1f} MB) written, "
-            f"{transactions / elapsed:,.0f} a second{'; read ' + read if read else ''}\n"
+            f"{transactions / elapsed:,.0f} a second{nodes}\n"
         )
         self.stream.flush()
 
@@ -50,3 +54,16 @@ class ReplayProgress:
             f"csnd replay: done: {transactions:,} transactions ({nbytes / 1e6:,.1f} MB) in {elapsed:.1f} s\n"
         )
         self.stream.flush()
+
+
+def _node_state(pipeline: Any) -> str:
+    """`dn1: read 42%, 512,000 changes decoded, decoder inboxes 4/4 3/4` (what this node's pipeline knows)."""
+    parts = []
+    read_fraction = getattr(getattr(pipeline, "source", None), "read_fraction", None)
+    if read_fraction is not None:  # a recorded file; live sources and node agents do not know
+        parts.append(f"read {read_fraction() * 100:.0f}%")
+    stats = getattr(getattr(pipeline, "pool", None), "stats", None)
+    if stats is not None:  # a local pipeline (a node agent decodes for itself)
+        inboxes = " ".join(f"{q.depth}/{q.capacity}" for q in stats.queues[:-1])
+        parts.append(f"{stats.changes:,} changes decoded, decoder inboxes {inboxes}")
+    return f"{pipeline.node}: {', '.join(parts) or 'remote'}"

@@ -23,6 +23,7 @@ transaction of that node is written (`ConfirmTracker`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import sys
@@ -288,6 +289,13 @@ class _Output:
                     f"the output {self.path} is complete, but syncing its directory failed: {e.strerror or e}"
                 ) from None
 
+    def discard(self) -> None:
+        """Give up before anything was written: close and remove FILE.partial."""
+        if self.partial:
+            os.close(self.fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self.partial)
+
     def abandon(self) -> str | None:
         self._drain()
         if self.partial:
@@ -310,10 +318,14 @@ def run_replay(args: argparse.Namespace) -> int:
     sources.sort(key=lambda s: s.node)
     out = _Output(args.output)  # before any decoder starts: a bad path fails at once
     verbose = getattr(args, "verbose", False)
-    progress = ReplayProgress(sys.stderr, sources) if verbose or sys.stderr.isatty() else None
-    pipelines: list[Any] = [
-        s if getattr(s, "source", None) is s else NodePipeline(s, args.decoders) for s in sources
-    ]  # a RemoteNode is its own pipeline
+    try:
+        pipelines: list[Any] = [
+            s if getattr(s, "source", None) is s else NodePipeline(s, args.decoders) for s in sources
+        ]  # a RemoteNode is its own pipeline
+    except BaseException:
+        out.discard()  # nothing was written: leave no FILE.partial behind
+        raise
+    progress = ReplayProgress(sys.stderr, pipelines) if verbose or sys.stderr.isatty() else None
     try:
         _merge_loop(pipelines, out, progress)
     except (CsndError, KeyboardInterrupt) as e:

@@ -7,15 +7,15 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from bench.decode_bench import write_wide_stream
 from csnd.progress import ReplayProgress
+from decoder.pool import PoolStats, QueueStats
 from reader.recorded import RecordedSource
 
 
 class FakeFile:
-    node = "dn1"
-
     def __init__(self) -> None:
         self.fraction = 0.0
 
@@ -23,20 +23,39 @@ class FakeFile:
         return self.fraction
 
 
-class FakeLive:  # no read_fraction: a live source or a node agent
+class FakePipeline:  # a local node's pipeline over a recorded file
+    node = "dn1"
+
+    def __init__(self) -> None:
+        self.source = FakeFile()
+        self.pool = SimpleNamespace(
+            stats=PoolStats(
+                changes=12_345,
+                queues=[QueueStats("a", 4, depth=4), QueueStats("b", 4, depth=1), QueueStats("c", 9)],
+            )
+        )
+
+
+class FakeRemote:  # a node agent: its own pipeline, decoding elsewhere
     node = "dn2"
 
+    def __init__(self) -> None:
+        self.source = self
 
-def test_a_line_once_per_interval_with_what_was_written_and_read() -> None:
+
+def test_a_line_once_per_interval_with_what_was_written_and_where_each_node_is() -> None:
     clock = [100.0]
     out = io.StringIO()
-    f = FakeFile()
-    p = ReplayProgress(out, [f, FakeLive()], clock=lambda: clock[0], interval=2.0)
+    local = FakePipeline()
+    p = ReplayProgress(out, [local, FakeRemote()], clock=lambda: clock[0], interval=2.0)
     p.tick(101.0, 10, 1_000_000)
     assert out.getvalue() == ""  # not yet due
-    f.fraction = 0.25
+    local.source.fraction = 0.25
     p.tick(102.0, 500, 12_345_678)
-    assert out.getvalue() == "csnd replay: 500 transactions (12.3 MB) written, 250 a second; read dn1 25%\n"
+    assert out.getvalue() == (
+        "csnd replay: 500 transactions (12.3 MB) written, 250 a second; "
+        "dn1: read 25%, 12,345 changes decoded, decoder inboxes 4/4 1/4; dn2: remote\n"
+    )
     p.tick(103.0, 600, 13_000_000)  # the next one is due at 104
     assert out.getvalue().count("\n") == 1
     clock[0] = 110.0

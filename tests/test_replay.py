@@ -155,6 +155,16 @@ def test_an_output_that_is_a_directory_is_refused_before_anything_is_written(
     assert list(tmp_path.iterdir()) == [] and not Path(f"{tmp_path}.partial").exists()
 
 
+def test_a_source_that_fails_as_its_pipeline_starts_leaves_no_partial_output(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pgstream"
+    with StreamWriter(str(bad), StreamHeader(node="dn1", binary=True, mode="single", extra={"enums": "x"})):
+        pass
+    out = tmp_path / "out.jsonl"
+    line = one_error_line(replay(str(bad), "--output", str(out)))
+    assert 'header "enums"' in line
+    assert list(tmp_path.iterdir()) == [bad]
+
+
 def test_a_file_a_command_cannot_use_is_one_error_line(tmp_path: Path) -> None:
     """The net under the specific errors: `csnd generate` into a path under a regular file."""
     proc = subprocess.run(
