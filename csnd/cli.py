@@ -72,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the pipeline over sources and print transaction JSON lines in CSN order",
         description="Run the whole pipeline (reader, decoder processes, sender, coordinator) over "
         "the sources and write the transaction JSON lines of DESIGN section 7 in global CSN order. "
-        "Exit 0 when every source has ended; on a protocol error exit 1 with one line on stderr. "
-        "With csnd -v (or when stderr is a terminal) a progress line every 2 s: transactions and "
-        "megabytes written, and how much of each recorded file was read.",
+        "Exit 0 when every source has ended; on any error exit 1 with one line on stderr. "
+        "With csnd -v (or when stderr is a terminal) a progress line every 2 s -- transactions and "
+        "megabytes written, and per node how much of its recorded file was read, the changes "
+        "decoded and how full the decoder inboxes are -- and a closing 'done:' line.",
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help=SOURCE_HELP)
     p.add_argument(

@@ -160,6 +160,10 @@ class NodePipeline:
             if not self._stop.is_set():
                 sender.finish()
             self._put([*released, EndItem()])
+        except OSError as e:  # reading the source: say which node and file
+            where = getattr(self.source, "path", None) or "its source"
+            err = CsndError(f"cannot read {where}: {e.strerror or e}", node=self.node)
+            self._put([*released, EndItem(err)])
         except BaseException as e:  # noqa: BLE001 - handed to the merge thread
             self._put([*released, EndItem(e)])
 
@@ -328,13 +332,18 @@ def run_replay(args: argparse.Namespace) -> int:
     progress = ReplayProgress(sys.stderr, pipelines) if verbose or sys.stderr.isatty() else None
     try:
         _merge_loop(pipelines, out, progress)
-    except (CsndError, KeyboardInterrupt) as e:
+    except BaseException as e:
         for p in pipelines:
             p.stop()
-        partial = out.abandon()
+        try:
+            partial = out.abandon()
+        except CsndError:  # (the output failing too: the first error is the one to tell)
+            partial = out.partial
+        if isinstance(e, OSError):  # not one of ours: still one line, with where the output is
+            e = CsndError(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
         if partial and isinstance(e, CsndError):
             raise _with_partial(e, partial) from None
-        raise
+        raise e from None
     try:
         out.commit()
     finally:

@@ -373,6 +373,17 @@ class DecoderPool:
                 raise payload
             raise WorkerError(f"decoder worker {worker} failed: {payload}", node=self.node)
 
+    def inbox_depths(self) -> list[tuple[int, int]]:
+        """(batches waiting, capacity) of each worker's inbox now, for progress lines (any thread)."""
+        depths = []
+        for q, stats in zip(self._in, self.stats.queues, strict=False):
+            try:
+                depth = q.qsize()
+            except (NotImplementedError, OSError, ValueError):  # (no qsize on macOS; a closed queue)
+                depth = stats.depth
+            depths.append((depth, stats.capacity))
+        return depths
+
     def _check_worker(self, worker: int) -> None:
         p = self._procs[worker]
         if not p.is_alive():

@@ -9,6 +9,7 @@ the last transaction of the first, with nothing repeated or lost.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -79,12 +80,19 @@ def record(
                         f"{writer.bytes_written / 1e6:.1f} MB, at {lsn_to_str(durable_candidate)}\n"
                     )
                     last_progress = now
-        finally:
-            try:
-                if not writer.failed:  # (a failed file was already reported, and confirms nothing)
+        except BaseException:
+            # This error is the one to report.  What the file already holds is
+            # still made durable and confirmed if that works (best effort: a
+            # failure here must not replace the error above); a failed file
+            # was already reported and confirms nothing.
+            if not writer.failed:
+                with contextlib.suppress(Exception):
                     make_durable()
-            finally:
-                source.close()
+            raise
+        else:
+            make_durable()
+        finally:
+            source.close()
     return RecordSummary(
         path=path,
         frames=writer.frames,

@@ -40,10 +40,10 @@ class RecordedSource:
         finally:
             self._file.close()
 
-    def read_fraction(self) -> float:
-        """How much of the file has been read so far, 0.0-1.0 (for progress lines)."""
+    def read_fraction(self) -> float | None:
+        """How much of the file has been read so far, 0.0-1.0 (for progress lines); None for a pipe."""
         size = self._file.size
-        return min(1.0, self._file.bytes_read / size) if size else 1.0
+        return min(1.0, self._file.bytes_read / size) if size else None
 
     def confirm(self, lsn: int) -> None:
         """A file has no slot: confirming is a no-op."""

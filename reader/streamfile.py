@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -115,22 +116,28 @@ class StreamWriter:
         self.frames = 0
         self.bytes_written = 0
         self._named_durably = False
-        self._write(MAGIC + _LEN.pack(len(raw)) + raw)
+        try:
+            self._write(MAGIC + _LEN.pack(len(raw)), raw)
+        except CsndError:
+            with contextlib.suppress(OSError):  # (its buffered bytes cannot go out either)
+                self._f.close()
+            raise
 
     def write_frame(self, payload: bytes) -> None:
-        self._write(_LEN.pack(len(payload)) + payload)
+        self._write(_LEN.pack(len(payload)), payload)
         self.frames += 1
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, head: bytes, body: bytes) -> None:
         if self._failed:
             raise CsndError(
                 f"recording {self.path} failed before; nothing more is written", node=self.header.node
             )
         try:
-            self._f.write(data)
+            self._f.write(head)
+            self._f.write(body)
         except OSError as e:
             raise self._error("write to", e) from None
-        self.bytes_written += len(data)
+        self.bytes_written += len(head) + len(body)
 
     def sync(self) -> None:
         if self._failed:
@@ -234,7 +241,8 @@ class StreamFileReader:
         self.last_lsn = 0
         # How far the file has been read, for progress (another thread may
         # look: a plain int, updated once per read of up to 1 MiB).
-        self.size = os.fstat(self._f.fileno()).st_size
+        st = os.fstat(self._f.fileno())
+        self.size = st.st_size if stat.S_ISREG(st.st_mode) else 0  # (0: unknown, a pipe)
         self.bytes_read = self._f.tell()
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from bench.decode_bench import write_wide_stream
 from csnd.progress import ReplayProgress
-from decoder.pool import PoolStats, QueueStats
+from decoder.pool import PoolStats
 from reader.recorded import RecordedSource
 
 
@@ -28,12 +28,7 @@ class FakePipeline:  # a local node's pipeline over a recorded file
 
     def __init__(self) -> None:
         self.source = FakeFile()
-        self.pool = SimpleNamespace(
-            stats=PoolStats(
-                changes=12_345,
-                queues=[QueueStats("a", 4, depth=4), QueueStats("b", 4, depth=1), QueueStats("c", 9)],
-            )
-        )
+        self.pool = SimpleNamespace(stats=PoolStats(changes=12_345), inbox_depths=lambda: [(4, 4), (0, 4)])
 
 
 class FakeRemote:  # a node agent: its own pipeline, decoding elsewhere
@@ -54,7 +49,7 @@ def test_a_line_once_per_interval_with_what_was_written_and_where_each_node_is()
     p.tick(102.0, 500, 12_345_678)
     assert out.getvalue() == (
         "csnd replay: 500 transactions (12.3 MB) written, 250 a second; "
-        "dn1: read 25%, 12,345 changes decoded, decoder inboxes 4/4 1/4; dn2: remote\n"
+        "dn1: read 25%, 12,345 changes decoded, decoder inboxes 4/4 0/4; dn2: remote\n"
     )
     p.tick(103.0, 600, 13_000_000)  # the next one is due at 104
     assert out.getvalue().count("\n") == 1
@@ -89,3 +84,24 @@ def test_replay_verbose_reports_progress_and_the_output_is_unchanged(tmp_path: P
     assert re.fullmatch(
         rf"csnd replay: done: 200 transactions \({size / 1e6:,.1f} MB\) in \d+\.\d s", done
     ), done
+
+
+class BrokenStream:
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_stderr_that_went_away_silences_progress_and_fails_nothing() -> None:
+    stream = BrokenStream()
+    p = ReplayProgress(stream, [FakeRemote()], clock=lambda: 0.0, interval=1.0)  # type: ignore[arg-type]
+    p.tick(1.0, 1, 1)
+    p.tick(2.0, 2, 2)
+    p.done(3, 3)
+    assert stream.writes == 1  # tried once, then quiet

@@ -151,3 +151,34 @@ def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed
     for lsn, lines in zip(source.confirms, source.lines_then, strict=True):
         assert lsn <= txns[lines - 1].end_lsn  # nothing confirmed before its line was on disk
     assert source.final == txns[-1].end_lsn
+
+
+def test_an_os_error_reading_a_source_is_one_line_naming_node_file_and_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """EIO in the middle of a recording: not a bare 'Input/output error', and the output is abandoned, not presented."""
+    import errno
+
+    from bench.decode_bench import write_wide_stream
+    from csnd.cli import main
+    from reader import streamfile
+
+    path = tmp_path / "s.pgstream"
+    write_wide_stream(str(path), 3000, rows_per_txn=10)
+    real_scan = streamfile.StreamFileReader.scan
+
+    def failing_scan(self: streamfile.StreamFileReader, *a: object, **k: object) -> object:
+        for i, item in enumerate(real_scan(self, *a, **k)):  # type: ignore[arg-type]
+            if i == 200:
+                raise OSError(errno.EIO, "Input/output error")
+            yield item
+
+    monkeypatch.setattr(streamfile.StreamFileReader, "scan", failing_scan)
+    out = tmp_path / "out.jsonl"
+    assert main(["replay", str(path), "--decoders", "1", "--output", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"csnd replay: error: node bench: cannot read {path}: Input/output error; "
+        f"the incomplete output is in {out}.partial"
+    ]
+    assert not out.exists()

@@ -1,0 +1,74 @@
+"""csnd record when something fails: the first error is the one reported, and the slot is never confirmed past the file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from csnd.errors import ConnectionLost, CsndError
+from reader import pgoutput as pg
+from reader.record import record
+
+
+class FakeSource:
+    """Enough of a LiveSource for record(): a few frames, then the given failure."""
+
+    node = "dn1"
+    binary = False
+    mode = "single"
+    reconnects = 0
+
+    def __init__(self, failure: BaseException) -> None:
+        self.failure = failure
+        self.confirmed_lsn = 0x1000
+        self.confirmed: list[int] = []
+        self.filter = SimpleNamespace(open_transactions=0)
+        self.before_finish: Any = None
+        self.closed = False
+
+    def frames(self) -> Iterator[tuple[int, object, bytes]]:
+        begin = pg.encode_begin(0x2000, 5, 700)
+        commit = pg.encode_commit(0x2000, 0x2008, 5)
+        yield 0x1F00, pg.parse_message(begin, False), pg.encode_xlogdata(0x1F00, 0x1F00, 1, begin)
+        yield 0x2000, pg.parse_message(commit, False), pg.encode_xlogdata(0x2000, 0x2000, 1, commit)
+        raise self.failure
+
+    def confirm(self, lsn: int) -> None:
+        self.confirmed.append(lsn)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_lost_connection_is_reported_and_what_is_on_disk_is_confirmed(tmp_path: Path) -> None:
+    src = FakeSource(ConnectionLost("connection lost and not back after 1s", node="dn1"))
+    with pytest.raises(ConnectionLost):
+        record(src, str(tmp_path / "r.pgstream"), progress=None)  # type: ignore[arg-type]
+    assert src.confirmed == [0x2008] and src.closed  # the commit it holds, synced first
+
+
+def test_a_disk_that_fails_under_a_lost_connection_does_not_hide_it_and_confirms_nothing() -> None:
+    """The final sync fails (/dev/full): the connection error is still the one raised; nothing is confirmed."""
+    src = FakeSource(ConnectionLost("connection lost and not back after 1s", node="dn1"))
+    with pytest.raises(ConnectionLost):
+        record(src, "/dev/full", progress=None)  # type: ignore[arg-type]
+    assert src.confirmed == [] and src.closed
+
+
+def test_ctrl_c_stays_ctrl_c_when_the_final_sync_fails() -> None:
+    src = FakeSource(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        record(src, "/dev/full", progress=None)  # type: ignore[arg-type]
+    assert src.confirmed == []
+
+
+def test_a_disk_error_alone_is_the_error() -> None:
+    src = FakeSource(StopIteration())  # (never reached: the writes fail first or at the end)
+    src.frames = lambda: iter([(0x1F00, None, b"w" + bytes(100_000))])  # type: ignore[method-assign]
+    with pytest.raises(CsndError, match=r"^node dn1: cannot (write to|sync) the recording /dev/full"):
+        record(src, "/dev/full", progress=None)  # type: ignore[arg-type]
+    assert src.confirmed == []
