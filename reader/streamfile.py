@@ -182,6 +182,11 @@ class StreamWriter:
 
 
 def read_header(f: BinaryIO, path: str) -> StreamHeader:
+    return _read_header(f, path)[0]
+
+
+def _read_header(f: BinaryIO, path: str) -> tuple[StreamHeader, int]:
+    """The header and how many bytes it took (a pipe cannot be asked where it is)."""
     magic = f.read(len(MAGIC))
     if magic != MAGIC:
         raise StreamFormatError(
@@ -196,7 +201,7 @@ def read_header(f: BinaryIO, path: str) -> StreamHeader:
         raise StreamFormatError(
             f"file ends inside the header ({len(raw)} of {n} bytes)", path=path, offset=len(MAGIC) + 4
         )
-    return StreamHeader.from_json(raw, path)
+    return StreamHeader.from_json(raw, path), len(MAGIC) + 4 + n
 
 
 def _change_run(buf: bytes, pos: int, in_stream: bool) -> ChangeFrames:
@@ -234,7 +239,7 @@ class StreamFileReader:
         self.path = path
         self._f: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed in close()
         try:
-            self.header = read_header(self._f, path)
+            self.header, header_bytes = _read_header(self._f, path)
         except BaseException:
             self._f.close()
             raise
@@ -243,7 +248,7 @@ class StreamFileReader:
         # look: a plain int, updated once per read of up to 1 MiB).
         st = os.fstat(self._f.fileno())
         self.size = st.st_size if stat.S_ISREG(st.st_mode) else 0  # (0: unknown, a pipe)
-        self.bytes_read = self._f.tell()
+        self.bytes_read = header_bytes  # what this reader has consumed: where the file is, pipes too
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         return self.scan()  # type: ignore[return-value]  # no runs without `in_stream`
@@ -265,7 +270,7 @@ class StreamFileReader:
         unpack_len = _LEN.unpack_from
         unpack_lsn = _LSN.unpack_from
         stream = in_stream() if in_stream is not None else False
-        offset = f.tell()
+        offset = self.bytes_read  # (nothing is buffered between scans: this is the file's position)
         buf = b""
         pos = 0
         while True:

@@ -105,3 +105,35 @@ def test_a_stderr_that_went_away_silences_progress_and_fails_nothing() -> None:
     p.tick(2.0, 2, 2)
     p.done(3, 3)
     assert stream.writes == 1  # tried once, then quiet
+
+
+def test_a_recording_read_from_a_pipe_replays_and_has_no_fraction(tmp_path: Path) -> None:
+    """`zcat dn1.pgstream.gz | csnd replay /dev/stdin`: a pipe cannot say where it is nor how long it is."""
+    import os
+    import threading
+
+    path = tmp_path / "s.pgstream"
+    write_wide_stream(str(path), 300, rows_per_txn=10)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(path.read_bytes()))
+    writer.start()
+    src = RecordedSource(str(fifo))
+    assert src.read_fraction() is None
+    from_pipe = [(lsn, type(m).__name__) for lsn, m in src.events(raw_changes=True)]
+    writer.join()
+    from_file = [(lsn, type(m).__name__) for lsn, m in RecordedSource(str(path)).events(raw_changes=True)]
+    assert from_pipe == from_file and src.read_fraction() is None
+
+
+def test_replay_reads_a_recording_from_standard_input(tmp_path: Path) -> None:
+    path = tmp_path / "s.pgstream"
+    write_wide_stream(str(path), 500, rows_per_txn=10)
+    cmd = [sys.executable, "-m", "csnd.cli", "replay"]
+    from_file = subprocess.run([*cmd, str(path)], capture_output=True, timeout=120)
+    # (input= makes standard input a pipe, as `zcat ... |` would)
+    from_stdin = subprocess.run(
+        [*cmd, "/dev/stdin"], input=path.read_bytes(), capture_output=True, timeout=120
+    )
+    assert from_file.returncode == 0 and from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == from_file.stdout and len(from_file.stdout.splitlines()) == 50
