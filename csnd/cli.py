@@ -6,6 +6,7 @@ import argparse
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -154,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _tune_gc()
+    if args.command in ("replay", "record"):  # (a node agent handles SIGTERM itself)
+        signal.signal(signal.SIGTERM, _terminate_as_ctrl_c)
     try:
         return int(COMMANDS[args.command](args))
     except CsndError as e:
@@ -167,9 +170,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = f"cannot use {e.filename}: " if e.filename else ""
         print(f"csnd {args.command}: error: {what}{e.strerror or e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"csnd {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        partial = getattr(e, "partial", None)  # (set by a replay that had started its output file)
+        where = f"; the incomplete output is in {partial}" if partial else ""
+        print(f"csnd {args.command}: {how}{where}", file=sys.stderr)
+        return status
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager, `kill`): stopped as Ctrl-C stops a run, exit status 143."""
+
+
+def _terminate_as_ctrl_c(signum: int, frame: object) -> None:
+    # Without this, SIGTERM killed the process where it stood: no cleanup of
+    # the decoder pool, no word about the incomplete output, and the
+    # multiprocessing resource tracker's warnings about leaked semaphores.
+    raise Terminated
 
 
 # Python's cyclic collector looks at its youngest generation every 700 net

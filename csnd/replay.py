@@ -339,6 +339,8 @@ def run_replay(args: argparse.Namespace) -> int:
             partial = out.abandon()
         except CsndError:  # (the output failing too: the first error is the one to tell)
             partial = out.partial
+        if isinstance(e, KeyboardInterrupt) and partial:
+            e.partial = partial  # type: ignore[attr-defined]  # (for the command line's one line)
         if isinstance(e, OSError):  # not one of ours: still one line, with where the output is
             e = CsndError(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
         if partial and isinstance(e, CsndError):

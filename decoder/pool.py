@@ -40,6 +40,7 @@ import multiprocessing.forkserver as mp_forkserver
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
@@ -66,6 +67,10 @@ PIPE_BYTES: Final = 1 << 20
 LIVENESS_POLL_S: Final = 0.5
 
 _CONTROL_KINDS = (Relation, TypeMsg)
+
+
+# How long close() waits for the workers, all together, before ending them.
+STOP_GRACE_S: Final = 0.5
 
 
 @dataclass
@@ -418,10 +423,20 @@ class DecoderPool:
         self._stop.set()
         for i, p in enumerate(self._procs):
             if p.is_alive() or _server_lost(p):
-                with contextlib.suppress(queue.Full):
+                try:
                     self._in[i].put_nowait(None)
+                except queue.Full:
+                    # Stopped mid-run (Ctrl-C, an error): its inbox is full of
+                    # batches nobody will read, so the stop message would only
+                    # arrive after them -- end it now instead of waiting.
+                    p.terminate()
+        # After a complete run the workers are idle and leave at once; after a
+        # stop mid-run one may still be blocked handing back a result that
+        # nobody reads.  Either way nothing they still hold is wanted, so the
+        # wait is short and shared, and the rest are ended.
+        deadline = time.monotonic() + STOP_GRACE_S
         for p in self._procs:
-            p.join(timeout=2)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2)

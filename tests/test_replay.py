@@ -363,6 +363,25 @@ def test_ctrl_c_stops_everything_cleanly(big_cluster: Path, tmp_path: Path) -> N
     wait_until_gone(workers, 10, "decoder workers outlived the run")
 
 
+def test_sigterm_stops_like_ctrl_c_and_says_where_the_incomplete_output_is(
+    big_cluster: Path, tmp_path: Path
+) -> None:
+    """What a service manager or `kill` sends, to the main process only: clean stop, exit 143, one line."""
+    out = tmp_path / "out.jsonl"
+    proc = big_replay(big_cluster, out)
+    workers = decoder_workers(proc.pid, 2)
+    partial = Path(f"{out}.partial")
+    deadline = time.monotonic() + 60
+    while (not partial.exists() or partial.stat().st_size == 0) and time.monotonic() < deadline:
+        time.sleep(0.05)  # mid-run: output started, decoders busy
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines() == [f"csnd replay: terminated; the incomplete output is in {partial}"]
+    assert not out.exists() and partial.exists()
+    wait_until_gone(workers, 10, "decoder workers outlived the run")
+
+
 # --- a live node ------------------------------------------------------------------------------
 
 
