@@ -71,7 +71,9 @@ def record(
                 elif isinstance(msg, Keepalive) and source.filter.open_transactions == 0:
                     durable_candidate = max(durable_candidate, msg.wal_end)
                 now = clock()
-                if unsynced >= SYNC_BYTES or now - last_sync >= SYNC_INTERVAL_S:
+                # (a keepalive is an idle moment: sync what is waiting now, not at the next change)
+                idle = unsynced and isinstance(msg, Keepalive)
+                if idle or unsynced >= SYNC_BYTES or now - last_sync >= SYNC_INTERVAL_S:
                     make_durable()
                     last_sync, unsynced = now, 0
                 if progress is not None and now - last_progress >= PROGRESS_INTERVAL_S:

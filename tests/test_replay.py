@@ -453,6 +453,35 @@ def test_live_replay_matches_the_witness_and_a_second_run_continues_exactly(
     assert first and second and not first & second
 
 
+def test_a_live_replay_writes_a_transaction_soon_after_its_commit_and_then_idles(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """No --until-lsn: the line of the last transaction before a quiet spell must not wait for more WAL."""
+    import select
+
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR ALL TABLES")
+    pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+    cmd = [*CSND, "replay", f"dn1={pg.url}", "--slot", "csnd", "--publication", "csnd_pub", "--text"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        try:
+            time.sleep(2)  # streaming, idle
+            pg.execute("INSERT INTO t VALUES (1, 'one')")
+            committed = time.monotonic()
+            ready, _, _ = select.select([proc.stdout], [], [], 15)
+            assert ready, "no line 15 s after the commit"
+            line = proc.stdout.readline()
+            waited = time.monotonic() - committed
+            assert json.loads(line)["changes"][0]["new"] == {"id": 1, "v": "one"}
+            assert waited < 5, f"the line came {waited:.1f} s after the commit"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 143, stderr
+        assert stderr.strip().splitlines()[-1] == "csnd replay: terminated"
+
+
 def test_decoder_workers_do_not_outlive_a_killed_replay(big_cluster: Path, tmp_path: Path) -> None:
     """SIGKILL runs no cleanup in the parent: the workers must notice and go by themselves, quietly."""
     proc = big_replay(big_cluster, tmp_path / "o.jsonl", stdout=subprocess.DEVNULL)

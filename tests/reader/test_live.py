@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from csnd import pgworkload as workload
-from csnd.errors import SourceError
+from csnd.errors import SourceError, StreamFormatError
 from csnd.ids import lsn_from_str, lsn_to_str
 from reader.live import LiveOptions, LiveSource
 from reader.record import record
@@ -238,3 +238,43 @@ def test_a_recording_that_cannot_be_written_is_a_clear_error_and_confirms_nothin
     assert str(out) in proc.stderr and "node dn1" in proc.stderr
     after = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'")
     assert after == before  # nothing reached the file, so nothing is confirmed
+
+
+def test_sigterm_stops_a_recording_cleanly_with_what_it_holds_confirmed(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """A service manager stopping `csnd record`: exit 143, one line, every transaction in the file synced and confirmed."""
+    import signal
+
+    workload.setup(pg.dsn)
+    _slots(pg)
+    workload.run(pg.dsn, rounds=1)
+    out = tmp_path / "dn1.pgstream"
+    cmd = [*CSND, "record", f"dn1={pg.url}", "--slot", "csnd", "--publication", "csnd_pub", "--text"]
+    proc = subprocess.Popen([*cmd, "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    end = pg.current_lsn()
+    theirs, _ = _witness(pg, end)
+    # An idle moment (the server's keepalive after the last data) is synced at once; it used to wait
+    # for the next change or the server's next keepalive, up to wal_sender_timeout / 2 (~21 s here).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # until the last committed transaction is in the file
+        time.sleep(0.2)
+        try:
+            txns = _ours(out)[0] if out.exists() else []
+        except StreamFormatError:  # (caught between a frame's bytes: read again)
+            continue
+        if any(t.xid == theirs[-1].xid for t in txns):
+            break
+    caught_up = time.monotonic() < deadline
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == "csnd record: terminated"
+    assert "Traceback" not in stderr
+    ours, _ = _ours(out)
+    assert caught_up, "the last transaction was not in the file 10 s after it was committed"
+    _compare(ours, theirs)
+    confirmed = pg.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'"
+    )[0][0]
+    assert lsn_from_str(str(confirmed)) >= ours[-1].end_lsn  # type: ignore[operator]
