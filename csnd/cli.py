@@ -157,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tune_gc()
     if args.command in ("replay", "record"):  # (a node agent handles SIGTERM itself)
         signal.signal(signal.SIGTERM, _terminate_as_ctrl_c)
+        signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return int(COMMANDS[args.command](args))
     except CsndError as e:
@@ -186,7 +187,21 @@ def _terminate_as_ctrl_c(signum: int, frame: object) -> None:
     # Without this, SIGTERM killed the process where it stood: no cleanup of
     # the decoder pool, no word about the incomplete output, and the
     # multiprocessing resource tracker's warnings about leaked semaphores.
+    _ignore_stop_signals()
     raise Terminated
+
+
+def _interrupt_once(signum: int, frame: object) -> None:
+    _ignore_stop_signals()
+    raise KeyboardInterrupt
+
+
+def _ignore_stop_signals() -> None:
+    # One stop is enough: a second signal landing inside the cleanup (say,
+    # between a dead worker's inbox and its feeder thread being cancelled)
+    # could leave the exit waiting forever.  The cleanup is bounded anyway.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # Python's cyclic collector looks at its youngest generation every 700 net

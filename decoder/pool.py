@@ -421,6 +421,8 @@ class DecoderPool:
                 return
             self._closed = True
         self._stop.set()
+        for q in self._in:
+            q.cancel_join_thread()  # first: nothing below may wait on a feeder stuck on a full inbox
         for i, p in enumerate(self._procs):
             if p.is_alive() or _server_lost(p):
                 try:
@@ -441,7 +443,6 @@ class DecoderPool:
                 p.terminate()
                 p.join(timeout=2)
         for q in self._in:
-            q.cancel_join_thread()  # a dead worker's full inbox must not block our exit
             q.close()
         for conn in self._out:
             conn.close()

@@ -123,6 +123,9 @@ class LiveSource:
         # called just before the final status update, so a sink can make its
         # last data durable and confirm it in time to be reported
         self.before_finish: Callable[[], None] | None = None
+        # Called when the server has sent nothing for a poll interval (an idle
+        # moment: csnd record syncs and confirms what it holds then).
+        self.on_idle: Callable[[], None] | None = None
 
     # --- positions ------------------------------------------------------------------
 
@@ -377,6 +380,8 @@ class LiveSource:
                         raise ConnectionLost(
                             self._pq_error(pgconn), node=self.node, lsn=self._received
                         ) from None
+                elif self.on_idle is not None:
+                    self.on_idle()
                 continue
             if nbytes < 0:
                 res = pgconn.get_result()
@@ -409,6 +414,15 @@ class LiveSource:
 
     def _pq_error(self, pgconn: pq.abc.PGconn) -> str:
         return (pgconn.error_message or b"connection lost").decode(errors="replace").strip()
+
+    def finish(self) -> None:
+        """End the stream now (Ctrl-C, SIGTERM): `before_finish`, the last status update, CopyDone.
+
+        Without it an interrupted recording made its file durable but the
+        slot never heard of it: the next recording would get those
+        transactions again.
+        """
+        self._finish_copy()
 
     def _finish_copy(self) -> None:
         """Send the final status update and end the copy cleanly."""

@@ -59,10 +59,28 @@ def record(
         source.before_finish = make_durable
         last_sync = last_progress = clock()
         unsynced = 0
+        changed = False  # frames other than keepalives written since the last sync
+
+        def sync_now() -> None:
+            nonlocal last_sync, unsynced, changed
+            make_durable()
+            last_sync, unsynced, changed = clock(), 0, False
+
+        def on_idle() -> None:
+            # The server has been quiet for a poll interval: sync and confirm
+            # what was written, instead of leaving the last transactions
+            # before the lull in the write buffer until the next change or
+            # the server's next keepalive (~20 s).  Never under load.
+            if changed:
+                sync_now()
+
+        source.on_idle = on_idle
         try:
             for lsn, msg, payload in source.frames():
                 writer.write_frame(payload)
                 unsynced += len(payload)
+                if type(msg) is not Keepalive:
+                    changed = True
                 if isinstance(msg, (Commit, StreamCommit)):
                     txns += 1
                     durable_candidate = max(durable_candidate, msg.end_lsn)
@@ -71,11 +89,8 @@ def record(
                 elif isinstance(msg, Keepalive) and source.filter.open_transactions == 0:
                     durable_candidate = max(durable_candidate, msg.wal_end)
                 now = clock()
-                # (a keepalive is an idle moment: sync what is waiting now, not at the next change)
-                idle = unsynced and isinstance(msg, Keepalive)
-                if idle or unsynced >= SYNC_BYTES or now - last_sync >= SYNC_INTERVAL_S:
-                    make_durable()
-                    last_sync, unsynced = now, 0
+                if unsynced >= SYNC_BYTES or now - last_sync >= SYNC_INTERVAL_S:
+                    sync_now()
                 if progress is not None and now - last_progress >= PROGRESS_INTERVAL_S:
                     progress.write(
                         f"record {source.node}: {writer.frames} frames, {txns} transactions, "
@@ -84,12 +99,17 @@ def record(
                     last_progress = now
         except BaseException:
             # This error is the one to report.  What the file already holds is
-            # still made durable and confirmed if that works (best effort: a
-            # failure here must not replace the error above); a failed file
-            # was already reported and confirms nothing.
+            # still made durable and confirmed -- to the server too, while the
+            # connection lasts -- if that works (best effort: a failure here
+            # must not replace the error above); a failed file was already
+            # reported and confirms nothing.
             if not writer.failed:
                 with contextlib.suppress(Exception):
                     make_durable()
+                finish = getattr(source, "finish", None)
+                if finish is not None and not writer.failed:
+                    with contextlib.suppress(Exception):
+                        finish()
             raise
         else:
             make_durable()

@@ -144,6 +144,11 @@ class StreamWriter:
             raise CsndError(f"recording {self.path} failed before; it is not synced", node=self.header.node)
         try:
             self._f.flush()
+            if self._f.tell() != self.bytes_written:
+                # A frame cut between its two writes (Ctrl-C, SIGTERM): it
+                # must not reach the disk as a torn last frame.
+                self._f.truncate(self.bytes_written)
+                self._f.seek(self.bytes_written)
             os.fsync(self._f.fileno())
             if not self._named_durably:  # the file's name too, once: a confirmed slot must not outlive it
                 sync_directory(self.path)

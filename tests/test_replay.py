@@ -453,6 +453,33 @@ def test_live_replay_matches_the_witness_and_a_second_run_continues_exactly(
     assert first and second and not first & second
 
 
+def test_a_second_sigterm_during_the_cleanup_does_not_hang_the_exit(
+    big_cluster: Path, tmp_path: Path
+) -> None:
+    """Two stops 10 ms apart (an impatient operator, a service manager and a script) used to hang it for good."""
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}.jsonl"
+        proc = big_replay(big_cluster, out)
+        workers = decoder_workers(proc.pid, 2)
+        partial = Path(f"{out}.partial")
+        deadline = time.monotonic() + 60
+        while (not partial.exists() or partial.stat().st_size == 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"attempt {attempt}: still running 60 s after two SIGTERMs") from None
+        assert proc.returncode == 143, stderr
+        assert stderr.strip().splitlines() == [
+            f"csnd replay: terminated; the incomplete output is in {partial}"
+        ]
+        wait_until_gone(workers, 10, "decoder workers outlived the run")
+
+
 def test_a_live_replay_writes_a_transaction_soon_after_its_commit_and_then_idles(
     pg: PgDatabase, tmp_path: Path
 ) -> None:

@@ -72,3 +72,71 @@ def test_a_disk_error_alone_is_the_error() -> None:
     with pytest.raises(CsndError, match=r"^node dn1: cannot (write to|sync) the recording /dev/full"):
         record(src, "/dev/full", progress=None)  # type: ignore[arg-type]
     assert src.confirmed == []
+
+
+class IdleSource(FakeSource):
+    """Frames with quiet spells between them, as LiveSource reports them through on_idle."""
+
+    def __init__(self) -> None:
+        super().__init__(StopIteration())
+        self.finished = 0
+
+    def frames(self) -> Iterator[tuple[int, object, bytes]]:
+        begin = pg.encode_begin(0x2000, 5, 700)
+        commit = pg.encode_commit(0x2000, 0x2008, 5)
+        yield 0x1F00, pg.parse_message(begin, False), pg.encode_xlogdata(0x1F00, 0x1F00, 1, begin)
+        yield 0x2000, pg.parse_message(commit, False), pg.encode_xlogdata(0x2000, 0x2000, 1, commit)
+        self.on_idle()  # a lull after a transaction: synced and confirmed now
+        self.on_idle()  # nothing new since: nothing to do
+        ka = pg.encode_keepalive(0x3000, 0, False)
+        yield 0x3000, pg.parse_frame(ka), ka
+        self.on_idle()  # only a keepalive since: no sync for that (under load this would be every keepalive)
+
+    def finish(self) -> None:
+        self.finished += 1
+
+
+def test_a_lull_after_changes_is_synced_and_confirmed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reader import record as record_module
+
+    monkeypatch.setattr(record_module, "SYNC_INTERVAL_S", 3600.0)  # only the lulls sync
+    src = IdleSource()
+    record(src, str(tmp_path / "r.pgstream"), progress=None)  # type: ignore[arg-type]
+    # one confirm at the first lull, then the final one at the end of the stream
+    assert src.confirmed == [0x2008, 0x3000]
+
+
+def test_an_interrupted_recording_tells_the_server_what_it_holds(tmp_path: Path) -> None:
+    """Ctrl-C / SIGTERM: the file is synced, then finish() sends the last status update (before: never sent)."""
+    src = IdleSource()
+    src.frames = FakeSource(KeyboardInterrupt()).frames  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        record(src, str(tmp_path / "r.pgstream"), progress=None)  # type: ignore[arg-type]
+    assert src.confirmed[-1] == 0x2008 and src.finished == 1
+
+
+def test_a_frame_cut_between_its_writes_never_reaches_the_disk(tmp_path: Path) -> None:
+    from reader.recorded import RecordedSource
+    from reader.streamfile import StreamHeader, StreamWriter
+
+    path = tmp_path / "r.pgstream"
+    w = StreamWriter(str(path), StreamHeader(node="dn1", binary=False, mode="single"))
+    begin = pg.encode_xlogdata(0x1F00, 0x1F00, 1, pg.encode_begin(0x2000, 5, 700))
+    w.write_frame(begin)
+    real_write = w._f.write
+    calls = []
+
+    def interrupted_after_the_head(data: bytes) -> int:
+        calls.append(data)
+        if len(calls) == 2:  # the payload of the second frame
+            raise KeyboardInterrupt
+        return real_write(data)
+
+    w._f.write = interrupted_after_the_head  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        w.write_frame(begin)
+    w._f.write = real_write  # type: ignore[method-assign]
+    w.close()  # syncs: the cut frame's length prefix must not stay behind
+    assert [lsn for lsn, _ in RecordedSource(str(path)).events()] == [0x1F00]
