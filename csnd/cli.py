@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="capture a live node's stream to a recorded stream file",
         description="Capture a live node's replication stream (pgoutput v2) into FILE.pgstream. "
         "The slot is confirmed only to what is fsynced to the file, so a second recording on the "
-        "same slot continues exactly where this one ended.",
+        "same slot continues exactly where this one ended. The file is synced every second, every "
+        "8 MiB and at each lull in the stream; Ctrl-C or SIGTERM syncs it and confirms what it holds "
+        "before exiting (130 / 143).",
     )
     p.add_argument("source", metavar="SOURCE", help="a live node [NAME=]postgresql://...")
     p.add_argument("--out", required=True, metavar="FILE.pgstream", help="file to write")
