@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -346,6 +347,13 @@ def run_replay(args: argparse.Namespace) -> int:
         if partial and isinstance(e, CsndError):
             raise _with_partial(e, partial) from None
         raise e from None
+    # Every source ended and every line is written: the run is complete, and
+    # a Ctrl-C or SIGTERM now would only turn a finished output into a
+    # ".partial" reported as interrupted.  (The closing fsync is short: the
+    # output was written back as it grew.)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         out.commit()
     finally:

@@ -137,3 +137,33 @@ def test_replay_reads_a_recording_from_standard_input(tmp_path: Path) -> None:
     )
     assert from_file.returncode == 0 and from_stdin.returncode == 0, from_stdin.stderr
     assert from_stdin.stdout == from_file.stdout and len(from_file.stdout.splitlines()) == 50
+
+
+PROBE_STOP_AT_COMMIT = """
+import os, signal, sys
+from csnd import replay
+from csnd.cli import main
+real_commit = replay._Output.commit
+
+def commit_with_a_stop(self):
+    os.kill(os.getpid(), signal.SIGTERM)  # a stop request lands in the closing fsync/rename
+    real_commit(self)
+
+replay._Output.commit = commit_with_a_stop
+sys.exit(main(["replay", sys.argv[1], "--output", sys.argv[2]]))
+"""
+
+
+def test_a_stop_after_every_line_is_written_keeps_the_finished_output(tmp_path: Path) -> None:
+    path = tmp_path / "s.pgstream"
+    write_wide_stream(str(path), 500, rows_per_txn=10)
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE_STOP_AT_COMMIT, str(path), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and len(out.read_text().splitlines()) == 50
+    assert not Path(f"{out}.partial").exists()

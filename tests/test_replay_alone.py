@@ -175,7 +175,14 @@ def test_an_os_error_reading_a_source_is_one_line_naming_node_file_and_partial(
 
     monkeypatch.setattr(streamfile.StreamFileReader, "scan", failing_scan)
     out = tmp_path / "out.jsonl"
-    assert main(["replay", str(path), "--decoders", "1", "--output", str(out)]) == 1
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:  # (main() installs the command line's stop handlers: give pytest its own back)
+        assert main(["replay", str(path), "--decoders", "1", "--output", str(out)]) == 1
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"csnd replay: error: node bench: cannot read {path}: Input/output error; "
