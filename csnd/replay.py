@@ -227,6 +227,7 @@ class _Output:
             self._writeback = None
         self.lines = 0
         self.bytes_out = 0
+        self._synced_bytes = -1  # (an empty output is synced once too: its file must exist)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
@@ -271,11 +272,12 @@ class _Output:
 
     def sync(self) -> None:
         self._drain()
-        if self.partial:
+        if self.partial and self.bytes_out != self._synced_bytes:  # (nothing new: nothing to wait for)
             try:
                 os.fsync(self.fd)
             except OSError as e:
                 raise self._failed(f"fsync failed ({e.strerror or e})") from None
+            self._synced_bytes = self.bytes_out
 
     def commit(self) -> None:
         self.sync()
