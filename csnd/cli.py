@@ -6,14 +6,14 @@ import argparse
 import gc
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from csnd import __version__
-from csnd.errors import ConfigError, CsndError
+from csnd.errors import ConfigError, CsndError, os_error_text
 from csnd.ids import lsn_to_str
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
+from csnd.stopping import Terminated, install_stop_handlers
 
 DESCRIPTION = """\
 csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.
@@ -158,8 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _tune_gc()
     if args.command in ("replay", "record"):  # (a node agent handles SIGTERM itself)
-        signal.signal(signal.SIGTERM, _terminate_as_ctrl_c)
-        signal.signal(signal.SIGINT, _interrupt_once)
+        install_stop_handlers()
     try:
         return int(COMMANDS[args.command](args))
     except CsndError as e:
@@ -170,8 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # replay output) turn their own failures into errors naming node and
         # file; anything else a command cannot open or write still gets one
         # plain line, not a traceback.
-        what = f"cannot use {e.filename}: " if e.filename else ""
-        print(f"csnd {args.command}: error: {what}{e.strerror or e}", file=sys.stderr)
+        print(f"csnd {args.command}: error: {os_error_text(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
@@ -179,31 +177,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"; the incomplete output is in {partial}" if partial else ""
         print(f"csnd {args.command}: {how}{where}", file=sys.stderr)
         return status
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a service manager, `kill`): stopped as Ctrl-C stops a run, exit status 143."""
-
-
-def _terminate_as_ctrl_c(signum: int, frame: object) -> None:
-    # Without this, SIGTERM killed the process where it stood: no cleanup of
-    # the decoder pool, no word about the incomplete output, and the
-    # multiprocessing resource tracker's warnings about leaked semaphores.
-    _ignore_stop_signals()
-    raise Terminated
-
-
-def _interrupt_once(signum: int, frame: object) -> None:
-    _ignore_stop_signals()
-    raise KeyboardInterrupt
-
-
-def _ignore_stop_signals() -> None:
-    # One stop is enough: a second signal landing inside the cleanup (say,
-    # between a dead worker's inbox and its feeder thread being cancelled)
-    # could leave the exit waiting forever.  The cleanup is bounded anyway.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # Python's cyclic collector looks at its youngest generation every 700 net

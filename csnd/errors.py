@@ -112,3 +112,9 @@ class ConnectionLost(SourceError):
 
 class WorkerError(CsndError):
     """A decoder worker process died or raised; the run stops."""
+
+
+def os_error_text(e: OSError) -> str:
+    """An OSError that none of our own errors covers, as one plain line: `cannot use PATH: reason`."""
+    what = f"cannot use {e.filename}: " if e.filename else ""
+    return f"{what}{e.strerror or e}"

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -47,7 +46,7 @@ from coordinator import (
     json_head,
 )
 from csnd.durable import Writeback, sync_directory
-from csnd.errors import ConfigError, CsndError
+from csnd.errors import ConfigError, CsndError, os_error_text
 from csnd.nodeitems import (
     BatchItem,
     EndItem,
@@ -61,6 +60,7 @@ from csnd.nodeitems import (
 )
 from csnd.progress import ReplayProgress
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
+from csnd.stopping import ignore_stop_signals
 from decoder.change import DecodedRun
 from decoder.pool import BATCH_END, DecoderPool
 from reader.recorded import RecordedSource
@@ -345,7 +345,7 @@ def run_replay(args: argparse.Namespace) -> int:
         if isinstance(e, KeyboardInterrupt) and partial:
             e.partial = partial  # type: ignore[attr-defined]  # (for the command line's one line)
         if isinstance(e, OSError):  # not one of ours: still one line, with where the output is
-            e = CsndError(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+            e = CsndError(os_error_text(e))
         if partial and isinstance(e, CsndError):
             raise _with_partial(e, partial) from None
         raise e from None
@@ -353,9 +353,7 @@ def run_replay(args: argparse.Namespace) -> int:
     # a Ctrl-C or SIGTERM now would only turn a finished output into a
     # ".partial" reported as interrupted.  (The closing fsync is short: the
     # output was written back as it grew.)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     try:
         out.commit()
     finally:

@@ -275,7 +275,7 @@ class StreamFileReader:
         unpack_len = _LEN.unpack_from
         unpack_lsn = _LSN.unpack_from
         stream = in_stream() if in_stream is not None else False
-        offset = self.bytes_read  # (nothing is buffered between scans: this is the file's position)
+        offset = self.bytes_read  # the file's position: every caller scans once, from the header on
         buf = b""
         pos = 0
         while True:

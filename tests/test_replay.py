@@ -304,6 +304,15 @@ def big_replay(cluster: Path, out: Path, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, text=True, **popen)
 
 
+def wait_for_output_to_start(out: Path, timeout: float = 60) -> Path:
+    """Until a replay's FILE.partial has its first bytes (mid-run: output started, decoders busy); returns it."""
+    partial = Path(f"{out}.partial")
+    deadline = time.monotonic() + timeout
+    while (not partial.exists() or partial.stat().st_size == 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return partial
+
+
 def decoder_workers(pid: int, want: int, timeout: float = 30) -> list[int]:
     """The decoder processes of csnd process `pid`: the children of its fork server."""
     deadline = time.monotonic() + timeout
@@ -370,10 +379,7 @@ def test_sigterm_stops_like_ctrl_c_and_says_where_the_incomplete_output_is(
     out = tmp_path / "out.jsonl"
     proc = big_replay(big_cluster, out)
     workers = decoder_workers(proc.pid, 2)
-    partial = Path(f"{out}.partial")
-    deadline = time.monotonic() + 60
-    while (not partial.exists() or partial.stat().st_size == 0) and time.monotonic() < deadline:
-        time.sleep(0.05)  # mid-run: output started, decoders busy
+    partial = wait_for_output_to_start(out)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
@@ -461,10 +467,7 @@ def test_a_second_sigterm_during_the_cleanup_does_not_hang_the_exit(
         out = tmp_path / f"out{attempt}.jsonl"
         proc = big_replay(big_cluster, out)
         workers = decoder_workers(proc.pid, 2)
-        partial = Path(f"{out}.partial")
-        deadline = time.monotonic() + 60
-        while (not partial.exists() or partial.stat().st_size == 0) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        partial = wait_for_output_to_start(out)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
