@@ -22,7 +22,7 @@ proto-check: install
 lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy csnd reader decoder sender coordinator consumers gtm
+	$(VENV)/bin/mypy -p csnd
 
 test: install proto-check lint
 	$(VENV)/bin/pytest -q tests

@@ -15,7 +15,7 @@ import sys
 import time
 
 from bench.common import out_path
-from reader.pgoutput import (
+from csnd.reader.pgoutput import (
     Column,
     encode_insert,
     encode_relation,
@@ -24,7 +24,7 @@ from reader.pgoutput import (
     encode_stream_stop,
     encode_xlogdata,
 )
-from reader.streamfile import StreamHeader, StreamWriter
+from csnd.reader.streamfile import StreamHeader, StreamWriter
 
 ROW_BYTES = 2000
 ROWS_PER_BLOCK = 2000

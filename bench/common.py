@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from csnd.ids import lsn_to_str
-from csnd.pgserver import PG_BIN
+from csnd.core.ids import lsn_to_str
+from csnd.testing.pgserver import PG_BIN
 
 OUT_DIR = os.environ.get("CSND_BENCH_DIR", "bench-out")
 T = TypeVar("T")

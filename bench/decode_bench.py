@@ -31,10 +31,9 @@ from decimal import Decimal
 import psycopg
 
 from bench.common import out_path, pg_recvlogical_seconds
-from csnd.ids import lsn_from_str
-from csnd.pgserver import start_server
-from gtm import pgtypes as T
-from reader.pgoutput import (
+from csnd.core.ids import lsn_from_str
+from csnd.gtm import pgtypes as T
+from csnd.reader.pgoutput import (
     Column,
     encode_begin,
     encode_commit,
@@ -42,7 +41,8 @@ from reader.pgoutput import (
     encode_relation,
     encode_xlogdata,
 )
-from reader.streamfile import StreamHeader, StreamWriter
+from csnd.reader.streamfile import StreamHeader, StreamWriter
+from csnd.testing.pgserver import start_server
 
 # A million rows: about 14 s with one decoder, so the 0.4-0.5 s a replay takes to
 # start (interpreter, imports, the decoders' fork server; measured and shown

@@ -15,8 +15,8 @@ import sys
 import time
 
 from bench.common import out_path
-from coordinator import CsnMerge, NodeBatch, TxnEnd
-from gtm import generate_cluster
+from csnd.coordinator import CsnMerge, NodeBatch, TxnEnd
+from csnd.gtm import generate_cluster
 
 TRANSACTIONS = 4000
 MERGE_ONLY_TXNS = 100_000

@@ -17,12 +17,12 @@ import time
 import psycopg
 
 from bench.common import best_of, out_path, pg_recvlogical_seconds
-from csnd.ids import lsn_from_str
-from csnd.pgserver import start_server
-from reader.live import LiveOptions, LiveSource
-from reader.pgoutput import ChangeFrames
-from reader.record import record
-from reader.recorded import RecordedSource
+from csnd.core.ids import lsn_from_str
+from csnd.reader.live import LiveOptions, LiveSource
+from csnd.reader.pgoutput import ChangeFrames
+from csnd.reader.record import record
+from csnd.reader.recorded import RecordedSource
+from csnd.testing.pgserver import start_server
 
 LIVE_ROWS = 200_000
 

@@ -11,10 +11,10 @@ reading a node further (back-pressure).  `check_modes` refuses node sets that
 have no common commit order before anything starts.
 """
 
-from coordinator.alone import AloneOrder
-from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
-from coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line
-from coordinator.merge import (
+from csnd.coordinator.alone import AloneOrder
+from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
+from csnd.coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line
+from csnd.coordinator.merge import (
     DEFAULT_MAX_PENDING_BATCHES,
     DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_RECENT_GIDS,
@@ -24,8 +24,8 @@ from coordinator.merge import (
     TxnPart,
     TxnStart,
 )
-from coordinator.modes import Mode, check_modes
-from coordinator.txn import GlobalTxn, NodeCommit
+from csnd.coordinator.modes import Mode, check_modes
+from csnd.coordinator.txn import GlobalTxn, NodeCommit
 
 __all__ = [
     "DEFAULT_MAX_PENDING_BATCHES",

@@ -12,8 +12,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from coordinator.merge import DEFAULT_RECENT_GIDS, RecentGids, txn_name
-from csnd.errors import ProtocolError
+from csnd.coordinator.merge import DEFAULT_RECENT_GIDS, RecentGids, txn_name
+from csnd.core.errors import ProtocolError
 
 
 class AloneOrder:

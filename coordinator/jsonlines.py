@@ -16,11 +16,11 @@ import json
 from functools import lru_cache
 from typing import TYPE_CHECKING, Final
 
-from coordinator.batch import change_body
-from csnd.ids import lsn_to_str, pg_time_to_iso
+from csnd.coordinator.batch import change_body
+from csnd.core.ids import lsn_to_str, pg_time_to_iso
 
 if TYPE_CHECKING:
-    from coordinator.txn import GlobalTxn, NodeCommit
+    from csnd.coordinator.txn import GlobalTxn, NodeCommit
 
 
 _encode: Final = json.JSONEncoder(ensure_ascii=False).encode

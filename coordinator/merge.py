@@ -73,10 +73,10 @@ from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from sortedcontainers import SortedList
 
-from coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
-from coordinator.txn import GlobalTxn, NodeCommit, Part
-from csnd.errors import ProtocolError
-from csnd.ids import lsn_to_str
+from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
+from csnd.coordinator.txn import GlobalTxn, NodeCommit, Part
+from csnd.core.errors import ProtocolError
+from csnd.core.ids import lsn_to_str
 
 # Batches one node may have waiting before wants_more() says stop.  Larger: a
 # node can run further ahead while another catches up (more decoding overlap,

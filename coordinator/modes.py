@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from csnd.errors import ConfigError
+from csnd.core.errors import ConfigError
 
 Mode = Literal["gtm", "single"]
 MODES: Final = ("gtm", "single")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from coordinator.jsonlines import json_line
+from csnd.coordinator.jsonlines import json_line
 
 
 class NodeCommit(NamedTuple):

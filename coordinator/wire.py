@@ -9,8 +9,8 @@ to the coordinator's last position" gives exactly-once delivery.
 
 from __future__ import annotations
 
-from coordinator.batch import NodeBatch
-from proto import csnd_pb2 as pb
+from csnd.coordinator.batch import NodeBatch
+from csnd.proto import csnd_pb2 as pb
 
 Position = tuple[int, int]  # (csn, batch index in its transaction)
 

@@ -31,13 +31,13 @@ from typing import Any, Final
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from coordinator.wire import BEFORE_ALL, Position, batch_to_pb, position_from_pb
-from csnd.errors import ConfigError
+from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, position_from_pb
+from csnd.core.errors import ConfigError
 from csnd.nodeitems import EndItem, TxnItem, WatermarkItem, cut_batches
+from csnd.proto import csnd_pb2 as pb
+from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.replay import NodePipeline, open_source
 from csnd.sources import parse_source
-from proto import csnd_pb2 as pb
-from proto import csnd_pb2_grpc as pb_grpc
 
 # Batches produced but not yet acknowledged.  Larger: more slack over a slow
 # link; smaller: less memory (a batch is up to MERGE_BATCH_CHANGES changes).

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 
 from csnd import __version__
-from csnd.errors import ConfigError, CsndError, os_error_text
-from csnd.ids import lsn_to_str
+from csnd.core.errors import ConfigError, CsndError, os_error_text
+from csnd.core.ids import lsn_to_str
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from csnd.stopping import Terminated, install_stop_handlers
 
@@ -197,7 +197,7 @@ def _tune_gc() -> None:
 
 
 def _live_source(spec: SourceSpec, args: argparse.Namespace, default_name: str = "dn1") -> object:
-    from reader.live import LiveOptions, LiveSource
+    from csnd.reader.live import LiveOptions, LiveSource
 
     if not args.slot or not args.publication:
         raise ConfigError(f"live source {spec.target}: --slot and --publication are required")
@@ -213,8 +213,8 @@ def _live_source(spec: SourceSpec, args: argparse.Namespace, default_name: str =
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from reader.live import LiveSource
-    from reader.record import record
+    from csnd.reader.live import LiveSource
+    from csnd.reader.record import record
 
     spec = parse_source(args.source)
     if not spec.is_live:
@@ -232,7 +232,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def _start_decoder_server() -> None:
     """Let the decoder workers' fork server load the decoding layer while this process imports its own."""
-    from decoder.pool import start_worker_server
+    from csnd.decoder.pool import start_worker_server
 
     start_worker_server()
 
@@ -253,7 +253,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from gtm.generate import generate_cluster
+    from csnd.gtm.generate import generate_cluster
 
     if args.nodes < 1 or args.transactions < 0:
         raise ConfigError("--nodes must be >= 1 and --transactions >= 0")

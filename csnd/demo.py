@@ -25,9 +25,9 @@ import sys
 import time
 from typing import Any
 
-from csnd import pgworkload
-from csnd.ids import lsn_from_str, lsn_to_str
-from csnd.pgserver import start_server
+from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.testing import pgworkload
+from csnd.testing.pgserver import start_server
 
 OUT_DIR = "demo-out"
 
@@ -69,8 +69,8 @@ def _replay(sources: list[str], output: str, decoders: int) -> float:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from reader.live import LiveOptions, LiveSource
-    from reader.record import record
+    from csnd.reader.live import LiveOptions, LiveSource
+    from csnd.reader.record import record
 
     os.makedirs(OUT_DIR, exist_ok=True)
     decoders = max(1, min(2, os.cpu_count() or 1))
@@ -113,7 +113,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     cluster = os.path.join(OUT_DIR, "cluster")
     _say("generating a synthetic 3-node GaussDB-style cluster (2000 global transactions) ...")
-    from gtm.generate import generate_cluster
+    from csnd.gtm.generate import generate_cluster
 
     generate_cluster(cluster, nodes=3, transactions=2000, seed=1, binary=True)
     merged = os.path.join(OUT_DIR, "cluster.jsonl")

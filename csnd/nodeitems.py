@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from itertools import groupby, islice
 from typing import Final
 
-from coordinator import NodeBatch
-from coordinator.batch import change_cid
-from sender.txn import FinishedTxn
+from csnd.coordinator import NodeBatch
+from csnd.coordinator.batch import change_cid
+from csnd.sender.txn import FinishedTxn
 
 # Changes per batch handed to the merge: the merge interleaves nodes, streams
 # its output and back-pressures between batches of this size, so a huge

@@ -19,11 +19,11 @@ from typing import Final
 
 import grpc
 
-from coordinator.wire import BEFORE_ALL, Position, batch_from_pb, position_to_pb
-from csnd.errors import ConfigError, ConnectionLost, CsndError
+from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, position_to_pb
+from csnd.core.errors import ConfigError, ConnectionLost, CsndError
 from csnd.nodeitems import BatchItem, EndItem, WatermarkItem
-from proto import csnd_pb2 as pb
-from proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto import csnd_pb2 as pb
+from csnd.proto import csnd_pb2_grpc as pb_grpc
 
 # How long the coordinator keeps trying to reach a node agent that went away.
 GIVE_UP_S: Final = 30.0

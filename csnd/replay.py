@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
 
-from coordinator import (
+from csnd.coordinator import (
     JSON_TAIL,
     AloneOrder,
     CsnMerge,
@@ -45,8 +45,10 @@ from coordinator import (
     json_changes,
     json_head,
 )
-from csnd.durable import Writeback, sync_directory
-from csnd.errors import ConfigError, CsndError, os_error_text
+from csnd.core.durable import Writeback, sync_directory
+from csnd.core.errors import ConfigError, CsndError, os_error_text
+from csnd.decoder.change import DecodedRun
+from csnd.decoder.pool import BATCH_END, DecoderPool
 from csnd.nodeitems import (
     BatchItem,
     EndItem,
@@ -59,12 +61,10 @@ from csnd.nodeitems import (
     whole_list,
 )
 from csnd.progress import ReplayProgress
+from csnd.reader.recorded import RecordedSource
+from csnd.sender import FinishedTxn, NodeSender
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from csnd.stopping import ignore_stop_signals
-from decoder.change import DecodedRun
-from decoder.pool import BATCH_END, DecoderPool
-from reader.recorded import RecordedSource
-from sender import FinishedTxn, NodeSender
 
 # Finished transactions (or watermarks) waiting per node between its pipeline
 # thread and the merge.  Small: the merge keeps its own bounded buffer.
@@ -181,7 +181,7 @@ def open_source(spec: SourceSpec, args: argparse.Namespace, index: int) -> Any:
         address = spec.target.removeprefix("grpc://").rstrip("/")
         return RemoteNode(address, name=spec.name, give_up_s=getattr(args, "agent_give_up", None) or 30.0)
     if spec.is_live:
-        from reader.live import LiveOptions, LiveSource
+        from csnd.reader.live import LiveOptions, LiveSource
 
         if not args.slot or not args.publication:
             raise ConfigError(f"live source {spec.target}: --slot and --publication are required")

@@ -6,8 +6,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from csnd.errors import ConfigError
-from csnd.ids import lsn_from_str
+from csnd.core.errors import ConfigError
+from csnd.core.ids import lsn_from_str
 
 _NAME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 

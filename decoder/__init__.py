@@ -15,12 +15,12 @@ no I/O; the pool and worker wire it into processes.
 
 from typing import TYPE_CHECKING, Any
 
-from decoder.change import DecodedChange
+from csnd.decoder.change import DecodedChange
 
 if TYPE_CHECKING:
-    from decoder.rows import RelationCache, Table, decode_change
-    from decoder.tuples import split_delete, split_insert, split_tuple, split_update
-    from decoder.values import binary_decoder, binary_readable, text_decoder
+    from csnd.decoder.rows import RelationCache, Table, decode_change
+    from csnd.decoder.tuples import split_delete, split_insert, split_tuple, split_update
+    from csnd.decoder.values import binary_decoder, binary_readable, text_decoder
 
 __all__ = [
     "DecodedChange",
@@ -40,16 +40,16 @@ __all__ = [
 # second at start-up that only the worker processes need: the coordinator's
 # process, which imports this package for `DecodedChange`, loads it lazily.
 _LAZY = {
-    "RelationCache": "decoder.rows",
-    "Table": "decoder.rows",
-    "decode_change": "decoder.rows",
-    "split_delete": "decoder.tuples",
-    "split_insert": "decoder.tuples",
-    "split_tuple": "decoder.tuples",
-    "split_update": "decoder.tuples",
-    "binary_decoder": "decoder.values",
-    "binary_readable": "decoder.values",
-    "text_decoder": "decoder.values",
+    "RelationCache": "csnd.decoder.rows",
+    "Table": "csnd.decoder.rows",
+    "decode_change": "csnd.decoder.rows",
+    "split_delete": "csnd.decoder.tuples",
+    "split_insert": "csnd.decoder.tuples",
+    "split_tuple": "csnd.decoder.tuples",
+    "split_update": "csnd.decoder.tuples",
+    "binary_decoder": "csnd.decoder.values",
+    "binary_readable": "csnd.decoder.values",
+    "text_decoder": "csnd.decoder.values",
 }
 
 

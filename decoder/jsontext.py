@@ -39,7 +39,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-from decoder import values as V
+from csnd.decoder import values as V
 
 __all__ = ["BinaryJson", "TextJson", "binary_json", "text_json", "encode_value"]
 

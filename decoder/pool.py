@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
 from typing import Any, Final
 
-from csnd.errors import CsndError, WorkerError
-from decoder.change import DecodedChange, DecodedRun
-from reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
+from csnd.core.errors import CsndError, WorkerError
+from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
 
 # A batch ends at this many changes or this many bytes of raw change data,
 # whichever comes first.  Bigger batches amortise pickling, pipe hand-offs
@@ -480,7 +480,7 @@ def start_worker_server() -> ForkServerContext:
     decides how to stop.
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["decoder.forkserver_init", "decoder.worker", "decoder.pool"])
+    ctx.set_forkserver_preload(["csnd.decoder.forkserver_init", "csnd.decoder.worker", "csnd.decoder.pool"])
     with _sigint_ignored():
         mp_forkserver.ensure_running()
     return ctx
@@ -491,7 +491,7 @@ def _worker_entry(*args: Any) -> None:
 
     (The fork server has imported both modules, so in a worker this costs nothing.)
     """
-    from decoder.worker import worker_main
+    from csnd.decoder.worker import worker_main
 
     worker_main(*args)
 

@@ -50,12 +50,12 @@ from typing import Final
 
 from psycopg import DataError
 
-from csnd.errors import DecodeError
-from csnd.ids import lsn_to_str
-from decoder import jsontext as J
-from decoder import values as V
-from decoder.change import DecodedChange
-from decoder.tuples import (
+from csnd.core.errors import DecodeError
+from csnd.core.ids import lsn_to_str
+from csnd.decoder import jsontext as J
+from csnd.decoder import values as V
+from csnd.decoder.change import DecodedChange
+from csnd.decoder.tuples import (
     KIND_BINARY,
     KIND_NULL,
     KIND_TEXT,
@@ -67,7 +67,7 @@ from decoder.tuples import (
     split_insert,
     split_update,
 )
-from reader.pgoutput import Change, Relation, Truncate, TypeMsg
+from csnd.reader.pgoutput import Change, Relation, Truncate, TypeMsg
 
 __all__ = ["RelationCache", "Table", "decode_change", "row_change_body"]
 
@@ -454,7 +454,7 @@ def _old(table: Table, kind: str, values: list[TupleValue], lsn: int, xid: int |
 
 
 # `_at(lsn)` + head + `null, "new": ` + row + unchanged, for the fast path of `row_change_body`
-# (an insert, or an update without an old tuple); its LSN is `csnd.ids.lsn_to_str`'s format.
+# (an insert, or an update without an old tuple); its LSN is `csnd.core.ids.lsn_to_str`'s format.
 _NEW_ONLY_BODY: Final = '"lsn": "%X/%X", %snull, "new": %s%s'
 
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from csnd.errors import DecodeError
-from reader.pgoutput import UNCHANGED, TupleValue
+from csnd.core.errors import DecodeError
+from csnd.reader.pgoutput import UNCHANGED, TupleValue
 
 __all__ = ["UNCHANGED", "TupleValue", "split_delete", "split_insert", "split_tuple", "split_update"]
 

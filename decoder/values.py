@@ -45,8 +45,8 @@ from psycopg import postgres
 from psycopg.adapt import Transformer
 from psycopg.pq import Format
 
-from csnd.ids import lsn_to_str
-from decoder import temporal as T
+from csnd.core.ids import lsn_to_str
+from csnd.decoder import temporal as T
 
 JsonValue = Any
 BinaryDecoder = Callable[[bytes], JsonValue]

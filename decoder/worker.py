@@ -14,9 +14,9 @@ import signal
 import traceback
 from typing import Any
 
-from csnd.errors import CsndError, DecodeError
-from decoder.rows import RelationCache, decode_change, row_change_body
-from reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames
+from csnd.core.errors import CsndError, DecodeError
+from csnd.decoder.rows import RelationCache, decode_change, row_change_body
+from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames
 
 # How often an idle worker checks that its parent is still there.
 PARENT_POLL_S = 1.0

@@ -15,11 +15,11 @@ transaction that logged `committing` fails; `tick` watermarks.  The marker
 texts live in `gtm.markers`.
 """
 
-from gtm.generate import generate_cluster
-from gtm.markers import Marker, parse_marker
-from gtm.options import GenerateOptions, GenerateSummary
-from gtm.sequencer import Gtm
-from gtm.writer import CommitIncomplete, GlobalTransaction, tick
+from csnd.gtm.generate import generate_cluster
+from csnd.gtm.markers import Marker, parse_marker
+from csnd.gtm.options import GenerateOptions, GenerateSummary
+from csnd.gtm.sequencer import Gtm
+from csnd.gtm.writer import CommitIncomplete, GlobalTransaction, tick
 
 __all__ = [
     "CommitIncomplete",

@@ -49,17 +49,17 @@ from collections.abc import Iterator
 from random import Random
 from typing import Any, Final
 
-from csnd.ids import lsn_to_str, pg_time_to_iso
-from gtm import markers
-from gtm.localtxn import NodePart
-from gtm.options import GenerateOptions, GenerateSummary
-from gtm.schema import evolve_step, table_defs
-from gtm.sequencer import Gtm
-from gtm.tables import TableState
-from gtm.values import Values
-from gtm.walsender import NodeStream
-from gtm.workload import Workload
-from reader.streamfile import StreamHeader, StreamWriter
+from csnd.core.ids import lsn_to_str, pg_time_to_iso
+from csnd.gtm import markers
+from csnd.gtm.localtxn import NodePart
+from csnd.gtm.options import GenerateOptions, GenerateSummary
+from csnd.gtm.schema import evolve_step, table_defs
+from csnd.gtm.sequencer import Gtm
+from csnd.gtm.tables import TableState
+from csnd.gtm.values import Values
+from csnd.gtm.walsender import NodeStream
+from csnd.gtm.workload import Workload
+from csnd.reader.streamfile import StreamHeader, StreamWriter
 
 # 2026-11-22T10:00:00+00:00 in microseconds since 2000-01-01.
 CLOCK_START: Final = 848_656_800_000_000

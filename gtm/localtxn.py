@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from csnd.ids import lsn_to_str
-from gtm.schema import SCHEMA, DdlStep, Shape
-from gtm.tables import Row, TableState
-from gtm.values import TOAST_THRESHOLD
-from gtm.walsender import (
+from csnd.core.ids import lsn_to_str
+from csnd.gtm.schema import SCHEMA, DdlStep, Shape
+from csnd.gtm.tables import Row, TableState
+from csnd.gtm.values import TOAST_THRESHOLD
+from csnd.gtm.walsender import (
     CHANGE_OVERHEAD,
     DELETE,
     INSERT,
@@ -31,10 +31,10 @@ from gtm.walsender import (
     NodeStream,
     RbTxn,
 )
-from reader.pgoutput import UNCHANGED
+from csnd.reader.pgoutput import UNCHANGED
 
 if TYPE_CHECKING:
-    from gtm.workload import Workload
+    from csnd.gtm.workload import Workload
 
 MISSING: Final[Any] = object()
 

@@ -34,7 +34,7 @@ from decimal import Decimal
 from typing import Any, Final
 from uuid import UUID
 
-from csnd.ids import PG_EPOCH
+from csnd.core.ids import PG_EPOCH
 
 Json = Any
 Wire = bytes | str | None  # None is SQL NULL (reader.pgoutput.TupleValue)

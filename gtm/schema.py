@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from gtm import pgtypes as T
-from gtm.pgtypes import PgType
-from reader.pgoutput import Column, encode_relation
+from csnd.gtm import pgtypes as T
+from csnd.gtm.pgtypes import PgType
+from csnd.reader.pgoutput import Column, encode_relation
 
 SCHEMA: Final = "public"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 
-from csnd.ids import Csn
+from csnd.core.ids import Csn
 
 
 class Gtm:

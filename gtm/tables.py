@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gtm.pgtypes import Cell
-from gtm.schema import Shape, TableDef
+from csnd.gtm.pgtypes import Cell
+from csnd.gtm.schema import Shape, TableDef
 
 Row = tuple[Cell, ...]
 

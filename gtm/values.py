@@ -17,9 +17,9 @@ from random import Random
 from typing import Any, Final
 from uuid import UUID
 
-from gtm import pgtypes as T
-from gtm.pgtypes import Cell, PgType
-from gtm.schema import ColumnDef
+from csnd.gtm import pgtypes as T
+from csnd.gtm.pgtypes import Cell, PgType
+from csnd.gtm.schema import ColumnDef
 
 # A value this large (estimated heap bytes) is stored out of line, so an
 # update that does not touch it sends 'u' (unchanged TOAST).  PostgreSQL's

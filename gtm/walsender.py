@@ -38,9 +38,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from gtm.markers import PREFIX
-from gtm.schema import Shape
-from reader.pgoutput import (
+from csnd.gtm.markers import PREFIX
+from csnd.gtm.schema import Shape
+from csnd.reader.pgoutput import (
     encode_begin,
     encode_commit,
     encode_delete,
@@ -55,7 +55,7 @@ from reader.pgoutput import (
     encode_update,
     encode_xlogdata,
 )
-from reader.streamfile import StreamWriter
+from csnd.reader.streamfile import StreamWriter
 
 # Sizes of WAL records in bytes: only their order of magnitude matters (they
 # space LSNs realistically); all are MAXALIGNed to 8 like the real thing.

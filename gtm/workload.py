@@ -27,13 +27,13 @@ from __future__ import annotations
 from random import Random
 from typing import Any
 
-from gtm import pgtypes as T
-from gtm.localtxn import MISSING, NodePart
-from gtm.pgtypes import Cell
-from gtm.schema import TableDef, relid_for
-from gtm.tables import Row, TableState
-from gtm.values import Values
-from gtm.walsender import NodeStream
+from csnd.gtm import pgtypes as T
+from csnd.gtm.localtxn import MISSING, NodePart
+from csnd.gtm.pgtypes import Cell
+from csnd.gtm.schema import TableDef, relid_for
+from csnd.gtm.tables import Row, TableState
+from csnd.gtm.values import Values
+from csnd.gtm.walsender import NodeStream
 
 
 class Workload:

@@ -46,9 +46,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from csnd.ids import Csn
-from gtm import markers
-from gtm.sequencer import Gtm
+from csnd.core.ids import Csn
+from csnd.gtm import markers
+from csnd.gtm.sequencer import Gtm
 
 _GID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _EMIT = "SELECT pg_logical_emit_message(%s::boolean, %s::text, %s::text)"

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import csnd_pb2 as proto_dot_csnd__pb2
+from csnd.proto import csnd_pb2 as csnd_dot_proto_dot_csnd__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/csnd_pb2_grpc.py depends on'
+        + ' but the generated code in csnd/proto/csnd_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -45,13 +45,13 @@ class NodeAgentStub:
         """
         self.Describe = channel.unary_unary(
                 '/csnd.v1.NodeAgent/Describe',
-                request_serializer=proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=proto_dot_csnd__pb2.Hello.FromString,
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.Hello.FromString,
                 _registered_method=True)
         self.Stream = channel.stream_stream(
                 '/csnd.v1.NodeAgent/Stream',
-                request_serializer=proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
-                response_deserializer=proto_dot_csnd__pb2.AgentMessage.FromString,
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.AgentMessage.FromString,
                 _registered_method=True)
 
 
@@ -86,13 +86,13 @@ def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=proto_dot_csnd__pb2.DescribeRequest.FromString,
-                    response_serializer=proto_dot_csnd__pb2.Hello.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.DescribeRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.Hello.SerializeToString,
             ),
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=proto_dot_csnd__pb2.CoordinatorMessage.FromString,
-                    response_serializer=proto_dot_csnd__pb2.AgentMessage.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.CoordinatorMessage.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.AgentMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,8 +129,8 @@ class NodeAgent:
             request,
             target,
             '/csnd.v1.NodeAgent/Describe',
-            proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
-            proto_dot_csnd__pb2.Hello.FromString,
+            csnd_dot_proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.Hello.FromString,
             options,
             channel_credentials,
             insecure,
@@ -156,8 +156,8 @@ class NodeAgent:
             request_iterator,
             target,
             '/csnd.v1.NodeAgent/Stream',
-            proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
-            proto_dot_csnd__pb2.AgentMessage.FromString,
+            csnd_dot_proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.AgentMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,8 +8,8 @@ Only cheap framing work happens here (seed 002, section 3.4): split the stream
 into messages and classify them.  Tuple data stays raw for the decoders.
 """
 
-from reader.events import Event, iter_events
-from reader.recorded import RecordedSource
-from reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
+from csnd.reader.events import Event, iter_events
+from csnd.reader.recorded import RecordedSource
+from csnd.reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
 
 __all__ = ["Event", "RecordedSource", "StreamFileReader", "StreamHeader", "StreamWriter", "iter_events"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from csnd.errors import ProtocolError, StreamFormatError
-from reader.pgoutput import (
+from csnd.core.errors import ProtocolError, StreamFormatError
+from csnd.reader.pgoutput import (
     TXN_TAGS,
     XLOGDATA_HEADER_SIZE,
     Begin,

@@ -34,10 +34,10 @@ from typing import Final
 import psycopg
 from psycopg import pq
 
-from csnd.errors import ConnectionLost, ProtocolError, SourceError
-from csnd.ids import PG_EPOCH_UNIX_US, lsn_from_str, lsn_to_str
-from reader.events import Event
-from reader.pgoutput import (
+from csnd.core.errors import ConnectionLost, ProtocolError, SourceError
+from csnd.core.ids import PG_EPOCH_UNIX_US, lsn_from_str, lsn_to_str
+from csnd.reader.events import Event
+from csnd.reader.pgoutput import (
     FrameError,
     Keepalive,
     Message,
@@ -46,7 +46,7 @@ from reader.pgoutput import (
     encode_status_update,
     parse_frame,
 )
-from reader.resume import Item, ResumeFilter
+from csnd.reader.resume import Item, ResumeFilter
 
 log = logging.getLogger("csnd.reader.live")
 

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterator
 from typing import Final
 
-from csnd.errors import ProtocolError
+from csnd.core.errors import ProtocolError
 
 # --- struct unpackers, built once -------------------------------------------------
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TextIO
 
-from csnd.ids import lsn_to_str
-from reader.live import LiveSource
-from reader.pgoutput import Commit, Keepalive, StreamAbort, StreamCommit
-from reader.streamfile import StreamHeader, StreamWriter
+from csnd.core.ids import lsn_to_str
+from csnd.reader.live import LiveSource
+from csnd.reader.pgoutput import Commit, Keepalive, StreamAbort, StreamCommit
+from csnd.reader.streamfile import StreamHeader, StreamWriter
 
 # fsync (and then confirm) at least this often.  Shorter bounds the WAL the
 # server keeps for us and what a crash makes us fetch again; longer saves

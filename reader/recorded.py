@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from csnd.errors import StreamFormatError
-from reader.events import Event, iter_events
-from reader.pgoutput import PgOutputParser
-from reader.streamfile import StreamFileReader, StreamHeader
+from csnd.core.errors import StreamFormatError
+from csnd.reader.events import Event, iter_events
+from csnd.reader.pgoutput import PgOutputParser
+from csnd.reader.streamfile import StreamFileReader, StreamHeader
 
 
 class RecordedSource:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from reader.pgoutput import (
+from csnd.reader.pgoutput import (
     XLOGDATA_HEADER_SIZE,
     Begin,
     Change,

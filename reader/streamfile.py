@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
-from csnd.durable import sync_directory
-from csnd.errors import CsndError, StreamFormatError
-from csnd.ids import lsn_to_str
-from reader.pgoutput import (
+from csnd.core.durable import sync_directory
+from csnd.core.errors import CsndError, StreamFormatError
+from csnd.core.ids import lsn_to_str
+from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
     CHANGE_XID_OFFSET,

@@ -30,10 +30,11 @@ def generate(out_dir: str) -> list[str]:
         f"--grpc_python_out={out_dir}",
         f"--pyi_out={out_dir}",
     ]
-    rc = protoc.main([*args, *(os.path.relpath(p, ROOT) for p in protos)])
+    # Named through the csnd/proto link so the stubs import `csnd.proto.csnd_pb2`.
+    rc = protoc.main([*args, *(os.path.join("csnd", os.path.relpath(p, ROOT)) for p in protos)])
     if rc != 0:
         sys.exit(f"gen_proto: protoc failed with status {rc}")
-    return sorted(glob.glob(os.path.join(out_dir, "proto", "*_pb2*.py*")))
+    return sorted(glob.glob(os.path.join(out_dir, "csnd", "proto", "*_pb2*.py*")))
 
 
 def main() -> None:

@@ -11,10 +11,10 @@ committed transaction may go; `watermark` and `confirmable_lsn` are what the
 coordinator needs to merge nodes and to confirm the slot (DESIGN sections 3, 5).
 """
 
-from sender.node import MODES, NodeSender, NodeSenderStatistics
-from sender.ordering import CsnOrderer
-from sender.txn import FinishedTxn
-from sender.txnbuf import SPILL_BYTES, SpillError, TxnBuffer
+from csnd.sender.node import MODES, NodeSender, NodeSenderStatistics
+from csnd.sender.ordering import CsnOrderer
+from csnd.sender.txn import FinishedTxn
+from csnd.sender.txnbuf import SPILL_BYTES, SpillError, TxnBuffer
 
 __all__ = [
     "MODES",

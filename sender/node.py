@@ -42,10 +42,10 @@ from typing import Any, Final
 
 from sortedcontainers import SortedDict, SortedList
 
-from csnd.errors import ConfigError, ProtocolError
-from csnd.ids import lsn_to_str
-from decoder.change import DecodedChange, DecodedRun
-from reader.pgoutput import (
+from csnd.core.errors import ConfigError, ProtocolError
+from csnd.core.ids import lsn_to_str
+from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.reader.pgoutput import (
     Begin,
     Commit,
     Keepalive,
@@ -58,9 +58,9 @@ from reader.pgoutput import (
     StreamStop,
     TypeMsg,
 )
-from sender.ordering import CsnOrderer
-from sender.txn import FinishedTxn
-from sender.txnbuf import SPILL_BYTES, TxnBuffer
+from csnd.sender.ordering import CsnOrderer
+from csnd.sender.txn import FinishedTxn
+from csnd.sender.txnbuf import SPILL_BYTES, TxnBuffer
 
 MODES: Final = ("gtm", "single")
 MARKER_PREFIX: Final = "csn"

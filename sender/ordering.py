@@ -50,7 +50,7 @@ from typing import Generic, TypeVar
 
 from sortedcontainers import SortedDict, SortedList
 
-from csnd.errors import ProtocolError
+from csnd.core.errors import ProtocolError
 
 K = TypeVar("K", bound=Hashable)
 

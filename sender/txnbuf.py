@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from itertools import chain, repeat
 from typing import IO, Final
 
-from csnd.errors import CsndError
+from csnd.core.errors import CsndError
 
 # Bytes of change bodies (plus per-change overhead) one transaction may hold in
 # memory before it spills to disk.  Higher: fewer transactions pay for disk

@@ -1,4 +1,4 @@
-"""csnd.durable: the writeback hint behind `csnd replay --output FILE` (asked once per stretch, harmless to the bytes), and durable names."""
+"""csnd.core.durable: the writeback hint behind `csnd replay --output FILE` (asked once per stretch, harmless to the bytes), and durable names."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from csnd import durable as writeback
-from csnd.durable import WRITEBACK_BYTES, Writeback
+from csnd.core import durable as writeback
+from csnd.core.durable import WRITEBACK_BYTES, Writeback
+from csnd.reader import streamfile
+from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.replay import _Output
-from reader import streamfile
-from reader.streamfile import StreamHeader, StreamWriter
 
 
 def test_sync_file_range_is_found_on_this_linux() -> None:
@@ -110,7 +110,7 @@ def test_a_failed_fsync_of_the_output_is_a_clear_error_and_keeps_the_partial(
 ) -> None:
     import errno
 
-    from csnd.errors import CsndError
+    from csnd.core.errors import CsndError
 
     out = _Output(str(tmp_path / "o.jsonl"))
     out.end_line("{}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csnd.ids import PG_EPOCH, pg_time_to_datetime, pg_time_to_iso
+from csnd.core.ids import PG_EPOCH, pg_time_to_datetime, pg_time_to_iso
 
 _MIN_US = -int((PG_EPOCH.replace(tzinfo=None) - PG_EPOCH.replace(tzinfo=None).min).total_seconds() * 1e6)
 

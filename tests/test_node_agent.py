@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from csnd import pgworkload as workload
-from csnd.ids import lsn_from_str
-from gtm import generate_cluster
+from csnd.core.ids import lsn_from_str
+from csnd.gtm import generate_cluster
+from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
 
 CSND = [sys.executable, "-m", "csnd.cli"]

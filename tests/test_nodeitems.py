@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from csnd import nodeitems
 from csnd.nodeitems import EndItem, Outbox, WatermarkItem
-from sender.txn import FinishedTxn
+from csnd.sender.txn import FinishedTxn
 
 
 @given(st.lists(st.lists(st.integers(0, 10**6), max_size=5), max_size=8))

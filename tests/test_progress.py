@@ -10,9 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench.decode_bench import write_wide_stream
+from csnd.decoder.pool import PoolStats
 from csnd.progress import ReplayProgress
-from decoder.pool import PoolStats
-from reader.recorded import RecordedSource
+from csnd.reader.recorded import RecordedSource
 
 
 class FakeFile:

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from csnd import pgworkload as workload
-from csnd.ids import lsn_from_str, lsn_to_str
-from gtm import generate_cluster
-from gtm.markers import PREFIX, parse_marker
-from reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
-from reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
+from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.gtm import generate_cluster
+from csnd.gtm.markers import PREFIX, parse_marker
+from csnd.reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
+from csnd.reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
+from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
 from tests.fixtures.procs import children, wait_until_gone
 from tests.reader import witness
@@ -80,7 +80,7 @@ def test_generated_cluster_replays_to_the_expected_output(
 
 def test_a_transaction_line_longer_than_an_output_chunk_is_written_whole(tmp_path: Path) -> None:
     """A big transaction's line goes out part by part (csnd.replay gathers short lines whole): nothing lost."""
-    from reader import pgoutput as pg
+    from csnd.reader import pgoutput as pg
 
     path = tmp_path / "big.pgstream"
     note = "x" * 600

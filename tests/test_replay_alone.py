@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import AloneOrder, CsnMerge, json_line
 from csnd import nodeitems, replay
-from csnd.errors import ProtocolError
+from csnd.coordinator import AloneOrder, CsnMerge, json_line
+from csnd.core.errors import ProtocolError
 from csnd.nodeitems import EndItem, Outbox, TxnItem, cut_batches
-from sender.txn import FinishedTxn
+from csnd.sender.txn import FinishedTxn
 
 _TXN = st.tuples(
     st.lists(st.integers(0, 2), max_size=12),  # cid steps: cids never decrease inside a transaction
@@ -161,7 +161,7 @@ def test_an_os_error_reading_a_source_is_one_line_naming_node_file_and_partial(
 
     from bench.decode_bench import write_wide_stream
     from csnd.cli import main
-    from reader import streamfile
+    from csnd.reader import streamfile
 
     path = tmp_path / "s.pgstream"
     write_wide_stream(str(path), 3000, rows_per_txn=10)

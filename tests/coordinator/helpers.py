@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator import NodeBatch
+from csnd.coordinator import NodeBatch
 
 CLOCK = 848_656_800_000_000  # 2026-11-22T10:00:00+00:00 in µs since 2000-01-01
 
@@ -26,7 +26,7 @@ def batch(
 
 def tags(txn: object) -> list[str]:
     """The tags of a GlobalTxn's changes, in output order."""
-    from coordinator import GlobalTxn
+    from csnd.coordinator import GlobalTxn
 
     assert isinstance(txn, GlobalTxn)
     return [body.split('"')[3] for _, _, _, body in txn.changes]

@@ -23,7 +23,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from coordinator import CsnMerge, GlobalTxn, NodeBatch
+from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch
 
 CLOCK = 848_656_800_000_000  # 2026-11-22T10:00:00+00:00 in µs since 2000-01-01
 # "dn10" sorts before "dn2" by name: node order must follow the merge's list, not names.
@@ -76,7 +76,7 @@ class Scenario:
 
 def body(tag: str, lsn: int) -> str:
     """A change body as a decoder writes it: the change object after `"cid": N, `, no closing brace."""
-    from csnd.ids import lsn_to_str
+    from csnd.core.ids import lsn_to_str
 
     return json.dumps(
         {"lsn": lsn_to_str(lsn), "op": "insert", "schema": "public", "table": "t€", "new": {"tag": tag}},
@@ -274,7 +274,7 @@ def check_txn(sc: Scenario, g: GlobalTxn, t: Txn) -> None:
 
 def json_object(g: GlobalTxn) -> dict[str, Any]:
     """The DESIGN section 7 object of a GlobalTxn, built independently of the writer."""
-    from csnd.ids import lsn_to_str, pg_time_to_iso
+    from csnd.core.ids import lsn_to_str, pg_time_to_iso
 
     return {
         "csn": g.csn,
@@ -287,7 +287,7 @@ def json_object(g: GlobalTxn) -> dict[str, Any]:
 
 def _checked_body(b: str, lsn: int) -> dict[str, Any]:
     """A body as an object; it must open with the change's own LSN."""
-    from csnd.ids import lsn_to_str
+    from csnd.core.ids import lsn_to_str
 
     obj: dict[str, Any] = json.loads("{" + b + "}")
     assert next(iter(obj)) == "lsn" and obj["lsn"] == lsn_to_str(lsn), b

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from coordinator import CsnMerge, GlobalTxn, NodeBatch, NodeCommit
+from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch, NodeCommit
 from tests.coordinator.helpers import CLOCK
 
 DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...

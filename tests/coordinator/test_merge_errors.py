@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from coordinator import CsnMerge
-from csnd.errors import ProtocolError
+from csnd.coordinator import CsnMerge
+from csnd.core.errors import ProtocolError
 from tests.coordinator.helpers import batch
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator import CsnMerge, NodeCommit
+from csnd.coordinator import CsnMerge, NodeCommit
 from tests.coordinator.helpers import CLOCK, batch, tags
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from coordinator import CsnMerge, GlobalTxn, NodeBatch
-from gtm import generate_cluster
+from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch
+from csnd.gtm import generate_cluster
 
 NODES = ["dn1", "dn2", "dn3"]
 
@@ -83,7 +83,7 @@ def node_batches(lines: list[str], batch_size: int) -> dict[str, list[NodeBatch]
 def _commit_time(iso: str) -> int:
     from datetime import datetime
 
-    from csnd.ids import PG_EPOCH
+    from csnd.core.ids import PG_EPOCH
 
     delta = datetime.fromisoformat(iso) - PG_EPOCH
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from coordinator import CsnMerge, GlobalTxn, TxnEnd, TxnPart, TxnStart, json_changes, json_head, json_line
-from coordinator.jsonlines import JSON_TAIL
+from csnd.coordinator import (
+    CsnMerge,
+    GlobalTxn,
+    TxnEnd,
+    TxnPart,
+    TxnStart,
+    json_changes,
+    json_head,
+    json_line,
+)
+from csnd.coordinator.jsonlines import JSON_TAIL
 from tests.coordinator.helpers import CLOCK, batch
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import check_modes
-from csnd.errors import ConfigError
+from csnd.coordinator import check_modes
+from csnd.core.errors import ConfigError
 
 
 def test_valid_sets() -> None:

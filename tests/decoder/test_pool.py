@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from csnd.errors import WorkerError
-from decoder.change import DecodedRun
-from decoder.pool import PIPE_BYTES, DecoderPool
-from reader import pgoutput as p
-from reader.recorded import RecordedSource
-from reader.streamfile import StreamHeader, StreamWriter
+from csnd.core.errors import WorkerError
+from csnd.decoder.change import DecodedRun
+from csnd.decoder.pool import PIPE_BYTES, DecoderPool
+from csnd.reader import pgoutput as p
+from csnd.reader.recorded import RecordedSource
+from csnd.reader.streamfile import StreamHeader, StreamWriter
 from tests.fixtures.procs import parent_of, wait_until_gone
 
 
@@ -109,7 +109,7 @@ def test_workers_start_with_ctrl_c_ignored_even_if_a_thread_started_the_fork_ser
     code = textwrap.dedent(
         """
         import threading
-        from decoder.pool import start_worker_server
+        from csnd.decoder.pool import start_worker_server
         from tests.decoder.test_pool import _report_sigint
 
         if __name__ == "__main__":

@@ -22,16 +22,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.errors import DecodeError
-from csnd.ids import lsn_from_str, lsn_to_str
-from decoder import DecodedChange, RelationCache, decode_change, rows
-from decoder.rows import row_change_body
-from gtm import GenerateOptions, generate_cluster
-from gtm import pgtypes as PT
-from reader import pgoutput as p
-from reader.events import iter_events
-from reader.pgoutput import UNCHANGED, Change, Column, Relation, Truncate, TypeMsg
-from reader.streamfile import StreamFileReader
+from csnd.core.errors import DecodeError
+from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.decoder import DecodedChange, RelationCache, decode_change, rows
+from csnd.decoder.rows import row_change_body
+from csnd.gtm import GenerateOptions, generate_cluster
+from csnd.gtm import pgtypes as PT
+from csnd.reader import pgoutput as p
+from csnd.reader.events import iter_events
+from csnd.reader.pgoutput import UNCHANGED, Change, Column, Relation, Truncate, TypeMsg
+from csnd.reader.streamfile import StreamFileReader
 from tests.fixtures.pg import PgDatabase
 
 Message = Any

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.errors import DecodeError
-from decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_tuple, split_update
-from reader import pgoutput as p
+from csnd.core.errors import DecodeError
+from csnd.decoder.tuples import UNCHANGED, TupleValue, split_delete, split_insert, split_tuple, split_update
+from csnd.reader import pgoutput as p
 
 text_values = st.text(st.characters(codec="utf-8")).filter(lambda s: s != UNCHANGED)
 column = st.one_of(st.none(), st.just(UNCHANGED), st.binary(max_size=40), text_values)

@@ -31,10 +31,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decoder import jsontext as J
-from decoder import values as V
-from gtm import pgtypes as T
-from gtm.values import Values
+from csnd.decoder import jsontext as J
+from csnd.decoder import values as V
+from csnd.gtm import pgtypes as T
+from csnd.gtm.values import Values
 from tests.fixtures.pg import PgServer
 
 Conn = psycopg.Connection[tuple[Any, ...]]

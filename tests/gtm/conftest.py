@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gtm import GenerateOptions, GenerateSummary, generate_cluster
+from csnd.gtm import GenerateOptions, GenerateSummary, generate_cluster
 
 # Enough large and failing txns that every feature shows up with this seed.
 OPTIONS = GenerateOptions(

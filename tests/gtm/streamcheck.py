@@ -13,9 +13,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from gtm.markers import PREFIX, parse_marker
-from reader.events import iter_events
-from reader.pgoutput import (
+from csnd.gtm.markers import PREFIX, parse_marker
+from csnd.reader.events import iter_events
+from csnd.reader.pgoutput import (
     Begin,
     Change,
     Commit,
@@ -28,7 +28,7 @@ from reader.pgoutput import (
     StreamStop,
     Truncate,
 )
-from reader.streamfile import StreamFileReader
+from csnd.reader.streamfile import StreamFileReader
 
 _I16 = struct.Struct("!h")
 _I32 = struct.Struct("!i")

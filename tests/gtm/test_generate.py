@@ -14,10 +14,10 @@ from uuid import UUID
 
 import pytest
 
-from csnd.ids import PG_EPOCH
-from gtm import GenerateOptions, generate_cluster
-from reader.events import iter_events
-from reader.streamfile import StreamFileReader
+from csnd.core.ids import PG_EPOCH
+from csnd.gtm import GenerateOptions, generate_cluster
+from csnd.reader.events import iter_events
+from csnd.reader.streamfile import StreamFileReader
 from tests.gtm.conftest import OPTIONS, Cluster
 from tests.gtm.streamcheck import NodeView, SeenChange, lsn_str, read_node
 

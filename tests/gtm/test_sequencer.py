@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from gtm import markers
-from gtm.sequencer import Gtm
+from csnd.gtm import markers
+from csnd.gtm.sequencer import Gtm
 
 
 def test_next_is_strictly_increasing_and_current_follows() -> None:

@@ -1,4 +1,4 @@
-"""gtm.writer against a real PostgreSQL 15: two databases of one server as nodes dn1, dn2.
+"""csnd.gtm.writer against a real PostgreSQL 15: two databases of one server as nodes dn1, dn2.
 
 Each database gets a test_decoding slot before anything is written; the
 decoded output must show the protocol: `committing` before the commit, the
@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from gtm.sequencer import Gtm
-from gtm.writer import GlobalTransaction, tick
+from csnd.gtm.sequencer import Gtm
+from csnd.gtm.writer import GlobalTransaction, tick
 from tests.fixtures.pg import PgDatabase, PgServer
 
 Conn = psycopg.Connection[Any]

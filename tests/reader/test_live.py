@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from csnd import pgworkload as workload
-from csnd.errors import SourceError, StreamFormatError
-from csnd.ids import lsn_from_str, lsn_to_str
-from reader.live import LiveOptions, LiveSource
-from reader.record import record
-from reader.recorded import RecordedSource
+from csnd.core.errors import SourceError, StreamFormatError
+from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.reader.live import LiveOptions, LiveSource
+from csnd.reader.record import record
+from csnd.reader.recorded import RecordedSource
+from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
 from tests.reader import witness
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from csnd.errors import ConnectionLost, CsndError
-from reader import pgoutput as pg
-from reader.record import record
+from csnd.core.errors import ConnectionLost, CsndError
+from csnd.reader import pgoutput as pg
+from csnd.reader.record import record
 
 
 class FakeSource:
@@ -99,7 +99,7 @@ class IdleSource(FakeSource):
 def test_a_lull_after_changes_is_synced_and_confirmed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reader import record as record_module
+    from csnd.reader import record as record_module
 
     monkeypatch.setattr(record_module, "SYNC_INTERVAL_S", 3600.0)  # only the lulls sync
     src = IdleSource()
@@ -118,8 +118,8 @@ def test_an_interrupted_recording_tells_the_server_what_it_holds(tmp_path: Path)
 
 
 def test_a_frame_cut_between_its_writes_never_reaches_the_disk(tmp_path: Path) -> None:
-    from reader.recorded import RecordedSource
-    from reader.streamfile import StreamHeader, StreamWriter
+    from csnd.reader.recorded import RecordedSource
+    from csnd.reader.streamfile import StreamHeader, StreamWriter
 
     path = tmp_path / "r.pgstream"
     w = StreamWriter(str(path), StreamHeader(node="dn1", binary=False, mode="single"))

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reader import pgoutput as p
-from reader.resume import Item, ResumeFilter
+from csnd.reader import pgoutput as p
+from csnd.reader.resume import Item, ResumeFilter
 from tests.reader.witness import assemble
 
 REL = p.Column(1, "id", 25, -1)

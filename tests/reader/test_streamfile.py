@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.errors import CsndError, StreamFormatError
-from reader import pgoutput as p
-from reader import streamfile
-from reader.recorded import RecordedSource
-from reader.streamfile import MAGIC, StreamFileReader, StreamHeader, StreamWriter
+from csnd.core.errors import CsndError, StreamFormatError
+from csnd.reader import pgoutput as p
+from csnd.reader import streamfile
+from csnd.reader.recorded import RecordedSource
+from csnd.reader.streamfile import MAGIC, StreamFileReader, StreamHeader, StreamWriter
 
 
 def _write(path: Path, frames: list[bytes], header: StreamHeader | None = None) -> None:

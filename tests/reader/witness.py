@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from reader import pgoutput as p
+from csnd.reader import pgoutput as p
 
 UNCHANGED = "<unchanged-toast>"
 
@@ -59,7 +59,7 @@ def _parse_columns(text: str) -> dict[str, Any]:
 
 def test_decoding_txns(rows: list[tuple[str, int, str]]) -> tuple[list[WTxn], list[tuple[str, str]]]:
     """Rows of pg_logical_slot_get_changes(include-xids) -> committed txns, non-transactional messages."""
-    from csnd.ids import lsn_from_str
+    from csnd.core.ids import lsn_from_str
 
     txns: list[WTxn] = []
     nontx: list[tuple[str, str]] = []

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from csnd.ids import lsn_to_str
-from decoder.change import DecodedChange
-from gtm import GenerateOptions, generate_cluster
-from reader.pgoutput import Change, Truncate
-from reader.recorded import RecordedSource
-from sender import NodeSender
+from csnd.core.ids import lsn_to_str
+from csnd.decoder.change import DecodedChange
+from csnd.gtm import GenerateOptions, generate_cluster
+from csnd.reader.pgoutput import Change, Truncate
+from csnd.reader.recorded import RecordedSource
+from csnd.sender import NodeSender
 
 OPTIONS = GenerateOptions(
     large_ratio=0.05, abort_ratio=0.15, large_txn_changes=200, ddl_every=60, truncate_every=70

@@ -25,8 +25,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from decoder.change import DecodedChange, DecodedRun
-from reader.pgoutput import (
+from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.reader.pgoutput import (
     Begin,
     Column,
     Commit,
@@ -38,7 +38,7 @@ from reader.pgoutput import (
     StreamStart,
     StreamStop,
 )
-from sender import FinishedTxn, NodeSender
+from csnd.sender import FinishedTxn, NodeSender
 
 RECORD = 24  # bytes per WAL record in the model
 COMMIT_RECORD = 88

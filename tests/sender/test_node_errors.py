@@ -10,9 +10,9 @@ import pickle
 
 import pytest
 
-from csnd.errors import ConfigError, ProtocolError
-from decoder.change import DecodedChange
-from reader.pgoutput import (
+from csnd.core.errors import ConfigError, ProtocolError
+from csnd.decoder.change import DecodedChange
+from csnd.reader.pgoutput import (
     Begin,
     Change,
     Commit,
@@ -25,7 +25,7 @@ from reader.pgoutput import (
     StreamStop,
     TypeMsg,
 )
-from sender import FinishedTxn, NodeSender
+from csnd.sender import FinishedTxn, NodeSender
 
 LSN = 0x16B3000
 

@@ -29,8 +29,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from csnd.errors import ProtocolError
-from sender import CsnOrderer
+from csnd.core.errors import ProtocolError
+from csnd.sender import CsnOrderer
 
 
 class _T:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sender import TxnBuffer
-from sender.txnbuf import CHANGE_OVERHEAD, SpillError
+from csnd.sender import TxnBuffer
+from csnd.sender.txnbuf import CHANGE_OVERHEAD, SpillError
 
 
 def _open_spill_fds() -> int:

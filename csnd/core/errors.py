@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from csnd.ids import lsn_to_str
+from csnd.core.ids import lsn_to_str
 
 
 class CsndError(Exception):
