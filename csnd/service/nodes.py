@@ -1,0 +1,139 @@
+"""What Status says of each node, read from the running pipeline without waiting on it.
+
+    NodeInput (pipeline / agent) ─┐
+    ConfirmTracker (runtime)     ─┼─► NodeWatch.state() ─► NodeState ─► Status, /api/status, /metrics
+    SlotMonitor (live nodes)     ─┘
+
+`NodeWatch` keeps, per node, the little history a snapshot cannot give: when
+the node was last caught up (everything it had received was durable in the
+changelog: its lag in seconds is the time since), and when its watermark last
+moved (a watermark that stands still for `STUCK_AFTER_S` while the merge holds
+transactions back is "stuck": in GTM mode an idle node moves only with `tick`
+markers).  Reading is best effort: every figure comes from a plain attribute
+read, so a status request never blocks the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from csnd.service.status import NodeState
+
+log = logging.getLogger(__name__)
+
+# A watermark that has not moved for this long while the merge waits on it is reported stuck.
+STUCK_AFTER_S: Final = 30.0
+# How often each live node's slot is read from pg_replication_slots.  The query is
+# cheap, but it is a connection per node: every few seconds is enough to see WAL grow.
+SLOT_POLL_S: Final = 5.0
+
+
+@dataclass
+class SlotReading:
+    retained_wal_bytes: int = 0
+    wal_status: str = ""
+    safe_wal_size: int | None = None
+    error: str = ""
+
+
+class SlotMonitor:
+    """Reads a live node's slot (`pg_replication_slots`) every `SLOT_POLL_S` in a thread of its own."""
+
+    def __init__(self, conninfo: str, slot: str, interval_s: float = SLOT_POLL_S) -> None:
+        self.conninfo = conninfo
+        self.slot = slot
+        self.interval_s = interval_s
+        self.reading = SlotReading()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"csnd-slot-{slot}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def read_once(self) -> SlotReading:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+                row = conn.execute(
+                    "SELECT coalesce(pg_current_wal_lsn() - restart_lsn, 0)::int8, coalesce(wal_status, ''),"
+                    " safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+                    (self.slot,),
+                ).fetchone()
+        except psycopg.Error as e:
+            return SlotReading(error=str(e).strip().splitlines()[0])
+        if row is None:
+            return SlotReading(error=f"slot {self.slot} does not exist")
+        return SlotReading(int(row[0]), str(row[1]), None if row[2] is None else int(row[2]))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.reading = self.read_once()
+            self._stop.wait(self.interval_s)
+
+
+class NodeWatch:
+    """One node's status over the pipeline runs of a service (a restart keeps the watch)."""
+
+    def __init__(self, name: str, mode: str, source: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.mode = mode
+        self.source = source
+        self.clock = clock
+        self.state = "streaming"
+        self.error = ""
+        self.input: Any = None  # the current run's NodeInput
+        self.tracker: Any = None  # the current run's ConfirmTracker (live nodes)
+        self.slot: SlotMonitor | None = None
+        self.waiting_merge: Callable[[], int] = lambda: 0
+        self._caught_up_at = clock()
+        self._watermark = -1
+        self._watermark_moved_at = clock()
+
+    def attach(self, node_input: Any, tracker: Any, waiting_merge: Callable[[], int]) -> None:
+        self.input, self.tracker, self.waiting_merge = node_input, tracker, waiting_merge
+        if self.state != "failed":
+            self.state = "streaming"
+
+    def snapshot(self) -> NodeState:
+        now = self.clock()
+        inp = self.input
+        source = getattr(inp, "source", None)
+        sender = getattr(inp, "sender", None)
+        received = int(getattr(source, "received_lsn", 0) or 0)
+        confirmed = int(getattr(self.tracker, "safe", 0) or getattr(source, "confirmed_lsn", 0) or 0)
+        watermark = int(getattr(sender, "watermark", None) or 0)
+        if watermark != self._watermark:
+            self._watermark, self._watermark_moved_at = watermark, now
+        if received <= confirmed or not getattr(inp, "confirms", False):
+            self._caught_up_at = now
+        stats = sender.statistics() if sender is not None and hasattr(sender, "statistics") else None
+        slot = self.slot.reading if self.slot is not None else SlotReading()
+        waiting = self.waiting_merge()
+        state = self.state
+        if state == "streaming" and getattr(source, "reconnecting", False):
+            state = "reconnecting"
+        return NodeState(
+            name=self.name,
+            mode=self.mode,
+            state=state,
+            received_lsn=received,
+            confirmed_lsn=confirmed,
+            watermark_csn=watermark,
+            lag_bytes=max(received - confirmed, 0),
+            lag_seconds=round(now - self._caught_up_at, 3),
+            stuck=state == "streaming" and waiting > 0 and now - self._watermark_moved_at > STUCK_AFTER_S,
+            error=self.error or slot.error,
+            transactions=int(getattr(stats, "released", 0) or 0),
+            changes=int(getattr(stats, "changes", 0) or 0),
+            retained_wal_bytes=slot.retained_wal_bytes,
+            source=self.source,
+        )
