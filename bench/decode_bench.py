@@ -19,83 +19,25 @@ from __future__ import annotations
 
 import filecmp
 import os
-import random
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from decimal import Decimal
 
 import psycopg
 
 from bench.common import out_path, pg_recvlogical_seconds
 from csnd.core.ids import lsn_from_str
-from csnd.gtm import pgtypes as T
-from csnd.reader.pgoutput import (
-    Column,
-    encode_begin,
-    encode_commit,
-    encode_insert,
-    encode_relation,
-    encode_xlogdata,
-)
-from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.testing.pgserver import start_server
+from csnd.testing.widestream import ROWS_PER_TXN, write_wide_stream
 
 # A million rows: about 14 s with one decoder, so the 0.4-0.5 s a replay takes to
 # start (interpreter, imports, the decoders' fork server; measured and shown
 # apart) is a few per cent of a round, as it is of a long-running service,
 # instead of the tenth it was of the 300,000 rows used before.
 ROWS = 1_000_000
-ROWS_PER_TXN = 50
-COLUMNS = (
-    ("id", T.INT8),
-    ("amount", T.NUMERIC),
-    ("at", T.TIMESTAMPTZ),
-    ("note", T.TEXT),
-    ("doc", T.JSONB),
-    ("tags", T.INT4_ARRAY),
-    ("score", T.FLOAT8),
-)
-
-
-def write_wide_stream(
-    path: str, rows: int = ROWS, binary: bool = True, seed: int = 1, rows_per_txn: int = ROWS_PER_TXN
-) -> int:
-    """A single-mode stream of `rows` wide inserts, `rows_per_txn` a transaction; returns the number of changes."""
-    rnd = random.Random(seed)
-    relid = 16400
-    cols = [Column(1 if name == "id" else 0, name, t.oid, -1) for name, t in COLUMNS]
-    lsn = 0x1000000
-    xid = 1000
-    t_us = 817_000_000_000_000
-    with StreamWriter(path, StreamHeader(node="bench", binary=binary, mode="single")) as w:
-        w.write_frame(encode_xlogdata(0, 0, 0, encode_relation(relid, "public", "wide", "d", cols)))
-        for start in range(0, rows, rows_per_txn):
-            xid += 1
-            first = lsn
-            n = min(rows_per_txn, rows - start)
-            commit_lsn = lsn + 200 * n + 100
-            w.write_frame(encode_xlogdata(first, first, t_us, encode_begin(commit_lsn, t_us, xid)))
-            for i in range(start, start + n):
-                lsn += 200
-                values = (
-                    i,
-                    Decimal(rnd.randrange(-(10**9), 10**9)) / 100,
-                    t_us + rnd.randrange(10**12),
-                    f"note {i} " + "x" * rnd.randrange(10, 80),
-                    {"id": i, "tags": ["a", "b"], "n": rnd.random(), "ok": bool(i % 2)},
-                    [rnd.randrange(1000) for _ in range(rnd.randrange(1, 6))],
-                    rnd.random() * 1e6,
-                )
-                wires = [t.cell(v, binary)[0] for (_, t), v in zip(COLUMNS, values, strict=True)]
-                w.write_frame(encode_xlogdata(lsn, lsn, t_us, encode_insert(relid, wires)))
-            lsn = commit_lsn + 16
-            t_us += 1000
-            w.write_frame(encode_xlogdata(commit_lsn, lsn, t_us, encode_commit(commit_lsn, lsn, t_us)))
-    return rows
 
 
 # Rows of the same shape (columns, sizes, 50 a transaction; values from SQL's
@@ -256,7 +198,7 @@ def machine_parallel_ratio() -> float:
 def main() -> dict[str, object]:
     path = out_path("wide.pgstream")
     print(f"bench: writing {ROWS} wide rows to {path} ...", file=sys.stderr)
-    rows = write_wide_stream(path)
+    rows = write_wide_stream(path, ROWS)
     results: dict[str, object] = {"rows": rows, "stream_mb": os.path.getsize(path) / 1e6, "rounds": ROUNDS}
     results["startup_s"] = startup_seconds()
     runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}

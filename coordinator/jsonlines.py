@@ -53,7 +53,7 @@ def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> s
 
     A chunk holds one cid -- `CsnMerge.add_batch` checks a merge batch; a
     single node's transaction written without the merge is one cid at both
-    ends (`csnd.nodeitems.whole_list`), and its sender never lets cids
+    ends (`csnd.runtime.items.whole_list`), and its sender never lets cids
     decrease -- so this is one C-level join of the bodies: it runs in the
     coordinator's single thread, once per change of the whole cluster.
     """

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from csnd import __version__
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.core.ids import lsn_to_str
-from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
-from csnd.stopping import Terminated, install_stop_handlers
+from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
+from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
+from csnd.runtime.stopping import Terminated, install_stop_handlers
 
 DESCRIPTION = """\
 csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--agent-give-up",
         type=float,
-        default=30.0,
+        default=AGENT_GIVE_UP_S,
         metavar="SECONDS",
         help="how long to keep reconnecting to a grpc:// node agent that went away (default 30)",
     )
@@ -196,20 +197,33 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-def _live_source(spec: SourceSpec, args: argparse.Namespace, default_name: str = "dn1") -> object:
-    from csnd.reader.live import LiveOptions, LiveSource
-
-    if not args.slot or not args.publication:
-        raise ConfigError(f"live source {spec.target}: --slot and --publication are required")
-    opts = LiveOptions(
-        conninfo=spec.target,
+def live_config(args: argparse.Namespace) -> LiveSourceConfig:
+    """The live-source options of a command, checked (an --until-lsn that is no LSN is refused for any source)."""
+    return LiveSourceConfig(
         slot=args.slot,
         publication=args.publication,
         create_slot=args.create_slot,
         until_lsn=parse_lsn_arg(args.until_lsn) if args.until_lsn else None,
         binary=not args.text,
+        mode=args.mode,
     )
-    return LiveSource(spec.name or default_name, opts, mode=args.mode)
+
+
+def replay_config(args: argparse.Namespace) -> ReplayConfig:
+    return ReplayConfig(
+        sources=tuple(args.sources),
+        output=args.output,
+        decoders=args.decoders,
+        live=live_config(args),
+        agent_give_up_s=args.agent_give_up,
+        verbose=args.verbose,
+    )
+
+
+def node_config(args: argparse.Namespace) -> NodeAgentConfig:
+    return NodeAgentConfig(
+        source=args.source, listen=args.listen, decoders=args.decoders, live=live_config(args)
+    )
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -219,7 +233,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     spec = parse_source(args.source)
     if not spec.is_live:
         raise ConfigError(f"record needs a live source (postgresql://...), got {args.source!r}")
-    source = _live_source(spec, args)
+    source = open_live(spec, live_config(args))
     assert isinstance(source, LiveSource)
     summary = record(source, args.out)
     print(
@@ -228,6 +242,12 @@ def cmd_record(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def install_agent_runtime() -> None:
+    """What `csnd node` sets up before serving (for a caller that runs `serve` itself)."""
+    _tune_gc()
+    _start_decoder_server()
 
 
 def _start_decoder_server() -> None:
@@ -240,16 +260,16 @@ def _start_decoder_server() -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     if not all(parse_source(s).is_grpc for s in args.sources):  # node agents decode for themselves
         _start_decoder_server()
-    from csnd.replay import run_replay
+    from csnd.runtime.replay import run_replay
 
-    return run_replay(args)
+    return run_replay(replay_config(args))
 
 
 def cmd_node(args: argparse.Namespace) -> int:
     _start_decoder_server()
-    from csnd.agent import serve
+    from csnd.runtime.agent import serve
 
-    return serve(args)
+    return serve(node_config(args))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.decode_bench import write_wide_stream
+from csnd.testing.widestream import write_wide_stream
 
 PROBE = """
 import gc, sys, weakref

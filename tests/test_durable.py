@@ -11,7 +11,7 @@ from csnd.core import durable as writeback
 from csnd.core.durable import WRITEBACK_BYTES, Writeback
 from csnd.reader import streamfile
 from csnd.reader.streamfile import StreamHeader, StreamWriter
-from csnd.replay import _Output
+from csnd.runtime.jsonsink import JsonLinesSink as _Output
 
 
 def test_sync_file_range_is_found_on_this_linux() -> None:
@@ -58,8 +58,8 @@ def test_output_through_the_hint_is_every_byte_in_order(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     out = _Output(str(path))
     lines = [f'{{"n":{i},"pad":"{"y" * (i % 5000)}"}}' for i in range(12_000)]
-    for line in lines:
-        out.end_line(line)
+    for i, line in enumerate(lines):
+        out.end_transaction(i, line)
     out.commit()
     data = path.read_bytes()
     assert len(data) > 3 * WRITEBACK_BYTES
@@ -94,12 +94,12 @@ def test_replay_output_and_recordings_make_their_names_durable(
         w.sync()
     assert named == [str(rec)]
 
-    import csnd.replay
+    import csnd.runtime.jsonsink
 
     named.clear()
-    monkeypatch.setattr(csnd.replay, "sync_directory", named.append)
+    monkeypatch.setattr(csnd.runtime.jsonsink, "sync_directory", named.append)
     out = _Output(str(tmp_path / "o.jsonl"))
-    out.end_line("{}")
+    out.end_transaction(1, "{}")
     assert named == []
     out.commit()
     assert named == [str(tmp_path / "o.jsonl")] and (tmp_path / "o.jsonl").exists()
@@ -113,7 +113,7 @@ def test_a_failed_fsync_of_the_output_is_a_clear_error_and_keeps_the_partial(
     from csnd.core.errors import CsndError
 
     out = _Output(str(tmp_path / "o.jsonl"))
-    out.end_line("{}")
+    out.end_transaction(1, "{}")
 
     def fsync(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")

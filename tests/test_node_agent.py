@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -21,16 +20,27 @@ from tests.fixtures.pg import PgDatabase
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
+# `csnd node ARGS`, with the producer slowed down after each batch (injected,
+# so a kill lands mid-stream); sys.argv[1] is the delay in seconds.
+AGENT = """
+import sys, time
+from csnd import cli
+from csnd.runtime.agent import serve
+delay = float(sys.argv[1])
+args = cli.build_parser().parse_args(["node", *sys.argv[2:]])
+cli.install_agent_runtime()
+sys.exit(serve(cli.node_config(args), after_batch=(lambda: time.sleep(delay)) if delay else None))
+"""
+
 
 class Agent:
     def __init__(self, source: str, port: int = 0, delay_s: float = 0.0, extra: tuple[str, ...] = ()) -> None:
-        env = dict(os.environ, CSND_TEST_AGENT_DELAY_S=str(delay_s))
         self.proc = subprocess.Popen(
-            [*CSND, "node", source, "--listen", f"127.0.0.1:{port}", "--decoders", "1", *extra],
+            [sys.executable, "-c", AGENT, str(delay_s), source, "--listen", f"127.0.0.1:{port}"]
+            + ["--decoders", "1", *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
         )
         assert self.proc.stderr is not None
         line = self.proc.stderr.readline()
@@ -180,12 +190,10 @@ class _Slot:
 
 def test_the_final_ack_moves_the_slot_even_if_an_earlier_ack_carried_its_position() -> None:
     """A periodic Ack may carry the last position before the final one; the slot must still move at the end."""
-    from types import SimpleNamespace
-
-    from csnd.agent import AgentState
+    from csnd.runtime.agent import AgentState
 
     slot = _Slot()
-    state = AgentState(SimpleNamespace(source=slot))  # type: ignore[arg-type]
+    state = AgentState(slot)  # type: ignore[arg-type]  # (a node pipeline's confirm and confirm_final)
     state.ack((10, 0), 0x500, final=False)
     state.ack((10, 0), 0x500, final=True)
     assert slot.calls == [("confirm", 0x500), ("confirm_final", 0x500)]
@@ -253,7 +261,7 @@ def test_an_ack_before_the_first_batch_carries_no_position(cluster: Path, agents
     It used to try to encode the "before everything" position (-1, -1) and kill the ack thread with a
     traceback; a missing `received` is taken by the agent as nothing received.
     """
-    from csnd.remote import RemoteNode
+    from csnd.runtime.remote import RemoteNode
 
     agents.append(Agent(str(cluster / "dn1.pgstream")))
     node = RemoteNode(agents[0].url.removeprefix("grpc://"), name=None, give_up_s=10)

@@ -7,45 +7,31 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-from bench.decode_bench import write_wide_stream
-from csnd.decoder.pool import PoolStats
-from csnd.progress import ReplayProgress
 from csnd.reader.recorded import RecordedSource
+from csnd.runtime.progress import ReplayProgress, local_progress
+from csnd.testing.widestream import write_wide_stream
 
 
-class FakeFile:
-    def __init__(self) -> None:
-        self.fraction = 0.0
+class FakeInput:
+    """A node input as progress lines see it: a name and a few words on where it is."""
 
-    def read_fraction(self) -> float:
-        return self.fraction
+    def __init__(self, node: str, text: str) -> None:
+        self.node = node
+        self.text = text
 
-
-class FakePipeline:  # a local node's pipeline over a recorded file
-    node = "dn1"
-
-    def __init__(self) -> None:
-        self.source = FakeFile()
-        self.pool = SimpleNamespace(stats=PoolStats(changes=12_345), inbox_depths=lambda: [(4, 4), (0, 4)])
-
-
-class FakeRemote:  # a node agent: its own pipeline, decoding elsewhere
-    node = "dn2"
-
-    def __init__(self) -> None:
-        self.source = self
+    def progress_text(self) -> str:
+        return self.text
 
 
 def test_a_line_once_per_interval_with_what_was_written_and_where_each_node_is() -> None:
     clock = [100.0]
     out = io.StringIO()
-    local = FakePipeline()
-    p = ReplayProgress(out, [local, FakeRemote()], clock=lambda: clock[0], interval=2.0)
+    local = FakeInput("dn1", local_progress(None, 0, []))
+    p = ReplayProgress(out, [local, FakeInput("dn2", "remote")], clock=lambda: clock[0], interval=2.0)
     p.tick(101.0, 10, 1_000_000)
     assert out.getvalue() == ""  # not yet due
-    local.source.fraction = 0.25
+    local.text = local_progress(0.25, 12_345, [(4, 4), (0, 4)])
     p.tick(102.0, 500, 12_345_678)
     assert out.getvalue() == (
         "csnd replay: 500 transactions (12.3 MB) written, 250 a second; "
@@ -56,6 +42,10 @@ def test_a_line_once_per_interval_with_what_was_written_and_where_each_node_is()
     clock[0] = 110.0
     p.done(4_000, 80_000_000)
     assert out.getvalue().splitlines()[-1] == "csnd replay: done: 4,000 transactions (80.0 MB) in 10.0 s"
+
+
+def test_a_source_that_cannot_say_how_much_was_read_says_only_what_was_decoded() -> None:
+    assert local_progress(None, 7, [(0, 2)]) == "7 changes decoded, decoder inboxes 0/2"
 
 
 def test_a_recording_says_how_much_of_it_was_read(tmp_path: Path) -> None:
@@ -100,7 +90,7 @@ class BrokenStream:
 
 def test_a_stderr_that_went_away_silences_progress_and_fails_nothing() -> None:
     stream = BrokenStream()
-    p = ReplayProgress(stream, [FakeRemote()], clock=lambda: 0.0, interval=1.0)  # type: ignore[arg-type]
+    p = ReplayProgress(stream, [FakeInput("dn2", "remote")], clock=lambda: 0.0, interval=1.0)  # type: ignore[arg-type]
     p.tick(1.0, 1, 1)
     p.tick(2.0, 2, 2)
     p.done(3, 3)
@@ -141,15 +131,15 @@ def test_replay_reads_a_recording_from_standard_input(tmp_path: Path) -> None:
 
 PROBE_STOP_AT_COMMIT = """
 import os, signal, sys
-from csnd import replay
 from csnd.cli import main
-real_commit = replay._Output.commit
+from csnd.runtime.jsonsink import JsonLinesSink
+real_commit = JsonLinesSink.commit
 
 def commit_with_a_stop(self):
     os.kill(os.getpid(), signal.SIGTERM)  # a stop request lands in the closing fsync/rename
     real_commit(self)
 
-replay._Output.commit = commit_with_a_stop
+JsonLinesSink.commit = commit_with_a_stop
 sys.exit(main(["replay", sys.argv[1], "--output", sys.argv[2]]))
 """
 

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd import nodeitems, replay
 from csnd.coordinator import AloneOrder, CsnMerge, json_line
 from csnd.core.errors import ProtocolError
-from csnd.nodeitems import EndItem, Outbox, TxnItem, cut_batches
+from csnd.runtime import items
+from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
+from csnd.runtime.items import EndItem, Outbox, TxnItem, cut_batches
+from csnd.runtime.jsonsink import JsonLinesSink
 from csnd.sender.txn import FinishedTxn
 
 _TXN = st.tuples(
@@ -63,26 +65,26 @@ def test_lines_written_alone_are_the_merges_lines(
     tmp_path_factory: pytest.TempPathFactory, drawn: list[tuple[list[int], bool, str | None, int]], bound: int
 ) -> None:
     """Empty, one-cid, many-cid, in-memory and spilled transactions, cut at any batch bound."""
-    with mock.patch.object(nodeitems, "MERGE_BATCH_CHANGES", bound):
+    with mock.patch.object(items, "MERGE_BATCH_CHANGES", bound):
         expected = _through_the_merge(_txns(drawn))
         path = tmp_path_factory.mktemp("alone") / "out.jsonl"
-        out = replay._Output(str(path))
+        out = JsonLinesSink(str(path))
         order = AloneOrder("dn1")
         for txn in _txns(drawn):
-            replay._write_alone(out, txn, order)
+            write_alone(out, txn, order)
         out.commit()
     assert path.read_text(encoding="utf-8") == expected
-    assert out.lines == len(drawn)
+    assert out.transactions == len(drawn)
 
 
 def test_a_csn_that_does_not_increase_is_a_protocol_error(tmp_path: Path) -> None:
     first, second = _txns([([0], True, None, 5), ([0], True, "g", 6)])
     second.csn = first.csn
-    out = replay._Output(str(tmp_path / "out.jsonl"))
+    out = JsonLinesSink(str(tmp_path / "out.jsonl"))
     order = AloneOrder("dn1")
-    replay._write_alone(out, first, order)
+    write_alone(out, first, order)
     with pytest.raises(ProtocolError) as info:
-        replay._write_alone(out, second, order)
+        write_alone(out, second, order)
     e = info.value
     assert (e.node, e.xid, e.lsn) == ("dn1", second.xid, second.commit_lsn)
     assert "transaction g-1 (xid 701, csn 10, commit 0/914) was released after csn 10" in str(e)
@@ -110,19 +112,32 @@ def test_a_gid_seen_again_is_a_protocol_error_alone_as_through_the_merge() -> No
 
 
 class _LiveLike:
-    """A live source as `_merge_loop` sees it: a slot it confirms."""
+    """A lone local node with a slot, as the coordinator runtime sees it: no threads, everything queued."""
 
     node = "dn1"
-    confirmed_lsn = 0
+    mode = "single"
+    confirms = True
+    releases_whole = True
 
-    def __init__(self, output: Path) -> None:
+    def __init__(self, output: Path, queued: list[items.NodeItem]) -> None:
         self.output = output
+        self.out = Outbox(1)
+        self.out.put_many(queued)
         self.lines_then: list[int] = []
-        self.confirms: list[int] = []
+        self.confirms_seen: list[int] = []
         self.final: int | None = None
 
+    def start(self, wakeup: object) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def progress_text(self) -> str:
+        return ""
+
     def confirm(self, lsn: int) -> None:
-        self.confirms.append(lsn)
+        self.confirms_seen.append(lsn)
         self.lines_then.append(self.output.read_text(encoding="utf-8").count("\n"))  # written and synced
 
     def confirm_final(self, lsn: int) -> None:
@@ -135,22 +150,16 @@ def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed
     txns = _txns([([0], True, None, 5)] * n)
     for k, txn in enumerate(txns):
         txn.xid = 700 + k  # (the drawn list repeats one transaction)
-    source = _LiveLike(tmp_path / "out.jsonl.partial")
-    pipeline = replay.NodePipeline.__new__(replay.NodePipeline)  # the loop's view of one: no threads
-    pipeline.node, pipeline.source = "dn1", source
-    pipeline.out = Outbox(1)
-    pipeline.out.put_many([*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])  # all waiting at once
-    pipeline.start = lambda wakeup: None  # type: ignore[method-assign]
-    out = replay._Output(str(tmp_path / "out.jsonl"))
-    with mock.patch.object(replay, "CONFIRM_INTERVAL_S", 0.0):
-        replay._merge_loop([pipeline], out)
+    node = _LiveLike(tmp_path / "out.jsonl.partial", [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
+    out = JsonLinesSink(str(tmp_path / "out.jsonl"))
+    CoordinatorRuntime([node], out, confirm_interval_s=0.0).run()
     out.commit()
-    assert out.lines == n
-    assert len(source.confirms) >= 3  # one per round at least, before the stream ended
-    assert source.confirms == sorted(source.confirms) and source.confirms[0] > 0
-    for lsn, lines in zip(source.confirms, source.lines_then, strict=True):
+    assert out.transactions == n
+    assert len(node.confirms_seen) >= 3  # one per round at least, before the stream ended
+    assert node.confirms_seen == sorted(node.confirms_seen) and node.confirms_seen[0] > 0
+    for lsn, lines in zip(node.confirms_seen, node.lines_then, strict=True):
         assert lsn <= txns[lines - 1].end_lsn  # nothing confirmed before its line was on disk
-    assert source.final == txns[-1].end_lsn
+    assert node.final == txns[-1].end_lsn
 
 
 def test_an_os_error_reading_a_source_is_one_line_naming_node_file_and_partial(
@@ -159,9 +168,9 @@ def test_an_os_error_reading_a_source_is_one_line_naming_node_file_and_partial(
     """EIO in the middle of a recording: not a bare 'Input/output error', and the output is abandoned, not presented."""
     import errno
 
-    from bench.decode_bench import write_wide_stream
     from csnd.cli import main
     from csnd.reader import streamfile
+    from csnd.testing.widestream import write_wide_stream
 
     path = tmp_path / "s.pgstream"
     write_wide_stream(str(path), 3000, rows_per_txn=10)

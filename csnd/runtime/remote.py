@@ -1,7 +1,7 @@
 """`csnd replay grpc://HOST:PORT`: a node pipeline running in a node agent (`csnd node`).
 
-`RemoteNode` stands where a local `NodePipeline` would: the merge loop reads
-its queue of batches, watermarks and the end.  One thread holds the Stream
+`RemoteNode` is the `NodeInput` of a node agent: the coordinator runtime reads
+its `Outbox` of batches (already cut by the agent), watermarks and the end.  One thread holds the Stream
 RPC; it subscribes after the last position it received, acknowledges what
 arrived (with the LSN the merge says is durable, for the agent's slot), and
 on a lost connection reconnects with backoff -- the agent re-sends exactly
@@ -21,18 +21,18 @@ import grpc
 
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, position_to_pb
 from csnd.core.errors import ConfigError, ConnectionLost, CsndError
-from csnd.nodeitems import BatchItem, EndItem, WatermarkItem
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.runtime.config import AGENT_GIVE_UP_S
+from csnd.runtime.items import BatchItem, EndItem, NodeItem, Outbox, WatermarkItem
 
-# How long the coordinator keeps trying to reach a node agent that went away.
-GIVE_UP_S: Final = 30.0
 ACK_INTERVAL_S: Final = 0.5
 # Also acknowledge after this many batches (a quarter of the agent's window).
 ACK_EVERY_BATCHES: Final = 64
 # An agent sends a keepalive every second when idle; this much silence is a dead agent.
 SILENCE_S: Final = 10.0
 QUEUE_DEPTH: Final = 256
+# Both ends of the node agent's channel (the agent adds its server-side settings).
 CHANNEL_OPTIONS: Final = [
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 5000),
@@ -43,9 +43,13 @@ CHANNEL_OPTIONS: Final = [
 
 
 class RemoteNode:
-    """A node agent's output as a merge input; also its own `source` (confirm forwards to the agent)."""
+    """A node agent's output as a `NodeInput`; `confirm` forwards to the agent's slot with the next Ack."""
 
-    def __init__(self, address: str, name: str | None = None, give_up_s: float = GIVE_UP_S) -> None:
+    # The agent may stream a live slot: its confirmations are always forwarded.
+    confirms = True
+    releases_whole = False  # batches, already cut
+
+    def __init__(self, address: str, name: str | None = None, give_up_s: float = AGENT_GIVE_UP_S) -> None:
         self.address = address
         self.give_up_s = give_up_s
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
@@ -54,8 +58,7 @@ class RemoteNode:
         self.node: str = name or hello.node
         self.mode = hello.mode
         self.binary = hello.binary
-        self.source = self
-        self.out: queue.Queue[object] = queue.Queue(QUEUE_DEPTH)
+        self.out = Outbox(QUEUE_DEPTH)
         self.position: Position = BEFORE_ALL
         self._confirm = 0
         self._final = threading.Event()
@@ -80,11 +83,7 @@ class RemoteNode:
                     ) from None
                 time.sleep(0.5)
 
-    # --- the source interface the merge loop uses for live confirmation -------------
-
-    @property
-    def confirmed_lsn(self) -> int:
-        return self._confirm
+    # --- confirmation -----------------------------------------------------------------
 
     def confirm(self, lsn: int) -> None:
         self._confirm = max(self._confirm, lsn)
@@ -95,7 +94,10 @@ class RemoteNode:
         self._final.set()
         self._final_sent.wait(10)
 
-    # --- the pipeline interface -------------------------------------------------------
+    # --- the rest of the NodeInput interface -------------------------------------------
+
+    def progress_text(self) -> str:
+        return "remote"
 
     def start(self, wakeup: threading.Event) -> None:
         self._wakeup = wakeup
@@ -106,10 +108,10 @@ class RemoteNode:
         self._final.set()
         self.channel.close()
 
-    def _put(self, item: object) -> bool:
+    def _put(self, item: NodeItem) -> bool:
         while not self._stop.is_set():
             try:
-                self.out.put(item, timeout=0.5)
+                self.out.put_many([item], timeout=0.5)
                 assert self._wakeup is not None
                 self._wakeup.set()
                 return True

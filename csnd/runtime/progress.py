@@ -24,12 +24,12 @@ class ReplayProgress:
     def __init__(
         self,
         stream: TextIO,
-        pipelines: Sequence[Any],
+        inputs: Sequence[Any],
         clock: Callable[[], float] = time.monotonic,
         interval: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self.stream = stream
-        self._pipelines = pipelines
+        self._inputs = inputs  # NodeInput: .node, .progress_text()
         self._clock = clock
         self.interval = interval
         self._start = clock()
@@ -42,7 +42,7 @@ class ReplayProgress:
             return
         self._due = now + self.interval
         elapsed = max(now - self._start, 1e-9)
-        nodes = "".join(f"; {_node_state(p)}" for p in self._pipelines)
+        nodes = "".join(f"; {p.node}: {p.progress_text()}" for p in self._inputs)
         self._say(
             f"csnd replay: {transactions:,} transactions ({nbytes / 1e6:,.1f} MB) written, "
             f"{transactions / elapsed:,.0f} a second{nodes}\n"
@@ -65,15 +65,14 @@ class ReplayProgress:
             self._quiet = True
 
 
-def _node_state(pipeline: Any) -> str:
-    """`dn1: read 42%, 512,000 changes decoded, decoder inboxes 4/4 3/4` (what this node's pipeline knows)."""
+def local_progress(fraction: float | None, changes: int, inboxes: list[tuple[int, int]]) -> str:
+    """`read 42%, 512,000 changes decoded, decoder inboxes 4/4 3/4`: what a local pipeline knows.
+
+    `fraction` is None for what cannot say how much of it was read (pipes, live sources).
+    """
     parts = []
-    read_fraction = getattr(getattr(pipeline, "source", None), "read_fraction", None)
-    fraction = read_fraction() if read_fraction is not None else None
-    if fraction is not None:  # a regular recorded file; pipes, live sources and node agents do not know
+    if fraction is not None:
         parts.append(f"read {fraction * 100:.0f}%")
-    pool = getattr(pipeline, "pool", None)
-    if pool is not None:  # a local pipeline (a node agent decodes for itself)
-        inboxes = " ".join(f"{depth}/{capacity}" for depth, capacity in pool.inbox_depths())
-        parts.append(f"{pool.stats.changes:,} changes decoded, decoder inboxes {inboxes}")
-    return f"{pipeline.node}: {', '.join(parts) or 'remote'}"
+    listed = " ".join(f"{depth}/{capacity}" for depth, capacity in inboxes)
+    parts.append(f"{changes:,} changes decoded, decoder inboxes {listed}")
+    return ", ".join(parts)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csnd import nodeitems
-from csnd.nodeitems import EndItem, Outbox, WatermarkItem
+from csnd.runtime import items as nodeitems
+from csnd.runtime.items import EndItem, Outbox, WatermarkItem
 from csnd.sender.txn import FinishedTxn
 
 

@@ -1,8 +1,9 @@
-"""What a node pipeline hands to the merge loop, and how a transaction is cut into merge batches.
+"""What a node input hands to the coordinator runtime, and how a transaction is cut into merge batches.
 
-A local `NodePipeline` (csnd.replay) queues whole finished transactions; a
-node agent's client (csnd.remote) queues batches already cut by the agent
-with `cut_batches`, the same cut, so positions `<csn, index>` agree.
+A local `NodePipeline` (csnd.runtime.pipeline) queues whole finished
+transactions; a node agent's client (csnd.runtime.remote) queues batches
+already cut by the agent with `cut_batches`, the same cut, so positions
+`<csn, index>` agree.  Both queue through an `Outbox`.
 """
 
 from __future__ import annotations

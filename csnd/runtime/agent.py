@@ -17,14 +17,11 @@ coordinator sends in its acknowledgements.
 
 from __future__ import annotations
 
-import argparse
-import os
 import signal
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, Final
 
@@ -33,52 +30,46 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, position_from_pb
 from csnd.core.errors import ConfigError
-from csnd.nodeitems import EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.replay import NodePipeline, open_source
-from csnd.sources import parse_source
+from csnd.runtime.config import NodeAgentConfig
+from csnd.runtime.inputs import NodePipeline
+from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
+from csnd.runtime.remote import CHANNEL_OPTIONS
+from csnd.runtime.sources import open_source, parse_source
+from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
 
-# Batches produced but not yet acknowledged.  Larger: more slack over a slow
-# link; smaller: less memory (a batch is up to MERGE_BATCH_CHANGES changes).
-MAX_UNACKED: Final = 256
 # An idle stream sends a keepalive this often, so the coordinator can tell a
 # quiet node from a dead one.
 KEEPALIVE_S: Final = 1.0
-# Tests only: slow the producer down so a kill lands mid-stream.
-_TEST_DELAY_S: Final = float(os.environ.get("CSND_TEST_AGENT_DELAY_S", "0") or 0)
-GRPC_OPTIONS: Final = [
-    ("grpc.keepalive_time_ms", 5000),
-    ("grpc.keepalive_timeout_ms", 5000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-    ("grpc.max_send_message_length", 256 << 20),
-    ("grpc.max_receive_message_length", 256 << 20),
-]
-
-
-class _Entry:
-    __slots__ = ("seq", "pos", "msg")
-
-    def __init__(self, seq: int, pos: Position, msg: pb.AgentMessage) -> None:
-        self.seq = seq  # order within this agent's life
-        self.pos = pos  # order across restarts (a watermark carries the position before it)
-        self.msg = msg
+GRPC_OPTIONS: Final = [*CHANNEL_OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 1000)]
 
 
 class AgentState:
-    """The node pipeline's output as a window of unacknowledged messages."""
+    """The node pipeline's output as a window of unacknowledged messages.
 
-    def __init__(self, pipeline: NodePipeline) -> None:
+    `after_batch` is called by the producer after each batch it appended
+    (tests slow the producer down with it, so a kill lands mid-stream).
+    """
+
+    def __init__(
+        self,
+        pipeline: NodePipeline,
+        capacity: int = MAX_UNACKED,
+        after_batch: Callable[[], None] | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.cond = threading.Condition()
-        self.window: deque[_Entry] = deque()
-        self.acked: Position = BEFORE_ALL
-        self.seq = 0
+        self.window: AckWindow[pb.AgentMessage] = AckWindow(capacity)
         self.end: pb.AgentMessage | None = None
         self.generation = 0  # bumped by each new subscription; older streams stop
         self.stopping = False
         self.confirmed = 0
+        self._after_batch = after_batch
+
+    @property
+    def acked(self) -> Position:
+        return self.window.acked
 
     # --- producer (its own thread) ----------------------------------------------
 
@@ -96,13 +87,15 @@ class AgentState:
                         msg = pb.AgentMessage(
                             batch=batch_to_pb(batch, index, item.confirmable if index == 0 else None)
                         )
-                        self._append(pos, msg)
-                        if _TEST_DELAY_S:
-                            time.sleep(_TEST_DELAY_S)
+                        self._append(pos, msg, is_batch=True)
+                        if self._after_batch is not None:
+                            self._after_batch()
                 elif isinstance(item, WatermarkItem):
                     if item.csn < 0:
                         continue  # the sender has no watermark yet
-                    self._append(last_pos, pb.AgentMessage(watermark=pb.Watermark(csn=item.csn)), always=True)
+                    self._append(
+                        last_pos, pb.AgentMessage(watermark=pb.Watermark(csn=item.csn)), is_batch=False
+                    )
                 else:
                     assert isinstance(item, EndItem)
                     error = "" if item.error is None else str(item.error) or repr(item.error)
@@ -115,41 +108,32 @@ class AgentState:
                 self.end = pb.AgentMessage(end=pb.End(error=f"node agent failed: {e!r}"))
                 self.cond.notify_all()
 
-    def _append(self, pos: Position, msg: pb.AgentMessage, always: bool = False) -> None:
+    def _append(self, pos: Position, msg: pb.AgentMessage, is_batch: bool) -> None:
         with self.cond:
-            if not always and pos <= self.acked:
+            if is_batch and pos <= self.window.acked:
                 return  # the coordinator has it already (we restarted)
-            while len(self.window) >= MAX_UNACKED and not self.stopping:
+            while self.window.full and not self.stopping:
                 self.cond.wait(0.5)  # back-pressure: the pipeline waits for acknowledgements
-            self.seq += 1
-            self.window.append(_Entry(self.seq, pos, msg))
+            self.window.append(pos, msg, is_batch)
             self.cond.notify_all()
 
     # --- coordinator side -------------------------------------------------------
 
     def ack(self, received: Position, confirm_lsn: int, final: bool) -> None:
         with self.cond:
-            if received > self.acked:
-                self.acked = received
-            window = self.window
-            # A watermark stays until a later batch is acknowledged: it may not have arrived yet.
-            while window and (
-                window[0].pos < self.acked
-                or (window[0].pos == self.acked and window[0].msg.HasField("batch"))
-            ):
-                window.popleft()
+            self.window.ack(received)
             self.cond.notify_all()
-        source = self.pipeline.source
+        pipe = self.pipeline
         advanced = confirm_lsn > self.confirmed
         if advanced:
             self.confirmed = confirm_lsn
-        if final and hasattr(source, "confirm_final"):
+        if final:
             # Even when an earlier Ack already carried this position: once the
             # stream has ended (--until-lsn) only confirm_final moves the slot,
             # and it does nothing twice.
-            source.confirm_final(self.confirmed)
+            pipe.confirm_final(self.confirmed)
         elif advanced:
-            source.confirm(confirm_lsn)
+            pipe.confirm(confirm_lsn)
 
     def messages(
         self, generation: int, after: Position, active: threading.Event
@@ -161,35 +145,20 @@ class AgentState:
         node).
         """
         with self.cond:
-            if after > self.acked:
-                self.acked = after
+            self.window.ack(after)
         sent_seq = 0
         last_send = time.monotonic()
         while True:
-            entry: _Entry | None = None
+            entry: Entry[pb.AgentMessage] | None = None
             end: pb.AgentMessage | None = None
             with self.cond:
                 if self.generation != generation or self.stopping or not active.is_set():
                     return
-                window = self.window
-                if window:
-                    # seqs in the window are consecutive: jump to the first one not yet sent
-                    i = max(0, sent_seq + 1 - window[0].seq)
-                    while i < len(window):
-                        e = window[i]
-                        if e.pos > after or not e.msg.HasField("batch"):
-                            entry = e
-                            break
-                        sent_seq = e.seq  # at or before `after`: the coordinator has it
-                        i += 1
+                entry, sent_seq = self.window.next_to_send(sent_seq, after)
                 if entry is None:
-                    if self.window:
-                        sent_seq = max(sent_seq, self.window[-1].seq)
                     end = self.end
                     if end is None:
                         self.cond.wait(0.2)
-                else:
-                    sent_seq = entry.seq
             if entry is not None:
                 last_send = time.monotonic()
                 yield entry.msg
@@ -211,8 +180,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
         self.state = state
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.Hello:  # noqa: N802
-        src = self.state.pipeline.source
-        return pb.Hello(node=self.state.pipeline.node, mode=src.mode, binary=src.binary)
+        pipe = self.state.pipeline
+        return pb.Hello(node=pipe.node, mode=pipe.mode, binary=pipe.source.binary)
 
     def Stream(  # noqa: N802
         self, request_iterator: Iterator[pb.CoordinatorMessage], context: grpc.ServicerContext
@@ -261,26 +230,27 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
         yield from state.messages(generation, after, active)
 
 
-def serve(args: argparse.Namespace) -> int:
-    spec = parse_source(args.source)
+def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None) -> int:
+    """Serve until SIGTERM or Ctrl-C; `after_batch` as in `AgentState`."""
+    spec = parse_source(config.source)
     if spec.is_grpc:
         raise ConfigError("csnd node serves one database node or recorded file, not another agent")
-    source = open_source(spec, args, 0)
-    pipeline = NodePipeline(source, args.decoders)
-    state = AgentState(pipeline)
+    source = open_source(spec, config.live, 0)
+    pipeline = NodePipeline(source, config.decoders)
+    state = AgentState(pipeline, after_batch=after_batch)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
     pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     health_servicer.set("csnd.v1.NodeAgent", health_pb2.HealthCheckResponse.SERVING)
     try:
-        port = server.add_insecure_port(args.listen)
+        port = server.add_insecure_port(config.listen)
     except RuntimeError as e:
-        raise ConfigError(f"cannot listen on {args.listen}: {e}") from None
+        raise ConfigError(f"cannot listen on {config.listen}: {e}") from None
     if port == 0:
-        raise ConfigError(f"cannot listen on {args.listen}")
+        raise ConfigError(f"cannot listen on {config.listen}")
     server.start()
-    host = args.listen.rsplit(":", 1)[0]
+    host = config.listen.rsplit(":", 1)[0]
     print(f"csnd node {pipeline.node}: listening on {host}:{port}", file=sys.stderr, flush=True)
     threading.Thread(target=state.produce, daemon=True, name="csnd-agent-producer").start()
     stop = threading.Event()

@@ -3,7 +3,7 @@
 Both stop a run the same way -- as KeyboardInterrupt in the main thread, so
 the pipelines stop, the output is abandoned and one line says where it is --
 SIGTERM as `Terminated` (exit 143, Ctrl-C 130).  A node agent handles its
-own signals (`csnd.agent`).
+own signals (`csnd.runtime.agent`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,15 @@
+"""The runtime: the stages wired into running pipelines, for `csnd replay`, `csnd node` and the service.
+
+    NodeInput (inputs.NodePipeline: reader -> decoder pool -> sender, in a thread;
+               remote.RemoteNode: a node agent over gRPC)
+        └─ Outbox of items (items) ─► CoordinatorRuntime (coordinator) ─► Sink (sinks; jsonsink)
+                                         └─ ConfirmTracker (confirm) ─► confirm each slot
+
+`config` holds what a run is asked to do (built by the command line), `sources`
+turns SOURCE arguments into readers, `replay` wires one `csnd replay`, `agent`
+serves one node to a coordinator (its unacknowledged window: `window`),
+`progress` and `stopping` are the command line's manners while a run lasts.
+
+Nothing is imported here: each command imports the modules it needs (the
+decoders' fork server starts loading while the command line imports these).
+"""

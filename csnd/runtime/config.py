@@ -1,0 +1,71 @@
+"""What a run is asked to do, as plain values: built once by the command line (or a service), read by the runtime.
+
+The runtime never sees `argparse.Namespace`: the command line turns its
+arguments into these dataclasses (checking them on the way), and a service
+that embeds the runtime builds them the same way from its own configuration.
+`LiveSourceConfig.options` is the one place a live node's `LiveOptions` are
+made, for `replay`, `record` and `node` alike.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from csnd.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from csnd.reader.live import LiveOptions
+
+# How long the coordinator keeps trying to reach a node agent that went away.
+AGENT_GIVE_UP_S: Final = 30.0
+
+
+@dataclass(frozen=True)
+class LiveSourceConfig:
+    """How to stream a live node (the command line's "live sources" options)."""
+
+    slot: str | None = None
+    publication: str | None = None
+    create_slot: bool = False
+    until_lsn: int | None = None  # end at the first transaction boundary at or after it
+    binary: bool = True
+    mode: str = "single"
+
+    def options(self, conninfo: str) -> LiveOptions:
+        """The reader's options for the live node at `conninfo`; ConfigError if slot or publication is missing."""
+        from csnd.reader.live import LiveOptions
+
+        if not self.slot or not self.publication:
+            raise ConfigError(f"live source {conninfo}: --slot and --publication are required")
+        return LiveOptions(
+            conninfo=conninfo,
+            slot=self.slot,
+            publication=self.publication,
+            create_slot=self.create_slot,
+            until_lsn=self.until_lsn,
+            binary=self.binary,
+        )
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """`csnd replay`: the sources to merge and where the JSON lines go."""
+
+    sources: tuple[str, ...]
+    output: str | None = None  # None: standard output
+    decoders: int = field(default_factory=lambda: os.cpu_count() or 1)
+    live: LiveSourceConfig = field(default_factory=LiveSourceConfig)
+    agent_give_up_s: float = AGENT_GIVE_UP_S
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class NodeAgentConfig:
+    """`csnd node`: one source served to a coordinator over gRPC."""
+
+    source: str
+    listen: str
+    decoders: int = field(default_factory=lambda: os.cpu_count() or 1)
+    live: LiveSourceConfig = field(default_factory=LiveSourceConfig)

@@ -1,0 +1,309 @@
+"""The coordinator runtime: node inputs in, one CSN-ordered stream of transactions out through a sink.
+
+    NodeInput dn1 ─ Outbox ─┐                                        ┌─► Sink (JSON lines, changelog)
+    NodeInput dn2 ─ Outbox ─┼─► poll ─► CsnMerge ─► render (lines) ──┤
+    NodeInput dnK ─ Outbox ─┘   (this thread; back-pressure:         └─ make_durable ─► confirm each
+                                 a node is read only while the          ConfirmTracker's safe LSN
+                                 merge wants more of it)                to its input's slot
+
+One thread does everything here, in rounds: take from each input what the
+merge wants (`_poll`), hand the merge's events to the sink as lines
+(`_render`), then the timed duties (`_tick`: progress, and once a
+`confirm_interval_s` make the sink durable and confirm).  It sleeps on the
+inputs' shared wake-up event only when a round moved nothing.
+
+With one local node there is nothing to merge: its released transactions are
+written in the order they come (`_poll_alone`, `write_alone`), with the
+merge's own checks of a node's order kept (`coordinator.alone`).  The merge
+of one stream is the identity, and its keys, events and their objects were
+two thirds of this thread's work per transaction.
+
+Slots are confirmed only after the sink says the lines are durable: for each
+node, the end LSN up to which every committed transaction of that node is
+written (`ConfirmTracker`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Final
+
+from csnd.coordinator import (
+    JSON_TAIL,
+    AloneOrder,
+    CsnMerge,
+    NodeBatch,
+    NodeCommit,
+    TxnPart,
+    TxnStart,
+    json_changes,
+    json_head,
+)
+from csnd.core.errors import CsndError
+from csnd.runtime.confirm import ConfirmTracker
+from csnd.runtime.inputs import NodeInput
+from csnd.runtime.items import (
+    BatchItem,
+    EndItem,
+    NodeItem,
+    TxnItem,
+    WatermarkItem,
+    cut_batches,
+    whole_batch,
+    whole_list,
+)
+from csnd.runtime.jsonsink import OUTPUT_CHUNK_BYTES
+from csnd.runtime.progress import ReplayProgress
+from csnd.runtime.sinks import Sink
+from csnd.sender import FinishedTxn
+
+# How often the sink is made durable and slots confirmed.  Shorter: a slot
+# closer behind the output (less to re-read after a restart); longer: fewer
+# fsyncs.
+CONFIRM_INTERVAL_S: Final = 1.0
+# How long an idle round sleeps at most before looking again (an input wakes it sooner).
+IDLE_WAIT_S: Final = 0.2
+# Alone, how many transactions between looks at the clock for a due confirmation.
+_CLOCK_EVERY: Final = 64
+
+
+class CoordinatorRuntime:
+    """Merges `inputs` (in this order: it decides ties and the nodes' order in a line) into `sink`."""
+
+    def __init__(
+        self,
+        inputs: Sequence[NodeInput],
+        sink: Sink,
+        progress: ReplayProgress | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        confirm_interval_s: float = CONFIRM_INTERVAL_S,
+    ) -> None:
+        self.inputs = list(inputs)
+        self.sink = sink
+        self.progress = progress
+        self.clock = clock
+        self.confirm_interval_s = confirm_interval_s
+        self.merge = CsnMerge([p.node for p in self.inputs])
+        self.wakeup = threading.Event()
+        # Only an input with a slot has its writes tracked.
+        self.confirming = [p for p in self.inputs if p.confirms]
+        self.trackers = {p.node: ConfirmTracker() for p in self.confirming}
+        lone = self.inputs[0] if len(self.inputs) == 1 else None
+        self.alone = AloneOrder(lone.node) if lone is not None and lone.releases_whole else None
+        self.ended: set[str] = set()
+        self._feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
+        # The current transaction's text not yet handed to the sink, and whether its next part is its first.
+        self._line: list[str] = []
+        self._line_chars = 0
+        self._first_part = True
+        self._last_confirm = clock()
+
+    # --- the loop -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Until every input has ended and every line is written and durable; raises the first failure."""
+        for p in self.inputs:
+            p.start(self.wakeup)
+        inputs, ended, merge = self.inputs, self.ended, self.merge
+        while len(ended) < len(inputs) or merge.has_pending():
+            self.wakeup.clear()
+            progressed = False
+            for p in inputs:
+                if p.node not in ended and self._poll(p):
+                    progressed = True
+            if self._render():
+                progressed = True
+            self._tick(self.clock())
+            if not progressed:
+                self._check_stall()
+                self.wakeup.wait(IDLE_WAIT_S)
+        self._finish()
+
+    def _poll(self, p: NodeInput) -> bool:
+        """Take from `p` while the merge wants more of it; whether anything moved."""
+        if self.alone is not None:
+            return self._poll_alone(p)
+        node, merge, out = p.node, self.merge, p.out
+        tracker = self.trackers.get(node)
+        progressed = False
+        # A transaction goes in batch by batch, only while the merge wants
+        # more, so a huge (spilled) one is never read in whole.
+        while merge.wants_more(node):
+            if self._feed_more(node):
+                progressed = True
+                continue
+            try:
+                item = out.get_nowait()
+            except queue.Empty:
+                break
+            progressed = True
+            if not self._take(node, tracker, item):
+                break
+        return progressed
+
+    def _feed_more(self, node: str) -> bool:
+        """The next batch of the node's transaction being fed in, if any; whether one was added."""
+        batches = self._feeding.get(node)
+        if batches is None:
+            return False
+        batch = next(batches, None)
+        if batch is None:
+            self._feeding[node] = None
+            return False
+        self.merge.add_batch(node, batch)
+        return True
+
+    def _take(self, node: str, tracker: ConfirmTracker | None, item: NodeItem) -> bool:
+        """One item of `node` into the merge; False once the node has ended."""
+        if isinstance(item, TxnItem):
+            if tracker is not None:
+                tracker.on_release(item.confirmable)
+            whole = whole_batch(item.txn)
+            if whole is not None:
+                self.merge.add_batch(node, whole)
+            else:
+                self._feeding[node] = cut_batches(item.txn)
+        elif isinstance(item, BatchItem):  # a node agent's, already cut
+            if item.confirmable is not None and tracker is not None:
+                tracker.on_release(item.confirmable)
+            self.merge.add_batch(node, item.batch)
+        elif isinstance(item, WatermarkItem):
+            self.merge.add_watermark(node, item.csn)
+        else:
+            self._end(node, item)
+            return False
+        return True
+
+    def _poll_alone(self, p: NodeInput) -> bool:
+        """The lone local node: its transactions straight to the sink, a bounded round at a time.
+
+        A round ends after as many transactions as the merge would hold or,
+        for a node with a slot, once a confirmation is due, so a node that
+        releases faster than its lines are written still gets its slot
+        confirmed on time by `_tick`.
+        """
+        assert self.alone is not None
+        node, out, sink, order = p.node, p.out, self.sink, self.alone
+        tracker = self.trackers.get(node)
+        limit = self.merge.max_pending_batches
+        clock, interval = self.clock, self.confirm_interval_s
+        progressed = False
+        for taken in range(limit):
+            if (
+                tracker is not None
+                and taken % _CLOCK_EVERY == _CLOCK_EVERY - 1
+                and clock() - self._last_confirm >= interval
+            ):
+                break
+            try:
+                item = out.get_nowait()
+            except queue.Empty:
+                break
+            progressed = True
+            if type(item) is TxnItem:
+                if tracker is not None:
+                    tracker.on_release(item.confirmable)
+                    write_alone(sink, item.txn, order)
+                    tracker.on_written()
+                else:
+                    write_alone(sink, item.txn, order)
+            elif not self._take(node, tracker, item):
+                break
+        return progressed
+
+    def _end(self, node: str, item: EndItem) -> None:
+        if item.error is not None:
+            raise item.error
+        self.merge.node_ended(node)
+        self.ended.add(node)
+
+    # --- output ---------------------------------------------------------------------
+
+    def _render(self) -> bool:
+        """The merge's ready events as lines to the sink; whether there were any.
+
+        A transaction's line is gathered and handed to the sink once (most
+        lines are short); a big one goes out part by part.
+        """
+        events = self.merge.pop_events()
+        if not events:
+            return False
+        sink, trackers = self.sink, self.trackers
+        line, line_chars, first_part = self._line, self._line_chars, self._first_part
+        for ev in events:
+            if isinstance(ev, TxnStart):
+                line = [json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes)]
+                line_chars = 0
+                first_part = True
+            elif isinstance(ev, TxnPart):
+                text = json_changes(ev.node, ev.changes, first_part)
+                line.append(text)
+                line_chars += len(text)
+                first_part = False
+                if line_chars >= OUTPUT_CHUNK_BYTES:
+                    sink.write("".join(line))
+                    line, line_chars = [], 0
+            else:
+                line.append(JSON_TAIL)
+                sink.end_transaction(ev.csn, "".join(line))
+                line = []
+                for node in ev.nodes:
+                    tracker = trackers.get(node)
+                    if tracker is not None:
+                        tracker.on_written()
+        self._line, self._line_chars, self._first_part = line, line_chars, first_part
+        return True
+
+    # --- timed duties ---------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        if self.progress is not None:
+            self.progress.tick(now, self.sink.transactions, self.sink.bytes_out)
+        if self.confirming and now - self._last_confirm >= self.confirm_interval_s:
+            self._confirm(final=False)
+            self._last_confirm = now
+
+    def _confirm(self, final: bool) -> None:
+        """Make the sink durable, then move each slot to what that covers."""
+        self.sink.make_durable()
+        for p in self.confirming:
+            safe = self.trackers[p.node].on_durable()
+            if final:
+                p.confirm_final(safe)
+            else:
+                p.confirm(safe)
+
+    def _check_stall(self) -> None:
+        if len(self.ended) == len(self.inputs) and self.merge.has_pending():
+            raise CsndError("merge stalled with transactions pending after every node ended; this is a bug")
+
+    def _finish(self) -> None:
+        if self.confirming:
+            self._confirm(final=True)
+        else:
+            self.sink.make_durable()
+
+
+def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> None:
+    """Write the line of a transaction of the only node, as the merge would, after the merge's checks."""
+    csn = txn.csn
+    order.check(csn, txn.gid, txn.xid, txn.commit_lsn)
+    head = json_head(
+        csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
+    )
+    changes = whole_list(txn)
+    if changes is not None:  # the common case: one write per line, its text copied once
+        # (a bigger transaction goes out batch by batch below: its text is never held whole)
+        sink.end_transaction(csn, "".join((head, json_changes(txn.node, changes, True), JSON_TAIL)))
+        return
+    sink.write(head)
+    first = True
+    for batch in cut_batches(txn):  # a spilled transaction is read back batch by batch
+        if batch.changes:
+            sink.write(json_changes(txn.node, batch.changes, first))
+            first = False
+    sink.end_transaction(csn, JSON_TAIL)

@@ -1,0 +1,142 @@
+"""What the coordinator runtime reads: one `NodeInput` per node, local or remote.
+
+    NodePipeline: source ─► DecoderPool ─► NodeSender ─► Outbox   (this process, its own thread)
+    RemoteNode:   node agent ══ gRPC Stream ══► Outbox              (csnd.runtime.remote)
+
+Either way the runtime sees the same thing: a node name and CSN mode, an
+`Outbox` of items (`csnd.runtime.items`) it drains, a wake-up event the input
+sets when it put something there, and -- for an input with a slot behind it --
+`confirm(lsn)` to move the slot once the runtime's sink says the lines up to
+`lsn` are durable.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Final, Protocol
+
+from csnd.core.errors import CsndError
+from csnd.decoder.change import DecodedRun
+from csnd.decoder.pool import BATCH_END, DecoderPool
+from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
+from csnd.runtime.progress import local_progress
+from csnd.sender import NodeSender
+
+# Lists of finished transactions (or watermarks) waiting per node between its
+# pipeline thread and the coordinator.  Small: the merge keeps its own bounded buffer.
+NODE_QUEUE_DEPTH: Final = 64
+
+
+class NodeInput(Protocol):
+    """One node's stream as the coordinator runtime reads it."""
+
+    node: str
+    mode: str
+    out: Outbox  # what the runtime drains (one consumer thread)
+    # Whether the input has a slot behind it that `confirm` moves: only then
+    # are its lines tracked for confirmation.
+    confirms: bool
+    # Whether its items are whole transactions in release order (a local
+    # pipeline): a lone such input skips the merge.
+    releases_whole: bool
+
+    def start(self, wakeup: threading.Event) -> None:
+        """Start producing; `wakeup` is set after each hand-off to `out`."""
+
+    def stop(self) -> None:
+        """Stop producing and release what the input holds (idempotent; from any thread)."""
+
+    def confirm(self, lsn: int) -> None:
+        """Every transaction of this node committed before `lsn` is durable downstream."""
+
+    def confirm_final(self, lsn: int) -> None:
+        """As `confirm`, once the stream has ended: make the slot move even though streaming stopped."""
+
+    def progress_text(self) -> str:
+        """A few words on where the input is, for progress lines (`read 42%, ...`)."""
+
+
+class NodePipeline:
+    """reader -> decoder pool -> sender for one node, in its own thread."""
+
+    releases_whole = True
+
+    def __init__(self, source: Any, decoders: int) -> None:
+        self.source = source
+        self.node: str = source.node
+        self.mode: str = source.mode
+        self.confirms: bool = hasattr(source, "confirm_final")  # a live node's slot
+        enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
+        self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
+        self.sender = NodeSender(self.node, source.mode)
+        self.out = Outbox(NODE_QUEUE_DEPTH)
+        self.wakeup: threading.Event | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
+
+    def start(self, wakeup: threading.Event) -> None:
+        self.wakeup = wakeup
+        self.thread.start()
+
+    def confirm(self, lsn: int) -> None:
+        if self.confirms:
+            self.source.confirm(lsn)
+
+    def confirm_final(self, lsn: int) -> None:
+        if self.confirms:
+            self.source.confirm_final(lsn)
+
+    def progress_text(self) -> str:
+        read_fraction = getattr(self.source, "read_fraction", None)
+        fraction = read_fraction() if read_fraction is not None else None
+        return local_progress(fraction, self.pool.stats.changes, self.pool.inbox_depths())
+
+    def _put(self, items: list[NodeItem]) -> None:
+        while True:
+            try:
+                self.out.put_many(items, timeout=0.5)
+                break
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+        assert self.wakeup is not None
+        self.wakeup.set()
+
+    def _run(self) -> None:
+        released: list[NodeItem] = []  # handed on at the end of each decoder batch
+        try:
+            sender = self.sender
+            feed = sender.feed
+            last_wm: int | None = None
+            for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
+                if type(item) is DecodedRun:
+                    feed(lsn, item)  # changes release nothing and move no watermark
+                    continue
+                if item is BATCH_END:
+                    wm = sender.watermark
+                    if wm is not None and wm != last_wm:
+                        last_wm = wm  # the last one covers every transaction before it
+                        released.append(WatermarkItem(wm))
+                    if released:
+                        self._put(released)
+                        released = []
+                    if self._stop.is_set():  # (once a decoder batch: soon enough, and not per event)
+                        break
+                    continue
+                for txn in feed(lsn, item):
+                    released.append(TxnItem(txn, sender.confirmable_lsn))
+            if not self._stop.is_set():
+                sender.finish()
+            self._put([*released, EndItem()])
+        except OSError as e:  # reading the source: say which node and file
+            where = getattr(self.source, "path", None) or "its source"
+            err = CsndError(f"cannot read {where}: {e.strerror or e}", node=self.node)
+            self._put([*released, EndItem(err)])
+        except BaseException as e:  # noqa: BLE001 - handed to the coordinator thread
+            self._put([*released, EndItem(e)])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.source.close()
+        self.pool.close()

@@ -1,0 +1,98 @@
+"""`csnd replay`: the embedded pipeline over one or more sources, wired together.
+
+    source ─► DecoderPool ─► NodeSender ─┐  (NodePipeline: one thread per node, an Outbox each)
+    source ─► DecoderPool ─► NodeSender ─┼─► CoordinatorRuntime ─► JsonLinesSink ─► confirm live slots
+    node agent ══ gRPC ══► RemoteNode ───┘  (this thread)
+
+`run_replay` opens the sources and the output (a bad path fails before any
+decoder starts), runs the coordinator runtime, and on the way out either
+commits the output (FILE.partial renamed to FILE) or abandons it and says
+where the incomplete output is.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from csnd.coordinator import check_modes
+from csnd.core.errors import ConfigError, CsndError, os_error_text
+from csnd.runtime.config import ReplayConfig
+from csnd.runtime.coordinator import CoordinatorRuntime
+from csnd.runtime.inputs import NodeInput, NodePipeline
+from csnd.runtime.jsonsink import JsonLinesSink
+from csnd.runtime.progress import ReplayProgress
+from csnd.runtime.sinks import Sink
+from csnd.runtime.sources import SourceSpec, open_source, parse_source
+from csnd.runtime.stopping import ignore_stop_signals
+
+
+def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> Any:
+    """A SOURCE's reader-side object (a source, or a node agent's client: a whole `NodeInput`)."""
+    if spec.is_grpc:
+        from csnd.runtime.remote import RemoteNode
+
+        address = spec.target.removeprefix("grpc://").rstrip("/")
+        return RemoteNode(address, name=spec.name, give_up_s=config.agent_give_up_s)
+    return open_source(spec, config.live, index)
+
+
+def run_replay(config: ReplayConfig) -> int:
+    specs = [parse_source(s) for s in config.sources]
+    opened = [open_node(spec, config, i) for i, spec in enumerate(specs)]
+    names = [s.node for s in opened]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE")
+    check_modes({s.node: s.mode for s in opened})
+    sink = JsonLinesSink(config.output)  # before any decoder starts: a bad path fails at once
+    try:
+        inputs: list[NodeInput] = [
+            s if spec.is_grpc else NodePipeline(s, config.decoders)
+            for spec, s in zip(specs, opened, strict=True)
+        ]  # a node agent's client is a node input already
+    except BaseException:
+        sink.discard()  # nothing was written: leave no FILE.partial behind
+        raise
+    # Node order is name order, not command-line order: it decides the order
+    # of "nodes" in the output and ties inside one cid, which should not
+    # depend on how the sources were listed.
+    inputs.sort(key=lambda p: p.node)
+    progress = ReplayProgress(sys.stderr, inputs) if config.verbose or sys.stderr.isatty() else None
+    try:
+        CoordinatorRuntime(inputs, sink, progress).run()
+    except BaseException as e:
+        _stop_all(inputs)
+        raise _abandoned(e, sink) from None
+    # Every source ended and every line is written: the run is complete, and
+    # a Ctrl-C or SIGTERM now would only turn a finished output into a
+    # ".partial" reported as interrupted.  (The closing fsync is short: the
+    # output was written back as it grew.)
+    ignore_stop_signals()
+    try:
+        sink.commit()
+    finally:
+        _stop_all(inputs)
+    if progress is not None:
+        progress.done(sink.transactions, sink.bytes_out)
+    return 0
+
+
+def _stop_all(inputs: list[NodeInput]) -> None:
+    for p in inputs:
+        p.stop()
+
+
+def _abandoned(e: BaseException, sink: Sink) -> BaseException:
+    """The failure `e` of a run, its output abandoned, naming where the incomplete output is."""
+    try:
+        partial = sink.abandon()
+    except CsndError:  # (the output failing too: the first error is the one to tell)
+        partial = getattr(sink, "partial", None)
+    if isinstance(e, KeyboardInterrupt) and partial:
+        e.partial = partial  # type: ignore[attr-defined]  # (for the command line's one line)
+    if isinstance(e, OSError):  # not one of ours: still one line, with where the output is
+        e = CsndError(os_error_text(e))
+    if partial and isinstance(e, CsndError):
+        e.args = (f"{e}; the incomplete output is in {partial}",)
+    return e

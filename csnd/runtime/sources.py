@@ -1,0 +1,76 @@
+"""SOURCE arguments (DESIGN section 8): `[NAME=]PATH`, `[NAME=]postgresql://...` or `grpc://HOST:PORT`.
+
+`parse_source` reads the text (no I/O beyond asking whether a file of that
+name exists); `open_source` makes the reader-side object for one: a live
+node's `LiveSource` or a `RecordedSource` (a node agent is a whole node input
+of its own: `csnd.runtime.remote`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from csnd.core.errors import ConfigError
+from csnd.core.ids import lsn_from_str
+from csnd.runtime.config import LiveSourceConfig
+
+_NAME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
+
+
+@dataclass
+class SourceSpec:
+    name: str | None
+    target: str
+
+    @property
+    def is_live(self) -> bool:
+        return self.target.startswith(("postgresql://", "postgres://")) or (
+            "=" in self.target and "host" in self.target and not os.path.exists(self.target)
+        )
+
+    @property
+    def is_grpc(self) -> bool:
+        return self.target.startswith("grpc://")
+
+    @property
+    def is_file(self) -> bool:
+        return not self.is_live and not self.is_grpc
+
+
+def parse_source(text: str) -> SourceSpec:
+    if text.startswith(("postgresql://", "postgres://", "grpc://")):
+        return SourceSpec(None, text)
+    m = _NAME_RE.match(text)
+    if m and not os.path.exists(text):
+        return SourceSpec(m.group(1), m.group(2))
+    return SourceSpec(None, text)
+
+
+def parse_lsn_arg(text: str) -> int:
+    try:
+        return lsn_from_str(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def open_live(spec: SourceSpec, live: LiveSourceConfig, default_name: str = "dn1") -> Any:
+    """The `LiveSource` of a live node's SOURCE (not yet connected)."""
+    from csnd.reader.live import LiveSource
+
+    return LiveSource(spec.name or default_name, live.options(spec.target), mode=live.mode)
+
+
+def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> Any:
+    """A live node's or a recorded file's source object; `index` names an unnamed live node dn<index+1>."""
+    if spec.is_grpc:
+        raise ConfigError(f"{spec.target} is a node agent, not a source to read")
+    if spec.is_live:
+        return open_live(spec, live, f"dn{index + 1}")
+    if not os.path.exists(spec.target):
+        raise ConfigError(f"source {spec.target!r}: no such file (a live node is postgresql://...)")
+    from csnd.reader.recorded import RecordedSource
+
+    return RecordedSource(spec.target, name=spec.name)

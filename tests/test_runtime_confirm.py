@@ -1,0 +1,156 @@
+"""What guards a source's slot: `ConfirmTracker` and the node agent's `AckWindow`, against brute-force models.
+
+Invariant 7: a slot is never confirmed past a commit whose transaction is not
+durable downstream -- a slot confirmed to an LSN never sends again what
+committed before it.  The machines below release transactions whose commits
+are out of LSN order (a GTM node releases in CSN order), write and make them
+durable at arbitrary moments, and check the tracker after every step.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from csnd.coordinator.wire import BEFORE_ALL, Position
+from csnd.runtime.confirm import ConfirmTracker
+from csnd.runtime.window import AckWindow
+
+
+class ConfirmMachine(RuleBasedStateMachine):
+    """Transactions i = 0..n-1 released in this order; commit LSN c_i (any order), end LSN c_i + 8."""
+
+    @initialize(slots=st.lists(st.integers(1, 200), unique=True, min_size=1, max_size=25))
+    def setup(self, slots: list[int]) -> None:
+        self.commits = [16 * s for s in slots]  # multiples of 16: c_j < c_i + 8 exactly when c_j <= c_i
+        self.tracker = ConfirmTracker()
+        self.released = self.written = self.durable = 0
+        self.reports: list[int] = []  # the sender's confirmable after each release
+
+    def confirmable(self, released: int) -> int:
+        """What a sender may report: the end LSN of a released commit with every commit at or before it released."""
+        done = self.commits[:released]
+        ok = [c + 8 for c in done if all(j < released for j, cj in enumerate(self.commits) if cj <= c)]
+        return max(ok, default=0)
+
+    @precondition(lambda self: self.released < len(self.commits))
+    @rule()
+    def release(self) -> None:
+        self.released += 1
+        report = self.confirmable(self.released)
+        self.reports.append(report)
+        self.tracker.on_release(report)
+
+    @precondition(lambda self: self.written < self.released)
+    @rule()
+    def write(self) -> None:  # a node's transactions reach the sink in release order
+        self.written += 1
+        self.tracker.on_written()
+
+    @rule()
+    def make_durable(self) -> None:
+        before = self.tracker.safe
+        self.durable = self.written
+        assert self.tracker.on_durable() == self.tracker.safe >= before
+
+    @invariant()
+    def checks(self) -> None:
+        self.tracker._check()
+
+    @invariant()
+    def never_past_a_commit_that_is_not_durable(self) -> None:
+        pending = self.commits[self.durable :]  # not durable: released or not
+        assert all(self.tracker.safe <= c for c in pending), (self.tracker.safe, pending)
+
+    @invariant()
+    def as_far_as_what_is_durable_allows(self) -> None:
+        # The largest report covered by durable transactions: the tracker holds nothing back.
+        assert self.tracker.safe == max(self.reports[: self.durable], default=0)
+
+    def teardown(self) -> None:
+        # Once everything is released, written and durable, the slot may go to the end of the last commit.
+        while self.released < len(self.commits):
+            self.release()
+        while self.written < self.released:
+            self.write()
+        self.make_durable()
+        self.checks()
+        assert self.tracker.safe == max(self.commits) + 8
+
+
+TestConfirmTracker = ConfirmMachine.TestCase
+TestConfirmTracker.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class WindowMachine(RuleBasedStateMachine):
+    """An agent's producer appends batches and watermarks; coordinators acknowledge and subscribe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.window: AckWindow[str] = AckWindow(capacity=4)  # small: `full` is reached often
+        self.next_csn = 1
+        self.last_pos: Position = BEFORE_ALL
+        self.acked: Position = BEFORE_ALL
+        self.model: list[tuple[int, Position, bool]] = []  # (seq, pos, is batch) the window must hold
+        self.seq = 0
+
+    def _appended(self, pos: Position, is_batch: bool) -> None:
+        kept = self.window.append(pos, f"{pos}", is_batch)
+        assert kept == (not is_batch or pos > self.acked)  # only a batch the coordinator has is dropped
+        if kept:
+            self.seq += 1
+            self.model.append((self.seq, pos, is_batch))
+
+    @rule(parts=st.integers(1, 3))
+    def produce_transaction(self, parts: int) -> None:
+        for index in range(parts):
+            self.last_pos = (self.next_csn, index)
+            self._appended(self.last_pos, True)
+        self.next_csn += 1
+
+    @rule()
+    def produce_watermark(self) -> None:
+        self._appended(self.last_pos, False)
+
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        """An Ack, or a new subscription's `after` (possibly ahead of this agent: it restarted)."""
+        received = data.draw(
+            st.tuples(st.integers(-1, self.next_csn + 2), st.integers(-1, 3)).map(
+                lambda p: p if p[0] >= 0 else BEFORE_ALL
+            )
+        )
+        self.window.ack(received)
+        self.acked = max(self.acked, received)
+        # The oracle: a batch goes once the coordinator has it; a watermark once a later position is acknowledged.
+        self.model = [
+            (seq, pos, batch)
+            for seq, pos, batch in self.model
+            if (pos > self.acked if batch else pos >= self.acked)
+        ]
+
+    @rule(data=st.data())
+    def send(self, data: st.DataObject) -> None:
+        """What a subscriber at `after` that was sent up to `sent_seq` gets next, against a scan of the model."""
+        sent_seq = data.draw(st.integers(0, self.seq + 1))
+        after = data.draw(st.sampled_from([BEFORE_ALL, self.acked, self.last_pos]))
+        entry, new_seq = self.window.next_to_send(sent_seq, after)
+        wanted = [
+            (seq, pos) for seq, pos, batch in self.model if seq > sent_seq and (not batch or pos > after)
+        ]
+        if wanted:
+            assert entry is not None and (entry.seq, entry.pos) == wanted[0] and new_seq == entry.seq
+        else:
+            assert entry is None
+            assert new_seq == max([sent_seq, *(seq for seq, _, _ in self.model)])
+
+    @invariant()
+    def holds_exactly_what_is_unacknowledged(self) -> None:
+        self.window._check()
+        assert [(e.seq, e.pos, e.is_batch) for e in self.window.entries] == self.model
+        assert self.window.full == (len(self.model) >= 4)
+
+
+TestAckWindow = WindowMachine.TestCase
+TestAckWindow.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
