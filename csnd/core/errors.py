@@ -12,7 +12,11 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   └── DecodeError      tuple data that cannot be turned into values
     ├── SourceError          a live source failed (connection, slot, server)
     │   └── ConnectionLost   the connection dropped; the reader may reconnect
-    └── WorkerError          a decoder worker died or failed
+    ├── WorkerError          a decoder worker died or failed
+    └── ChangefeedError      a changefeed consumer cannot go on (csnd.consumers.client)
+        ├── ChangefeedUnavailable      nothing answers at the service's address
+        ├── ChangefeedUnauthenticated  the service refused the token (or its absence)
+        └── ChangefeedRejected         the service refused the request as malformed
 """
 
 from __future__ import annotations
@@ -112,6 +116,22 @@ class ConnectionLost(SourceError):
 
 class WorkerError(CsndError):
     """A decoder worker process died or raised; the run stops."""
+
+
+class ChangefeedError(CsndError):
+    """A consumer of the changefeed cannot go on; reconnecting would not help."""
+
+
+class ChangefeedUnavailable(ChangefeedError):
+    """Nothing answers at the service's address (at the first connect, or for too long after)."""
+
+
+class ChangefeedUnauthenticated(ChangefeedError):
+    """The service wants a bearer token this consumer does not have (gRPC UNAUTHENTICATED)."""
+
+
+class ChangefeedRejected(ChangefeedError):
+    """The service refused the request itself, e.g. a malformed table filter (INVALID_ARGUMENT)."""
 
 
 def os_error_text(e: OSError) -> str:
