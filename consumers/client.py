@@ -29,6 +29,7 @@ it is iterated again -- nothing is lost either way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -138,6 +139,7 @@ class _Call:
         self.requests: queue.Queue[object] = queue.Queue()
         self.done = threading.Event()
         self.subscribed: pb.Subscribed | None = None
+        assert feed._stub is not None
         self.call = feed._stub.Subscribe(self._request_iter(start), metadata=feed._md)
         self.thread = threading.Thread(target=self._read, name="csnd-feed-responses", daemon=True)
         self.thread.start()
@@ -400,10 +402,8 @@ class Changefeed:
             call.requests.put(_CLOSE)
             deadline = time.monotonic() + CLOSE_TIMEOUT_S
             while call.thread.is_alive() and time.monotonic() < deadline:
-                try:
+                with contextlib.suppress(queue.Empty):
                     self._inbox.get(timeout=0.05)  # (make room: the response thread may be blocked)
-                except queue.Empty:
-                    pass
             call.cancel()
         if self._channel is not None:
             self._channel.close()

@@ -22,7 +22,6 @@ and closes finds its mark stored.
 
 from __future__ import annotations
 
-import queue
 import re
 import threading
 import time
@@ -101,7 +100,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self.subscriptions = subscriptions
         self.status_source = status
         self.settings = settings or FeedSettings()
-        self.directory = directory
+        self.directory = directory or getattr(log, "directory", "")
         self.lock = threading.Lock()
         self.registry = ConsumerRegistry.from_store(subscriptions.all() if subscriptions else {})
         self._store_lock = threading.Lock()
@@ -117,7 +116,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         stream = _Stream()
         context.add_callback(stream.registered.set)
         threading.Thread(
-            target=self._read_requests, args=(request_iterator, stream), name="csnd-feed-requests", daemon=True
+            target=self._read_requests,
+            args=(request_iterator, stream),
+            name="csnd-feed-requests",
+            daemon=True,
         ).start()
         if not stream.got_first.wait(s.first_message_timeout_s):
             _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "no SubscribeStart message arrived in time")
@@ -153,7 +155,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         try:
             log = self.log
             yield pb.SubscribeResponse(
-                subscribed=pb.Subscribed(after_csn=after, oldest_csn=log.oldest_csn, newest_csn=log.durable_csn)
+                subscribed=pb.Subscribed(
+                    after_csn=after, oldest_csn=log.oldest_csn, newest_csn=log.durable_csn
+                )
             )
             yield from self._stream(consumer.id, after, records, filt, stream, context)
         finally:
@@ -201,7 +205,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self,
         cid: int,
         after: int,
-        records: Iterator[Record],
+        records: Iterator[Record] | None,
         filt: TableFilter,
         stream: _Stream,
         context: grpc.ServicerContext,
@@ -214,6 +218,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         while True:
             seen = 0
             try:
+                if records is None:
+                    records = log.read(pos)
                 for csn, line in records:
                     pos = csn
                     kept = filt.keep(line)
@@ -244,7 +250,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             if now - self._last_store >= s.store_interval_s:
                 self._store_marks()
             log.wait_durable(pos, min(WAIT_S, max(0.0, next_keepalive - time.monotonic())))
-            records = log.read(pos)
+            records = None
 
     def _sent(self, cid: int, csn: int, transactions: int) -> None:
         with self.lock:
@@ -258,7 +264,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             return True
         with self.lock:
             consumer = self.registry.consumers.get(cid)
-            silent = consumer is not None and time.monotonic() - consumer.last_heard > self.settings.client_timeout_s
+            silent = (
+                consumer is not None
+                and time.monotonic() - consumer.last_heard > self.settings.client_timeout_s
+            )
         if consumer is None:
             _abort(
                 context,

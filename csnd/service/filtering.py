@@ -26,7 +26,6 @@ _PART: Final = r'(?:[^."\s]+|"(?:[^"]|"")+")'
 _FILTER: Final = re.compile(rf"({_PART})\.({_PART})")
 
 _scan: Final = json.JSONDecoder().raw_decode
-_space: Final = re.compile(r"[ \t\n\r]*")
 _encode: Final = json.JSONEncoder(ensure_ascii=False).encode
 
 
@@ -92,38 +91,43 @@ def _changes(text: str) -> tuple[int, int, list[tuple[int, int, object, object]]
     Walks the top-level object with the json module's own scanner, so every
     value (strings with brackets or quotes in them included) is skipped exactly.
     """
-    space = _space.match
+
+    def space(text: str, i: int) -> int:
+        while i < len(text) and text[i] in " \t\n\r":
+            i += 1
+        return i
+
     try:
-        i = space(text, 0).end()
+        i = space(text, 0)
         if text[i] != "{":
             raise ValueError("not a JSON object")
-        i = space(text, i + 1).end()
+        i = space(text, i + 1)
         found: tuple[int, int, list[tuple[int, int, object, object]]] | None = None
         while text[i] != "}":
             key, i = _scan(text, i)
-            i = space(text, i).end()
+            i = space(text, i)
             if text[i] != ":":
                 raise ValueError(f"no ':' at offset {i}")
-            i = space(text, i + 1).end()
+            i = space(text, i + 1)
             if key == "changes" and text[i] == "[":
                 open_at = i
                 spans: list[tuple[int, int, object, object]] = []
-                i = space(text, i + 1).end()
+                i = space(text, i + 1)
                 while text[i] != "]":
                     change, end = _scan(text, i)
                     if not isinstance(change, dict):
                         raise ValueError(f"a change at offset {i} is not an object")
                     spans.append((i, end, change.get("schema"), change.get("table")))
-                    i = space(text, end).end()
+                    i = space(text, end)
                     if text[i] == ",":
-                        i = space(text, i + 1).end()
+                        i = space(text, i + 1)
                 found = (open_at, i, spans)
                 i += 1
             else:
                 _, i = _scan(text, i)
-            i = space(text, i).end()
+            i = space(text, i)
             if text[i] == ",":
-                i = space(text, i + 1).end()
+                i = space(text, i + 1)
     except (IndexError, json.JSONDecodeError) as e:
         raise ValueError(f"not a transaction line: {e}") from None
     if found is None:
