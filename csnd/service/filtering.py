@@ -33,50 +33,62 @@ def _unquote(part: str) -> str:
     return part[1:-1].replace('""', '"') if part.startswith('"') else part
 
 
-def parse_table(spec: str) -> tuple[str, str]:
-    """`schema.table` -> (schema, table); ValueError with a message a person understands."""
+def parse_table(spec: str) -> tuple[str, str | None]:
+    """`schema.table` -> (schema, table), `schema.*` -> (schema, None: every table of it).
+
+    ValueError with a message a person understands.  `"*"` quoted is a table named *.
+    """
     m = _FILTER.fullmatch(spec)
-    if m is None:
+    if m is None or m.group(1) == "*":  # (no wildcard schema; a schema named * is written "*")
         raise ValueError(
-            f"table filter {spec!r} is not SCHEMA.TABLE (for example public.accounts; "
-            'double-quote a name that holds a dot: public."a.b")'
+            f"table filter {spec!r} is not SCHEMA.TABLE (for example public.accounts, or public.* for "
+            'every table of a schema; double-quote a name that holds a dot: public."a.b")'
         )
-    return _unquote(m.group(1)), _unquote(m.group(2))
+    return _unquote(m.group(1)), None if m.group(2) == "*" else _unquote(m.group(2))
 
 
 class TableFilter:
     """The tables one subscriber asked for; empty: every table (`keep` returns the line as is)."""
 
-    __slots__ = ("tables", "_needles")
+    __slots__ = ("tables", "schemas", "_needles")
 
     def __init__(self, specs: Iterable[str] = ()) -> None:
-        self.tables: frozenset[tuple[str, str]] = frozenset(parse_table(s) for s in specs)
+        parsed = [parse_table(s) for s in specs]
+        self.tables = frozenset((s, t) for s, t in parsed if t is not None)
+        self.schemas = frozenset(s for s, t in parsed if t is None)  # (schema.*)
         # A cheap first test: a line that holds none of these texts has no
         # change of ours (the writer encodes names exactly so); a line that
         # holds one is parsed to be sure.
-        self._needles = tuple({f'"table": {_encode(t)}'.encode() for _, t in self.tables})
+        self._needles = tuple(
+            {f'"table": {_encode(t)}'.encode() for _, t in self.tables}
+            | {f'"schema": {_encode(s)}'.encode() for s in self.schemas}
+        )
 
     def __bool__(self) -> bool:
-        return bool(self.tables)
+        return bool(self._needles)
 
     def keep(self, line: bytes) -> bytes | None:
         """The line with only the changes of our tables; None if no change is left."""
-        if not self.tables:
+        if not self._needles:
             return line
         if not any(n in line for n in self._needles):
             return None
-        return filter_line(line, self.tables)
+        return filter_line(line, self.tables, self.schemas)
 
 
-def filter_line(line: bytes, tables: frozenset[tuple[str, str]]) -> bytes | None:
-    """`line` with only the changes whose (schema, table) is in `tables`; None if none is.
+def filter_line(
+    line: bytes, tables: frozenset[tuple[str, str]], schemas: frozenset[str] = frozenset()
+) -> bytes | None:
+    """`line` with only the changes whose (schema, table) is in `tables` or schema in `schemas`; None if none is.
 
     The very line is returned when every change is kept.  ValueError when the
     line is not a transaction object with a `changes` array.
     """
     text = line.decode("utf-8")
     open_at, close_at, spans = _changes(text)
-    kept = [(start, end) for start, end, schema, table in spans if (schema, table) in tables]
+    kept = [
+        (start, end) for start, end, schema, table in spans if (schema, table) in tables or schema in schemas
+    ]
     if not kept:
         return None
     if len(kept) == len(spans):
