@@ -256,7 +256,9 @@ def test_an_ack_of_what_was_never_sent_is_invalid(log: Changelog) -> None:
         feed = Changefeed(srv.address)
         drain(feed, 3)
         feed.ack(99)
-        with pytest.raises(ChangefeedRejected, match="acknowledged csn 99, but the newest transaction sent is csn 3"):
+        with pytest.raises(
+            ChangefeedRejected, match="acknowledged csn 99, but the newest transaction sent is csn 3"
+        ):
             feed.next(timeout=30)
     finally:
         srv.stop()
@@ -335,7 +337,13 @@ def test_health_reflection_and_status(log: Changelog) -> None:
         assert (cl.oldest_csn, cl.newest_csn, cl.segments) == (1, 10, 1) and cl.bytes > 0
         assert cl.directory == log.directory
         (c,) = status.consumers
-        assert (c.name, c.acknowledged_csn, c.sent_csn, c.lag_transactions, c.transactions_sent) == ("", 7, 10, 3, 6)
+        assert (c.name, c.acknowledged_csn, c.sent_csn, c.lag_transactions, c.transactions_sent) == (
+            "",
+            7,
+            10,
+            3,
+            6,
+        )
         with pytest.raises(ChangefeedRejected, match="keeps no named subscriptions"):
             Changefeed(srv.address, name="x").next(timeout=30)
     finally:
@@ -353,7 +361,7 @@ def test_client_reconnects_without_gap_or_duplicate(tmp_path: object) -> None:
     feed = Changefeed(srv.address, give_up=60)
     got = drain(feed, 300)
     for round_ in range(3):
-        wait_for(lambda: srv.servicer.snapshot().consumers, "the client to be subscribed here")
+        wait_for(lambda s=srv: s.servicer.snapshot().consumers, "the client to be subscribed here")
         srv.stop(grace=0.5)
         srv = serve(log, settings=settings, listen=f"127.0.0.1:{port}")
         got += drain(feed, 300)

@@ -44,7 +44,10 @@ def transactions(draw: st.DrawFn) -> dict[str, object]:
         "csn": draw(st.integers(1, 2**63)),
         "gid": draw(st.none() | st.text(max_size=8)),
         "commit_time": "2026-11-22T10:00:00.123456+00:00",
-        "nodes": {"dn1": {"xid": 745, "commit_lsn": "0/16B3748"}, draw(names): {"xid": 1, "commit_lsn": "0/1"}},
+        "nodes": {
+            "dn1": {"xid": 745, "commit_lsn": "0/16B3748"},
+            draw(names): {"xid": 1, "commit_lsn": "0/1"},
+        },
         "changes": changes,
     }
 
