@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from csnd import __version__
+from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.core.ids import lsn_to_str
 from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster and merge it, in process and with one node agent process per node over gRPC, "
         "checking both against the generator's expected output. Writes to demo-out/.",
     )
+    add_subscribe_parser(sub)
     return parser
 
 
@@ -158,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _tune_gc()
-    if args.command in ("replay", "record"):  # (a node agent handles SIGTERM itself)
+    if args.command in ("replay", "record", "subscribe"):  # (a node agent handles SIGTERM itself)
         install_stop_handlers()
     try:
         return int(COMMANDS[args.command](args))
@@ -301,6 +303,7 @@ COMMANDS = {
     "node": cmd_node,
     "generate": cmd_generate,
     "demo": cmd_demo,
+    "subscribe": cmd_subscribe,
 }
 
 if __name__ == "__main__":

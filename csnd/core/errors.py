@@ -14,7 +14,11 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   └── ConnectionLost   the connection dropped; the reader may reconnect
     ├── WorkerError          a decoder worker died or failed
     ├── ChangelogCorrupt     a changelog damaged before its tail (names file and offset)
-    └── CsnOutOfRange        a read from a CSN that retention has dropped
+    ├── CsnOutOfRange        a read from a CSN that retention has dropped
+    └── ChangefeedError      a changefeed consumer cannot go on (csnd.consumers.client)
+        ├── ChangefeedUnavailable      nothing answers at the service's address
+        ├── ChangefeedUnauthenticated  the service refused the token (or its absence)
+        └── ChangefeedRejected         the service refused the request as malformed
 """
 
 from __future__ import annotations
@@ -136,6 +140,22 @@ class CsnOutOfRange(CsndError):
         self.csn = csn
         self.oldest_csn = oldest_csn
         super().__init__(message)
+
+
+class ChangefeedError(CsndError):
+    """A consumer of the changefeed cannot go on; reconnecting would not help."""
+
+
+class ChangefeedUnavailable(ChangefeedError):
+    """Nothing answers at the service's address (at the first connect, or for too long after)."""
+
+
+class ChangefeedUnauthenticated(ChangefeedError):
+    """The service wants a bearer token this consumer does not have (gRPC UNAUTHENTICATED)."""
+
+
+class ChangefeedRejected(ChangefeedError):
+    """The service refused the request itself, e.g. a malformed table filter (INVALID_ARGUMENT)."""
 
 
 def os_error_text(e: OSError) -> str:
