@@ -134,7 +134,9 @@ def test_bad_listen_addresses_and_thresholds_are_config_errors() -> None:
         Thresholds.from_mapping({"lag": 3})
     with pytest.raises(ConfigError, match="lag_seconds_amber <= lag_seconds_red"):
         Thresholds.from_mapping({"lag_seconds_amber": 100, "lag_seconds_red": 5})
-    assert Thresholds.from_mapping({"consumer_lag_amber": "50", "consumer_lag_red": 500}).consumer_lag_red == 500
+    assert (
+        Thresholds.from_mapping({"consumer_lag_amber": "50", "consumer_lag_red": 500}).consumer_lag_red == 500
+    )
 
 
 def test_history_keeps_a_bounded_ring_of_samples(served: Any) -> None:
