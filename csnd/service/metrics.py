@@ -1,0 +1,126 @@
+"""Prometheus metrics over the service's status (DESIGN section 8 names).
+
+The figures are read at scrape time from the same status snapshot that the
+gRPC `Status` call, `/api/status` and the dashboard show (a custom collector,
+as prometheus_client's docs recommend for values kept elsewhere): nothing on
+the pipeline's hot path updates a metric, and no two surfaces can disagree
+about a figure.
+
+The names are a contract -- dashboards and alerts script against them -- so
+they are listed once here, and a test holds the exposition to this list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+# name -> help text.  Counters are listed with the `_total` suffix they are exposed with.
+METRICS: Final[Mapping[str, str]] = {
+    "csnd_transactions_total": "Transactions appended to the changelog (a distributed one counts once).",
+    "csnd_changes_total": "Row changes appended to the changelog.",
+    "csnd_node_received_lsn": "Newest WAL position received from the node.",
+    "csnd_node_confirmed_lsn": "Position confirmed to the node's slot (never past the durable changelog).",
+    "csnd_node_watermark_csn": "The node's CSN watermark in the merge.",
+    "csnd_node_lag_seconds": "Age of the node's oldest commit not yet in the changelog.",
+    "csnd_node_lag_bytes": "WAL between the node's newest received position and what is confirmed.",
+    "csnd_node_up": "1 while the node is streaming, 0 while it reconnects, restarts, ended or failed.",
+    "csnd_slot_retained_wal_bytes": "WAL the node's slot holds back on the server (pg_replication_slots).",
+    "csnd_changelog_bytes": "Size of the changelog's segments on disk.",
+    "csnd_changelog_oldest_csn": "Oldest retained CSN of the changelog (0 when empty).",
+    "csnd_changelog_newest_csn": "Newest durable CSN of the changelog (0 when empty).",
+    "csnd_changelog_segments": "Segment files of the changelog.",
+    "csnd_subscribers": "Connected changefeed consumers.",
+    "csnd_subscriber_lag_transactions": "Durable transactions after the consumer's acknowledged CSN.",
+    "csnd_subscriber_acknowledged_csn": "The consumer's acknowledged CSN.",
+}
+
+
+def _int(d: Mapping[str, Any], key: str) -> int:
+    # proto3 JSON writes 64-bit integers as strings and leaves out zero values
+    return int(d.get(key, 0) or 0)
+
+
+def consumer_label(c: Mapping[str, Any]) -> str:
+    """A stable label for a consumer: its subscription name, else its peer address."""
+    return str(c.get("name") or c.get("peer") or "anonymous")
+
+
+class StatusCollector(Collector):
+    """Turns one status snapshot (the JSON form of `csnd.v1.StatusResponse`) into metric families."""
+
+    def __init__(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._status()
+        totals = s.get("totals", {})
+        yield CounterMetricFamily(
+            "csnd_transactions", METRICS["csnd_transactions_total"], value=_int(totals, "transactions")
+        )
+        yield CounterMetricFamily(
+            "csnd_changes", METRICS["csnd_changes_total"], value=_int(totals, "changes")
+        )
+
+        per_node = {
+            "csnd_node_received_lsn": "received_lsn",
+            "csnd_node_confirmed_lsn": "confirmed_lsn",
+            "csnd_node_watermark_csn": "watermark_csn",
+            "csnd_node_lag_bytes": "lag_bytes",
+            "csnd_slot_retained_wal_bytes": "retained_wal_bytes",
+        }
+        nodes = s.get("nodes", [])
+        for name, key in per_node.items():
+            g = GaugeMetricFamily(name, METRICS[name], labels=["node"])
+            for n in nodes:
+                g.add_metric([n["name"]], _int(n, key))
+            yield g
+        lag = GaugeMetricFamily("csnd_node_lag_seconds", METRICS["csnd_node_lag_seconds"], labels=["node"])
+        up = GaugeMetricFamily("csnd_node_up", METRICS["csnd_node_up"], labels=["node"])
+        for n in nodes:
+            lag.add_metric([n["name"]], float(n.get("lag_seconds", 0.0)))
+            up.add_metric([n["name"]], 1.0 if n.get("state") == "streaming" else 0.0)
+        yield lag
+        yield up
+
+        log = s.get("changelog", {})
+        for name, key in (
+            ("csnd_changelog_bytes", "bytes"),
+            ("csnd_changelog_oldest_csn", "oldest_csn"),
+            ("csnd_changelog_newest_csn", "newest_csn"),
+            ("csnd_changelog_segments", "segments"),
+        ):
+            yield GaugeMetricFamily(name, METRICS[name], value=_int(log, key))
+
+        consumers = s.get("consumers", [])
+        yield GaugeMetricFamily(
+            "csnd_subscribers",
+            METRICS["csnd_subscribers"],
+            value=sum(1 for c in consumers if c.get("connected")),
+        )
+        lag_tx = GaugeMetricFamily(
+            "csnd_subscriber_lag_transactions",
+            METRICS["csnd_subscriber_lag_transactions"],
+            labels=["subscriber"],
+        )
+        acked = GaugeMetricFamily(
+            "csnd_subscriber_acknowledged_csn",
+            METRICS["csnd_subscriber_acknowledged_csn"],
+            labels=["subscriber"],
+        )
+        for c in consumers:
+            label = consumer_label(c)
+            lag_tx.add_metric([label], _int(c, "lag_transactions"))
+            acked.add_metric([label], _int(c, "acknowledged_csn"))
+        yield lag_tx
+        yield acked
+
+
+def registry_for(status: Callable[[], Mapping[str, Any]]) -> CollectorRegistry:
+    """A registry of its own (not the process-global one): one service, one set of figures."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(status))
+    return registry
