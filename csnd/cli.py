@@ -16,6 +16,7 @@ from csnd.core.ids import lsn_to_str
 from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers
+from csnd.service.cli import add_service_parsers, cmd_changelog, cmd_serve
 
 DESCRIPTION = """\
 csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checking both against the generator's expected output. Writes to demo-out/.",
     )
     add_subscribe_parser(sub)
+    add_service_parsers(sub)
     return parser
 
 
@@ -160,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _tune_gc()
-    if args.command in ("replay", "record", "subscribe"):  # (a node agent handles SIGTERM itself)
+    if args.command in ("replay", "record", "subscribe", "serve"):  # (a node agent handles SIGTERM itself)
         install_stop_handlers()
     try:
         return int(COMMANDS[args.command](args))
@@ -304,6 +306,8 @@ COMMANDS = {
     "generate": cmd_generate,
     "demo": cmd_demo,
     "subscribe": cmd_subscribe,
+    "serve": cmd_serve,
+    "changelog": cmd_changelog,
 }
 
 if __name__ == "__main__":

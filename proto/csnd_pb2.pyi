@@ -209,21 +209,35 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version")
+    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version", "totals")
     TIME_US_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CHANGELOG_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
     time_us: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     changelog: ChangelogStatus
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStatus]
     version: str
-    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...
+    totals: Totals
+    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ...) -> None: ...
+
+class Totals(_message.Message):
+    __slots__ = ("transactions", "changes", "skipped", "restarts")
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    transactions: int
+    changes: int
+    skipped: int
+    restarts: int
+    def __init__(self, transactions: _Optional[int] = ..., changes: _Optional[int] = ..., skipped: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "mode", "state", "received_lsn", "confirmed_lsn", "watermark_csn", "lag_bytes", "lag_seconds", "stuck", "error", "transactions", "changes", "retained_wal_bytes", "source")
+    __slots__ = ("name", "mode", "state", "received_lsn", "confirmed_lsn", "watermark_csn", "lag_bytes", "lag_seconds", "stuck", "error", "transactions", "changes", "retained_wal_bytes", "source", "queue_depths", "decoded_changes", "restarts", "waiting_committing", "waiting_commit", "waiting_merge", "spill_bytes", "slot_wal_status", "slot_safe_wal_size")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +252,15 @@ class NodeStatus(_message.Message):
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     RETAINED_WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTHS_FIELD_NUMBER: _ClassVar[int]
+    DECODED_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_COMMITTING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_MERGE_FIELD_NUMBER: _ClassVar[int]
+    SPILL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLOT_WAL_STATUS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_SAFE_WAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     name: str
     mode: str
     state: str
@@ -252,7 +275,16 @@ class NodeStatus(_message.Message):
     changes: int
     retained_wal_bytes: int
     source: str
-    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., received_lsn: _Optional[int] = ..., confirmed_lsn: _Optional[int] = ..., watermark_csn: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., error: _Optional[str] = ..., transactions: _Optional[int] = ..., changes: _Optional[int] = ..., retained_wal_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    queue_depths: _containers.RepeatedScalarFieldContainer[int]
+    decoded_changes: int
+    restarts: int
+    waiting_committing: int
+    waiting_commit: int
+    waiting_merge: int
+    spill_bytes: int
+    slot_wal_status: str
+    slot_safe_wal_size: int
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., received_lsn: _Optional[int] = ..., confirmed_lsn: _Optional[int] = ..., watermark_csn: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., error: _Optional[str] = ..., transactions: _Optional[int] = ..., changes: _Optional[int] = ..., retained_wal_bytes: _Optional[int] = ..., source: _Optional[str] = ..., queue_depths: _Optional[_Iterable[int]] = ..., decoded_changes: _Optional[int] = ..., restarts: _Optional[int] = ..., waiting_committing: _Optional[int] = ..., waiting_commit: _Optional[int] = ..., waiting_merge: _Optional[int] = ..., spill_bytes: _Optional[int] = ..., slot_wal_status: _Optional[str] = ..., slot_safe_wal_size: _Optional[int] = ...) -> None: ...
 
 class ChangelogStatus(_message.Message):
     __slots__ = ("oldest_csn", "newest_csn", "bytes", "segments", "directory")

@@ -207,6 +207,11 @@ class LiveSource:
         return self._enums
 
     @property
+    def received_lsn(self) -> int:
+        """The newest WAL position the server has sent (for status; any thread)."""
+        return self._received
+
+    @property
     def confirmed_lsn(self) -> int:
         with self._lock:
             return self._confirmed

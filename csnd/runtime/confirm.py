@@ -39,6 +39,22 @@ class ConfirmTracker:
         self.released += 1
         self._marks.append((self.released, confirmable))
 
+    def on_position(self, confirmable: int) -> None:
+        """The node's confirmable LSN moved without a release (an idle keepalive's WAL end).
+
+        It covers the transactions released so far, so it becomes safe with
+        them: at once if they are durable already (at the next `on_durable`).
+        Without this a quiet node's slot would never advance past its last
+        transaction and WAL would pile up on an idle server.
+        """
+        count = self.released
+        marks = self._marks
+        if marks and marks[-1][0] == count:
+            if confirmable > marks[-1][1]:
+                marks[-1] = (count, confirmable)
+        else:
+            marks.append((count, confirmable))
+
     def on_written(self) -> None:
         self.written += 1
 
@@ -59,4 +75,8 @@ class ConfirmTracker:
         assert 0 <= self.durable <= self.written <= self.released, (self.durable, self.written, self.released)
         counts = [count for count, _ in self._marks]
         assert counts == sorted(set(counts)), counts
-        assert all(self.durable < count <= self.released for count in counts), (counts, self.durable)
+        # (a position mark may stand at a count already durable: consumed at the next on_durable)
+        assert all(self.durable < count <= self.released or count == self.released for count in counts), (
+            counts,
+            self.durable,
+        )

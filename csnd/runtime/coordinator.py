@@ -81,12 +81,18 @@ class CoordinatorRuntime:
         *,
         clock: Callable[[], float] = time.monotonic,
         confirm_interval_s: float = CONFIRM_INTERVAL_S,
+        durable_always: bool = False,
     ) -> None:
         self.inputs = list(inputs)
         self.sink = sink
         self.progress = progress
         self.clock = clock
         self.confirm_interval_s = confirm_interval_s
+        # Make the sink durable on schedule even with no slot to confirm (a
+        # service: consumers see only what is durable).
+        self.durable_always = durable_always
+        self.changes_out = 0  # changes handed to the sink
+        self._stopping = threading.Event()
         self.merge = CsnMerge([p.node for p in self.inputs])
         self.wakeup = threading.Event()
         # Only an input with a slot has its writes tracked.
@@ -108,8 +114,8 @@ class CoordinatorRuntime:
         """Until every input has ended and every line is written and durable; raises the first failure."""
         for p in self.inputs:
             p.start(self.wakeup)
-        inputs, ended, merge = self.inputs, self.ended, self.merge
-        while len(ended) < len(inputs) or merge.has_pending():
+        inputs, ended, merge, stopping = self.inputs, self.ended, self.merge, self._stopping
+        while (len(ended) < len(inputs) or merge.has_pending()) and not stopping.is_set():
             self.wakeup.clear()
             progressed = False
             for p in inputs:
@@ -121,7 +127,19 @@ class CoordinatorRuntime:
             if not progressed:
                 self._check_stall()
                 self.wakeup.wait(IDLE_WAIT_S)
+        if stopping.is_set():
+            # Stopped mid-stream: nothing more leaves the merge (an input
+            # stopped now must not count as ended, or a smaller CSN it has not
+            # sent could be overtaken).  What was written is made durable and
+            # confirmed; the sources re-send the rest after a restart.
+            for p in inputs:
+                p.stop()
         self._finish()
+
+    def request_stop(self) -> None:
+        """Make `run()` return soon, with everything written so far durable and confirmed (any thread)."""
+        self._stopping.set()
+        self.wakeup.set()
 
     def _poll(self, p: NodeInput) -> bool:
         """Take from `p` while the merge wants more of it; whether anything moved."""
@@ -173,6 +191,8 @@ class CoordinatorRuntime:
             self.merge.add_batch(node, item.batch)
         elif isinstance(item, WatermarkItem):
             self.merge.add_watermark(node, item.csn)
+            if item.confirmable is not None and tracker is not None:
+                tracker.on_position(item.confirmable)
         else:
             self._end(node, item)
             return False
@@ -207,10 +227,10 @@ class CoordinatorRuntime:
             if type(item) is TxnItem:
                 if tracker is not None:
                     tracker.on_release(item.confirmable)
-                    write_alone(sink, item.txn, order)
+                    self.changes_out += write_alone(sink, item.txn, order)
                     tracker.on_written()
                 else:
-                    write_alone(sink, item.txn, order)
+                    self.changes_out += write_alone(sink, item.txn, order)
             elif not self._take(node, tracker, item):
                 break
         return progressed
@@ -240,6 +260,7 @@ class CoordinatorRuntime:
                 line_chars = 0
                 first_part = True
             elif isinstance(ev, TxnPart):
+                self.changes_out += len(ev.changes)
                 text = json_changes(ev.node, ev.changes, first_part)
                 line.append(text)
                 line_chars += len(text)
@@ -263,7 +284,7 @@ class CoordinatorRuntime:
     def _tick(self, now: float) -> None:
         if self.progress is not None:
             self.progress.tick(now, self.sink.transactions, self.sink.bytes_out)
-        if self.confirming and now - self._last_confirm >= self.confirm_interval_s:
+        if (self.confirming or self.durable_always) and now - self._last_confirm >= self.confirm_interval_s:
             self._confirm(final=False)
             self._last_confirm = now
 
@@ -288,8 +309,10 @@ class CoordinatorRuntime:
             self.sink.make_durable()
 
 
-def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> None:
-    """Write the line of a transaction of the only node, as the merge would, after the merge's checks."""
+def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
+    """Write the line of a transaction of the only node, as the merge would, after the merge's checks.
+
+    Returns how many changes it holds."""
     csn = txn.csn
     order.check(csn, txn.gid, txn.xid, txn.commit_lsn)
     head = json_head(
@@ -299,11 +322,14 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> None:
     if changes is not None:  # the common case: one write per line, its text copied once
         # (a bigger transaction goes out batch by batch below: its text is never held whole)
         sink.end_transaction(csn, "".join((head, json_changes(txn.node, changes, True), JSON_TAIL)))
-        return
+        return len(changes)
     sink.write(head)
     first = True
+    count = 0
     for batch in cut_batches(txn):  # a spilled transaction is read back batch by batch
         if batch.changes:
             sink.write(json_changes(txn.node, batch.changes, first))
             first = False
+            count += len(batch.changes)
     sink.end_transaction(csn, JSON_TAIL)
+    return count

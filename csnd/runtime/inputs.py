@@ -62,14 +62,16 @@ class NodePipeline:
 
     releases_whole = True
 
-    def __init__(self, source: Any, decoders: int) -> None:
+    def __init__(self, source: Any, decoders: int, resume_csn: int | None = None) -> None:
         self.source = source
         self.node: str = source.node
         self.mode: str = source.mode
         self.confirms: bool = hasattr(source, "confirm_final")  # a live node's slot
         enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
-        self.sender = NodeSender(self.node, source.mode)
+        # resume_csn: what the output already holds (a service restarting
+        # over its changelog); the sender drops the re-sent transactions.
+        self.sender = NodeSender(self.node, source.mode, resume_csn=resume_csn)
         self.out = Outbox(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None
         self._stop = threading.Event()
@@ -109,15 +111,17 @@ class NodePipeline:
             sender = self.sender
             feed = sender.feed
             last_wm: int | None = None
+            last_confirmable = 0
             for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark
                     continue
                 if item is BATCH_END:
-                    wm = sender.watermark
-                    if wm is not None and wm != last_wm:
-                        last_wm = wm  # the last one covers every transaction before it
-                        released.append(WatermarkItem(wm))
+                    wm, confirmable = sender.watermark, sender.confirmable_lsn
+                    if wm is not None and (wm != last_wm or confirmable != last_confirmable):
+                        # the last one covers every transaction before it
+                        last_wm, last_confirmable = wm, confirmable
+                        released.append(WatermarkItem(wm, confirmable))
                     if released:
                         self._put(released)
                         released = []

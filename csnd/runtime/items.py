@@ -43,7 +43,14 @@ class BatchItem:
 
 @dataclass
 class WatermarkItem:
+    """The node's watermark moved; `confirmable` is its confirmable LSN then (None: unknown).
+
+    An idle node releases nothing, yet its keepalives move the confirmable
+    LSN (DESIGN section 9): carried here, it lets a quiet slot advance.
+    """
+
     csn: int
+    confirmable: int | None = None
 
 
 @dataclass

@@ -68,6 +68,10 @@ class RemoteNode:
         self._last_msg = time.monotonic()
         self.thread = threading.Thread(target=self._run, name=f"csnd-remote-{self.node}", daemon=True)
 
+    def resume_after(self, csn: int) -> None:
+        """Start after every batch of transactions with CSN <= `csn` (the output holds them already)."""
+        self.position = (csn, 0xFFFFFFFF)  # (index is a uint32 on the wire: past any batch of that csn)
+
     def _describe(self) -> pb.Hello:
         deadline = time.monotonic() + self.give_up_s
         while True:

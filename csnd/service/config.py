@@ -155,13 +155,17 @@ def build_config(file: dict[str, Any], flags: dict[str, Any], cli_sources: list[
         return value if value is not None else file.get(file_key or key, default)
 
     defaults = _live_from(dict(file.get("defaults", {})), LiveSourceConfig(), "--config [defaults]")
-    defaults = _live_from({k: v for k, v in flags.get("live", {}).items() if v is not None}, defaults, "flags")
+    defaults = _live_from(
+        {k: v for k, v in flags.get("live", {}).items() if v is not None}, defaults, "flags"
+    )
     sources: list[ServedSource] = []
     for i, table in enumerate(file.get("source", [])):
         where = f"--config [[source]] #{i + 1}"
         bad = sorted(set(table) - _SOURCE_KEYS)
         if bad:
-            raise ConfigError(f"{where}: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SOURCE_KEYS))}")
+            raise ConfigError(
+                f"{where}: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SOURCE_KEYS))}"
+            )
         if "target" not in table:
             raise ConfigError(f"{where}: needs a target (a file, postgresql://... or grpc://...)")
         src = split_source(str(table["target"]), defaults)

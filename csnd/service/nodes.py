@@ -83,7 +83,9 @@ class SlotMonitor:
 class NodeWatch:
     """One node's status over the pipeline runs of a service (a restart keeps the watch)."""
 
-    def __init__(self, name: str, mode: str, source: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, name: str, mode: str, source: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
         self.mode = mode
         self.source = source
@@ -94,6 +96,7 @@ class NodeWatch:
         self.tracker: Any = None  # the current run's ConfirmTracker (live nodes)
         self.slot: SlotMonitor | None = None
         self.waiting_merge: Callable[[], int] = lambda: 0
+        self.restarts = 0
         self._caught_up_at = clock()
         self._watermark = -1
         self._watermark_moved_at = clock()
@@ -116,6 +119,8 @@ class NodeWatch:
         if received <= confirmed or not getattr(inp, "confirms", False):
             self._caught_up_at = now
         stats = sender.statistics() if sender is not None and hasattr(sender, "statistics") else None
+        pool = getattr(inp, "pool", None)
+        depths = tuple(d for d, _cap in pool.inbox_depths()) if pool is not None else ()
         slot = self.slot.reading if self.slot is not None else SlotReading()
         waiting = self.waiting_merge()
         state = self.state
@@ -133,7 +138,16 @@ class NodeWatch:
             stuck=state == "streaming" and waiting > 0 and now - self._watermark_moved_at > STUCK_AFTER_S,
             error=self.error or slot.error,
             transactions=int(getattr(stats, "released", 0) or 0),
-            changes=int(getattr(stats, "changes", 0) or 0),
+            changes=int(pool.stats.changes) if pool is not None else 0,
             retained_wal_bytes=slot.retained_wal_bytes,
             source=self.source,
+            queue_depths=depths,
+            decoded_changes=int(pool.stats.changes) if pool is not None else 0,
+            restarts=self.restarts,
+            waiting_committing=int(getattr(stats, "committing", 0) or 0),
+            waiting_commit=int(getattr(stats, "waiting", 0) or 0),
+            waiting_merge=waiting,
+            spill_bytes=int(getattr(stats, "spilled_bytes", 0) or 0),
+            slot_wal_status=slot.wal_status,
+            slot_safe_wal_size=-1 if slot.safe_wal_size is None else slot.safe_wal_size,
         )

@@ -38,6 +38,15 @@ class NodeState:
     changes: int = 0
     retained_wal_bytes: int = 0  # WAL its slot holds back on the server (0: unknown)
     source: str = ""  # file path, or host/port/database (never a password)
+    queue_depths: tuple[int, ...] = ()  # each decoder's inbox depth
+    decoded_changes: int = 0
+    restarts: int = 0  # pipeline restarts by the service
+    waiting_committing: int = 0
+    waiting_commit: int = 0
+    waiting_merge: int = 0
+    spill_bytes: int = 0
+    slot_wal_status: str = ""
+    slot_safe_wal_size: int = -1  # -1: unknown or unlimited
 
     def to_pb(self) -> pb.NodeStatus:
         return pb.NodeStatus(
@@ -55,6 +64,15 @@ class NodeState:
             changes=self.changes,
             retained_wal_bytes=self.retained_wal_bytes,
             source=self.source,
+            queue_depths=self.queue_depths,
+            decoded_changes=self.decoded_changes,
+            restarts=self.restarts,
+            waiting_committing=self.waiting_committing,
+            waiting_commit=self.waiting_commit,
+            waiting_merge=self.waiting_merge,
+            spill_bytes=self.spill_bytes,
+            slot_wal_status=self.slot_wal_status,
+            slot_safe_wal_size=self.slot_safe_wal_size,
         )
 
 

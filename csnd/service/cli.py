@@ -1,0 +1,174 @@
+"""The command-line side of the service: `csnd serve` and `csnd changelog` (DESIGN section 8)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from csnd.core.errors import ConfigError
+from csnd.core.ids import lsn_from_str
+
+SERVE_DESCRIPTION = """\
+Run csnd as a service: the pipeline over the sources, every merged transaction
+appended in CSN order to the durable changelog in DIR (fsynced before anyone
+sees it, group-committed), the gRPC changefeed (Subscribe, Fetch, Status,
+health, reflection) on --listen and, with --http, the dashboard, /metrics and
+/api/status. Each live source's slot is confirmed exactly as far as the
+changelog is durable, also while the node is idle.
+
+Ready: prints 'csnd serve: listening on HOST:PORT' (and 'csnd serve:
+dashboard on http://HOST:PORT/'); port 0 picks a free port. Sources that end
+(files, until_lsn) leave it serving what it has. SIGTERM or Ctrl-C: stop
+taking input, make durable, confirm the slots, exit 0. A restart resumes from
+the changelog: nothing lost, nothing twice. A dead decoder or a lost node
+agent restarts the pipeline with backoff (5 failures in 5 minutes: exit 1);
+a protocol error is one line naming node, LSN and xid, exit 1.
+
+Per-source live settings ride on the URL:
+  dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
+(parameters slot, publication, mode, until_lsn, create_slot, text); the
+--slot/--publication/... flags are the default for every source. --config
+FILE holds the same settings as TOML (docs/service.md); flags override it.
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _lsn(text: str) -> str:
+    try:
+        lsn_from_str(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an LSN like 0/16B3748") from None
+    return text
+
+
+def _csn(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a CSN (a whole number >= 0), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a CSN is >= 0, got {value}")
+    return value
+
+
+def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="run the service: durable changelog, gRPC changefeed, dashboard",
+        description=SERVE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "sources",
+        nargs="*",
+        metavar="SOURCE",
+        help="[NAME=]FILE.pgstream, [NAME=]postgresql://...?slot=S&publication=P, or grpc://HOST:PORT",
+    )
+    p.add_argument("--changelog", metavar="DIR", help="the changelog directory (created if missing)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:7070; port 0: any)")
+    p.add_argument("--http", metavar="HOST:PORT", help="serve the dashboard, /metrics and /api/status here")
+    p.add_argument(
+        "--decoders", type=_positive_int, metavar="N", help="decoder processes per node (default 2)"
+    )
+    p.add_argument(
+        "--token-file", metavar="F", help="require 'authorization: Bearer <token in F>' on every call"
+    )
+    p.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this certificate chain")
+    p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
+    p.add_argument(
+        "--retention-bytes", type=_positive_int, metavar="B", help="keep at most B bytes of changelog"
+    )
+    p.add_argument(
+        "--retention-hours", type=_positive_float, metavar="H", help="drop segments older than H hours"
+    )
+    p.add_argument(
+        "--give-up",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="how long a live source or node agent that was flowing is reconnected to (default 300)",
+    )
+    p.add_argument("--config", metavar="FILE", help="settings as TOML; flags override it")
+    g = p.add_argument_group("live sources (defaults for every postgresql:// source)")
+    g.add_argument("--slot", help="logical replication slot (pgoutput)")
+    g.add_argument("--publication", help="publication the slot streams")
+    g.add_argument("--create-slot", action="store_const", const=True, help="create the slot if missing")
+    g.add_argument("--until-lsn", type=_lsn, metavar="LSN", help="end the source at this LSN")
+    g.add_argument("--text", action="store_const", const=True, help="values in text form instead of binary")
+    g.add_argument("--mode", choices=("single", "gtm"), help="CSN mode of the nodes (default single)")
+
+    p = sub.add_parser(
+        "changelog",
+        help="print or check a changelog directory without a running service",
+        description="Print the DESIGN section 7 JSON lines of the transactions of a changelog with "
+        "FROM < csn <= UNTIL, or with --check read every record (CRC, framing, CSN order) and print a "
+        "summary. Opening the changelog cuts a torn tail, as the service does; a changelog a running "
+        "service holds is refused (use csnd subscribe).",
+    )
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument(
+        "--from-csn", type=_csn, default=0, metavar="X", help="after this CSN (default 0: the oldest)"
+    )
+    p.add_argument("--until-csn", type=_csn, metavar="Y", help="up to and including this CSN")
+    p.add_argument("--check", action="store_true", help="verify every record; print a summary on stderr")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from csnd.service.config import build_config, load_toml
+    from csnd.service.serve import run_serve
+
+    file = load_toml(args.config) if args.config else {}
+    flags = {
+        "changelog": args.changelog,
+        "listen": args.listen,
+        "http": args.http,
+        "decoders": args.decoders,
+        "token_file": args.token_file,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "retention_bytes": args.retention_bytes,
+        "retention_hours": args.retention_hours,
+        "give_up": args.give_up,
+        "verbose": args.verbose,
+        "live": {
+            "slot": args.slot,
+            "publication": args.publication,
+            "create_slot": args.create_slot,
+            "until_lsn": args.until_lsn,
+            "text": args.text,
+            "mode": args.mode,
+        },
+    }
+    config = build_config(file, flags, list(args.sources))
+    for src in config.sources:
+        if not (src.is_live or src.is_agent) and not os.path.exists(src.target):
+            raise ConfigError(f"source {src.target!r}: no such file (a live node is postgresql://...)")
+    from csnd.decoder.pool import start_worker_server
+
+    if not all(s.is_agent for s in config.sources):
+        start_worker_server()
+    return run_serve(config)
+
+
+def cmd_changelog(args: argparse.Namespace) -> int:
+    from csnd.service.changelog_cmd import ChangelogQuery, run_changelog
+
+    return run_changelog(ChangelogQuery(args.directory, args.from_csn, args.until_csn, args.check))

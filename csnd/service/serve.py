@@ -1,0 +1,376 @@
+"""`csnd serve`: the pipeline over the sources, the durable changelog, the changefeed, the dashboard.
+
+    sources ─► NodeInputs ─► CoordinatorRuntime ─► ChangelogSink ─► Changelog ─► Changefeed (gRPC)
+                    ▲            (pipeline thread)      group commit   │            Subscribe / Fetch / Status
+                    │                                                   │
+                    └──── confirm each slot to what is durable ◄────────┘     DashboardServer (HTTP)
+                                                                               /, /metrics, /api/status
+
+The main thread starts the changelog, the gRPC server and the dashboard,
+then runs the pipeline in a thread of its own and waits for it or for a stop
+request.  Consumers only ever read what the changelog has made durable, so
+nothing they see can be lost by a crash, and the slots are confirmed only as
+far as that (invariant 7).
+
+Restarts.  A pipeline that fails with a transient cause (a dead decoder
+process, a lost node agent, a source's connection that gave up) is torn down
+and started again from the changelog's position after a backoff: each source
+resumes from its slot's confirmed LSN (or a recorded file from its start),
+and the senders drop what the changelog already holds (`resume_csn`), so
+nothing is lost and nothing is appended twice.  Consumers keep their streams
+meanwhile.  `RESTART_LIMIT` failures within `RESTART_WINDOW_S` end the service
+with exit 1.  A protocol error is not transient: one line naming node, LSN
+and xid, exit 1, the changelog intact so that a fixed configuration resumes.
+
+Stopping (SIGTERM, Ctrl-C): the pipeline stops taking input, what it wrote is
+made durable and confirmed, the streams end cleanly, exit 0.  Sources that
+end (files, `until_lsn`) leave the service serving what it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, TextIO
+
+from google.protobuf import json_format  # type: ignore[import-untyped]
+
+from csnd.coordinator import check_modes
+from csnd.coordinator.changelog import Changelog, SubscriptionStore
+from csnd.core.errors import ConfigError, ConnectionLost, CsndError, WorkerError
+from csnd.runtime.coordinator import CoordinatorRuntime
+from csnd.runtime.inputs import NodeInput, NodePipeline
+from csnd.runtime.sources import SourceSpec, open_source
+from csnd.service.config import ServeConfig, ServedSource
+from csnd.service.nodes import NodeWatch, SlotMonitor
+from csnd.service.server import RunningServer, TlsFiles, start_changefeed
+from csnd.service.sink import ChangelogSink
+from csnd.service.status import NodeState
+
+log = logging.getLogger("csnd.serve")
+
+# Restarts of a failed pipeline: the first after RESTART_FIRST_S, doubling up to
+# RESTART_MAX_S; this many failures inside the window end the service instead.
+RESTART_FIRST_S: Final = 0.5
+RESTART_MAX_S: Final = 30.0
+RESTART_LIMIT: Final = 5
+RESTART_WINDOW_S: Final = 300.0
+# How often the changelog is synced and the slots confirmed.  Every round of the
+# merge with something new is one group commit; this bounds how long a round's
+# transactions wait for it (the commit-to-consumer latency).
+DURABLE_INTERVAL_S: Final = 0.005
+
+# Errors a fresh pipeline may well not meet again.
+_TRANSIENT: Final = (WorkerError, ConnectionLost)
+
+
+def _safe_target(src: ServedSource) -> str:
+    """The source as Status shows it: never a password."""
+    if src.is_live:
+        from urllib.parse import urlsplit, urlunsplit
+
+        url = urlsplit(src.target)
+        host = url.hostname or ""
+        netloc = (
+            f"{url.username + '@' if url.username else ''}{host}{':' + str(url.port) if url.port else ''}"
+        )
+        return urlunsplit(url._replace(netloc=netloc, query=""))
+    return src.target
+
+
+class Service:
+    """One `csnd serve` run; `run()` returns the exit status."""
+
+    def __init__(self, config: ServeConfig, *, stdout: TextIO | None = None) -> None:
+        self.config = config
+        self.stdout = stdout or sys.stdout
+        self.log: Changelog | None = None
+        self.feed: RunningServer | None = None
+        self.http: Any = None
+        self.watches: dict[str, NodeWatch] = {}
+        self.runtime: CoordinatorRuntime | None = None
+        self.sink: ChangelogSink | None = None
+        self.restarts = 0
+        self.skipped = 0
+        self._appended = (0, 0)  # (transactions, changes) of runs before the current one
+        self._stop = threading.Event()
+        self._done = threading.Event()  # the pipeline thread has finished (ended, failed or stopped)
+        self._failure: BaseException | None = None
+        self._lock = threading.Lock()
+
+    # --- setup --------------------------------------------------------------------------
+
+    def _token(self) -> str | None:
+        path = self.config.token_file
+        if path is None:
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"--token-file {path}: {e.strerror or e}") from None
+        if not token:
+            raise ConfigError(f"--token-file {path} is empty")
+        return token
+
+    def _open_sources(self, resume_csn: int) -> list[NodeInput]:
+        """Fresh node inputs over every source, resuming after `resume_csn`."""
+        from csnd.runtime.remote import RemoteNode
+
+        inputs: list[NodeInput] = []
+        for i, src in enumerate(self.config.sources):
+            if src.is_agent:
+                address = src.target.removeprefix("grpc://").rstrip("/")
+                remote = RemoteNode(address, name=src.name, give_up_s=self.config.give_up_s)
+                if resume_csn:
+                    remote.resume_after(resume_csn)
+                inputs.append(remote)
+                continue
+            source = open_source(SourceSpec(src.name, src.target), src.live, i)
+            if src.is_live and hasattr(source, "options"):
+                source.options.reconnect_give_up_s = self.config.give_up_s
+            inputs.append(NodePipeline(source, self.config.decoders, resume_csn=resume_csn or None))
+        names = [p.node for p in inputs]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            for p in inputs:
+                p.stop()
+            raise ConfigError(
+                f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE"
+            )
+        try:
+            check_modes({p.node: p.mode for p in inputs})
+        except BaseException:
+            for p in inputs:
+                p.stop()
+            raise
+        inputs.sort(key=lambda p: p.node)
+        return inputs
+
+    def _watch(self, inputs: list[NodeInput], runtime: CoordinatorRuntime) -> None:
+        for p in inputs:
+            watch = self.watches.get(p.node)
+            if watch is None:
+                src = next((s for s in self.config.sources if s.name == p.node), None)
+                where = (
+                    _safe_target(src) if src is not None else getattr(getattr(p, "source", None), "path", "")
+                )
+                watch = self.watches[p.node] = NodeWatch(p.node, p.mode, str(where or ""))
+                live = getattr(getattr(p, "source", None), "options", None)
+                if live is not None and getattr(live, "slot", None):
+                    watch.slot = SlotMonitor(live.conninfo, live.slot)
+                    watch.slot.start()
+            watch.attach(p, runtime.trackers.get(p.node), _pending_of(runtime, p.node))
+
+    # --- status -------------------------------------------------------------------------
+
+    def node_states(self) -> list[NodeState]:
+        with self._lock:
+            watches = list(self.watches.values())
+        return [w.snapshot() for w in watches]
+
+    def totals(self) -> dict[str, int]:
+        runtime, sink = self.runtime, self.sink
+        tx, ch = self._appended
+        if sink is not None:
+            tx += sink.transactions
+        if runtime is not None:
+            ch += runtime.changes_out
+        return {
+            "transactions": tx,
+            "changes": ch,
+            "skipped": self.skipped + (sink.skipped if sink is not None else 0),
+            "restarts": self.restarts,
+        }
+
+    def status_document(self) -> dict[str, Any]:
+        """The gRPC Status answer as JSON (proto3 field names): /api/status and /metrics read this."""
+        assert self.feed is not None
+        response = self.feed.servicer.snapshot()
+        totals = self.totals()
+        response.totals.transactions = totals["transactions"]
+        response.totals.changes = totals["changes"]
+        response.totals.skipped = totals["skipped"]
+        response.totals.restarts = totals["restarts"]
+        document: dict[str, Any] = json_format.MessageToDict(
+            response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        return document
+
+    # --- the pipeline -------------------------------------------------------------------
+
+    def _pipeline(self) -> None:
+        """Runs the pipeline until the sources end, a stop, or a failure restarts cannot mend."""
+        assert self.log is not None
+        failures: deque[float] = deque()
+        backoff = RESTART_FIRST_S
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._run_once()
+                    return  # every source ended: keep serving what the changelog holds
+                except _TRANSIENT as e:
+                    if self._stop.is_set():
+                        return
+                    now = time.monotonic()
+                    failures.append(now)
+                    while failures and now - failures[0] > RESTART_WINDOW_S:
+                        failures.popleft()
+                    if len(failures) >= RESTART_LIMIT:
+                        raise CsndError(
+                            f"{e}; the pipeline failed {len(failures)} times in {RESTART_WINDOW_S:.0f}s, giving up"
+                        ) from e
+                    self.restarts += 1
+                    node = getattr(e, "node", None)
+                    for w in self.watches.values():
+                        if node is None or w.name == node:
+                            w.state, w.error = "restarting", str(e)
+                            w.restarts += 1
+                    log.warning(
+                        "pipeline failed: %s; restarting from CSN %d in %.1fs",
+                        e,
+                        self.log.durable_csn,
+                        backoff,
+                    )
+                    if self._stop.wait(backoff):
+                        return
+                    backoff = min(backoff * 2, RESTART_MAX_S)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            self._failure = e
+            for w in self.watches.values():
+                if getattr(e, "node", None) in (None, w.name):
+                    w.state, w.error = "failed", str(e)
+        finally:
+            self._done.set()
+
+    def _run_once(self) -> None:
+        assert self.log is not None
+        log_ = self.log
+        log_.sync()  # (what an earlier run appended is durable before anyone resumes after it)
+        resume = log_.durable_csn
+        inputs = self._open_sources(resume)
+        sink = ChangelogSink(log_)
+        runtime = CoordinatorRuntime(inputs, sink, confirm_interval_s=DURABLE_INTERVAL_S, durable_always=True)
+        with self._lock:
+            if self.sink is not None and self.runtime is not None:
+                tx, ch = self._appended
+                self._appended = (tx + self.sink.transactions, ch + self.runtime.changes_out)
+                self.skipped += self.sink.skipped
+            self.sink, self.runtime = sink, runtime
+            self._watch(inputs, runtime)
+        if self._stop.is_set():
+            runtime.request_stop()
+        try:
+            runtime.run()
+        except BaseException:
+            for p in inputs:
+                p.stop()
+            with contextlib.suppress(CsndError, OSError):
+                log_.sync()
+            raise
+        for w in self.watches.values():
+            if w.state != "failed":
+                w.state = "ended"
+        for p in inputs:
+            p.stop()
+
+    # --- the whole run ------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.config
+        token = self._token()
+        tls = TlsFiles(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
+        thresholds = None
+        if cfg.http:
+            from csnd.service.http import Thresholds
+
+            thresholds = Thresholds.from_mapping(cfg.thresholds)
+        os.makedirs(cfg.changelog, exist_ok=True)
+        self.log = Changelog(
+            cfg.changelog, retention_bytes=cfg.retention_bytes, retention_hours=cfg.retention_hours
+        )
+        try:
+            subscriptions = SubscriptionStore(cfg.changelog)
+            self.feed = start_changefeed(
+                self.log,
+                listen=cfg.listen,
+                token=token,
+                tls=tls,
+                status=self.node_states,
+                subscriptions=subscriptions,
+                directory=os.path.abspath(cfg.changelog),
+            )
+            self._say(f"csnd serve: listening on {self.feed.address}")
+            if cfg.http:
+                from csnd.service.http import DashboardServer
+
+                self.http = DashboardServer(
+                    cfg.http, self.status_document, token=token, thresholds=thresholds
+                )
+                self.http.start()
+                self._say(f"csnd serve: dashboard on {self.http.url}")
+            pipeline = threading.Thread(target=self._pipeline, name="csnd-pipeline", daemon=True)
+            pipeline.start()
+            self._wait()
+            return self._finish(pipeline)
+        finally:
+            self._close()
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.stdout, flush=True)
+
+    def _wait(self) -> None:
+        """Until a stop request (SIGTERM/Ctrl-C arrive as KeyboardInterrupt) or a pipeline failure."""
+        try:
+            while not self._stop.is_set():
+                if self._done.wait(0.5) and self._failure is not None:
+                    return
+        except KeyboardInterrupt:
+            log.info("stopping: making what was written durable and confirming the slots")
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop taking input (any thread); `run()` then makes durable, confirms and returns 0."""
+        self._stop.set()
+        runtime = self.runtime
+        if runtime is not None:
+            runtime.request_stop()
+
+    def _finish(self, pipeline: threading.Thread) -> int:
+        # Ignore further stop signals while the last durable step and confirmations run.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pipeline.join(timeout=60)
+        if self._failure is not None and not isinstance(self._failure, KeyboardInterrupt):
+            raise self._failure
+        return 0
+
+    def _close(self) -> None:
+        for w in self.watches.values():
+            if w.slot is not None:
+                w.slot.stop()
+        if self.http is not None:
+            self.http.stop()
+        if self.feed is not None:
+            self.feed.stop()
+        if self.log is not None:
+            with contextlib.suppress(CsndError, OSError):
+                self.log.sync()
+            self.log.close()
+
+
+def _pending_of(runtime: CoordinatorRuntime, node: str) -> Callable[[], int]:
+    merge = runtime.merge
+    return lambda: merge.pending_batches(node)
+
+
+def run_serve(config: ServeConfig) -> int:
+    return Service(config).run()
