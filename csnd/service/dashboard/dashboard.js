@@ -60,19 +60,19 @@ function renderNodes(nodes) {
     tr.dataset.node = n.name;
     tr.dataset.state = n.state || "";
     const stateCls = n.state === "failed" ? "bad" : (n.state !== "streaming" && n.state !== "ended") ? "warn" : "";
-    const slot = n.slot || {};
+    const safe = num(n.slot_safe_wal_size);
     tr.append(
       cell(n.name), cell(n.mode || ""), cell((n.state || "") + (n.stuck ? " (stuck)" : ""), stateCls),
-      cell(lsn(n.received_lsn)), cell(n.decoded_lsn ? lsn(n.decoded_lsn) : "–"),
-      cell(n.released_lsn ? lsn(n.released_lsn) : "–"), cell(lsn(n.confirmed_lsn)),
-      cell(fmt(n.watermark_csn)), cell(bytes(n.lag_bytes)),
+      cell(lsn(n.received_lsn)), cell(lsn(n.confirmed_lsn)), cell(fmt(n.watermark_csn)), cell(bytes(n.lag_bytes)),
       cell(num(n.lag_seconds).toFixed(1), level(num(n.lag_seconds), thresholds.lag_seconds_amber, thresholds.lag_seconds_red)),
-      cell((n.queue_depths || []).join(" / ") || "–"), cell(fmt(n.worker_restarts)),
-      cell(fmt(n.waiting_committing) + " / " + fmt(n.waiting_merge)), cell(bytes(n.spill_bytes)),
-      cell(n.retained_wal_bytes ? bytes(n.retained_wal_bytes) : "–",
+      cell(fmt(n.transactions)), cell(fmt(n.decoded_changes)),
+      cell((n.queue_depths || []).join(" / ") || "–"), cell(fmt(n.restarts), num(n.restarts) ? "warn" : ""),
+      cell(fmt(n.waiting_committing) + " / " + fmt(n.waiting_commit) + " / " + fmt(n.waiting_merge)),
+      cell(bytes(n.spill_bytes)),
+      cell(n.retained_wal_bytes && num(n.retained_wal_bytes) ? bytes(n.retained_wal_bytes) : "–",
            level(num(n.retained_wal_bytes), thresholds.retained_wal_bytes_amber, thresholds.retained_wal_bytes_red)),
-      cell(slot.wal_status || "–", slot.wal_status === "lost" ? "bad" : slot.wal_status === "unreserved" ? "warn" : ""),
-      cell(slot.safe_wal_size !== undefined ? bytes(slot.safe_wal_size) : "–"),
+      cell(n.slot_wal_status || "–", n.slot_wal_status === "lost" ? "bad" : n.slot_wal_status === "unreserved" ? "warn" : ""),
+      cell(n.slot_wal_status ? (safe >= 0 ? bytes(safe) : "unlimited") : "–"),
     );
     if (n.error) tr.title = n.error;
     body.append(tr);
