@@ -119,6 +119,7 @@ class LiveSource:
         self.filter = ResumeFilter()
         self._enums: list[tuple[int, int]] | None = None
         self.reconnects = 0
+        self.reconnecting = False  # the connection is down and being re-established (for status)
         self.on_reconnect: Callable[[int], None] | None = None
         # called just before the final status update, so a sink can make its
         # last data durable and confirm it in time to be reported
@@ -330,6 +331,7 @@ class LiveSource:
                         self.on_reconnect(self.confirmed_lsn)
                 self._start(pgconn)
                 first = False
+                self.reconnecting = False
                 backoff, down_since = RECONNECT_FIRST_S, None
                 done = yield from self._copy_loop(pgconn)
                 if done:
@@ -353,6 +355,7 @@ class LiveSource:
                         lsn=self.confirmed_lsn,
                     ) from e
                 log.warning("node %s: %s; retrying in %.1fs", self.node, e.message, backoff)
+                self.reconnecting = True
                 self._drop_conn()
                 if self._closed.wait(backoff):
                     return

@@ -60,8 +60,8 @@ class Thresholds:
     Lag in seconds is the age of a node's oldest commit not yet durable; WAL is
     what a slot holds back on its server (the database's disk); consumer lag
     counts durable transactions a consumer has not acknowledged.  A node that
-    is reconnecting or restarting is amber, failed is red; a stuck watermark
-    (an idle GTM node without ticks) is amber.
+    is not flowing (reconnecting, restarting, failed) is red; a stuck
+    watermark (an idle GTM node without ticks) is amber.
     """
 
     lag_seconds_amber: float = 10.0

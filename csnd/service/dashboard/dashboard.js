@@ -26,12 +26,13 @@ function lsn(v) {
 function level(value, amber, red) { return value >= red ? "bad" : value >= amber ? "warn" : "ok"; }
 const worse = (a, b) => (a === "bad" || b === "bad") ? "bad" : (a === "warn" || b === "warn") ? "warn" : "ok";
 
-// A node's colour: its state, its lag and the WAL its slot holds back.
+// A node's colour: its state, its lag and the WAL its slot holds back.  A node
+// that is not flowing (reconnecting, restarting, failed) is red: that is the
+// first question on call; a stuck watermark or a restart count is amber.
 function nodeLevel(n) {
   const t = thresholds;
   let lv = "ok";
-  if (n.state === "failed") lv = "bad";
-  else if (n.state && n.state !== "streaming" && n.state !== "ended") lv = "warn";
+  if (["failed", "reconnecting", "restarting"].includes(n.state)) lv = "bad";
   if (n.stuck) lv = worse(lv, "warn");
   lv = worse(lv, level(num(n.lag_seconds), t.lag_seconds_amber, t.lag_seconds_red));
   lv = worse(lv, level(num(n.retained_wal_bytes), t.retained_wal_bytes_amber, t.retained_wal_bytes_red));
@@ -59,7 +60,7 @@ function renderNodes(nodes) {
     tr.className = lv;
     tr.dataset.node = n.name;
     tr.dataset.state = n.state || "";
-    const stateCls = n.state === "failed" ? "bad" : (n.state !== "streaming" && n.state !== "ended") ? "warn" : "";
+    const stateCls = ["failed", "reconnecting", "restarting"].includes(n.state) ? "bad" : "";
     const safe = num(n.slot_safe_wal_size);
     tr.append(
       cell(n.name), cell(n.mode || ""), cell((n.state || "") + (n.stuck ? " (stuck)" : ""), stateCls),
@@ -186,7 +187,7 @@ async function start() {
     document.getElementById("thresholds").textContent =
       `amber / red at: node lag ${t.lag_seconds_amber} / ${t.lag_seconds_red} s · slot WAL ${bytes(t.retained_wal_bytes_amber)} / ` +
       `${bytes(t.retained_wal_bytes_red)} · consumer lag ${fmt(t.consumer_lag_amber)} / ${fmt(t.consumer_lag_red)} transactions; ` +
-      `a reconnecting node or a stuck watermark is amber, a failed node red`;
+      `a node that is not flowing (reconnecting, restarting, failed) is red, a stuck watermark amber`;
     const hist = await get("api/history");
     samples = hist.samples.map((s) => ({ t: s.t, transactions: s.transactions, lag_seconds: s.lag_seconds }));
   } catch (e) {
