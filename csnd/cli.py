@@ -90,7 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.cpu_count() or 1,
         help="decoder processes per node (default: cores)",
     )
-    p.add_argument("--output", metavar="FILE", help="write JSON lines here instead of stdout")
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        help="write JSON lines here instead of stdout: as FILE.partial, renamed to FILE once every source "
+        "has ended (a device or FIFO is written directly; an input is refused). With a live source or a "
+        "node agent, FILE and FILE.partial must not exist: an interrupted live run leaves FILE.partial "
+        "holding everything its slot will not send again, and the next run refuses to start until it is "
+        "moved away",
+    )
     _add_live_options(p)
 
     p.add_argument(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -61,6 +62,11 @@ def _summarise(path: str) -> dict[str, Any]:
 def _replay(sources: list[str], output: str, decoders: int) -> float:
     from csnd.cli import main as cli_main
 
+    # A replay of node agents refuses to write over an earlier output (the
+    # agents may stream live slots); the demo makes every file afresh.
+    for stale in (output, f"{output}.partial"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(stale)
     t0 = time.monotonic()
     rc = cli_main(["replay", *sources, "--decoders", str(decoders), "--output", output])
     if rc != 0:

@@ -8,6 +8,7 @@ a `test_decoding` slot created beside ours.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -116,25 +117,14 @@ def test_stdout_is_the_default_output(clusters: dict[str, Path]) -> None:
     assert proc.stdout == (d / "expected.jsonl").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("how", ["disk full", "reader gone"])
-def test_output_that_cannot_be_written_is_a_clear_error(clusters: dict[str, Path], how: str) -> None:
+def test_output_that_cannot_be_written_is_a_clear_error(clusters: dict[str, Path]) -> None:
+    """A full disk (a reader that goes away is no error: tests/test_replay_output.py)."""
     d = clusters["2t"]
-    assert (d / "expected.jsonl").stat().st_size > 1 << 17  # more than a pipe holds: the writer must block
     cmd = [*CSND, "replay", *streams(d)]
-    if how == "disk full":
-        with open("/dev/full", "w") as full:
-            proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
-        reason = "No space left on device"
-    else:
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
-            assert p.stdout is not None and p.stderr is not None
-            p.stdout.read(10)
-            p.stdout.close()  # the reader of the pipe goes away mid-stream
-            stderr = p.stderr.read()
-            proc = subprocess.CompletedProcess(cmd, p.wait(timeout=300), "", stderr)
-        reason = "Broken pipe"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
     line = one_error_line(proc)
-    assert line == f"csnd replay: error: cannot write the output to standard output: {reason}"
+    assert line == "csnd replay: error: cannot write the output to standard output: No space left on device"
 
 
 def test_an_output_path_that_cannot_be_created_is_a_clear_error_before_any_decoder_starts(
@@ -308,7 +298,8 @@ def wait_for_output_to_start(out: Path, timeout: float = 60) -> Path:
     """Until a replay's FILE.partial has its first bytes (mid-run: output started, decoders busy); returns it."""
     partial = Path(f"{out}.partial")
     deadline = time.monotonic() + timeout
-    while (not partial.exists() or partial.stat().st_size == 0) and time.monotonic() < deadline:
+    while not partial.exists() or partial.stat().st_size == 0:
+        assert time.monotonic() < deadline, f"no output in {partial} after {timeout} s"
         time.sleep(0.05)
     return partial
 
@@ -329,7 +320,7 @@ def test_a_decoder_worker_killed_mid_run_fails_the_run_clearly(big_cluster: Path
     out = tmp_path / "out.jsonl"
     proc = big_replay(big_cluster, out)
     workers = decoder_workers(proc.pid, 2)
-    time.sleep(0.5)  # let it get into the stream
+    wait_for_output_to_start(out)  # into the stream: results on their way back
     os.kill(workers[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     result = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
@@ -339,31 +330,41 @@ def test_a_decoder_worker_killed_mid_run_fails_the_run_clearly(big_cluster: Path
     assert not [p for p, _ in children(proc.pid)]
 
 
-def test_a_dead_decoder_fork_server_is_a_clear_error_and_leaves_no_workers(
+def test_a_dead_decoder_fork_server_mid_run_is_a_clear_error_and_leaves_no_workers(
     big_cluster: Path, tmp_path: Path
 ) -> None:
-    """With the server gone a worker's exit can no longer be seen, so the run stops -- or has already ended."""
+    """With the server gone a worker's exit can no longer be seen: the run stops at its next liveness check.
+
+    The workers are paused while the server dies, so the run provably has
+    results outstanding (a run whose results all came back before any check
+    would end normally, and rightly so); they go once resumed.
+    """
     out = tmp_path / "out.jsonl"
     proc = big_replay(big_cluster, out)
     workers = decoder_workers(proc.pid, 2)
     (server,) = [p for p, cmd in children(proc.pid) if "multiprocessing.forkserver" in cmd]
-    time.sleep(0.5)
-    os.kill(server, signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=60)
-    if proc.returncode == 0:  # every result was already in: the workers themselves were never hurt
-        assert out.read_bytes() == (big_cluster / "expected.jsonl").read_bytes()
-    else:
-        line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr))
-        assert "fork server died" in line, line
-        assert not out.exists()
-    wait_until_gone(workers, 15, "decoder workers outlived their fork server")
+    wait_for_output_to_start(out)
+    for w in workers:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        os.kill(server, signal.SIGKILL)
+        proc.wait(timeout=120)  # (not communicate: the paused workers hold stderr open)
+    finally:
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGCONT)
+    _, stderr = proc.communicate(timeout=120)
+    line = one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr))
+    assert "fork server died" in line, line
+    assert not out.exists()
+    wait_until_gone(workers, 30, "decoder workers outlived their fork server")
 
 
 def test_ctrl_c_stops_everything_cleanly(big_cluster: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     proc = big_replay(big_cluster, out, start_new_session=True)
     workers = decoder_workers(proc.pid, 2)
-    time.sleep(0.5)
+    wait_for_output_to_start(out)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole process group
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -389,6 +390,19 @@ def test_sigterm_stops_like_ctrl_c_and_says_where_the_incomplete_output_is(
 
 
 # --- a live node ------------------------------------------------------------------------------
+
+
+def wait_for_slot(pg: PgDatabase, slot: str, active: bool, timeout: float = 120) -> None:
+    """Until `slot` is (or is no longer) streamed to a walsender."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = pg.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        if rows and rows[0][0] is active:
+            return
+        assert time.monotonic() < deadline, (
+            f"slot {slot} not {'active' if active else 'idle'} after {timeout} s"
+        )
+        time.sleep(0.05)
 
 
 def _witness_rows(pg: PgDatabase, upto: str) -> list[witness.WTxn]:
@@ -496,15 +510,13 @@ def test_a_live_replay_writes_a_transaction_soon_after_its_commit_and_then_idles
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
         try:
-            time.sleep(2)  # streaming, idle
+            wait_for_slot(pg, "csnd", active=True)  # streaming, idle
             pg.execute("INSERT INTO t VALUES (1, 'one')")
-            committed = time.monotonic()
-            ready, _, _ = select.select([proc.stdout], [], [], 15)
-            assert ready, "no line 15 s after the commit"
+            # Nothing else is committed: the line must come without more WAL behind it.
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "no line 120 s after the commit"
             line = proc.stdout.readline()
-            waited = time.monotonic() - committed
             assert json.loads(line)["changes"][0]["new"] == {"id": 1, "v": "one"}
-            assert waited < 5, f"the line came {waited:.1f} s after the commit"
         finally:
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=60)
@@ -516,7 +528,7 @@ def test_decoder_workers_do_not_outlive_a_killed_replay(big_cluster: Path, tmp_p
     """SIGKILL runs no cleanup in the parent: the workers must notice and go by themselves, quietly."""
     proc = big_replay(big_cluster, tmp_path / "o.jsonl", stdout=subprocess.DEVNULL)
     workers = decoder_workers(proc.pid, 2)
-    time.sleep(0.5)  # into the stream: results on their way back when the parent dies
+    wait_for_output_to_start(tmp_path / "o.jsonl")  # into the stream: results on their way back
     proc.kill()
     # end of file on stderr once every process that shared it (workers, fork server) is gone
     _, stderr = proc.communicate(timeout=30)

@@ -12,7 +12,9 @@ agent restart the window is empty; the pipeline re-reads its source (a file
 from the start, a live slot from its confirmed LSN, which is never past what
 the coordinator wrote) and the producer drops every batch at or before the
 coordinator's position.  A live slot is confirmed only to the LSN the
-coordinator sends in its acknowledgements.
+coordinator sends in its acknowledgements.  The window itself is pure
+(`csnd.runtime.window.AckWindow`); this module adds the lock, the waiting
+and the gRPC service around it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""The first `Sink`: JSON lines to standard output or to FILE (written as FILE.partial, renamed when complete).
+"""The first `Sink`: JSON lines to standard output or to FILE.
+
+A regular FILE (or one that does not exist yet) is written as FILE.partial,
+fsynced as it grows and renamed to FILE when complete, so FILE is only ever
+a whole output.  Anything else -- /dev/null, a FIFO, a terminal, a socket --
+is written where it is: no FILE.partial beside a device, no rename over it
+(as root that would replace /dev/null with a regular file for the whole
+machine) and no fsync of it.  A reader that goes away (a pipe or FIFO closed:
+`csnd replay ... | head -3`) stops the run quietly: `OutputClosed`.
 
 Pieces are encoded as they come and handed to the kernel about every
 `OUTPUT_CHUNK_BYTES` in one `os.writev`: one system call (one GIL hand-off
@@ -11,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 from typing import Final
 
 from csnd.core.durable import Writeback, sync_directory
 from csnd.core.errors import ConfigError, CsndError
+from csnd.runtime.sinks import OutputClosed
 
 # Output is handed to the file in chunks of this many bytes: fewer GIL
 # round trips for the coordinator thread, at most this much held in memory.
@@ -25,24 +35,46 @@ _IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX"), 1024)
 _NEWLINE: Final = b"\n"
 
 
-class JsonLinesSink:
-    """DESIGN section 7 lines, one a transaction, to `path` (None: standard output)."""
+def is_written_in_place(path: str) -> bool:
+    """Whether `path` exists and is no regular file (a device, a FIFO...): written directly, not via FILE.partial."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
-    def __init__(self, path: str | None) -> None:
+
+class JsonLinesSink:
+    """DESIGN section 7 lines, one a transaction, to `path` (None: standard output, or the descriptor `fd`)."""
+
+    def __init__(self, path: str | None, fd: int | None = None) -> None:
         self.path = path
-        self.partial = f"{path}.partial" if path else None
-        if path and (path.endswith(os.sep) or os.path.isdir(path)):
+        self.partial: str | None = None  # set when written as FILE.partial, renamed at the end
+        self._writeback: Writeback | None = None
+        self._close = False
+        if path is None:
+            if fd is None:
+                sys.stdout.flush()  # anything printed before goes first
+                fd = sys.stdout.fileno()
+            self.fd = fd
+            self.name = "standard output"
+        elif path.endswith(os.sep) or os.path.isdir(path):
             raise ConfigError(f"--output {path} is a directory; name the file to write")
-        if self.partial:
+        elif is_written_in_place(path):
+            try:
+                self.fd = os.open(path, os.O_WRONLY)  # (a FIFO: waits for its reader)
+            except OSError as e:
+                raise CsndError(f"cannot open the output {path}: {e.strerror or e}") from None
+            self.name = path
+            self._close = True
+        else:
+            self.partial = f"{path}.partial"
             try:
                 self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             except OSError as e:
                 raise CsndError(f"cannot create the output {self.partial}: {e.strerror or e}") from None
-            self._writeback: Writeback | None = Writeback(self.fd)
-        else:
-            sys.stdout.flush()  # anything printed before goes first
-            self.fd = sys.stdout.fileno()
-            self._writeback = None
+            self._writeback = Writeback(self.fd)
+            self.name = self.partial
+            self._close = True
         self.transactions = 0
         self.bytes_out = 0
         self._synced_bytes = -1  # (an empty output is synced once too: its file must exist)
@@ -67,6 +99,9 @@ class JsonLinesSink:
             batch = pending[:_IOV_MAX]
             try:
                 written = os.writev(self.fd, batch)
+            except BrokenPipeError:  # the reader's choice, not a failure
+                self._pending.clear()
+                raise OutputClosed from None
             except OSError as e:
                 raise self._failed(e.strerror or str(e)) from None
             if not written and any(batch):
@@ -86,7 +121,7 @@ class JsonLinesSink:
 
     def _failed(self, reason: str) -> CsndError:
         self._pending.clear()  # nothing more goes out: abandon() must not try again
-        return CsndError(f"cannot write the output to {self.partial or 'standard output'}: {reason}")
+        return CsndError(f"cannot write the output to {self.name}: {reason}")
 
     def make_durable(self) -> None:
         self._drain()
@@ -99,8 +134,8 @@ class JsonLinesSink:
 
     def commit(self) -> None:
         self.make_durable()
+        self._close_fd()
         if self.partial and self.path:
-            os.close(self.fd)
             try:
                 os.replace(self.partial, self.path)
             except OSError as e:
@@ -115,14 +150,21 @@ class JsonLinesSink:
                 ) from None
 
     def discard(self) -> None:
+        self._close_fd()
         if self.partial:
-            os.close(self.fd)
             with contextlib.suppress(OSError):
                 os.unlink(self.partial)
 
     def abandon(self) -> str | None:
-        self._drain()
-        if self.partial:
+        try:
+            self._drain()
+        except OutputClosed:
+            pass  # (nobody reads what is left)
+        finally:
+            self._close_fd()
+        return self.partial
+
+    def _close_fd(self) -> None:
+        if self._close:  # (never standard output's)
+            self._close = False
             os.close(self.fd)
-            return self.partial
-        return None

@@ -4,14 +4,23 @@
     source ─► DecoderPool ─► NodeSender ─┼─► CoordinatorRuntime ─► JsonLinesSink ─► confirm live slots
     node agent ══ gRPC ══► RemoteNode ───┘  (this thread)
 
-`run_replay` opens the sources and the output (a bad path fails before any
-decoder starts), runs the coordinator runtime, and on the way out either
-commits the output (FILE.partial renamed to FILE) or abandons it and says
-where the incomplete output is.
+`run_replay` checks the output against the sources (`check_output`), opens
+the sources and the output (a bad path fails before any decoder starts),
+runs the coordinator runtime, and on the way out either commits the output
+(FILE.partial renamed to FILE) or abandons it and says where the incomplete
+output is.  A reader that closes the output (`| head -3`) ends the run
+quietly, with exit status 0 and nothing more confirmed.
+
+A live source's slot is confirmed as far as FILE.partial holds, and the next
+run starts there.  So a live replay never writes over an earlier run's
+output: it refuses to start while FILE or FILE.partial exists (the user
+moves it away and keeps it), instead of truncating transactions the source
+will not send again.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -20,9 +29,9 @@ from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.runtime.config import ReplayConfig
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
-from csnd.runtime.jsonsink import JsonLinesSink
+from csnd.runtime.jsonsink import JsonLinesSink, is_written_in_place
 from csnd.runtime.progress import ReplayProgress
-from csnd.runtime.sinks import Sink
+from csnd.runtime.sinks import OutputClosed, Sink
 from csnd.runtime.sources import SourceSpec, open_source, parse_source
 from csnd.runtime.stopping import ignore_stop_signals
 
@@ -37,8 +46,48 @@ def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> Any:
     return open_source(spec, config.live, index)
 
 
+def check_output(output: str | None, specs: list[SourceSpec]) -> None:
+    """Refuse an output that would destroy data, before anything is opened (ConfigError)."""
+    if output is None:
+        return
+    partial = f"{output}.partial"
+    ids = {}
+    for name in (output, partial):
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        ids[(st.st_dev, st.st_ino)] = name
+    for spec in specs:
+        if not spec.is_file:
+            continue
+        try:
+            st = os.stat(spec.target)
+        except OSError:
+            continue  # (opening it says what is wrong)
+        clash = ids.get((st.st_dev, st.st_ino))
+        if clash is not None:
+            raise ConfigError(
+                f"--output {output}: {clash} is the source {spec.target}; writing there would destroy it, "
+                "so name another output file"
+            )
+    if not any(s.is_live or s.is_grpc for s in specs) or is_written_in_place(output):
+        return
+    if os.path.lexists(partial):
+        raise ConfigError(
+            f"{partial} exists: a live replay into {output} stopped before its end, and its slot is "
+            "confirmed only as far as that file holds; move it away to keep those transactions, then run again"
+        )
+    if os.path.lexists(output):
+        raise ConfigError(
+            f"--output {output} exists: a live replay would replace it, and the transactions it holds "
+            "are not sent again; move it away or name another file"
+        )
+
+
 def run_replay(config: ReplayConfig) -> int:
     specs = [parse_source(s) for s in config.sources]
+    check_output(config.output, specs)
     opened = [open_node(spec, config, i) for i, spec in enumerate(specs)]
     names = [s.node for s in opened]
     dup = {n for n in names if names.count(n) > 1}
@@ -61,6 +110,10 @@ def run_replay(config: ReplayConfig) -> int:
     progress = ReplayProgress(sys.stderr, inputs) if config.verbose or sys.stderr.isatty() else None
     try:
         CoordinatorRuntime(inputs, sink, progress).run()
+    except OutputClosed:  # the reader's choice: stop, confirm nothing more, say nothing
+        _stop_all(inputs)
+        sink.abandon()
+        return 0
     except BaseException as e:
         _stop_all(inputs)
         raise _abandoned(e, sink) from None
@@ -71,6 +124,9 @@ def run_replay(config: ReplayConfig) -> int:
     ignore_stop_signals()
     try:
         sink.commit()
+    except OutputClosed:
+        sink.abandon()
+        return 0
     finally:
         _stop_all(inputs)
     if progress is not None:

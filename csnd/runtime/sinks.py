@@ -21,6 +21,10 @@ from __future__ import annotations
 from typing import Protocol
 
 
+class OutputClosed(Exception):  # noqa: N818 - a stop, not an error
+    """The sink's reader went away (`csnd replay ... | head -3`): the run stops quietly, confirming nothing more."""
+
+
 class Sink(Protocol):
     transactions: int  # transactions ended so far (for progress lines)
     bytes_out: int  # bytes written so far (for progress lines)
