@@ -44,13 +44,13 @@ MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
 
 # Segment header: magic, format version, sequence, first CSN, the CSN of the
 # record before this segment's first (0 for the first segment ever: nothing
-# before), and a CRC of the 36 bytes before it.  `prev_csn` is how a read
+# before), and a CRC of the 36 bytes before it (40 in all).  `prev_csn` is how a read
 # after a CSN older than the oldest retained segment knows whether anything
 # in between was dropped (CsnOutOfRange) or never existed.
 SEGMENT_MAGIC: Final = b"CSNDCLOG"
 SEGMENT_VERSION: Final = 1
 _SEG_HEAD: Final = struct.Struct(">8sIQQQI")
-SEGMENT_HEAD: Final = _SEG_HEAD.size  # 44
+SEGMENT_HEAD: Final = _SEG_HEAD.size  # 40
 
 # Index file beside each segment: a magic, then (csn, offset) pairs.
 INDEX_MAGIC: Final = b"CSNDIDX1"
