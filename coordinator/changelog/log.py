@@ -71,6 +71,7 @@ class Changelog:
         self._clock = clock
         self._interval = index_interval
         self._cond = threading.Condition(threading.Lock())
+        self._rebuild_lock = threading.Lock()  # one reader at a time rebuilds a sealed segment's index
         self._closed = False
         self._failed: CsndError | None = None
         self._lock_fd = _take_lock(self.directory)
@@ -339,14 +340,15 @@ class Changelog:
 
     def _rebuild_index(self, seg: sg.Segment) -> None:
         """A sealed segment's index pointed at the wrong bytes: scan the segment and write it anew."""
-        sg.log.warning(
-            "changelog: rebuilding the index of %s: an entry does not point at its record", seg.path
-        )
-        header = rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)
-        s, (csns, offs) = sg.scan_sealed(seg.path, header, self._interval)
-        with self._cond:
-            seg.index_csns, seg.index_offs, seg.durable_n = csns, offs, len(csns)
-        sg.write_index(seg)
+        with self._rebuild_lock:
+            sg.log.warning(
+                "changelog: rebuilding the index of %s: an entry does not point at its record", seg.path
+            )
+            header = rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)
+            _, (csns, offs) = sg.scan_sealed(seg.path, header, self._interval)
+            with self._cond:
+                seg.index_csns, seg.index_offs, seg.durable_n = csns, offs, len(csns)
+            sg.write_index(seg)
 
     # -- retention (writer thread) ------------------------------------------------
 
