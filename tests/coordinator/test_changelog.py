@@ -144,6 +144,8 @@ def test_index_rebuilt_when_missing_or_damaged(tmp_path: str, damage: str) -> No
     with Changelog(str(tmp_path), segment_bytes=8192, index_interval=256) as log:
         for after in (0, 1, 55, 300, 555, 798, 799):
             assert list(log.read(after)) == expected(records, after)
+        for after in range(800):  # a seek through every index entry
+            assert list(log.read(after, after + 2)) == expected(records, after, after + 2)
         log._check()
     with Changelog(str(tmp_path), segment_bytes=8192, index_interval=256) as log:
         for n in names:  # rebuilt on disk too: the next open reads it as is
