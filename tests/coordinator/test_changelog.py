@@ -257,6 +257,9 @@ def test_second_open_is_refused(tmp_path: str) -> None:
     assert str(os.getpid()) in str(e.value) and str(tmp_path) in str(e.value)
     with Changelog(str(tmp_path)):  # released by close
         pass
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ConfigError, match="cannot use .* as a changelog directory"):
+        Changelog(str(tmp_path / "file"))
 
 
 def test_errors_are_csnd_errors_and_pickle(tmp_path: str) -> None:
