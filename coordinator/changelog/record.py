@@ -67,9 +67,9 @@ BAD: Final = 2  # not a record here: wrong mark or CRC
 
 def encode(csn: int, time_us: int, payload: bytes) -> bytes:
     """One record's bytes."""
-    tail = _FRAME_TAIL.pack(len(payload), csn, time_us)
-    crc = zlib.crc32(payload, zlib.crc32(tail))
-    return b"".join((_FRAME.pack(MARK, crc, len(payload), csn, time_us), payload))
+    n = len(payload)
+    crc = zlib.crc32(payload, zlib.crc32(_FRAME_TAIL.pack(n, csn, time_us)))
+    return _FRAME.pack(MARK, crc, n, csn, time_us) + payload
 
 
 def frame_at(buf: bytes | memoryview, off: int) -> tuple[int, int, int, int]:
