@@ -89,7 +89,7 @@ def _seconds(text: str) -> float:
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
     from csnd.consumers.client import Changefeed
-    from csnd.service.auth import read_token_file
+    from csnd.core.tokens import read_token_file
 
     token = read_token_file(args.token_file) if args.token_file else None
     feed = Changefeed(

@@ -105,7 +105,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self.registry = ConsumerRegistry.from_store(subscriptions.all() if subscriptions else {})
         self._store_lock = threading.Lock()
         self._last_store = time.monotonic()
+        self._calls: dict[int, grpc.ServicerContext] = {}  # consumer id -> its call (for the watchdog)
         self.stopping = threading.Event()
+        threading.Thread(target=self._watchdog, name="csnd-feed-watchdog", daemon=True).start()
 
     # --- Subscribe ----------------------------------------------------------------
 
@@ -152,6 +154,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             consumer = self.registry.connect(context.peer(), name, start.tables, after, time.monotonic())
         stream.cid = consumer.id
         stream.registered.set()
+        with self.lock:
+            self._calls[consumer.id] = context
         try:
             log = self.log
             yield pb.SubscribeResponse(
@@ -163,6 +167,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         finally:
             with self.lock:
                 self.registry.disconnect(consumer.id)
+                self._calls.pop(consumer.id, None)
             self._store_marks()
 
     def _read_requests(self, requests: Iterator[pb.SubscribeRequest], stream: _Stream) -> None:
@@ -282,6 +287,24 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 "reconnect to continue",
             )
         return False
+
+    def _watchdog(self) -> None:
+        """Cancels the calls of consumers silent for well past the timeout.
+
+        A stream's handler drops a silent client itself (with a message), but
+        only when it gets to look: a client that stopped reading altogether
+        leaves the handler blocked in gRPC's flow control, and only a cancel
+        from outside frees the thread and the name.
+        """
+        s = self.settings
+        grace = s.client_timeout_s + 2 * max(WAIT_S, s.keepalive_s)
+        while not self.stopping.wait(min(s.keepalive_s, s.client_timeout_s)):
+            with self.lock:
+                stuck = [
+                    self._calls[c] for c in self.registry.silent(time.monotonic(), grace) if c in self._calls
+                ]
+            for context in stuck:
+                context.cancel()
 
     def _store_marks(self) -> None:
         """Writes the named marks that moved (one fsync each) to the SubscriptionStore."""

@@ -378,3 +378,43 @@ def test_client_reconnects_without_gap_or_duplicate(tmp_path: object) -> None:
         assert got == list(again.read(0))
     assert len(got) == 2030 and [c for c, _ in got] == sorted({c for c, _ in got})
     assert all(written[c] == raw for c, raw in got if c in written)
+
+
+def test_a_client_that_stops_reading_is_dropped(log: Changelog) -> None:
+    """A client that reads nothing leaves the handler blocked in flow control; the watchdog frees it."""
+    big = b"x" * 60_000
+    for csn in range(1, 501):  # 30 MB: far more than gRPC buffers for a reader that does not read
+        log.append(csn, line(csn, [("public", "acct")])[:-2] + b', "pad": "' + big + b'"}')
+    log.sync()
+    srv = serve(log, settings=FeedSettings(keepalive_s=0.1, client_timeout_s=1.0))
+    try:
+        silent = Silent(srv.address, pb.SubscribeStart())
+        wait_for(lambda: srv.servicer.snapshot().consumers, "the consumer to be registered")
+        wait_for(lambda: not srv.servicer.snapshot().consumers, "the stuck consumer to be dropped")
+        assert silent.error().code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    finally:
+        srv.stop()
+
+
+def test_stop_ends_streams_cleanly(log: Changelog) -> None:
+    fill(log, range(1, 4))
+    srv = serve(log)
+    with grpc.insecure_channel(srv.address) as ch:
+        release = threading.Event()
+
+        def requests() -> Iterator[pb.SubscribeRequest]:
+            yield pb.SubscribeRequest(start=pb.SubscribeStart())
+            release.wait()
+
+        call = pb_grpc.ChangefeedStub(ch).Subscribe(requests())
+        got = []
+        first = next(call)
+        assert first.subscribed.newest_csn == 3
+        stopper = threading.Thread(target=srv.stop)
+        for msg in call:  # ends without an error once the server stops
+            if msg.HasField("batch"):
+                got += [t.csn for t in msg.batch.transactions]
+                stopper.start()
+        release.set()
+        stopper.join()
+        assert got == [1, 2, 3] and call.code() == grpc.StatusCode.OK
