@@ -106,6 +106,11 @@ class NodeWatch:
         if self.state != "failed":
             self.state = "streaming"
 
+    def sender_statistics(self) -> Any:
+        """The current run's sender statistics (None for a node agent)."""
+        sender = getattr(self.input, "sender", None)
+        return sender.statistics() if sender is not None else None
+
     def snapshot(self) -> NodeState:
         now = self.clock()
         inp = self.input

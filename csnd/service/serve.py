@@ -183,10 +183,12 @@ class Service:
             tx += sink.transactions
         if runtime is not None:
             ch += runtime.changes_out
+        # re-sent and already held: dropped by the senders (resume_csn), or by the sink
+        resumed = sum(int(getattr(w.sender_statistics(), "dropped_resumed", 0)) for w in self.watches.values())
         return {
             "transactions": tx,
             "changes": ch,
-            "skipped": self.skipped + (sink.skipped if sink is not None else 0),
+            "skipped": self.skipped + resumed + (sink.skipped if sink is not None else 0),
             "restarts": self.restarts,
         }
 
