@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from csnd import __version__
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.core.ids import lsn_to_str
+from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
 from csnd.stopping import Terminated, install_stop_handlers
 
@@ -142,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster and merge it, in process and with one node agent process per node over gRPC, "
         "checking both against the generator's expected output. Writes to demo-out/.",
     )
+    from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers
+
+    add_cluster_kit_parsers(sub)
     return parser
 
 
@@ -282,6 +286,7 @@ COMMANDS = {
     "generate": cmd_generate,
     "demo": cmd_demo,
 }
+COMMANDS.update(CLUSTER_KIT_COMMANDS)
 
 if __name__ == "__main__":
     sys.exit(main())
