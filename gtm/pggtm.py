@@ -53,7 +53,11 @@ the point of no return), and deleted lazily once the transaction is finished
 everywhere (`end_commit`: the gids are deleted by the next `begin_commit`'s
 statement, saving a round trip per transaction).  A row names its owner --
 the writer's GTM session (backend pid and start time) -- so recovery leaves
-the transactions of live writers alone.
+the transactions of live writers alone.  The commit log's own commits carry
+no `commit` marker: when the GTM lives in a database that is also a
+GTM-mode node, its publication must not include `<name>_txn` (publish the
+data tables, not FOR ALL TABLES), or csnd rightly reports a transaction
+with changes and no commit marker.
 """
 
 from __future__ import annotations

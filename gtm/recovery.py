@@ -25,10 +25,10 @@ first COMMIT PREPARED says the others must commit.  And *where* `committing`
 was logged cannot be guessed: the sender rejects an `abort` for a
 transaction it never saw committing (and a second one), so `abort` must go to
 exactly the nodes that logged `committing` -- a prefix of the participants if
-the writer died between two of them.  That is read from each node's WAL with
-pg_walinspect (PostgreSQL 15 shows a logical message's payload), from the
-WAL position the writer recorded before its first marker there, so the scan
-is short.  Recording progress per node on the GTM instead would cost a
+the writer died between two of them.  That is read from each server's WAL
+with pg_walinspect (PostgreSQL 15 shows a logical message's payload), from
+the WAL position the writer recorded before its first marker there, so the
+scan is short.  Recording progress per node on the GTM instead would cost a
 round trip per node per transaction; the scan costs only at recovery.
 
 Owners: a record names its writer's GTM session (backend pid and start
@@ -163,9 +163,13 @@ def _resolve_locked(
             else:
                 rolled = [n for n in names if _finish_prepared(nodes[n], f"{gid}@{n}", "ROLLBACK")]
                 logged = []
-                for n, lsn in zip(names, lsns, strict=True):
-                    committing, aborted = _markers_in_wal(nodes[n], n, gid, lsn_from_str(lsn))
-                    if committing and not aborted:
+                for group in _by_server(names, nodes):
+                    start = min(lsn_from_str(lsns[names.index(n)]) for n in group)
+                    committing, aborted = _marker_counts(nodes[group[0]], group[0], gid, start)
+                    # Markers go to the participants in their recorded order, so on
+                    # each server the nodes with `committing` are the first ones of
+                    # the group, and those with `abort` a prefix of those.
+                    for n in group[aborted:committing]:
                         emit_flushed(nodes[n], markers.abort(gid))
                         logged.append(n)
                 if logged:
@@ -201,8 +205,27 @@ def _finish_prepared(conn: Connection, local_gid: str, how: str) -> bool:
     return True
 
 
-def _markers_in_wal(conn: Connection, node: str, gid: str, start: int) -> tuple[bool, bool]:
-    """Whether this node's WAL from `start` holds `committing <gid> ...` and `abort <gid>`."""
+def _by_server(names: list[str], nodes: Mapping[str, Connection]) -> list[list[str]]:
+    """The participants grouped by the server (the WAL) they live on, each group in `names` order.
+
+    Nodes may be databases of one server, and pg_walinspect shows a
+    server's whole WAL without the database of a logical message: markers
+    can be told apart only by counting them per server.  A server is its
+    system identifier and postmaster start time (a clone shares the former).
+    """
+    groups: dict[Any, list[str]] = {}
+    for n in names:
+        row = (
+            nodes[n]
+            .execute("SELECT system_identifier, pg_postmaster_start_time() FROM pg_control_system()")
+            .fetchone()
+        )
+        groups.setdefault(row, []).append(n)
+    return list(groups.values())
+
+
+def _marker_counts(conn: Connection, node: str, gid: str, start: int) -> tuple[int, int]:
+    """How many `committing <gid> ...` and `abort <gid>` this server's WAL holds from `start`."""
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
     # The dead writer's markers may still be unflushed, and pg_walinspect
     # reads only flushed WAL: a commit with an xid flushes up to itself.
@@ -211,7 +234,7 @@ def _markers_in_wal(conn: Connection, node: str, gid: str, start: int) -> tuple[
     assert row is not None
     end = row[0]
     pattern = f'non-transactional, prefix "{markers.PREFIX}"; payload (% bytes): %{_hex(" " + gid)}%'
-    committing = aborted = False
+    committing = aborted = 0
     try:
         rows = conn.execute(_MARKERS_OF, (lsn_to_str(start), end, pattern)).fetchall()
     except psycopg.Error as e:
@@ -227,8 +250,8 @@ def _markers_in_wal(conn: Connection, node: str, gid: str, start: int) -> tuple[
         except ValueError:
             continue
         if m.gid == gid:
-            committing |= m.kind == "committing"
-            aborted |= m.kind == "abort"
+            committing += m.kind == "committing"
+            aborted += m.kind == "abort"
     return committing, aborted
 
 
