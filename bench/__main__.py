@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from bench import bigtxn_bench, decode_bench, merge_bench, reader_bench
+from bench import bigtxn_bench, decode_bench, gtm_bench, merge_bench, reader_bench
 from bench.common import out_path
 
 BIG_TXN_MB = 1024
@@ -114,6 +114,23 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
             " / ".join(f"{m[f'merge_only_{n}']['us_per_txn']:.1f}" for n in (1, 2, 3)) + " µs",
         )
     )
+    g = r.get("gtm")
+    if g:
+        tp = g["throughput"]
+        rows.append(
+            (
+                f"`csnd workload`: distributed transactions, {tp['nodes']} local servers, {tp['writers']} writer "
+                "processes, shared GTM",
+                f"{_f(tp['transactions_per_s'])} transactions/s",
+            )
+        )
+        lat = g["tick_latency"]
+        rows.append(
+            (
+                "`tick` emit to a logical replication client, idle server: alone / in a flushing transaction",
+                f"p50 {lat['unflushed']['p50_ms']:.0f} ms / {lat['flushed']['p50_ms']:.1f} ms",
+            )
+        )
     return rows
 
 
@@ -127,6 +144,8 @@ def main() -> None:
     results["merge"] = merge_bench.main()
     print(f"bench: one {BIG_TXN_MB} MB transaction ...", file=sys.stderr)
     results["bigtxn"] = bigtxn_bench.run(BIG_TXN_MB)
+    print("bench: cluster kit (3 servers, 4 writers) ...", file=sys.stderr)
+    results["gtm"] = gtm_bench.main()
     with open(out_path("results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     print("| benchmark | result |")

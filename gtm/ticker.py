@@ -15,8 +15,10 @@ on a node logs `committing` there before it takes its commit CSN, so its
 Flushing.  PostgreSQL 15 writes a non-transactional message to the WAL
 without flushing it (DESIGN section 9); on an idle node nothing else
 flushes it, so it reaches the walsender only when the WAL writer does, every
-`wal_writer_delay` (200 ms by default; bench/gtm_bench.py measures the
-arrival at a logical replication client both ways: LATENCY_NOTE below).  A watermark
+`wal_writer_delay` (200 ms by default).  bench/gtm_bench.py times a tick
+on an idle server from the emit call to its line at a logical replication
+client (pg_recvlogical): alone, p50 150 ms, p90 153 ms (up to the WAL
+writer's next round); in the flushing transaction, p50 1.0 ms, p90 2.9 ms.  A watermark
 that arrives 200 ms late is 200 ms of extra latency for every transaction
 behind it.  So each tick is written in a tiny transaction that has an xid
 (`writer.emit_flushed`): its commit flushes the WAL up to itself and wakes
