@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from bench import bigtxn_bench, changelog_bench, decode_bench, merge_bench, reader_bench
+from bench import bigtxn_bench, changelog_bench, decode_bench, gtm_bench, merge_bench, reader_bench
 from bench.common import out_path
 
 BIG_TXN_MB = 1024
@@ -116,6 +116,23 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     )
     if "changelog" in r:
         rows.extend(changelog_bench.table(r["changelog"]))
+    g = r.get("gtm")
+    if g:
+        tp = g["throughput"]
+        rows.append(
+            (
+                f"`csnd workload`: distributed transactions, {tp['nodes']} local servers, {tp['writers']} writer "
+                "processes, shared GTM",
+                f"{_f(tp['transactions_per_s'])} transactions/s",
+            )
+        )
+        lat = g["tick_latency"]
+        rows.append(
+            (
+                "`tick` emit to a logical replication client, idle server: alone / in a flushing transaction",
+                f"p50 {lat['unflushed']['p50_ms']:.0f} ms / {lat['flushed']['p50_ms']:.1f} ms",
+            )
+        )
     return rows
 
 
@@ -131,6 +148,8 @@ def main() -> None:
     results["bigtxn"] = bigtxn_bench.run(BIG_TXN_MB)
     print("bench: changelog ...", file=sys.stderr)
     results["changelog"] = changelog_bench.main()
+    print("bench: cluster kit (3 servers, 4 writers) ...", file=sys.stderr)
+    results["gtm"] = gtm_bench.main()
     with open(out_path("results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     print("| benchmark | result |")

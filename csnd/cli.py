@@ -13,6 +13,7 @@ from csnd import __version__
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.core.ids import lsn_to_str
+from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
 from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_subscribe_parser(sub)
     add_service_parsers(sub)
+    from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers
+
+    add_cluster_kit_parsers(sub)
     return parser
 
 
@@ -317,6 +321,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "changelog": cmd_changelog,
 }
+COMMANDS.update(CLUSTER_KIT_COMMANDS)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,11 @@
                                                   (synthetic cluster,   DIR/expected.jsonl
                                                    emulated walsenders)
 
+Live clusters: `PgGtm` (pggtm) is the shared, durable sequencer and commit
+log on a designated server; `recover_in_doubt` (recovery) finishes what dead
+writers left; `Ticker` (ticker) writes flushed watermarks; `csnd workload`
+(liveload, commands) runs concurrent writer processes.
+
 Both writers follow the same commit protocol (DESIGN section 2): `committing`
 with the GTM's current CSN on every node, then a new CSN from the GTM, then the
 transactional `commit` marker and the commit on every node; `abort` when a
@@ -18,17 +23,26 @@ texts live in `gtm.markers`.
 from csnd.gtm.generate import generate_cluster
 from csnd.gtm.markers import Marker, parse_marker
 from csnd.gtm.options import GenerateOptions, GenerateSummary
-from csnd.gtm.sequencer import Gtm
-from csnd.gtm.writer import CommitIncomplete, GlobalTransaction, tick
+from csnd.gtm.pggtm import PgGtm
+from csnd.gtm.recovery import RecoveryReport, recover_in_doubt
+from csnd.gtm.sequencer import Gtm, Sequencer
+from csnd.gtm.ticker import Ticker
+from csnd.gtm.writer import CommitIncomplete, CommitInDoubt, GlobalTransaction, tick
 
 __all__ = [
+    "CommitInDoubt",
     "CommitIncomplete",
     "GenerateOptions",
     "GenerateSummary",
     "GlobalTransaction",
     "Gtm",
     "Marker",
+    "PgGtm",
+    "RecoveryReport",
+    "Sequencer",
+    "Ticker",
     "generate_cluster",
     "parse_marker",
+    "recover_in_doubt",
     "tick",
 ]

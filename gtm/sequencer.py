@@ -10,20 +10,52 @@ protocol needs only two operations:
 - `next()`: a new CSN, strictly larger than every CSN handed out before.  It is
   a transaction's *commit* CSN.
 
-The sequencer is pure (no clock, no I/O) so the synthetic generator can replay
-it deterministically, and it is guarded by a lock so the live writer helper
-(`gtm.writer`) can share one instance between threads.
+Two implementations share this interface (`Sequencer`): `Gtm` here, pure (no
+clock, no I/O) so the synthetic generator can replay it deterministically and
+guarded by a lock so the live writer helper can share it between threads; and
+`gtm.pggtm.PgGtm`, a PostgreSQL sequence on a designated server that writer
+processes on any machine share.
+
+A sequencer also keeps the writers' *commit log* -- what in-doubt recovery
+(`gtm.recovery`) needs to finish a transaction whose writer died mid-commit:
+`begin_commit` (the intent: which nodes, from which WAL position, before the
+first `committing` marker), `decide_commit` (the commit point: written after
+every node prepared, before the first COMMIT PREPARED) and `end_commit` (the
+transaction is finished everywhere).  `Gtm` lives in one process and dies with
+its writers, so for it they do nothing; `PgGtm` writes them durably.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from typing import Protocol
 
 from csnd.core.ids import Csn
 
 
+class Sequencer(Protocol):
+    """What a writer needs from a GTM (see the module docstring)."""
+
+    def current(self) -> Csn: ...
+
+    def next(self) -> Csn: ...
+
+    def begin_commit(self, gid: str, start_lsns: Mapping[str, int]) -> Csn:
+        """Record that `gid` is entering its commit on these nodes; returns `current()`."""
+        ...
+
+    def decide_commit(self, gid: str, csn: Csn) -> None:
+        """Record (durably, for a shared GTM) that `gid` commits with `csn`: the point of no return."""
+        ...
+
+    def end_commit(self, gid: str) -> None:
+        """`gid` is committed or aborted on every node; its record may go."""
+        ...
+
+
 class Gtm:
-    """A thread-safe monotonic CSN sequencer.
+    """A thread-safe monotonic CSN sequencer, in process.
 
     `start` is the value `current()` returns before the first `next()`; the
     first commit CSN is `start + 1`.  CSN 0 is never handed out, so 0 can mean
@@ -48,6 +80,16 @@ class Gtm:
         with self._lock:
             self._csn += 1
             return Csn(self._csn)
+
+    # An in-process GTM dies with its writers: there is nothing to recover.
+    def begin_commit(self, gid: str, start_lsns: Mapping[str, int]) -> Csn:
+        return self.current()
+
+    def decide_commit(self, gid: str, csn: Csn) -> None:
+        pass
+
+    def end_commit(self, gid: str) -> None:
+        pass
 
     def __repr__(self) -> str:
         return f"Gtm(current={self._csn})"

@@ -5,12 +5,16 @@ them with the protocol csnd's GTM mode reads (DESIGN section 2):
 
     per statement    BEGIN on first touch; `cid <n>` (transactional) before
                      statement n on a node, once the txn spans several nodes
-    commit           1. `committing <gid> <gtm.current()>` (non-transactional) on each node
+    commit           0. gtm.begin_commit(gid, nodes): the intent (durable for a shared GTM)
+                     1. `committing <gid> <current>` (non-transactional) on each node
                      2. csn = gtm.next()
                      3. on each node: `commit <gid> <csn>` (transactional), PREPARE TRANSACTION
-                     4. on each node: COMMIT PREPARED
-    failure in 1-3   ROLLBACK [PREPARED] on each node, then `abort <gid>` on every
-                     node where `committing` was logged
+                     4. gtm.decide_commit(gid, csn): the point of no return
+                     5. on each node: COMMIT PREPARED; gtm.end_commit(gid)
+    failure in 0-3   ROLLBACK [PREPARED] on each node, then `abort <gid>` on every
+                     node where `committing` was logged (in a tiny transaction
+                     whose commit flushes it, so it unblocks the stream at once)
+    failure in 4     the transaction is in doubt: left prepared for recovery
 
 Why this order.  The commit CSN is taken only after `committing` is in every
 node's WAL, so a node's sender knows a txn is in flight before any CSN larger
@@ -19,9 +23,22 @@ CSN, so it follows step 2, and it must be inside the local transaction, so it
 precedes PREPARE (after PREPARE the session has no transaction left).
 `abort` is logged after the rollback, when it is certain the txn will not
 commit.  The local PREPARE identifier is `<gid>@<node>`: prepared-transaction
-names are server-wide, and two "nodes" may be databases of one server.  COMMIT PREPARED is the point of no return: if it fails on a node,
-the txn stays prepared there (durably, with its commit marker) and must be
-committed with COMMIT PREPARED; `CommitIncomplete` says where.
+names are server-wide, and two "nodes" may be databases of one server.
+
+The decision (step 4) is the point of no return, as a two-phase commit
+coordinator's log record: before it, recovery rolls the transaction back;
+after it, recovery commits it wherever it is still prepared.  Every node
+having prepared is necessary for the decision but cannot replace it: once
+one node has committed, "prepared everywhere" no longer holds, and only the
+record tells recovery the others must commit too.  If the decision itself
+fails (the GTM connection broke), it may or may not be durable, so the
+writer neither commits nor rolls back: `CommitInDoubt`, and
+`csnd gtm recover` finishes it.  If COMMIT PREPARED fails on a node after
+the decision, the txn stays prepared there (durably, with its commit marker)
+and recovery commits it; `CommitIncomplete` says where.
+
+`pause` is a test hook: called with the name of each step as it is reached
+(`PAUSE_POINTS`), so a test can stop a writer process there and kill it.
 
 cid markers are lazy: while the txn has touched a single node, its statements
 need no markers (the node's stream order already orders them); from the first
@@ -39,21 +56,65 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 
-from csnd.core.ids import Csn
+from csnd.core.ids import Csn, lsn_from_str
 from csnd.gtm import markers
-from csnd.gtm.sequencer import Gtm
+from csnd.gtm.sequencer import Sequencer
 
 _GID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _EMIT = "SELECT pg_logical_emit_message(%s::boolean, %s::text, %s::text)"
+# A non-transactional marker is written to the WAL but not flushed (DESIGN
+# section 9): it would reach the walsender only at the next commit or WAL
+# writer round (wal_writer_delay).  In a transaction that has an xid, the
+# commit record makes the commit flush the WAL up to it, marker included,
+# and wakes the walsenders.  pg_current_xact_id() is the cheapest way to get
+# an xid; the transaction has no changes, so decoding skips it.  One simple
+# query, one round trip; synchronous_commit is forced on for it (a server
+# running with it off would not flush at commit).
+_EMIT_FLUSHED = sql.SQL(
+    "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_logical_emit_message(false, 'csn', {}); "
+    "SELECT pg_current_xact_id(); COMMIT"
+)
+
+# The steps of commit(), in order, as passed to the `pause` hook.
+PAUSE_POINTS: Final = (
+    "intent",  # begin_commit recorded; no marker yet
+    "committing",  # `committing` logged on a node (the first call: on one node only)
+    "csn",  # committing on every node, commit csn taken, nothing prepared
+    "prepared",  # a node prepared (the first call: one node only)
+    "all-prepared",  # every node prepared, no decision yet
+    "decided",  # decision recorded, nothing committed
+    "committed-one",  # a node committed (the first call: one node only)
+)
 
 Connection = psycopg.Connection[Any]
+Pause = Callable[[str], None]
+
+
+class CommitInDoubt(Exception):
+    """Recording the commit decision failed: it may or may not be durable.
+
+    The txn is prepared on every node and left so; `csnd gtm recover`
+    commits it if the decision reached the GTM and rolls it back otherwise.
+    """
+
+    def __init__(self, gid: str, csn: int, reason: str) -> None:
+        self.gid = gid
+        self.csn = csn
+        self.reason = reason
+        super().__init__(
+            f"global transaction {gid} (csn {csn}) is in doubt: its commit decision may not have "
+            f"reached the gtm ({reason}); it stays prepared on every node until csnd gtm recover runs"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CommitInDoubt, (self.gid, self.csn, self.reason))
 
 
 class CommitIncomplete(Exception):
@@ -82,7 +143,12 @@ def emit(conn: Connection, transactional: bool, content: str) -> None:
     conn.execute(_EMIT, (transactional, markers.PREFIX, content))
 
 
-def tick(conn: Connection, gtm: Gtm) -> Csn:
+def emit_flushed(conn: Connection, content: str) -> None:
+    """Write a non-transactional `csn` marker and flush it (see _EMIT_FLUSHED); the session must be idle."""
+    conn.execute(_EMIT_FLUSHED.format(sql.Literal(content)))
+
+
+def tick(conn: Connection, gtm: Sequencer, *, flush: bool = False) -> Csn:
     """Write `tick <gtm.current()>` on a node; returns the CSN written.
 
     Valid whenever called: a txn not yet committing on this node has not taken
@@ -90,16 +156,25 @@ def tick(conn: Connection, gtm: Gtm) -> Csn:
     larger than the value read here.
     """
     csn = gtm.current()
-    emit(conn, False, markers.tick(csn))
+    write_tick(conn, csn, flush=flush)
     return csn
 
 
-class _Node:
-    __slots__ = ("name", "conn", "local_gid", "cid", "committing_logged", "prepared")
+def write_tick(conn: Connection, csn: Csn, *, flush: bool = False) -> None:
+    """Write `tick <csn>`; `csn` must have been read from the GTM before this call."""
+    if flush:
+        emit_flushed(conn, markers.tick(csn))
+    else:
+        emit(conn, False, markers.tick(csn))
 
-    def __init__(self, name: str, conn: Connection, gid: str) -> None:
+
+class _Node:
+    __slots__ = ("name", "conn", "local_gid", "cid", "committing_logged", "prepared", "start_lsn")
+
+    def __init__(self, name: str, conn: Connection, gid: str, start_lsn: int) -> None:
         self.name = name
         self.conn = conn
+        self.start_lsn = start_lsn  # WAL insert position before this txn's first marker here
         self.local_gid = sql.Literal(f"{gid}@{name}")
         self.cid = 0
         self.committing_logged = False
@@ -109,7 +184,14 @@ class _Node:
 class GlobalTransaction:
     """One global transaction over several nodes; see the module docstring."""
 
-    def __init__(self, gtm: Gtm, nodes: Mapping[str, Connection], gid: str | None = None) -> None:
+    def __init__(
+        self,
+        gtm: Sequencer,
+        nodes: Mapping[str, Connection],
+        gid: str | None = None,
+        *,
+        pause: Pause | None = None,
+    ) -> None:
         gid = gid or f"g-{uuid.uuid4().hex[:20]}"
         if not _GID_RE.match(gid):
             raise ValueError(f"gid {gid!r} must be 1-200 characters of letters, digits and . _ : -")
@@ -118,6 +200,7 @@ class GlobalTransaction:
                 raise ValueError(f"node {name}: the connection must be in autocommit mode")
         self.gtm = gtm
         self.gid = gid
+        self._pause = pause
         self.nodes = dict(nodes)
         self.csn: Csn | None = None
         self.state = "active"  # -> "committed" | "aborted"
@@ -163,8 +246,11 @@ class GlobalTransaction:
                 raise ValueError(
                     f"unknown node {node!r}; this transaction has {sorted(self.nodes)}"
                 ) from None
-            conn.execute("BEGIN")
-            n = self._touched[node] = _Node(node, conn, self.gid)
+            # The insert position is a lower bound of this txn's markers here,
+            # where recovery looks for them; asked in BEGIN's round trip.
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text; BEGIN").fetchone()
+            assert row is not None
+            n = self._touched[node] = _Node(node, conn, self.gid, lsn_from_str(row[0]))
         return n
 
     def _check_active(self) -> None:
@@ -180,19 +266,36 @@ class GlobalTransaction:
         if not nodes:
             self.state = "committed"
             return None
+        gtm, gid, pause = self.gtm, self.gid, self._pause or _no_pause
         try:
+            committing = gtm.begin_commit(gid, {n.name: n.start_lsn for n in nodes})
+            pause("intent")
             for n in nodes:
-                emit(n.conn, False, markers.committing(self.gid, self.gtm.current()))
+                emit(n.conn, False, markers.committing(gid, committing))
                 n.committing_logged = True
-            csn = self.gtm.next()
+                pause("committing")
+            csn = gtm.next()
+            pause("csn")
             for n in nodes:
-                emit(n.conn, True, markers.commit(self.gid, csn))
+                emit(n.conn, True, markers.commit(gid, csn))
                 n.conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(n.local_gid))
                 n.prepared = True
+                pause("prepared")
+            pause("all-prepared")
         except BaseException as e:
-            for err in self._abort(nodes):
-                e.add_note(f"while rolling back global transaction {self.gid}: {err}")
+            errors = self._abort(nodes)
+            for err in errors:
+                e.add_note(f"while rolling back global transaction {gid}: {err}")
+            if not errors:
+                gtm.end_commit(gid)
             raise
+        try:
+            gtm.decide_commit(gid, csn)
+        except Exception as e:
+            self.state = "in-doubt"
+            self.csn = csn
+            raise CommitInDoubt(gid, csn, str(e)) from e
+        pause("decided")
         committed: list[str] = []
         for i, n in enumerate(nodes):
             try:
@@ -200,8 +303,10 @@ class GlobalTransaction:
             except psycopg.Error as e:
                 self.state = "committed"
                 self.csn = csn
-                raise CommitIncomplete(self.gid, csn, committed, [m.name for m in nodes[i:]]) from e
+                raise CommitIncomplete(gid, csn, committed, [m.name for m in nodes[i:]]) from e
             committed.append(n.name)
+            pause("committed-one")
+        gtm.end_commit(gid)
         self.state = "committed"
         self.csn = csn
         return csn
@@ -230,7 +335,7 @@ class GlobalTransaction:
         for n in nodes:
             if n.committing_logged:
                 try:
-                    emit(n.conn, False, markers.abort(self.gid))
+                    emit_flushed(n.conn, markers.abort(self.gid))
                 except psycopg.Error as e:
                     errors.append(e)
         return errors
@@ -244,3 +349,7 @@ class GlobalTransaction:
                 self.commit()
             else:
                 self.rollback()
+
+
+def _no_pause(step: str) -> None:
+    pass
