@@ -174,7 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _tune_gc()
-    if args.command in ("replay", "record", "subscribe", "serve"):  # (a node agent handles SIGTERM itself)
+    if args.command in (
+        "replay",
+        "record",
+        "subscribe",
+        "serve",
+        "gtm",
+    ):  # (a node agent handles SIGTERM itself)
         install_stop_handlers()
     try:
         return int(COMMANDS[args.command](args))

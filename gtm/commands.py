@@ -40,6 +40,20 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--node", action="append", type=_node, required=True, metavar="NAME=URL")
     r.add_argument("--wait", type=float, default=2.0, help="seconds to wait for writers' sessions to end")
 
+    t = gsub.add_parser(
+        "tick",
+        help="write 'tick' watermarks to every node until stopped",
+        description="The GTM's ticker as a process of its own: every --interval seconds it writes "
+        "'tick <the GTM's current CSN>' to every node, flushed, so an idle node never holds back the "
+        "merge of a csnd in GTM mode (a keepalive is no tick there). Shorter intervals: lower latency "
+        "for transactions waiting on an idle node; longer: less WAL and fewer walsender wake-ups. "
+        "Runs until SIGTERM or Ctrl-C.",
+    )
+    t.add_argument("--gtm", required=True, metavar="URL", help="the GTM server")
+    t.add_argument("--gtm-name", default=DEFAULT_NAME, help=f"sequence name (default {DEFAULT_NAME})")
+    t.add_argument("--node", action="append", type=_node, required=True, metavar="NAME=URL")
+    t.add_argument("--interval", type=float, default=TICK_INTERVAL, metavar="SECONDS")
+
     w = sub.add_parser(
         "workload",
         help="run concurrent distributed writers on live nodes through the shared GTM",
@@ -65,6 +79,30 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_gtm(args: argparse.Namespace) -> int:
+    if args.gtm_command == "tick":
+        return _tick(args)
+    return _recover(args)
+
+
+def _tick(args: argparse.Namespace) -> int:
+    import threading
+
+    from csnd.gtm.pggtm import PgGtm
+    from csnd.gtm.ticker import Ticker
+
+    if args.interval <= 0:
+        raise ConfigError("--interval must be > 0")
+    with PgGtm(args.gtm, args.gtm_name) as gtm:
+        ticker = Ticker(gtm, dict(args.node), args.interval).start()
+        print(f"csnd gtm tick: ticking {len(args.node)} nodes every {args.interval}s", file=sys.stderr)
+        try:
+            threading.Event().wait()  # until SIGTERM / Ctrl-C (KeyboardInterrupt)
+        finally:
+            ticker.stop()
+    return 0
+
+
+def _recover(args: argparse.Namespace) -> int:
     from csnd.gtm.pggtm import PgGtm
     from csnd.gtm.recovery import recover_in_doubt
 

@@ -12,6 +12,16 @@ Valid whenever written (DESIGN section 2): a transaction not yet committing
 on a node logs `committing` there before it takes its commit CSN, so its
 `next()` starts after this `current()` returned and is greater.
 
+An idle cluster.  A node's watermark after `tick c` is c - 1 (DESIGN section
+3: the watermark is min(latest tick, ...) - 1), so ticks of `current()` alone
+leave every watermark one short of the last CSN handed out: the last
+transaction before a quiet spell would wait in the merge for the next commit
+anywhere.  When `current()` has not moved since the previous round, the
+ticker takes `next()` instead -- a CSN no transaction will use -- so the
+watermarks pass every CSN handed out and that transaction is released one
+interval later.  A busy cluster moves `current()` itself and spends no CSNs
+on ticks.
+
 Flushing.  PostgreSQL 15 writes a non-transactional message to the WAL
 without flushing it (DESIGN section 9); on an idle node nothing else
 flushes it, so it reaches the walsender only when the WAL writer does, every
@@ -92,6 +102,8 @@ class Ticker:
     def tick_once(self) -> Csn:
         """One round: the current CSN to every node; returns it."""
         csn = self.gtm.current()
+        if csn == self.last_csn:  # nothing handed out since the last round: move past it (see above)
+            csn = self.gtm.next()
         for name, conninfo in self.nodes.items():
             try:
                 conn = self._conns.get(name)

@@ -16,15 +16,24 @@ from typing import Any
 CSND = [sys.executable, "-m", "csnd.cli"]
 
 
-def wait_for(cond: Callable[[], Any], what: str, seconds: float = 120.0, every: float = 0.1) -> Any:
-    """Wait until `cond()` is truthy (a state, not a duration: the ceiling is only a safety net)."""
+def wait_for(
+    cond: Callable[[], Any],
+    what: str,
+    seconds: float = 120.0,
+    every: float = 0.1,
+    diagnose: Callable[[], Any] | None = None,
+) -> Any:
+    """Wait until `cond()` is truthy (a state, not a duration: the ceiling is only a safety net).
+
+    `diagnose()`, if given, is added to the failure message (e.g. the service's status)."""
     deadline = time.monotonic() + seconds
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+            extra = f"; {diagnose()}" if diagnose is not None else ""
+            raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}{extra}")
         time.sleep(every)
 
 
