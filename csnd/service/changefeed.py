@@ -227,7 +227,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     records = log.read(pos)
                 for csn, line in records:
                     pos = csn
-                    kept = filt.keep(line)
+                    try:
+                        kept = filt.keep(line)
+                    except ValueError as e:
+                        _bad_line(context, csn, e)
                     if kept is not None and (batch := builder.add(csn, kept)) is not None:
                         self._sent(cid, batch[-1][0], len(batch))
                         yield _batch_response(batch)
@@ -336,7 +339,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:
             for csn, line in self.log.read(after, until):
-                kept = filt.keep(line)
+                try:
+                    kept = filt.keep(line)
+                except ValueError as e:
+                    _bad_line(context, csn, e)
                 if kept is not None and (batch := builder.add(csn, kept)) is not None:
                     yield pb.FetchResponse(batch=_batch(batch))
                     if self.stopping.is_set():
@@ -450,6 +456,15 @@ def _keepalive() -> pb.SubscribeResponse:
 
 def _out_of_range(context: grpc.ServicerContext, after: int, e: CsnOutOfRange) -> NoReturn:
     _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
+
+
+def _bad_line(context: grpc.ServicerContext, csn: int, e: ValueError) -> NoReturn:
+    _abort(
+        context,
+        grpc.StatusCode.DATA_LOSS,
+        f"the changelog's record of csn {csn} is not a transaction line ({e}); it cannot be filtered: "
+        "check the changelog (csnd changelog DIR) and report this",
+    )
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:

@@ -85,19 +85,60 @@ def filter_line(
     line is not a transaction object with a `changes` array.
     """
     text = line.decode("utf-8")
-    open_at, close_at, spans = _changes(text)
-    kept = [
-        (start, end) for start, end, schema, table in spans if (schema, table) in tables or schema in schemas
-    ]
-    if not kept:
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not a transaction line: {e}") from None
+    changes = obj.get("changes") if isinstance(obj, dict) else None
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise ValueError("not a transaction line: it has no changes array of objects")
+    wanted = [(c.get("schema"), c.get("table")) in tables or c.get("schema") in schemas for c in changes]
+    if not any(wanted):
         return None
-    if len(kept) == len(spans):
+    if all(wanted):
         return line
-    body = ", ".join(text[start:end] for start, end in kept)
+    found = _canonical_spans(text, obj) or _changes(text)
+    open_at, close_at, spans = found
+    body = ", ".join(text[start:end] for (start, end, _, _), keep in zip(spans, wanted, strict=True) if keep)
     return (text[: open_at + 1] + body + text[close_at:]).encode("utf-8")
 
 
-def _changes(text: str) -> tuple[int, int, list[tuple[int, int, object, object]]]:
+Spans = tuple[int, int, list[tuple[int, int, object, object]]]
+
+
+def _canonical_spans(text: str, obj: dict[str, object]) -> Spans | None:
+    """The spans of the changes when the line is exactly what json.dumps writes (csnd's own lines).
+
+    Each piece is re-encoded only to be compared with the text (C speed); a
+    line written any other way (spacing, a number written `1.50`) gets None,
+    and the slower walk over the text itself.
+    """
+    keys = list(obj)
+    if not keys or keys[-1] != "changes" or len(keys) < 2:
+        return None
+    changes = obj["changes"]
+    assert isinstance(changes, list)
+    head = _encode({k: obj[k] for k in keys[:-1]})[:-1] + ', "changes": ['
+    if not text.startswith(head):
+        return None
+    pos = len(head)
+    spans: list[tuple[int, int, object, object]] = []
+    for i, change in enumerate(changes):
+        if i:
+            if not text.startswith(", ", pos):
+                return None
+            pos += 2
+        piece = _encode(change)
+        if not text.startswith(piece, pos):
+            return None
+        spans.append((pos, pos + len(piece), None, None))
+        pos += len(piece)
+    if text[pos:] != "]}":
+        return None
+    return len(head) - 1, pos, spans
+
+
+def _changes(text: str) -> Spans:
     """Where the `changes` array opens and closes, and each change's span, schema and table.
 
     Walks the top-level object with the json module's own scanner, so every
@@ -114,7 +155,7 @@ def _changes(text: str) -> tuple[int, int, list[tuple[int, int, object, object]]
         if text[i] != "{":
             raise ValueError("not a JSON object")
         i = space(text, i + 1)
-        found: tuple[int, int, list[tuple[int, int, object, object]]] | None = None
+        found: Spans | None = None
         while text[i] != "}":
             key, i = _scan(text, i)
             i = space(text, i)

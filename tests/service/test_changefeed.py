@@ -418,3 +418,20 @@ def test_stop_ends_streams_cleanly(log: Changelog) -> None:
         release.set()
         stopper.join()
         assert got == [1, 2, 3] and call.code() == grpc.StatusCode.OK
+
+
+def test_a_record_that_is_not_a_transaction_is_data_loss(log: Changelog) -> None:
+    fill(log, range(1, 3))
+    log.append(3, b'{"csn": 3, "changes": [{"schema": "public", "table": "acct"}')  # (cut short)
+    log.sync()
+    srv = serve(log)
+    try:
+        feed = Changefeed(srv.address, tables=["public.acct"])
+        with pytest.raises(ChangefeedError, match="record of csn 3 is not a transaction line"):
+            feed.next(timeout=30)
+            feed.next(timeout=30)
+        with pytest.raises(ChangefeedError, match="record of csn 3 is not a transaction line"):
+            list(fetch(srv.address, tables=["public.acct"]))
+        assert [c for c, _ in fetch(srv.address)] == [1, 2, 3]  # (unfiltered, it is passed on as stored)
+    finally:
+        srv.stop()

@@ -96,6 +96,28 @@ def test_filter_keeps_head_bytes_and_refuses_non_transactions() -> None:
             filter_line(bad, frozenset({("a", "b")}))
 
 
+@SETTINGS
+@given(txn=transactions(), wanted=st.frozensets(st.tuples(names, names), max_size=4))
+def test_filter_of_a_line_written_otherwise_keeps_its_bytes(
+    txn: dict[str, object], wanted: frozenset[tuple[str, str]]
+) -> None:
+    """A line not in json.dumps's exact form (other spacing, numbers like 1.50) is cut, not re-encoded."""
+    changes = txn["changes"]
+    assert isinstance(changes, list)
+    pieces = [json.dumps(c, ensure_ascii=False).replace('"cid": ', '"cid":  ') + " " for c in changes]
+    pieces = [p.replace('"lsn"', '"n": 1.50, "lsn"') for p in pieces]
+    head = json.dumps({k: v for k, v in txn.items() if k != "changes"}, ensure_ascii=False)[:-1]
+    line = f'{head}, "changes": [ {",".join(pieces)}] }}'.encode()
+    kept = [p for p, c in zip(pieces, changes, strict=True) if (c["schema"], c["table"]) in wanted]
+    got = filter_line(line, wanted)
+    if not kept:
+        assert got is None
+    elif len(kept) == len(changes):
+        assert got is line
+    else:
+        assert got == f'{head}, "changes": [{", ".join(p.rstrip() for p in kept)}] }}'.encode()
+
+
 @pytest.mark.parametrize(
     ("spec", "expect"),
     [
