@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from csnd import __version__
+from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.core.ids import lsn_to_str
 from csnd.sources import SourceSpec, parse_lsn_arg, parse_source
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster and merge it, in process and with one node agent process per node over gRPC, "
         "checking both against the generator's expected output. Writes to demo-out/.",
     )
+    add_subscribe_parser(sub)
     return parser
 
 
@@ -157,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _tune_gc()
-    if args.command in ("replay", "record"):  # (a node agent handles SIGTERM itself)
+    if args.command in ("replay", "record", "subscribe"):  # (a node agent handles SIGTERM itself)
         install_stop_handlers()
     try:
         return int(COMMANDS[args.command](args))
@@ -281,6 +283,7 @@ COMMANDS = {
     "node": cmd_node,
     "generate": cmd_generate,
     "demo": cmd_demo,
+    "subscribe": cmd_subscribe,
 }
 
 if __name__ == "__main__":

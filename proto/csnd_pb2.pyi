@@ -119,3 +119,175 @@ class Keepalive(_message.Message):
     SEND_TIME_US_FIELD_NUMBER: _ClassVar[int]
     send_time_us: int
     def __init__(self, send_time_us: _Optional[int] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("start", "ack", "keepalive")
+    START_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
+    start: SubscribeStart
+    ack: SubscribeAck
+    keepalive: FeedKeepalive
+    def __init__(self, start: _Optional[_Union[SubscribeStart, _Mapping]] = ..., ack: _Optional[_Union[SubscribeAck, _Mapping]] = ..., keepalive: _Optional[_Union[FeedKeepalive, _Mapping]] = ...) -> None: ...
+
+class SubscribeStart(_message.Message):
+    __slots__ = ("after_csn", "name", "tables")
+    AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    after_csn: int
+    name: str
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, after_csn: _Optional[int] = ..., name: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubscribeAck(_message.Message):
+    __slots__ = ("csn",)
+    CSN_FIELD_NUMBER: _ClassVar[int]
+    csn: int
+    def __init__(self, csn: _Optional[int] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("batch", "keepalive", "subscribed")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    batch: TransactionBatch
+    keepalive: FeedKeepalive
+    subscribed: Subscribed
+    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ..., keepalive: _Optional[_Union[FeedKeepalive, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ...) -> None: ...
+
+class FeedKeepalive(_message.Message):
+    __slots__ = ("send_time_us", "reply_requested")
+    SEND_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    REPLY_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    send_time_us: int
+    reply_requested: bool
+    def __init__(self, send_time_us: _Optional[int] = ..., reply_requested: _Optional[bool] = ...) -> None: ...
+
+class Subscribed(_message.Message):
+    __slots__ = ("after_csn", "oldest_csn", "newest_csn")
+    AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_CSN_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_CSN_FIELD_NUMBER: _ClassVar[int]
+    after_csn: int
+    oldest_csn: int
+    newest_csn: int
+    def __init__(self, after_csn: _Optional[int] = ..., oldest_csn: _Optional[int] = ..., newest_csn: _Optional[int] = ...) -> None: ...
+
+class Transaction(_message.Message):
+    __slots__ = ("csn", "line")
+    CSN_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    csn: int
+    line: bytes
+    def __init__(self, csn: _Optional[int] = ..., line: _Optional[bytes] = ...) -> None: ...
+
+class TransactionBatch(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[Transaction]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[Transaction, _Mapping]]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("after_csn", "until_csn", "tables")
+    AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_CSN_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    after_csn: int
+    until_csn: int
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FetchResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: TransactionBatch
+    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version")
+    TIME_US_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CHANGELOG_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    time_us: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    changelog: ChangelogStatus
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStatus]
+    version: str
+    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("name", "mode", "state", "received_lsn", "confirmed_lsn", "watermark_csn", "lag_bytes", "lag_seconds", "stuck", "error", "transactions", "changes", "retained_wal_bytes", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_LSN_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_LSN_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_CSN_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STUCK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_WAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mode: str
+    state: str
+    received_lsn: int
+    confirmed_lsn: int
+    watermark_csn: int
+    lag_bytes: int
+    lag_seconds: float
+    stuck: bool
+    error: str
+    transactions: int
+    changes: int
+    retained_wal_bytes: int
+    source: str
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., received_lsn: _Optional[int] = ..., confirmed_lsn: _Optional[int] = ..., watermark_csn: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., error: _Optional[str] = ..., transactions: _Optional[int] = ..., changes: _Optional[int] = ..., retained_wal_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class ChangelogStatus(_message.Message):
+    __slots__ = ("oldest_csn", "newest_csn", "bytes", "segments", "directory")
+    OLDEST_CSN_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_CSN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    oldest_csn: int
+    newest_csn: int
+    bytes: int
+    segments: int
+    directory: str
+    def __init__(self, oldest_csn: _Optional[int] = ..., newest_csn: _Optional[int] = ..., bytes: _Optional[int] = ..., segments: _Optional[int] = ..., directory: _Optional[str] = ...) -> None: ...
+
+class ConsumerStatus(_message.Message):
+    __slots__ = ("peer", "name", "acknowledged_csn", "sent_csn", "lag_transactions", "lag_at_least", "connected", "tables", "transactions_sent", "connected_since_us")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_CSN_FIELD_NUMBER: _ClassVar[int]
+    SENT_CSN_FIELD_NUMBER: _ClassVar[int]
+    LAG_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    LAG_AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_SENT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_SINCE_US_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    name: str
+    acknowledged_csn: int
+    sent_csn: int
+    lag_transactions: int
+    lag_at_least: bool
+    connected: bool
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    transactions_sent: int
+    connected_since_us: int
+    def __init__(self, peer: _Optional[str] = ..., name: _Optional[str] = ..., acknowledged_csn: _Optional[int] = ..., sent_csn: _Optional[int] = ..., lag_transactions: _Optional[int] = ..., lag_at_least: _Optional[bool] = ..., connected: _Optional[bool] = ..., tables: _Optional[_Iterable[str]] = ..., transactions_sent: _Optional[int] = ..., connected_since_us: _Optional[int] = ...) -> None: ...

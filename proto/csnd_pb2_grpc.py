@@ -167,3 +167,193 @@ class NodeAgent:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ChangefeedStub:
+    """---- the service: consumers read the durable changelog (DESIGN sections 5, 7, 8) ----
+
+    `csnd serve` appends every merged transaction, in CSN order, to its changelog
+    and serves it here.  A transaction travels as its CSN and its DESIGN section 7
+    JSON line (UTF-8 bytes, no newline), so a consumer in any language reads it with
+    a JSON parser.  Every call needs `authorization: Bearer <token>` metadata when
+    the service has a token (UNAUTHENTICATED otherwise).
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Subscribe = channel.stream_stream(
+                '/csnd.v1.Changefeed/Subscribe',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscribeResponse.FromString,
+                _registered_method=True)
+        self.Fetch = channel.unary_stream(
+                '/csnd.v1.Changefeed/Fetch',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.FetchRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.FetchResponse.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/csnd.v1.Changefeed/Status',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.StatusRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.StatusResponse.FromString,
+                _registered_method=True)
+
+
+class ChangefeedServicer:
+    """---- the service: consumers read the durable changelog (DESIGN sections 5, 7, 8) ----
+
+    `csnd serve` appends every merged transaction, in CSN order, to its changelog
+    and serves it here.  A transaction travels as its CSN and its DESIGN section 7
+    JSON line (UTF-8 bytes, no newline), so a consumer in any language reads it with
+    a JSON parser.  Every call needs `authorization: Bearer <token>` metadata when
+    the service has a token (UNAUTHENTICATED otherwise).
+
+    """
+
+    def Subscribe(self, request_iterator, context):
+        """Transactions after a CSN, in CSN order, then new ones as they become durable.
+        In: a SubscribeStart first, then acknowledgements and keepalive replies.
+        Out: batches of whole transactions and keepalives that ask for a reply; a client
+        that answers nothing for the server's timeout is dropped (UNAVAILABLE).
+        OUT_OF_RANGE: the start is older than the oldest retained transaction.
+        INVALID_ARGUMENT: a malformed table filter or a first message that is not a start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fetch(self, request, context):
+        """A bounded range (after_csn, until_csn] of what is durable now; the stream ends there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
+        """Nodes, changelog and consumers at one moment (also the dashboard's /api/status).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ChangefeedServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Subscribe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscribeRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscribeResponse.SerializeToString,
+            ),
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.FetchRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.FetchResponse.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.StatusRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.StatusResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'csnd.v1.Changefeed', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('csnd.v1.Changefeed', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Changefeed:
+    """---- the service: consumers read the durable changelog (DESIGN sections 5, 7, 8) ----
+
+    `csnd serve` appends every merged transaction, in CSN order, to its changelog
+    and serves it here.  A transaction travels as its CSN and its DESIGN section 7
+    JSON line (UTF-8 bytes, no newline), so a consumer in any language reads it with
+    a JSON parser.  Every call needs `authorization: Bearer <token>` metadata when
+    the service has a token (UNAUTHENTICATED otherwise).
+
+    """
+
+    @staticmethod
+    def Subscribe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/csnd.v1.Changefeed/Subscribe',
+            csnd_dot_proto_dot_csnd__pb2.SubscribeRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.SubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/csnd.v1.Changefeed/Fetch',
+            csnd_dot_proto_dot_csnd__pb2.FetchRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csnd.v1.Changefeed/Status',
+            csnd_dot_proto_dot_csnd__pb2.StatusRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

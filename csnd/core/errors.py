@@ -12,7 +12,13 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   └── DecodeError      tuple data that cannot be turned into values
     ├── SourceError          a live source failed (connection, slot, server)
     │   └── ConnectionLost   the connection dropped; the reader may reconnect
-    └── WorkerError          a decoder worker died or failed
+    ├── WorkerError          a decoder worker died or failed
+    ├── ChangelogCorrupt     a changelog damaged before its tail (names file and offset)
+    ├── CsnOutOfRange        a read from a CSN that retention has dropped
+    └── ChangefeedError      a changefeed consumer cannot go on (csnd.consumers.client)
+        ├── ChangefeedUnavailable      nothing answers at the service's address
+        ├── ChangefeedUnauthenticated  the service refused the token (or its absence)
+        └── ChangefeedRejected         the service refused the request as malformed
 """
 
 from __future__ import annotations
@@ -112,6 +118,44 @@ class ConnectionLost(SourceError):
 
 class WorkerError(CsndError):
     """A decoder worker process died or raised; the run stops."""
+
+
+class ChangelogCorrupt(CsndError):
+    """A changelog file is damaged somewhere a torn write cannot explain; nothing is skipped."""
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None) -> None:
+        self.path = path
+        self.offset = offset
+        if path is not None:
+            message = f"{path}: {message}"
+        if offset is not None:
+            message = f"{message} (at byte offset {offset})"
+        super().__init__(message)
+
+
+class CsnOutOfRange(CsndError):
+    """Records after the CSN asked for were dropped by retention (gRPC OUT_OF_RANGE)."""
+
+    def __init__(self, message: str, *, csn: int | None = None, oldest_csn: int | None = None) -> None:
+        self.csn = csn
+        self.oldest_csn = oldest_csn
+        super().__init__(message)
+
+
+class ChangefeedError(CsndError):
+    """A consumer of the changefeed cannot go on; reconnecting would not help."""
+
+
+class ChangefeedUnavailable(ChangefeedError):
+    """Nothing answers at the service's address (at the first connect, or for too long after)."""
+
+
+class ChangefeedUnauthenticated(ChangefeedError):
+    """The service wants a bearer token this consumer does not have (gRPC UNAUTHENTICATED)."""
+
+
+class ChangefeedRejected(ChangefeedError):
+    """The service refused the request itself, e.g. a malformed table filter (INVALID_ARGUMENT)."""
 
 
 def os_error_text(e: OSError) -> str:

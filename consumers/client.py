@@ -1,0 +1,445 @@
+"""A Python client of the changefeed: transactions in CSN order, acknowledgements, reconnects.
+
+    feed = Changefeed("host:7000", name="billing", tables=["public.acct"], token=...)
+    for csn, line in feed:          # line: the DESIGN section 7 JSON line (bytes)
+        process(line)
+        feed.ack(csn)               # named: the service stores it; a restart continues after it
+    feed.close()
+
+                 ┌────────── one Subscribe stream at a time ──────────┐
+    user thread ◄┤ inbox (bounded) ◄─ response thread ◄─ batches       │◄─ service
+        ack() ──►│ request queue ─────────────────────► start, acks,   │
+                 │                                       keepalive replies
+                 └─────────────────────────────────────────────────────┘
+
+A lost connection (service restarted, network cut, the service dropped us
+for silence) is not an error: the client opens a new stream after the last
+transaction it handed out, with exponential backoff, so the caller sees no
+gap and no duplicate.  Errors that a reconnect cannot fix raise at once: a
+refused token (ChangefeedUnauthenticated), a malformed request
+(ChangefeedRejected), a start older than the retained changelog
+(CsnOutOfRange), or nothing reachable -- within `connect_timeout` at the
+first connect, within `give_up` after a loss (ChangefeedUnavailable).
+
+The response thread answers keepalives while the caller works, but it stops
+reading when the inbox is full: a caller that does not iterate for longer
+than the service's client timeout is dropped, and the client reconnects when
+it is iterated again -- nothing is lost either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Final
+
+import grpc
+
+from csnd.core.errors import (
+    ChangefeedError,
+    ChangefeedRejected,
+    ChangefeedUnauthenticated,
+    ChangefeedUnavailable,
+    ConfigError,
+    CsnOutOfRange,
+)
+from csnd.proto import csnd_pb2 as pb
+from csnd.proto import csnd_pb2_grpc as pb_grpc
+
+log = logging.getLogger("csnd.consumers.client")
+
+# Nothing reachable for this long at the first connect is an error (a typo
+# in the address should not look like a quiet service).
+CONNECT_TIMEOUT_S: Final = 10.0
+# After a lost connection, how long to keep trying before giving up.
+# None: for ever (a consumer that should outlive a long service outage).
+GIVE_UP_S: Final = 300.0
+# Reconnect backoff: first wait, growth, ceiling.
+BACKOFF_FIRST_S: Final = 0.1
+BACKOFF_MAX_S: Final = 5.0
+# Batches received but not yet handed out (each up to the server's batch bound).
+INBOX_BATCHES: Final = 16
+# A close() waits this long for the service to store the last acknowledgement.
+CLOSE_TIMEOUT_S: Final = 5.0
+CHANNEL_OPTIONS: Final = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 16 << 20),
+    # grpc's own reconnect backoff grows to 2 minutes; ours decides instead.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+Record = tuple[int, bytes]
+_ACK: Final = object()  # (request queue marker: send the newest acknowledgement)
+_CLOSE: Final = object()
+
+
+def parse_target(target: str) -> str:
+    """HOST:PORT (or grpc://HOST:PORT) -> HOST:PORT; ConfigError otherwise."""
+    address = target.removeprefix("grpc://").rstrip("/")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"target {target!r} is not HOST:PORT (for example 127.0.0.1:7000)")
+    return address
+
+
+def _channel(address: str, tls_ca: str | None) -> grpc.Channel:
+    if tls_ca is None:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    try:
+        with open(tls_ca, "rb") as f:
+            ca = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read the TLS CA certificate {tls_ca}: {e.strerror or e}") from None
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), CHANNEL_OPTIONS)
+
+
+def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return () if token is None else (("authorization", f"Bearer {token}"),)
+
+
+def _rpc_text(e: grpc.RpcError) -> str:
+    details = e.details() if hasattr(e, "details") else None
+    return str(details or e).strip()
+
+
+def permanent_error(e: grpc.RpcError, address: str) -> Exception | None:
+    """The error to raise for a status a reconnect cannot fix; None for a transient one."""
+    code = e.code() if hasattr(e, "code") else None
+    text = _rpc_text(e)
+    if code == grpc.StatusCode.UNAUTHENTICATED or code == grpc.StatusCode.PERMISSION_DENIED:
+        return ChangefeedUnauthenticated(f"{address} refused us: {text}")
+    if code == grpc.StatusCode.OUT_OF_RANGE:
+        return CsnOutOfRange(f"{address}: {text}")
+    if code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+    ):
+        return ChangefeedRejected(f"{address} rejected the request: {text}")
+    if code in (grpc.StatusCode.ABORTED, grpc.StatusCode.DATA_LOSS):
+        return ChangefeedError(f"{address}: {text}")
+    return None
+
+
+class _Call:
+    """One Subscribe stream: its request queue, its response thread, its results in the inbox."""
+
+    def __init__(self, feed: Changefeed, start: pb.SubscribeStart) -> None:
+        self.feed = feed
+        self.requests: queue.Queue[object] = queue.Queue()
+        self.done = threading.Event()
+        self.subscribed: pb.Subscribed | None = None
+        assert feed._stub is not None
+        self.call = feed._stub.Subscribe(self._request_iter(start), metadata=feed._md)
+        self.thread = threading.Thread(target=self._read, name="csnd-feed-responses", daemon=True)
+        self.thread.start()
+
+    def _request_iter(self, start: pb.SubscribeStart) -> Iterator[pb.SubscribeRequest]:
+        yield pb.SubscribeRequest(start=start)
+        while True:
+            item = self.requests.get()
+            if item is _CLOSE:
+                return
+            if item is _ACK:
+                csn = self.feed._take_ack()
+                if csn is not None:
+                    yield pb.SubscribeRequest(ack=pb.SubscribeAck(csn=csn))
+            else:
+                assert isinstance(item, pb.SubscribeRequest)
+                yield item
+
+    def _put(self, item: object) -> bool:
+        """Into the inbox, unless this call was abandoned meanwhile."""
+        while not self.done.is_set():
+            try:
+                self.feed._inbox.put((self, item), timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self) -> None:
+        ended: object = None
+        try:
+            for msg in self.call:
+                kind = msg.WhichOneof("body")
+                if kind == "batch":
+                    if not self._put([(t.csn, t.line) for t in msg.batch.transactions]):
+                        return
+                elif kind == "keepalive":
+                    if msg.keepalive.reply_requested:
+                        reply = pb.FeedKeepalive(send_time_us=int(time.time() * 1e6))
+                        self.requests.put(pb.SubscribeRequest(keepalive=reply))
+                elif kind == "subscribed":
+                    self.subscribed = msg.subscribed
+                    if not self._put(msg.subscribed):
+                        return
+        except grpc.RpcError as e:
+            ended = e
+        self._put(ended if ended is not None else _CLOSE)  # (_CLOSE: the service ended the stream)
+
+    def cancel(self) -> None:
+        self.done.set()
+        self.requests.put(_CLOSE)
+        self.call.cancel()
+
+
+class Changefeed:
+    """Iterate (csn, line) in CSN order; `ack(csn)` what you processed; `close()` when done.
+
+    after_csn: deliver transactions with csn > after_csn (0: from the oldest
+    retained).  None: for a named subscription, after its stored acknowledged
+    CSN; otherwise from the oldest retained.  tables: `schema.table` filters.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        after_csn: int | None = None,
+        name: str | None = None,
+        tables: Sequence[str] = (),
+        token: str | None = None,
+        tls_ca: str | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        give_up: float | None = GIVE_UP_S,
+    ) -> None:
+        self.address = parse_target(target)
+        self.name = name or ""
+        self.tables = tuple(tables)
+        self.connect_timeout = connect_timeout
+        self.give_up = give_up
+        self._tls_ca = tls_ca
+        self._md = _metadata(token)
+        self._after = after_csn  # where the next stream starts (None: the service decides)
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.ChangefeedStub | None = None
+        self._inbox: queue.Queue[tuple[_Call, object]] = queue.Queue(INBOX_BATCHES)
+        self._call: _Call | None = None
+        self._pending: deque[Record] = deque()
+        self._connected_once = False
+        self._lost_at: float | None = None  # since when no stream has worked
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_FIRST_S
+        self._last_error = ""
+        self._ack_lock = threading.Lock()
+        self._acked = 0  # the newest acknowledgement asked for
+        self._ack_sent = 0  # the newest one handed to a stream
+        self._closed = False
+        self.last_csn: int | None = after_csn  # the last transaction handed out
+        self.reconnects = 0
+
+    # --- iteration ------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Record]:
+        while True:
+            rec = self.next()
+            assert rec is not None
+            yield rec
+
+    def next(self, timeout: float | None = None) -> Record | None:
+        """The next transaction; None when none arrived within `timeout` seconds."""
+        if self._pending:
+            return self._hand_out()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed:
+                raise ChangefeedError(f"the changefeed to {self.address} is closed")
+            if self._call is None and not self._connect(deadline):
+                return None
+            call = self._call
+            assert call is not None
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                owner, item = self._inbox.get(timeout=wait)
+            except queue.Empty:
+                return None
+            if owner is not call:
+                continue  # (left over from an abandoned stream)
+            if isinstance(item, list):
+                self._pending.extend(item)
+                self._lost_at = None
+                self._backoff = BACKOFF_FIRST_S
+                if self._pending:
+                    return self._hand_out()
+            elif isinstance(item, pb.Subscribed):
+                self._connected_once = True
+                self._lost_at = None
+                self._backoff = BACKOFF_FIRST_S
+                if self.last_csn is None:
+                    self.last_csn = item.after_csn
+                self._after = item.after_csn if self._after is None else self._after
+            else:
+                self._lost(call, item)
+
+    def _hand_out(self) -> Record:
+        csn, line = self._pending.popleft()
+        last = self.last_csn
+        if last is not None and csn <= last:
+            # The service sends each transaction once, in order; a repeat here
+            # would be a bug on one side, and handing it out a duplicate.
+            raise ChangefeedError(f"{self.address} sent csn {csn} after csn {last}; reconnect to recover")
+        self.last_csn = csn
+        self._after = csn
+        return csn, line
+
+    def _connect(self, deadline: float | None) -> bool:
+        """Opens a stream after the last transaction handed out; False if `deadline` passed first."""
+        while True:
+            now = time.monotonic()
+            if self._lost_at is None:
+                self._lost_at = now
+            if now < self._retry_at:  # (backing off after a failed stream)
+                if deadline is not None and deadline <= self._retry_at:
+                    time.sleep(max(0.0, deadline - now))
+                    return False
+                time.sleep(self._retry_at - now)
+            if self._channel is None:
+                self._channel = _channel(self.address, self._tls_ca)
+                self._stub = pb_grpc.ChangefeedStub(self._channel)
+            ready = grpc.channel_ready_future(self._channel)
+            try:
+                ready.result(timeout=max(self._backoff, 0.05))
+            except grpc.FutureTimeoutError:
+                ready.cancel()
+                self._last_error = "nothing accepts connections there"
+                self._failed()
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                continue
+            start = pb.SubscribeStart(name=self.name, tables=self.tables)
+            if self._after is not None:
+                start.after_csn = self._after
+            self._call = _Call(self, start)
+            with self._ack_lock:
+                self._ack_sent = 0  # (a new stream: the service has to hear the acknowledgement again)
+            self._request_ack()
+            return True
+
+    def _failed(self) -> None:
+        """A connection attempt or a stream failed: back off, or give up when it lasted too long."""
+        assert self._lost_at is not None
+        limit = self.give_up if self._connected_once else self.connect_timeout
+        if limit is not None and time.monotonic() - self._lost_at >= limit:
+            self.close()
+            what = "went away and did not come back" if self._connected_once else "does not answer"
+            raise ChangefeedUnavailable(
+                f"the changefeed service at {self.address} {what} within {limit:g} s "
+                f"({self._last_error}); check the address and that csnd serve is running"
+            )
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _lost(self, call: _Call, item: object) -> None:
+        """The stream ended: raise if reconnecting cannot help, else reconnect at the next look."""
+        call.cancel()
+        self._call = None
+        if isinstance(item, grpc.RpcError):
+            err = permanent_error(item, self.address)
+            if err is not None:
+                self.close()
+                raise err
+            self._last_error = _rpc_text(item)
+        else:
+            self._last_error = "the service ended the stream"
+        self.reconnects += 1
+        log.info("changefeed %s: %s; reconnecting after csn %s", self.address, self._last_error, self._after)
+        self._channel_reset()
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
+        self._failed()
+
+    def _channel_reset(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    # --- acknowledgements ---------------------------------------------------------------
+
+    def ack(self, csn: int) -> None:
+        """Everything through `csn` is processed (sent to the service within a moment)."""
+        with self._ack_lock:
+            if csn <= self._acked:
+                return
+            self._acked = csn
+        self._request_ack()
+
+    def _request_ack(self) -> None:
+        call = self._call
+        if call is not None:
+            call.requests.put(_ACK)
+
+    def _take_ack(self) -> int | None:
+        """For the request stream: the acknowledgement to send now, if any is new."""
+        with self._ack_lock:
+            if self._acked <= self._ack_sent:
+                return None
+            self._ack_sent = self._acked
+            return self._acked
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sends the last acknowledgement, ends the stream and waits (briefly) for the service to store it."""
+        if self._closed:
+            return
+        self._closed = True
+        call = self._call
+        self._call = None
+        if call is not None:
+            call.requests.put(_ACK)
+            call.requests.put(_CLOSE)
+            deadline = time.monotonic() + CLOSE_TIMEOUT_S
+            while call.thread.is_alive() and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    self._inbox.get(timeout=0.05)  # (make room: the response thread may be blocked)
+            call.cancel()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def __enter__(self) -> Changefeed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def fetch(
+    target: str,
+    after_csn: int = 0,
+    until_csn: int = 0,
+    *,
+    tables: Sequence[str] = (),
+    token: str | None = None,
+    tls_ca: str | None = None,
+    timeout: float | None = None,
+) -> Iterator[Record]:
+    """The transactions in (after_csn, until_csn] durable now (until 0: the newest), in order."""
+    address = parse_target(target)
+    channel = _channel(address, tls_ca)
+    try:
+        stub = pb_grpc.ChangefeedStub(channel)
+        request = pb.FetchRequest(after_csn=after_csn, until_csn=until_csn, tables=tables)
+        try:
+            for msg in stub.Fetch(request, metadata=_metadata(token), timeout=timeout):
+                for t in msg.batch.transactions:
+                    yield t.csn, t.line
+        except grpc.RpcError as e:
+            err = permanent_error(e, address)
+            if err is not None:
+                raise err from None
+            raise ChangefeedUnavailable(f"fetch from {address} failed: {_rpc_text(e)}") from None
+    finally:
+        channel.close()

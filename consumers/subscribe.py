@@ -1,0 +1,146 @@
+"""`csnd subscribe HOST:PORT ...`: the changefeed as JSON lines on stdout (DESIGN section 8).
+
+Each transaction's section 7 line is printed, and acknowledged once it is
+flushed to stdout -- never before, so a named subscription's stored mark
+never covers a line that was not written.  Lines are flushed whenever nothing
+more is waiting (and every ACK_EVERY lines), so a backlog is written in large
+writes and a quiet stream line by line.  Reconnects are the client's
+(csnd.consumers.client): the output has no gap and no duplicate across a
+service restart.  Exit 0 after --limit lines or --idle-timeout seconds with
+nothing new, or when stdout is closed (`| head`); Ctrl-C 130; nothing
+reachable, refused or unauthenticated: one line on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Final
+
+# While lines keep arriving, flush and acknowledge at least this often.
+ACK_EVERY: Final = 1000
+
+
+def add_subscribe_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "subscribe",
+        help="print a csnd service's transactions as JSON lines, acknowledging them",
+        description="Subscribe to the changefeed of a running `csnd serve` and print the transaction "
+        "JSON lines (DESIGN section 7) of every transaction with csn > X in CSN order, acknowledging "
+        "each once it is written. Exit 0 after N transactions, after S seconds with nothing new, or "
+        "when stdout is closed; without --limit and --idle-timeout it runs until Ctrl-C (exit 130). "
+        "If the service goes away it reconnects with backoff and continues exactly after the last "
+        "line printed: no gap, no duplicate. With --table, a transaction keeps only the changes of "
+        "those tables (and its csn, gid, commit_time and nodes); one with none left is skipped. "
+        "Nothing reachable, refused or unauthenticated: one line on stderr, exit 1.",
+    )
+    p.add_argument("target", metavar="HOST:PORT", help="the service's address (grpc://HOST:PORT also works)")
+    p.add_argument(
+        "--from-csn",
+        type=_csn,
+        default=None,
+        metavar="X",
+        help="print transactions with csn > X (0: from the oldest retained; default 0, or with --name "
+        "after the subscription's last acknowledged csn)",
+    )
+    p.add_argument("--limit", type=_count, metavar="N", help="exit 0 after N transactions")
+    p.add_argument(
+        "--idle-timeout", type=_seconds, metavar="S", help="exit 0 after S seconds with no new transaction"
+    )
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="SCHEMA.TABLE",
+        help="only changes of this table (repeatable)",
+    )
+    p.add_argument("--token-file", metavar="F", help="file holding the service's bearer token")
+    p.add_argument(
+        "--name",
+        metavar="NAME",
+        help="a named subscription: the service stores what is acknowledged, so a restart without "
+        "--from-csn continues after it",
+    )
+    p.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) of a service that uses TLS")
+
+
+def _csn(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("a csn is >= 0")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0 seconds")
+    return value
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    from csnd.consumers.client import Changefeed
+    from csnd.service.auth import read_token_file
+
+    token = read_token_file(args.token_file) if args.token_file else None
+    feed = Changefeed(
+        args.target,
+        after_csn=args.from_csn,
+        name=args.name,
+        tables=args.table,
+        token=token,
+        tls_ca=args.tls_ca,
+    )
+    try:
+        _print(feed, sys.stdout.buffer, args.limit, args.idle_timeout)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly.  Python would try to
+        # flush stdout again at exit and complain; point it at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    finally:
+        feed.close()
+    return 0
+
+
+def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
+    printed = 0
+    unflushed: int | None = None  # csn of the newest line written but not yet flushed
+    last_line_at = time.monotonic()
+
+    def flush() -> None:
+        nonlocal unflushed
+        if unflushed is not None:
+            out.flush()
+            feed.ack(unflushed)
+            unflushed = None
+
+    while limit is None or printed < limit:
+        rec = feed.next(timeout=0)
+        if rec is None:
+            flush()
+            wait = None if idle is None else idle - (time.monotonic() - last_line_at)
+            if wait is not None and wait <= 0:
+                break
+            rec = feed.next(timeout=wait)
+            if rec is None:
+                continue
+        csn, line = rec
+        out.write(line)
+        out.write(b"\n")
+        printed += 1
+        unflushed = csn
+        last_line_at = time.monotonic()
+        if printed % ACK_EVERY == 0:
+            flush()
+    flush()

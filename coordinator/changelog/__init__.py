@@ -1,0 +1,33 @@
+"""changelog: the service's durable, CSN-ordered log of transactions (DESIGN section 5).
+
+    CsnMerge ─► json_line ─► Changelog.append(csn, line) ... sync() ─► durable_csn ─► confirm slots
+                                      │
+                  DIR/0000000000000001-0000000000000001.log  (+ .idx)   segments, oldest first
+                  DIR/0000000000000002-00000000000003e8.log  (+ .idx)   ... the active one last
+                  DIR/LOCK                                              one service per DIR (flock)
+                  DIR/subscriptions.json                                SubscriptionStore
+                                      │
+    Changelog.read(after_csn) ◄───────┘  bisect the segments' first CSNs, then the segment's index
+
+Modelled on etcd's WAL (segments named by sequence and first index, framed
+and CRC-checked records, a torn tail found and cut on open) and Kafka's log
+(a sparse offset index beside each segment, rebuilt when damaged; retention
+drops whole segments by size and age; consumer offsets stored durably).
+
+File format (record.py has the details, and why the CRC is not chained):
+a segment is a 44-byte header (b"CSNDCLOG", version 1, sequence, first CSN,
+the CSN before it, CRC) followed by records: a 28-byte head (mark, CRC-32 of
+the rest, payload length, CSN, append time in microseconds) and the payload,
+the DESIGN section 7 JSON line.  Its index `.idx` is b"CSNDIDX1" and
+(csn, offset) pairs, one per 4 KiB of segment.
+
+record.py        pure: frames, headers, names, index entries, tail scans
+segment.py       one segment file: open and repair, verify, read records
+log.py           Changelog: append, group commit, read, retention, lock
+subscriptions.py SubscriptionStore: durable named offsets
+"""
+
+from csnd.coordinator.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
+from csnd.coordinator.changelog.subscriptions import SubscriptionStore
+
+__all__ = ["DEFAULT_INDEX_INTERVAL", "DEFAULT_SEGMENT_BYTES", "Changelog", "SubscriptionStore"]

@@ -1,0 +1,446 @@
+"""`Changelog`: append, group-commit, read from any CSN, retention; one writer thread, many readers.
+
+    writer thread                       reader threads
+    append(csn, line) ─► pending ─┐     read(after_csn) ─► snapshot of the durable view
+    append ...                    │       bisect segment first CSNs ─► bisect its index
+    sync() ─► write ─► fsync ─────┴─►     ─► pread chunks, CRC every record, stop at durable end
+             (dir fsync if a segment     wait_durable(csn, timeout) wakes on each sync
+              was created) ─► durable_csn, notify
+
+Appends are buffered in memory (written early once FLUSH_BYTES pile up, but
+never visible) and one sync() writes and fsyncs them all: group commit, so
+the fsync rate, not the record rate, is what the disk pays for.  Readers see
+a view of the segments that sync() and retention replace under the lock;
+what is in the view is durable, and a record past it is never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from csnd.coordinator.changelog import record as rec
+from csnd.coordinator.changelog import segment as sg
+from csnd.core.durable import sync_directory
+from csnd.core.errors import ChangelogCorrupt, ConfigError, CsndError, CsnOutOfRange
+
+# A new segment starts once the active one has grown past this.  Larger:
+# fewer files and directory fsyncs; smaller: retention frees space in finer
+# steps and the last segment (read whole on open, to find a torn tail) is
+# quicker to check after a crash.
+DEFAULT_SEGMENT_BYTES: Final = 64 << 20
+
+# One index entry per this many bytes of segment.  A read from a CSN scans at
+# most this much before its first record; the index costs 16 bytes per entry
+# (0.4% of the segment at 4 KiB).
+DEFAULT_INDEX_INTERVAL: Final = 4 << 10
+
+# Appends pile up in memory until sync(), or until this much is pending, when
+# they are written (still invisible) so that memory stays bounded between syncs.
+FLUSH_BYTES: Final = 1 << 20
+
+LOCK_NAME: Final = "LOCK"
+
+
+class Changelog:
+    """The durable, CSN-ordered log of transactions in a directory of segment files."""
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        retention_bytes: int | None = None,
+        retention_hours: float | None = None,
+        clock: Callable[[], float] = time.time,
+        index_interval: int = DEFAULT_INDEX_INTERVAL,
+    ) -> None:
+        if segment_bytes <= 0 or index_interval <= 0:
+            raise ConfigError("changelog segment size and index interval must be positive")
+        self.directory = os.path.abspath(directory)
+        self.segment_bytes = segment_bytes
+        self.retention_bytes = retention_bytes
+        self.retention_hours = retention_hours
+        self._clock = clock
+        self._interval = index_interval
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._failed: CsndError | None = None
+        self._lock_fd = _take_lock(self.directory)
+        try:
+            self._segments = self._open_segments()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        # Writer state (writer thread only).
+        self._pending: list[bytes] = []
+        self._pending_meta: list[tuple[int, int]] = []  # (csn, time_us)
+        self._pending_bytes = 0
+        self._fd = -1
+        self._index_fd = -1
+        self._dirty: list[sg.Segment] = []
+        self._sealed_fds: list[int] = []  # rolled-over segments, closed once fsynced
+        self._dir_dirty = False
+        last = self._segments[-1] if self._segments else None
+        self._appended_csn = last.last_csn if last else 0
+        if last is not None:
+            self._open_active(last)
+        # Reader view (replaced under the lock).
+        self._view: tuple[sg.Segment, ...] = tuple(self._segments)
+        self._durable_csn = self._appended_csn
+
+    # -- opening ---------------------------------------------------------------
+
+    def _open_segments(self) -> list[sg.Segment]:
+        found: list[tuple[int, int, str]] = []
+        for name in os.listdir(self.directory):
+            parsed = rec.parse_segment_name(name)
+            if parsed is not None:
+                found.append((*parsed, name))
+        found.sort()
+        for (s1, _, _), (s2, _, n2) in zip(found, found[1:], strict=False):
+            if s2 != s1 + 1:
+                raise ChangelogCorrupt(
+                    f"segments {s1 + 1} to {s2 - 1} are missing before this one; restore them from a copy",
+                    path=os.path.join(self.directory, n2),
+                    offset=0,
+                )
+        segments: list[sg.Segment] = []
+        for i, (seq, first, name) in enumerate(found):
+            if i == len(found) - 1:
+                last = sg.open_last(self.directory, name, seq, first, self._interval)
+                if last is None:
+                    sync_directory(os.path.join(self.directory, name))
+                    break
+                seg = last
+            else:
+                seg = sg.open_sealed(self.directory, name, seq, first, self._interval)
+            if segments and seg.prev_csn != segments[-1].last_csn:
+                raise ChangelogCorrupt(
+                    f"segment says the record before it is csn {seg.prev_csn}, "
+                    f"but the segment before it ends at csn {segments[-1].last_csn}",
+                    path=seg.path,
+                    offset=0,
+                )
+            segments.append(seg)
+        return segments
+
+    def _open_active(self, seg: sg.Segment) -> None:
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
+        self._index_fd = os.open(seg.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    # -- writing (one writer thread) ----------------------------------------------
+
+    def append(self, csn: int, line: bytes) -> None:
+        """Buffer one transaction's line; invisible and not durable until sync()."""
+        if self._closed:
+            raise ValueError("append to a closed changelog")
+        if not 0 < csn <= rec.MAX_U64 or csn <= self._appended_csn:
+            raise ValueError(f"changelog append of csn {csn} after csn {self._appended_csn}: not increasing")
+        if len(line) > rec.MAX_PAYLOAD:
+            raise ValueError(f"changelog record of csn {csn} is {len(line)} bytes, over {rec.MAX_PAYLOAD}")
+        t = int(self._clock() * 1_000_000)
+        frame = rec.encode(csn, t, line)
+        self._pending.append(frame)
+        self._pending_meta.append((csn, t))
+        self._pending_bytes += len(frame)
+        self._appended_csn = csn
+        if self._pending_bytes >= FLUSH_BYTES:
+            self._guard(self._flush)
+
+    def sync(self) -> int:
+        """Write what is pending, fsync it (and the directory for a new segment); returns durable_csn."""
+        if self._closed:
+            raise ValueError("sync of a closed changelog")
+        self._guard(self._flush)
+        dirty, self._dirty = self._dirty, []
+        if not dirty:
+            return self._durable_csn
+        self._guard(lambda: self._fsync(dirty))
+        with self._cond:
+            for seg in dirty:
+                seg.end = seg.written
+                seg.last_csn, seg.last_time = seg.w_last_csn, seg.w_last_time
+                seg.durable_n = len(seg.index_csns)
+            self._view = tuple(s for s in self._segments if s.last_csn)
+            self._durable_csn = self._view[-1].last_csn
+            self._cond.notify_all()
+        return self._durable_csn
+
+    def _guard(self, step: Callable[[], None]) -> None:
+        # After a failed write or fsync the file's state is unknown (and a
+        # retried fsync may report success for pages the kernel dropped):
+        # refuse everything from then on; a restart reopens at the last
+        # durable record and the sources re-send the rest.
+        if self._failed is not None:
+            raise self._failed
+        try:
+            step()
+        except OSError as e:
+            self._failed = CsndError(
+                f"changelog {self.directory}: cannot write {e.filename or 'a segment'}: "
+                f"{e.strerror or e}; restart the service (the changelog reopens at its last durable record)"
+            )
+            raise self._failed from e
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        frames, meta = self._pending, self._pending_meta
+        self._pending, self._pending_meta, self._pending_bytes = [], [], 0
+        chunk: list[bytes] = []
+        new_entries = len(self._segments[-1].index_csns) if self._segments else 0
+        for frame, (csn, t) in zip(frames, meta, strict=True):
+            seg = self._segments[-1] if self._segments else None
+            if seg is None or (seg.written >= self.segment_bytes and seg.w_last_csn):
+                if seg is not None:
+                    self._write(seg, chunk, new_entries)
+                    chunk = []
+                seg = self._roll(csn)
+                chunk.append(rec.encode_header(rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)))
+                new_entries = 0
+            if not seg.index_offs or seg.written - seg.index_offs[-1] >= self._interval:
+                seg.index_csns.append(csn)
+                seg.index_offs.append(seg.written)
+            chunk.append(frame)
+            seg.written += len(frame)
+            seg.w_last_csn, seg.w_last_time = csn, t
+        self._write(self._segments[-1], chunk, new_entries)
+
+    def _write(self, seg: sg.Segment, chunk: list[bytes], first_new_entry: int) -> None:
+        data = b"".join(chunk)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        entries = rec.encode_index_entries(seg.index_csns[first_new_entry:], seg.index_offs[first_new_entry:])
+        if entries:
+            os.write(self._index_fd, entries)
+        if seg not in self._dirty:
+            self._dirty.append(seg)
+
+    def _roll(self, first_csn: int) -> sg.Segment:
+        """Start a new segment for `first_csn` (the old one is synced by the next sync())."""
+        prev = self._segments[-1] if self._segments else None
+        seq = prev.seq + 1 if prev else 1
+        seg = sg.Segment(self.directory, rec.SegmentHeader(seq, first_csn, prev.w_last_csn if prev else 0))
+        fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        index_fd = os.open(seg.index_path, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644)
+        os.write(index_fd, rec.INDEX_MAGIC)
+        if prev is not None:
+            self._sealed_fds.append(self._fd)
+            os.close(self._index_fd)
+        self._fd, self._index_fd = fd, index_fd
+        self._segments.append(seg)  # its header goes out with its first chunk
+        self._dir_dirty = True
+        return seg
+
+    def _fsync(self, dirty: list[sg.Segment]) -> None:
+        for fd in self._sealed_fds:
+            os.fsync(fd)
+            os.close(fd)
+        self._sealed_fds = []
+        os.fsync(self._fd)
+        if self._dir_dirty:
+            sync_directory(self._segments[-1].path)
+            self._dir_dirty = False
+
+    # -- reading (any thread) --------------------------------------------------
+
+    @property
+    def durable_csn(self) -> int:
+        return self._durable_csn
+
+    @property
+    def newest_csn(self) -> int:
+        return self._durable_csn
+
+    @property
+    def oldest_csn(self) -> int:
+        view = self._view
+        return view[0].first_csn if view else 0
+
+    @property
+    def size_bytes(self) -> int:
+        with self._cond:
+            return sum(s.end for s in self._view)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._view)
+
+    def wait_durable(self, after_csn: int, timeout: float) -> bool:
+        """Block until durable_csn > after_csn (True), or `timeout` seconds pass or the log closes (False)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._durable_csn > after_csn or self._closed, timeout) and (
+                self._durable_csn > after_csn
+            )
+
+    def read(self, after_csn: int, until_csn: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """The durable records with after_csn < csn (<= until_csn), in order; seeks, never scans from the start.
+
+        Raises CsnOutOfRange at once when retention dropped records after
+        `after_csn` (0 means: from the oldest retained).  The iterator stops
+        at the durable end as it was when read() was called.
+        """
+        with self._cond:
+            view = self._view
+            bounds = [(s.end, s.durable_n) for s in view]
+        if view and after_csn and after_csn < view[0].prev_csn:
+            raise CsnOutOfRange(
+                f"changelog: records after csn {after_csn} were dropped by retention; "
+                f"the oldest retained csn is {view[0].first_csn}; read after csn {view[0].prev_csn} or later, "
+                "or from 0 for the oldest retained",
+                csn=after_csn,
+                oldest_csn=view[0].first_csn,
+            )
+        return self._iterate(view, bounds, after_csn, until_csn)
+
+    def _iterate(
+        self,
+        view: tuple[sg.Segment, ...],
+        bounds: list[tuple[int, int]],
+        after_csn: int,
+        until_csn: int | None,
+    ) -> Iterator[tuple[int, bytes]]:
+        i = max(bisect_right([s.first_csn for s in view], after_csn) - 1, 0)
+        for seg, (end, n) in zip(view[i:], bounds[i:], strict=True):
+            if until_csn is not None and seg.first_csn > until_csn:
+                return
+            if seg.last_csn <= after_csn:
+                continue
+            for attempt in (0, 1):
+                with self._cond:
+                    csns, offs = seg.index_csns, seg.index_offs
+                start, expect = sg.seek(csns, offs, n, after_csn)
+                try:
+                    yield from sg.read_records(seg.path, start, end, expect, after_csn, until_csn)
+                    break
+                except FileNotFoundError:
+                    raise CsnOutOfRange(
+                        f"changelog: {seg.path} was dropped by retention while it was read "
+                        f"(reading after csn {after_csn}); the oldest retained csn is now {self.oldest_csn}",
+                        csn=after_csn,
+                        oldest_csn=self.oldest_csn,
+                    ) from None
+                except sg.IndexMismatch:
+                    if attempt or seg is self._segments[-1] or start == rec.SEGMENT_HEAD:
+                        raise ChangelogCorrupt(
+                            f"no record of csn {expect} where the index puts it", path=seg.path, offset=start
+                        ) from None
+                    self._rebuild_index(seg)
+                    n = len(seg.index_csns)
+
+    def _rebuild_index(self, seg: sg.Segment) -> None:
+        """A sealed segment's index pointed at the wrong bytes: scan the segment and write it anew."""
+        sg.log.warning(
+            "changelog: rebuilding the index of %s: an entry does not point at its record", seg.path
+        )
+        header = rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)
+        s, (csns, offs) = sg.scan_sealed(seg.path, header, self._interval)
+        with self._cond:
+            seg.index_csns, seg.index_offs, seg.durable_n = csns, offs, len(csns)
+        sg.write_index(seg)
+
+    # -- retention (writer thread) ------------------------------------------------
+
+    def apply_retention(self) -> int:
+        """Drop whole old segments past the size or age limit (never the active one); returns bytes freed."""
+        if self.retention_bytes is None and self.retention_hours is None:
+            return 0
+        now_us = int(self._clock() * 1_000_000)
+        max_age_us = None if self.retention_hours is None else int(self.retention_hours * 3600 * 1_000_000)
+        total = sum(s.written for s in self._segments)
+        drop = 0
+        for seg in self._segments[:-1]:
+            if seg.end != seg.written:
+                break  # not durable yet (rolled over since the last sync)
+            too_big = self.retention_bytes is not None and total > self.retention_bytes
+            too_old = max_age_us is not None and now_us - seg.last_time > max_age_us
+            if not (too_big or too_old):
+                break
+            total -= seg.written
+            drop += 1
+        if not drop:
+            return 0
+        gone, keep = self._segments[:drop], self._segments[drop:]
+        with self._cond:
+            self._segments = keep
+            self._view = tuple(s for s in keep if s.last_csn)
+
+        def unlink() -> None:
+            for seg in gone:
+                os.unlink(seg.path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(seg.index_path)
+            sync_directory(keep[0].path)
+
+        self._guard(unlink)
+        return sum(seg.written for seg in gone)
+
+    # -- closing and checking ----------------------------------------------------
+
+    def close(self) -> None:
+        """Sync what is pending (unless a write failed), release the files and the lock."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None and (self._pending or self._dirty):
+                self.sync()
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            for fd in [*self._sealed_fds, self._fd, self._index_fd, self._lock_fd]:
+                if fd >= 0:
+                    os.close(fd)
+            self._sealed_fds = []
+
+    def __enter__(self) -> Changelog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self) -> None:
+        segs = self._segments
+        for seg in segs:
+            seg._check()
+        for a, b in zip(segs, segs[1:], strict=False):
+            assert b.seq == a.seq + 1 and b.prev_csn == a.w_last_csn and b.first_csn > a.w_last_csn
+            assert a.end == a.written or a in self._dirty
+        view = self._view
+        assert list(view) == [s for s in segs if s.last_csn][: len(view)]
+        assert self._durable_csn == (view[-1].last_csn if view else 0) or not view and not self._durable_csn
+        assert self._appended_csn >= self._durable_csn
+        assert self._appended_csn == (
+            self._pending_meta[-1][0] if self._pending_meta else segs[-1].w_last_csn if segs else 0
+        )
+        assert self._pending_bytes == sum(len(f) for f in self._pending)
+
+
+def _take_lock(directory: str) -> int:
+    """An exclusive flock on DIR/LOCK for as long as the changelog is open; a second opener gets ConfigError."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise ConfigError(
+                f"changelog {directory} is in use by another csnd (pid {holder or 'unknown'} holds {path}); "
+                "each service needs its own changelog directory"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

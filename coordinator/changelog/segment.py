@@ -1,0 +1,289 @@
+"""One segment file and its index: open and repair, verify, read records.
+
+The I/O edge of the changelog: it reads files and hands their bytes to the
+pure functions of `record.py`, and turns what they find into a repair (a
+torn tail of the last segment, cut and logged) or a ChangelogCorrupt
+(anything else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from bisect import bisect_right
+from collections.abc import Iterator
+from typing import Final
+
+from csnd.coordinator.changelog import record as rec
+from csnd.core.errors import ChangelogCorrupt
+
+log = logging.getLogger("csnd.changelog")
+
+# Readers read a segment in chunks of this size: large enough that a read
+# call carries many records (pread and the Python call cost per chunk are
+# amortised), small enough that a reader of the tail holds little memory.
+READ_CHUNK: Final = 1 << 20
+
+
+class IndexMismatch(Exception):
+    """An index entry points at bytes that are not its record: rebuild the index and seek again."""
+
+
+class Segment:
+    """A segment's identity, its sparse index, and how far it is written and durable.
+
+    `written`, `w_last_csn`, `w_last_time` belong to the writer thread;
+    `end`, `last_csn`, `last_time`, `durable_n` (the durable prefix of the
+    index lists) change only under the changelog's lock, and readers copy
+    them under it.  A rebuilt index replaces both lists at once.
+    """
+
+    __slots__ = (
+        "durable_n",
+        "end",
+        "first_csn",
+        "index_csns",
+        "index_offs",
+        "last_csn",
+        "last_time",
+        "name",
+        "path",
+        "prev_csn",
+        "seq",
+        "w_last_csn",
+        "w_last_time",
+        "written",
+    )
+
+    def __init__(self, directory: str, header: rec.SegmentHeader) -> None:
+        self.name = rec.segment_name(header.seq, header.first_csn)
+        self.path = os.path.join(directory, self.name)
+        self.seq = header.seq
+        self.first_csn = header.first_csn
+        self.prev_csn = header.prev_csn
+        self.end = self.written = rec.SEGMENT_HEAD
+        self.last_csn = self.w_last_csn = 0
+        self.last_time = self.w_last_time = 0
+        self.index_csns: list[int] = []
+        self.index_offs: list[int] = []
+        self.durable_n = 0
+
+    @property
+    def index_path(self) -> str:
+        return self.path[: -len(".log")] + ".idx"
+
+    def set_scanned(self, s: rec.Scan, index: tuple[list[int], list[int]]) -> None:
+        """Take a whole scan of the file (opened state): everything in it is durable."""
+        self.end = self.written = s.end
+        self.last_csn = self.w_last_csn = s.csns[-1]
+        self.last_time = self.w_last_time = s.times[-1]
+        self.index_csns, self.index_offs = index
+        self.durable_n = len(self.index_csns)
+
+    def _check(self) -> None:
+        assert rec.SEGMENT_HEAD <= self.end <= self.written
+        assert self.prev_csn < self.first_csn <= self.w_last_csn or self.written == rec.SEGMENT_HEAD
+        assert self.last_csn <= self.w_last_csn and self.last_time <= self.w_last_time or not self.last_csn
+        assert len(self.index_csns) == len(self.index_offs) and self.durable_n <= len(self.index_csns)
+        if self.index_csns:
+            assert self.index_csns[0] == self.first_csn and self.index_offs[0] == rec.SEGMENT_HEAD
+            assert all(a < b for a, b in zip(self.index_csns, self.index_csns[1:], strict=False))
+            assert all(a < b for a, b in zip(self.index_offs, self.index_offs[1:], strict=False))
+            assert self.index_offs[-1] < self.written and self.index_csns[-1] <= self.w_last_csn
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_index(seg: Segment) -> None:
+    """Write the index file anew (temp + rename: a reader never sees half of it).
+
+    Not fsynced: the index is a hint rebuilt from the segment whenever it is
+    missing or does not fit, so a crash costs a rebuild, never a record.
+    """
+    tmp = seg.index_path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(rec.encode_index(seg.index_csns, seg.index_offs))
+    os.replace(tmp, seg.index_path)
+
+
+def _corrupt(path: str, offset: int, what: str) -> ChangelogCorrupt:
+    return ChangelogCorrupt(
+        f"{what}; the changelog is damaged before its tail and nothing after this point is served: "
+        "restore the changelog directory from a copy, or truncate this file at this offset "
+        "(dropping every later segment) if its records need not be kept",
+        path=path,
+        offset=offset,
+    )
+
+
+def _check_header(path: str, buf: bytes, seq: int, first_csn: int) -> rec.SegmentHeader:
+    h = rec.decode_header(buf)
+    if isinstance(h, str):
+        raise _corrupt(path, 0, h)
+    if (h.seq, h.first_csn) != (seq, first_csn):
+        raise _corrupt(path, 0, f"header says sequence {h.seq} and first csn {h.first_csn}, unlike its name")
+    if h.prev_csn >= h.first_csn:
+        raise _corrupt(path, 0, f"header's previous csn {h.prev_csn} is not before its first {h.first_csn}")
+    return h
+
+
+def open_last(directory: str, name: str, seq: int, first_csn: int, interval: int) -> Segment | None:
+    """Open the newest segment, cutting a torn tail off (logged); None if nothing whole was left in it.
+
+    Torn means: the bytes after the last whole record hold no intact record
+    further on -- a write cut short by a crash, a record whose CRC fails at
+    the very end, zeroes of a preallocated or half-flushed page.  A damaged
+    record *followed* by an intact one is not a torn write of an append-only
+    file: it is corruption, and raised.
+    """
+    path = os.path.join(directory, name)
+    buf = _read_file(path)
+    h = rec.decode_header(buf)
+    if isinstance(h, str):
+        # A header is written before any record and synced with the first
+        # one: a torn header means the segment was being created at the crash.
+        if rec.find_record(buf, rec.SEGMENT_HEAD if len(buf) >= rec.SEGMENT_HEAD else 0, 0) is not None:
+            raise _corrupt(path, 0, h)
+        _remove(path, f"{h}, no whole record in it", len(buf))
+        return None
+    h = _check_header(path, buf, seq, first_csn)
+    s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn)
+    if s.damage is not None and s.later is not None:
+        raise _corrupt(path, s.end, f"{s.damage}, with an intact record after it at byte offset {s.later}")
+    if s.csns and s.csns[0] != h.first_csn:
+        raise _corrupt(path, rec.SEGMENT_HEAD, f"first record has csn {s.csns[0]}, the name says {first_csn}")
+    if not s.csns:
+        _remove(path, f"{s.damage or 'empty'}, no whole record in it", len(buf))
+        return None
+    if s.end < len(buf):
+        log.warning(
+            "changelog: cut the torn tail of %s at byte offset %d: %d bytes removed (%s)",
+            path,
+            s.end,
+            len(buf) - s.end,
+            s.damage,
+        )
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, s.end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    seg = Segment(directory, h)
+    seg.set_scanned(s, rec.sparse(s.csns, s.offsets, interval))
+    write_index(seg)
+    return seg
+
+
+def _remove(path: str, why: str, size: int) -> None:
+    log.warning(
+        "changelog: removed the torn segment %s at byte offset 0: %d bytes removed (%s)", path, size, why
+    )
+    os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path[: -len(".log")] + ".idx")
+
+
+def open_sealed(directory: str, name: str, seq: int, first_csn: int, interval: int) -> Segment:
+    """Open a segment that is not the newest: its index (rebuilt if it does not fit) and its last record.
+
+    Only the stretch after the last index entry is read and verified (it
+    gives the last CSN and time, and proves the file ends on a whole
+    record), so opening costs little per segment; every other record is
+    verified by CRC when it is read.
+    """
+    path = os.path.join(directory, name)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        h = _check_header(path, f.read(rec.SEGMENT_HEAD), seq, first_csn)
+    seg = Segment(directory, h)
+    index = None
+    with contextlib.suppress(FileNotFoundError):
+        index = rec.decode_index(_read_file(seg.index_path), first_csn, size)
+    if index is not None:
+        with open(path, "rb") as f:
+            f.seek(index[1][-1])
+            tail = f.read()
+        s = rec.scan(tail, 0, index[0][-1] - 1)
+        if s.damage is None and s.csns and s.csns[0] == index[0][-1]:
+            seg.set_scanned(rec.Scan(size, s.csns, s.offsets, s.times, None, None), index)
+            return seg
+        log.warning("changelog: rebuilding the index of %s: its last entry does not fit the segment", path)
+    else:
+        log.warning("changelog: rebuilding the index of %s: missing or damaged", path)
+    seg.set_scanned(*scan_sealed(path, h, interval))
+    write_index(seg)
+    return seg
+
+
+def scan_sealed(
+    path: str, h: rec.SegmentHeader, interval: int
+) -> tuple[rec.Scan, tuple[list[int], list[int]]]:
+    """Every record of a sealed segment, verified; any damage is corruption."""
+    buf = _read_file(path)
+    s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn)
+    if s.damage is not None:
+        raise _corrupt(path, s.end, f"{s.damage} in a segment that is not the newest")
+    if not s.csns or s.csns[0] != h.first_csn:
+        raise _corrupt(path, rec.SEGMENT_HEAD, f"segment does not start with its first csn {h.first_csn}")
+    return s, rec.sparse(s.csns, s.offsets, interval)
+
+
+def seek(csns: list[int], offs: list[int], n: int, after_csn: int) -> tuple[int, int]:
+    """(offset, csn) of the last indexed record with csn <= after_csn (the first one if none)."""
+    k = max(bisect_right(csns, after_csn, 0, n) - 1, 0)
+    return offs[k], csns[k]
+
+
+def read_records(
+    path: str, start: int, end: int, expect_csn: int, after_csn: int, until_csn: int | None
+) -> Iterator[tuple[int, bytes]]:
+    """Records of `path` in [start, end) with after_csn < csn (<= until_csn), each CRC-checked.
+
+    The record at `start` must be `expect_csn` (what the index said), else
+    IndexMismatch before anything is yielded.  Raises FileNotFoundError if
+    retention removed the file first; damage inside `end` (which is durable,
+    so whole) is ChangelogCorrupt.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        off = start
+        frame_at, ok = rec.frame_at, rec.OK
+        head = rec.FRAME_HEAD
+        first = True
+        while off < end:
+            buf = os.pread(fd, min(READ_CHUNK, end - off), off)
+            pos, size = 0, len(buf)
+            while pos < size:
+                status, csn, _, rend = frame_at(buf, pos)
+                if status != ok:
+                    if status == rec.SHORT and pos > 0:
+                        break  # the record goes on past this chunk: read again from it
+                    if status == rec.SHORT and size < rend <= end - off:
+                        buf = os.pread(fd, rend, off)  # one record larger than a chunk
+                        if len(buf) == rend:
+                            size = len(buf)
+                            continue
+                        status = rec.SHORT
+                    if first:
+                        raise IndexMismatch
+                    what = "bad record" if status == rec.BAD else "record cut short"
+                    raise _corrupt(path, off + pos, f"{what} inside the durable part of the changelog")
+                if first:
+                    if csn != expect_csn:
+                        raise IndexMismatch
+                    first = False
+                if csn > after_csn:
+                    if until_csn is not None and csn > until_csn:
+                        return
+                    yield csn, buf[pos + head : rend]
+                pos = rend
+            if pos == 0:
+                raise _corrupt(path, off, "record cut short inside the durable part of the changelog")
+            off += pos
+    finally:
+        os.close(fd)

@@ -1,0 +1,26 @@
+"""The service's gRPC side: the Changefeed over the durable changelog (DESIGN sections 5, 7, 8).
+
+    Changelog (csnd.coordinator.changelog) ──► ChangefeedServicer ──► Subscribe / Fetch / Status
+         SubscriptionStore (named marks) ◄──┘        │
+                                          start_changefeed(): grpc server, bearer token,
+                                          TLS, health, reflection, graceful stop
+
+Pure parts beside it: `filtering` (a subscriber's tables applied to a line),
+`batching` (whole transactions under a size bound), `registry` (consumers,
+their acknowledgements and lag bookkeeping).  `status.NodeState` is what the
+service runtime supplies about its nodes.
+"""
+
+from csnd.service.changefeed import ChangefeedServicer, FeedSettings
+from csnd.service.server import RunningServer, TlsFiles, start_changefeed
+from csnd.service.status import NodeState, NodeStatusSource
+
+__all__ = [
+    "ChangefeedServicer",
+    "FeedSettings",
+    "NodeState",
+    "NodeStatusSource",
+    "RunningServer",
+    "TlsFiles",
+    "start_changefeed",
+]

@@ -1,0 +1,434 @@
+"""The Changefeed gRPC service over a durable changelog (DESIGN sections 5 and 7).
+
+    client ── SubscribeStart ──►  Subscribe handler ── log.read(after) ─► TableFilter ─► BatchBuilder ─► batches
+           ── acks, keepalives ─► request thread ─► ConsumerRegistry ─► SubscriptionStore (named marks)
+                                                 (under the servicer's lock; Status reads it)
+
+One handler thread per subscriber reads the changelog from the subscriber's
+start, sends whole transactions in batches under a size bound, and when it
+reaches the durable end waits for more (`wait_durable`).  The changelog is
+the buffer: a slow subscriber only reads further behind, it never holds back
+the writer or the sources.  gRPC's flow control blocks the handler while the
+client does not read, so nothing piles up in memory.
+
+Every `keepalive_s` the server sends a keepalive asking for a reply; a client
+that sends nothing (no reply, no ack) for `client_timeout_s` is dropped with
+UNAVAILABLE, so a vanished consumer does not keep a thread and a name
+forever.  Acknowledgements of a named subscription are kept as a high-water
+mark and written to the SubscriptionStore at most every `store_interval_s`
+(each write is an fsync) and whenever a stream ends, so a consumer that acks
+and closes finds its mark stored.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+import grpc
+
+from csnd import __version__
+from csnd.core.errors import CsnOutOfRange
+from csnd.proto import csnd_pb2 as pb
+from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
+from csnd.service.filtering import TableFilter
+from csnd.service.registry import AckError, ConsumerRegistry
+from csnd.service.status import NodeStatusSource
+
+if TYPE_CHECKING:
+    from csnd.coordinator.changelog import Changelog, SubscriptionStore
+
+# Longest wait on the changelog before a stream looks at its stop conditions
+# again (server stopping, client gone or silent).  Smaller: a quicker stop;
+# larger: fewer wake-ups of idle subscribers.
+WAIT_S: Final = 0.5
+# While a stream reads records it sends nothing for (filtered out), it looks
+# at its stop conditions and keepalive clock every this many records.
+CHECK_EVERY: Final = 1024
+NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+
+
+@dataclass(frozen=True)
+class FeedSettings:
+    # Bound of one batch message (see csnd.service.batching).
+    max_batch_bytes: int = MAX_BATCH_BYTES
+    # How often the server asks a subscriber for a sign of life.  Smaller:
+    # a dead consumer is found sooner, at the cost of a message each way.
+    keepalive_s: float = 5.0
+    # Silence after which a subscriber is dropped: several keepalives, so a
+    # consumer busy with one large batch is not dropped by accident.
+    client_timeout_s: float = 30.0
+    # How long a new stream may take to say where it starts.
+    first_message_timeout_s: float = 10.0
+    # Named marks are written (fsync) at most this often while streams run.
+    store_interval_s: float = 1.0
+    # Status counts a consumer's lag in transactions by reading the changelog
+    # after its acknowledged CSN, up to this many (then it says "at least").
+    lag_count_cap: int = 10_000
+
+
+class _Stream:
+    """What a Subscribe handler and its request thread share."""
+
+    __slots__ = ("first", "got_first", "cid", "registered", "closed", "error")
+
+    def __init__(self) -> None:
+        self.first: pb.SubscribeRequest | None = None
+        self.got_first = threading.Event()
+        self.cid: int | None = None  # set once the consumer is registered
+        self.registered = threading.Event()  # (also set when the call ends)
+        self.closed = threading.Event()  # the client half-closed, or the call ended
+        self.error: str | None = None  # a bad message from the client
+
+
+class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # generated, untyped
+    def __init__(
+        self,
+        log: Changelog,
+        *,
+        subscriptions: SubscriptionStore | None = None,
+        status: NodeStatusSource | None = None,
+        settings: FeedSettings | None = None,
+        directory: str = "",
+    ) -> None:
+        self.log = log
+        self.subscriptions = subscriptions
+        self.status_source = status
+        self.settings = settings or FeedSettings()
+        self.directory = directory or getattr(log, "directory", "")
+        self.lock = threading.Lock()
+        self.registry = ConsumerRegistry.from_store(subscriptions.all() if subscriptions else {})
+        self._store_lock = threading.Lock()
+        self._last_store = time.monotonic()
+        self.stopping = threading.Event()
+
+    # --- Subscribe ----------------------------------------------------------------
+
+    def Subscribe(  # noqa: N802
+        self, request_iterator: Iterator[pb.SubscribeRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.SubscribeResponse]:
+        s = self.settings
+        stream = _Stream()
+        context.add_callback(stream.registered.set)
+        threading.Thread(
+            target=self._read_requests,
+            args=(request_iterator, stream),
+            name="csnd-feed-requests",
+            daemon=True,
+        ).start()
+        if not stream.got_first.wait(s.first_message_timeout_s):
+            _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "no SubscribeStart message arrived in time")
+        first = stream.first
+        if first is None or not first.HasField("start"):
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a SubscribeStart")
+        start = first.start
+        filt = _table_filter(start.tables, context)
+        name = start.name
+        if name and not NAME_RE.fullmatch(name):
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"subscription name {name!r} must be 1-128 letters, digits and _.:@- (starting with a "
+                "letter or digit)",
+            )
+        if name and self.subscriptions is None:
+            _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this service keeps no named subscriptions; subscribe without a name",
+            )
+        with self.lock:
+            if start.HasField("after_csn"):
+                after = start.after_csn
+            else:
+                after = self.registry.named.get(name, 0) if name else 0
+        records = self._open(after, context)
+        with self.lock:
+            consumer = self.registry.connect(context.peer(), name, start.tables, after, time.monotonic())
+        stream.cid = consumer.id
+        stream.registered.set()
+        try:
+            log = self.log
+            yield pb.SubscribeResponse(
+                subscribed=pb.Subscribed(
+                    after_csn=after, oldest_csn=log.oldest_csn, newest_csn=log.durable_csn
+                )
+            )
+            yield from self._stream(consumer.id, after, records, filt, stream, context)
+        finally:
+            with self.lock:
+                self.registry.disconnect(consumer.id)
+            self._store_marks()
+
+    def _read_requests(self, requests: Iterator[pb.SubscribeRequest], stream: _Stream) -> None:
+        try:
+            stream.first = next(requests, None)
+            stream.got_first.set()
+            if stream.first is None:
+                return
+            stream.registered.wait()
+            cid = stream.cid
+            if cid is None:
+                return  # (the handler refused the start, or the call ended)
+            for msg in requests:
+                with self.lock:
+                    self.registry.heard(cid, time.monotonic())
+                    if msg.HasField("ack"):
+                        try:
+                            self.registry.ack(cid, msg.ack.csn)
+                        except AckError as e:
+                            stream.error = str(e)
+                            return
+        except Exception:  # noqa: BLE001, S110 - the call broke: the client is gone
+            pass
+        finally:
+            stream.got_first.set()
+            stream.closed.set()
+
+    def _open(self, after: int, context: grpc.ServicerContext) -> Iterator[Record]:
+        """`log.read(after)` with its first record already read, so a start out of range fails here."""
+        try:
+            records = self.log.read(after)
+            first = next(records, None)
+        except CsnOutOfRange as e:
+            _out_of_range(context, after, e)
+        if first is None:
+            return iter(())
+        return _chain(first, records)
+
+    def _stream(
+        self,
+        cid: int,
+        after: int,
+        records: Iterator[Record] | None,
+        filt: TableFilter,
+        stream: _Stream,
+        context: grpc.ServicerContext,
+    ) -> Iterator[pb.SubscribeResponse]:
+        s = self.settings
+        log = self.log
+        builder = BatchBuilder(s.max_batch_bytes)
+        pos = after
+        next_keepalive = time.monotonic() + s.keepalive_s
+        while True:
+            seen = 0
+            try:
+                if records is None:
+                    records = log.read(pos)
+                for csn, line in records:
+                    pos = csn
+                    kept = filt.keep(line)
+                    if kept is not None and (batch := builder.add(csn, kept)) is not None:
+                        self._sent(cid, batch[-1][0], len(batch))
+                        yield _batch_response(batch)
+                        if self._ended(cid, stream, context):
+                            return
+                    seen += 1
+                    if seen % CHECK_EVERY == 0:
+                        if self._ended(cid, stream, context):
+                            return
+                        if time.monotonic() >= next_keepalive:
+                            next_keepalive = time.monotonic() + s.keepalive_s
+                            yield _keepalive()
+            except CsnOutOfRange as e:  # (retention removed what this slow reader still needed)
+                _out_of_range(context, pos, e)
+            batch = builder.flush()
+            self._sent(cid, pos, len(batch or ()))
+            if batch:
+                yield _batch_response(batch)
+            if self._ended(cid, stream, context):
+                return
+            now = time.monotonic()
+            if now >= next_keepalive:
+                next_keepalive = now + s.keepalive_s
+                yield _keepalive()
+            if now - self._last_store >= s.store_interval_s:
+                self._store_marks()
+            log.wait_durable(pos, min(WAIT_S, max(0.0, next_keepalive - time.monotonic())))
+            records = None
+
+    def _sent(self, cid: int, csn: int, transactions: int) -> None:
+        with self.lock:
+            self.registry.sent(cid, csn, transactions)
+
+    def _ended(self, cid: int, stream: _Stream, context: grpc.ServicerContext) -> bool:
+        """True when the stream should end quietly; aborts when it must end with an error."""
+        if self.stopping.is_set() or stream.closed.is_set() or not context.is_active():
+            if stream.error is not None:
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, stream.error)
+            return True
+        with self.lock:
+            consumer = self.registry.consumers.get(cid)
+            silent = (
+                consumer is not None
+                and time.monotonic() - consumer.last_heard > self.settings.client_timeout_s
+            )
+        if consumer is None:
+            _abort(
+                context,
+                grpc.StatusCode.ABORTED,
+                "another connection took this subscription name over; this one ends",
+            )
+        if silent:
+            _abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"no reply to keepalives for {self.settings.client_timeout_s:g} s: the consumer was dropped; "
+                "reconnect to continue",
+            )
+        return False
+
+    def _store_marks(self) -> None:
+        """Writes the named marks that moved (one fsync each) to the SubscriptionStore."""
+        if self.subscriptions is None:
+            return
+        with self._store_lock:
+            self._last_store = time.monotonic()
+            with self.lock:
+                todo = self.registry.unstored()
+            for name, csn in sorted(todo.items()):
+                self.subscriptions.set(name, csn)
+                with self.lock:
+                    self.registry.stored(name, csn)
+
+    # --- Fetch ----------------------------------------------------------------------
+
+    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.FetchResponse]:  # noqa: N802
+        filt = _table_filter(request.tables, context)
+        after, until = request.after_csn, request.until_csn
+        if until and until < after:
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"until_csn {until} is before after_csn {after}: the range is empty",
+            )
+        until = until or self.log.durable_csn
+        if until == 0:
+            return
+        builder = BatchBuilder(self.settings.max_batch_bytes)
+        try:
+            for csn, line in self.log.read(after, until):
+                kept = filt.keep(line)
+                if kept is not None and (batch := builder.add(csn, kept)) is not None:
+                    yield pb.FetchResponse(batch=_batch(batch))
+                    if self.stopping.is_set():
+                        _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
+        except CsnOutOfRange as e:
+            _out_of_range(context, after, e)
+        batch = builder.flush()
+        if batch:
+            yield pb.FetchResponse(batch=_batch(batch))
+
+    # --- Status ---------------------------------------------------------------------
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:  # noqa: N802
+        return self.snapshot()
+
+    def snapshot(self) -> pb.StatusResponse:
+        """Nodes, changelog and consumers now (the gRPC Status answer and /api/status)."""
+        log = self.log
+        nodes = [n.to_pb() for n in self.status_source()] if self.status_source is not None else []
+        wall, mono = time.time(), time.monotonic()
+        with self.lock:
+            live = [
+                (c.peer, c.name, c.acked, c.sent, c.tables, c.transactions_sent, c.connected_since)
+                for c in self.registry.consumers.values()
+            ]
+            idle = self.registry.idle_names()
+        consumers = []
+        for peer, name, acked, sent, tables, count, since in live:
+            lag, at_least = self._lag(acked)
+            consumers.append(
+                pb.ConsumerStatus(
+                    peer=peer,
+                    name=name,
+                    acknowledged_csn=acked,
+                    sent_csn=sent,
+                    lag_transactions=lag,
+                    lag_at_least=at_least,
+                    connected=True,
+                    tables=tables,
+                    transactions_sent=count,
+                    connected_since_us=int((wall - (mono - since)) * 1e6),
+                )
+            )
+        for name, acked in sorted(idle.items()):
+            lag, at_least = self._lag(acked)
+            consumers.append(
+                pb.ConsumerStatus(
+                    name=name, acknowledged_csn=acked, lag_transactions=lag, lag_at_least=at_least
+                )
+            )
+        return pb.StatusResponse(
+            time_us=int(wall * 1e6),
+            nodes=nodes,
+            changelog=pb.ChangelogStatus(
+                oldest_csn=log.oldest_csn,
+                newest_csn=log.durable_csn,
+                bytes=log.size_bytes,
+                segments=log.segment_count,
+                directory=self.directory,
+            ),
+            consumers=consumers,
+            version=__version__,
+        )
+
+    def _lag(self, acked: int) -> tuple[int, bool]:
+        """Durable transactions after `acked`, counted up to the cap; (count, count is a lower bound)."""
+        if acked >= self.log.durable_csn:
+            return 0, False
+        cap = self.settings.lag_count_cap
+        n = 0
+        try:
+            for _ in self.log.read(acked):
+                n += 1
+                if n >= cap:
+                    return n, True
+        except CsnOutOfRange:  # (behind retention: at least everything retained)
+            return max(n, self._lag(0)[0]), True
+        return n, False
+
+    def stop(self) -> None:
+        """Ends every stream at its next look (within WAIT_S) and stores the named marks."""
+        self.stopping.set()
+        self._store_marks()
+
+
+def _chain(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
+    yield first
+    yield from rest
+
+
+def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
+    try:
+        return TableFilter(specs)
+    except ValueError as e:
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+def _batch(records: list[Record]) -> pb.TransactionBatch:
+    return pb.TransactionBatch(transactions=[pb.Transaction(csn=csn, line=line) for csn, line in records])
+
+
+def _batch_response(records: list[Record]) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(batch=_batch(records))
+
+
+def _keepalive() -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(
+        keepalive=pb.FeedKeepalive(send_time_us=int(time.time() * 1e6), reply_requested=True)
+    )
+
+
+def _out_of_range(context: grpc.ServicerContext, after: int, e: CsnOutOfRange) -> NoReturn:
+    _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    context.abort(code, details)
+    raise AssertionError("unreachable: context.abort raises")  # (for the type checker)
