@@ -25,9 +25,9 @@ from typing import Final
 
 import grpc
 
-from csnd.consumers.client import CHANNEL_OPTIONS, fetch, permanent_error
+from csnd.consumers.client import CHANNEL_OPTIONS, permanent_error
 from csnd.consumers.spark.options import SourceOptions
-from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
+from csnd.core.errors import ChangefeedUnavailable, ConfigError
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 
@@ -114,13 +114,23 @@ def newest(opts: SourceOptions) -> tuple[int, int]:
 
 
 def read_range(opts: SourceOptions, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
-    """The transactions in (lo, hi] (of our tables), in CSN order."""
+    """The transactions in (lo, hi] (of our tables), in CSN order.
+
+    Waits up to the connect timeout for the connection (a busy executor's
+    first handshake can be slow; a task that fails fast fails the query).
+    """
+    channel = _connected(opts)
     try:
-        yield from fetch(
-            opts.target, lo, hi, tables=opts.tables, token=read_token(opts), tls_ca=opts.tls_ca_file
-        )
-    except ChangefeedError as e:
-        raise type(e)(f"csnd source: reading csn range ({lo}, {hi}]: {e}") from None
+        stub = pb_grpc.ChangefeedStub(channel)
+        request = pb.FetchRequest(after_csn=lo, until_csn=hi, tables=opts.tables)
+        try:
+            for msg in stub.Fetch(request, metadata=_metadata(opts), wait_for_ready=True):
+                for t in msg.batch.transactions:
+                    yield t.csn, t.line
+        except grpc.RpcError as e:
+            raise _failed(opts, f"reading csn range ({lo}, {hi}]", e) from None
+    finally:
+        channel.close()
 
 
 def csns_after(opts: SourceOptions, start: int, until: int, limit: int) -> list[int]:

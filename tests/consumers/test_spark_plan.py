@@ -19,7 +19,9 @@ from csnd.core.errors import ConfigError
     st.sets(st.integers(1, 10**6 + 10**4), max_size=40),
     st.integers(0, 10**6),
 )
-def test_split_covers_the_range_exactly(start: int, width: int, parts: int, txns: set[int], floor: int) -> None:
+def test_split_covers_the_range_exactly(
+    start: int, width: int, parts: int, txns: set[int], floor: int
+) -> None:
     end = start + width
     for seen in ([], sorted(txns)):
         ranges = split_range(start, end, parts, seen, floor)
@@ -37,7 +39,12 @@ def test_split_covers_the_range_exactly(start: int, width: int, parts: int, txns
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 100), st.lists(st.integers(1, 50), max_size=30), st.none() | st.integers(1, 10), st.integers(0, 2000))
+@given(
+    st.integers(0, 100),
+    st.lists(st.integers(1, 50), max_size=30),
+    st.none() | st.integers(1, 10),
+    st.integers(0, 2000),
+)
 def test_end_is_the_nth_transaction(start: int, gaps: list[int], limit: int | None, extra: int) -> None:
     csns = []
     c = start
@@ -71,18 +78,29 @@ def test_offsets() -> None:
 
 def test_options_parse() -> None:
     o = parse_options(
-        {"TARGET": "grpc://h:7", "startingcsn": "5", "tables": " public.a , s.\"b.c\"", "maxTransactionsPerTrigger": "3"},
+        {
+            "TARGET": "grpc://h:7",
+            "startingcsn": "5",
+            "tables": ' public.a , s."b.c"',
+            "maxTransactionsPerTrigger": "3",
+        },
         stream=True,
     )
     assert (o.target, o.starting_csn, o.tables, o.max_transactions) == ("h:7", 5, ("public.a", 's."b.c"'), 3)
-    b = parse_options({"target": "h:7", "endingCsn": "9", "numPartitions": "4", "connectTimeout": "0.5"}, stream=False)
+    b = parse_options(
+        {"target": "h:7", "endingCsn": "9", "numPartitions": "4", "connectTimeout": "0.5"}, stream=False
+    )
     assert (b.ending_csn, b.partitions, b.connect_timeout) == (9, 4, 0.5)
 
 
 @pytest.mark.parametrize(
     ("options", "stream", "says"),
     [
-        ({"target": "h:7", "maxTransactionPerTrigger": "3"}, True, "unknown option 'maxTransactionPerTrigger'"),
+        (
+            {"target": "h:7", "maxTransactionPerTrigger": "3"},
+            True,
+            "unknown option 'maxTransactionPerTrigger'",
+        ),
         ({}, True, "option target"),
         ({"target": "nohost"}, True, "not HOST:PORT"),
         ({"target": "h:7", "startingCsn": "x"}, True, "startingCsn='x' is not a whole number"),

@@ -49,8 +49,16 @@ def as_rows(batch: Any) -> list[dict[str, Any]]:
 
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8)
-scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63) | names | st.floats(allow_nan=False, allow_infinity=False)
-values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(names, kids, max_size=3), max_leaves=8)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | names
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+values = st.recursive(
+    scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(names, kids, max_size=3), max_leaves=8
+)
 rowdicts = st.dictionaries(names, values, max_size=5)
 
 
@@ -98,10 +106,17 @@ def test_flatten_equals_brute_force(records: list[tuple[int, bytes]]) -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(streams(), st.sampled_from([(",", ":"), (" , ", " : "), (",\n", ":\t")]))
-def test_other_whitespace_takes_the_general_path(records: list[tuple[int, bytes]], seps: tuple[str, str]) -> None:
+def test_other_whitespace_takes_the_general_path(
+    records: list[tuple[int, bytes]], seps: tuple[str, str]
+) -> None:
     """Lines not written as json.dumps writes them (other separators, key order) read the same."""
-    respaced = [(c, json.dumps(json.loads(line), ensure_ascii=False, separators=seps).encode()) for c, line in records]
-    reordered = [(c, json.dumps(dict(reversed(json.loads(line).items())), ensure_ascii=False).encode()) for c, line in records]
+    respaced = [
+        (c, json.dumps(json.loads(line), ensure_ascii=False, separators=seps).encode()) for c, line in records
+    ]
+    reordered = [
+        (c, json.dumps(dict(reversed(json.loads(line).items())), ensure_ascii=False).encode())
+        for c, line in records
+    ]
     want = brute(records)
     for variant in (respaced, reordered):
         got = as_rows(flatten(variant))
@@ -153,8 +168,26 @@ def txn_example() -> str:
             "commit_time": "2026-11-22T10:00:00+00:00",
             "nodes": {"dn1": {"xid": 1, "commit_lsn": "0/1"}},
             "changes": [
-                {"node": "dn1", "cid": 0, "lsn": "0/1", "op": "insert", "schema": "s", "table": "t", "old": None, "new": {"a": 1}},
-                {"node": "dn1", "cid": 0, "lsn": "0/2", "op": "insert", "schema": "s", "table": "t", "old": None, "new": {"a": 2}},
+                {
+                    "node": "dn1",
+                    "cid": 0,
+                    "lsn": "0/1",
+                    "op": "insert",
+                    "schema": "s",
+                    "table": "t",
+                    "old": None,
+                    "new": {"a": 1},
+                },
+                {
+                    "node": "dn1",
+                    "cid": 0,
+                    "lsn": "0/2",
+                    "op": "insert",
+                    "schema": "s",
+                    "table": "t",
+                    "old": None,
+                    "new": {"a": 2},
+                },
             ],
         },
         ensure_ascii=False,
