@@ -9,8 +9,7 @@
 Every failure becomes one CsndError line that says which service, what
 happened and what to do; Spark wraps it, but the line stays findable.
 
-What the service lacks for this (see the report in the README's Spark
-section): a call that returns only csns (counting for a limit now carries
+What the service lacks for this: a call that returns only csns (counting for a limit now carries
 the lines of up to `maxTransactionsPerTrigger` transactions to the driver),
 and a unary acknowledgement for a named subscription (the Subscribe stream
 used instead may carry one batch we do not read).

@@ -26,7 +26,7 @@ KNOWN: Final = {
     "tables": "comma-separated schema.table list; only their changes are read",
     "maxTransactionsPerTrigger": "streams: at most this many transactions per micro-batch",
     "numPartitions": "split each range into up to this many CSN ranges read in parallel (default 2)",
-    "name": "the subscription name commit() acknowledges under (default: from the checkpoint)",
+    "name": "the subscription name commit() acknowledges under (default: from target, tables, startingCsn)",
     "tokenFile": "file holding the service's bearer token",
     "tlsCaFile": "PEM CA certificate: connect with TLS, trusting it",
     "connectTimeout": "seconds to wait for the service before failing (default 10)",
@@ -51,7 +51,7 @@ class SourceOptions:
 
 
 def _known_list() -> str:
-    return "; ".join(f"{k} ({v})" for k, v in KNOWN.items())
+    return ", ".join(KNOWN)
 
 
 def _int(key: str, text: str, least: int) -> int:
@@ -80,7 +80,7 @@ def parse_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptio
         given[canonical] = str(value)
     if "target" not in given:
         raise ConfigError(
-            f"csnd source: option target (HOST:PORT of csnd serve) is required; {_known_list()}"
+            f"csnd source: option target (HOST:PORT of csnd serve) is required; the known options are: {_known_list()}"
         )
     try:
         target = parse_target(given["target"].strip())

@@ -31,6 +31,8 @@ def local_session(app: str = "csnd", cores: int = 2, **conf: str) -> SparkSessio
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
         .config("spark.ui.showConsoleProgress", "false")
+        # Workers import pyspark's cached bytecode, not the zip (see csnd.consumers.spark.daemon).
+        .config("spark.python.daemon.module", "csnd.consumers.spark.daemon")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
