@@ -1,0 +1,184 @@
+"""The Spark source's calls to the changefeed service (the I/O edge of csnd.consumers.spark).
+
+    driver:    newest()    Status: the changelog's oldest and newest durable csn
+               csns_after  Fetch (after, until], counting up to a limit (csns only are kept)
+               acknowledge Subscribe(name, after=csn) + ack(csn) + half-close: the service
+                           stores the name's mark durably when the stream ends
+    executors: read_range  Fetch (lo, hi]: whole transactions, in CSN order
+
+Every failure becomes one CsndError line that says which service, what
+happened and what to do; Spark wraps it, but the line stays findable.
+
+What the service lacks for this: a call that returns only csns (counting for a limit now carries
+the lines of up to `maxTransactionsPerTrigger` transactions to the driver),
+and a unary acknowledgement for a named subscription (the Subscribe stream
+used instead may carry one batch we do not read).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Final
+
+import grpc
+
+from csnd.consumers.client import CHANNEL_OPTIONS, permanent_error
+from csnd.consumers.spark.options import SourceOptions
+from csnd.core.errors import ChangefeedUnavailable, ConfigError
+from csnd.proto import csnd_pb2 as pb
+from csnd.proto import csnd_pb2_grpc as pb_grpc
+
+# How long commit() waits for the service to confirm it stored the mark
+# (the stream ends once it has).  A timeout is logged by Spark as a failed
+# commit; the next commit acknowledges a later csn, which covers this one.
+ACK_TIMEOUT_S: Final = 30.0
+
+
+def read_token(opts: SourceOptions) -> str | None:
+    if opts.token_file is None:
+        return None
+    try:
+        with open(opts.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ConfigError(
+            f"csnd source: cannot read tokenFile {opts.token_file}: {e.strerror or e}"
+        ) from None
+    if not token:
+        raise ConfigError(f"csnd source: tokenFile {opts.token_file} is empty")
+    return token
+
+
+def _metadata(opts: SourceOptions) -> tuple[tuple[str, str], ...]:
+    token = read_token(opts)
+    return () if token is None else (("authorization", f"Bearer {token}"),)
+
+
+def _channel(opts: SourceOptions) -> grpc.Channel:
+    if opts.tls_ca_file is None:
+        return grpc.insecure_channel(opts.target, options=CHANNEL_OPTIONS)
+    try:
+        with open(opts.tls_ca_file, "rb") as f:
+            ca = f.read()
+    except OSError as e:
+        raise ConfigError(
+            f"csnd source: cannot read tlsCaFile {opts.tls_ca_file}: {e.strerror or e}"
+        ) from None
+    creds = grpc.ssl_channel_credentials(root_certificates=ca)
+    return grpc.secure_channel(opts.target, creds, CHANNEL_OPTIONS)
+
+
+def _failed(opts: SourceOptions, what: str, e: grpc.RpcError) -> Exception:
+    err = permanent_error(e, opts.target)
+    if err is not None:
+        return type(err)(f"csnd source: {what}: {err}")
+    details = e.details() if hasattr(e, "details") else str(e)
+    return ChangefeedUnavailable(
+        f"csnd source: {what} at {opts.target} failed ({details}); check that csnd serve is running there"
+    )
+
+
+def _connected(opts: SourceOptions) -> grpc.Channel:
+    """A channel that is connected, or ChangefeedUnavailable after the connect timeout."""
+    channel = _channel(opts)
+    ready = grpc.channel_ready_future(channel)
+    try:
+        ready.result(timeout=opts.connect_timeout)
+    except grpc.FutureTimeoutError:
+        ready.cancel()
+        channel.close()
+        raise ChangefeedUnavailable(
+            f"csnd source: nothing answers at target {opts.target} within {opts.connect_timeout:g} s; "
+            "check the address and that csnd serve is running"
+        ) from None
+    return channel
+
+
+def newest(opts: SourceOptions) -> tuple[int, int]:
+    """(oldest, newest) durable csn of the service's changelog now (0, 0 when it is empty)."""
+    channel = _connected(opts)
+    try:
+        stub = pb_grpc.ChangefeedStub(channel)
+        try:
+            status = stub.Status(
+                pb.StatusRequest(), metadata=_metadata(opts), timeout=opts.connect_timeout * 3
+            )
+        except grpc.RpcError as e:
+            raise _failed(opts, "asking for the changelog's status", e) from None
+        return int(status.changelog.oldest_csn), int(status.changelog.newest_csn)
+    finally:
+        channel.close()
+
+
+def read_range(opts: SourceOptions, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
+    """The transactions in (lo, hi] (of our tables), in CSN order.
+
+    Waits up to the connect timeout for the connection (a busy executor's
+    first handshake can be slow; a task that fails fast fails the query).
+    """
+    channel = _connected(opts)
+    try:
+        stub = pb_grpc.ChangefeedStub(channel)
+        request = pb.FetchRequest(after_csn=lo, until_csn=hi, tables=opts.tables)
+        try:
+            for msg in stub.Fetch(request, metadata=_metadata(opts), wait_for_ready=True):
+                for t in msg.batch.transactions:
+                    yield t.csn, t.line
+        except grpc.RpcError as e:
+            raise _failed(opts, f"reading csn range ({lo}, {hi}]", e) from None
+    finally:
+        channel.close()
+
+
+def csns_after(opts: SourceOptions, start: int, until: int, limit: int) -> list[int]:
+    """The csns of the first `limit` transactions in (start, until] (all, if fewer)."""
+    out: list[int] = []
+    if until <= start:
+        return out
+    records = read_range(opts, start, until)
+    try:
+        for csn, _ in records:
+            out.append(csn)
+            if len(out) >= limit:
+                break
+    finally:
+        records.close()  # type: ignore[attr-defined]  # (a generator: closes the channel)
+    return out
+
+
+def acknowledge(opts: SourceOptions, name: str, csn: int) -> None:
+    """Stores `csn` as the named subscription's acknowledged mark (durably, when this returns)."""
+    channel = _connected(opts)
+    requests: queue.Queue[pb.SubscribeRequest | None] = queue.Queue()
+    requests.put(pb.SubscribeRequest(start=pb.SubscribeStart(after_csn=csn, name=name, tables=opts.tables)))
+
+    def request_iter() -> Iterator[pb.SubscribeRequest]:
+        while (msg := requests.get()) is not None:
+            yield msg
+
+    try:
+        stub = pb_grpc.ChangefeedStub(channel)
+        call = stub.Subscribe(request_iter(), metadata=_metadata(opts), timeout=ACK_TIMEOUT_S)
+        done = threading.Event()
+        try:
+            for msg in call:
+                if msg.WhichOneof("body") == "subscribed" and not done.is_set():
+                    # The service resolved our start: the ack is within what it
+                    # "sent" (after_csn), so it is accepted; then we end our side.
+                    requests.put(pb.SubscribeRequest(ack=pb.SubscribeAck(csn=csn)))
+                    requests.put(None)
+                    done.set()
+                # (any batch after `csn` is not ours to read: the next micro-batch fetches it)
+        except grpc.RpcError as e:
+            raise _failed(opts, f"acknowledging csn {csn} as subscription {name!r}", e) from None
+        finally:
+            requests.put(None)
+        if not done.is_set():
+            raise ChangefeedUnavailable(
+                f"csnd source: acknowledging csn {csn} as subscription {name!r}: the service ended the "
+                "stream before it started; the next commit acknowledges again"
+            )
+    finally:
+        channel.close()

@@ -1,0 +1,214 @@
+"""Flattening transaction lines into rows, against a brute-force flattening of the parsed JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csnd.consumers.spark.rows import ARROW_SCHEMA, COLUMNS, RowBuilder, _fast, _walk, flatten
+
+_enc = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def brute(records: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
+    """The documented row of every change: parse the line, re-dump old/new as json.dumps writes them."""
+    rows = []
+    for csn, line in records:
+        txn = json.loads(line)
+        for seq, ch in enumerate(txn["changes"]):
+            rows.append(
+                {
+                    "csn": csn,
+                    "gid": txn["gid"],
+                    "commit_time": txn["commit_time"],
+                    "seq": seq,
+                    "node": ch["node"],
+                    "xid": txn["nodes"][ch["node"]]["xid"],
+                    "cid": ch["cid"],
+                    "lsn": ch["lsn"],
+                    "op": ch["op"],
+                    "schema": ch["schema"],
+                    "table": ch["table"],
+                    "old": None if ch["old"] is None else _enc(ch["old"]),
+                    "new": None if ch["new"] is None else _enc(ch["new"]),
+                    "unchanged": ch.get("unchanged", []),
+                }
+            )
+    return rows
+
+
+def as_rows(batch: Any) -> list[dict[str, Any]]:
+    out = batch.to_pylist()
+    for r in out:  # (compare times as the ISO text the line holds)
+        r["commit_time"] = r["commit_time"].isoformat()
+    return out
+
+
+names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | names
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+values = st.recursive(
+    scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(names, kids, max_size=3), max_leaves=8
+)
+rowdicts = st.dictionaries(names, values, max_size=5)
+
+
+@st.composite
+def txn_lines(draw: st.DrawFn, csn: int) -> bytes:
+    nodes = draw(st.lists(names, min_size=1, max_size=3, unique=True))
+    changes = []
+    for cid in range(draw(st.integers(0, 5))):
+        ch: dict[str, Any] = {
+            "node": draw(st.sampled_from(nodes)),
+            "cid": cid,
+            "lsn": f"0/{draw(st.integers(0, 2**32)):X}",
+            "op": draw(st.sampled_from(["insert", "update", "delete", "truncate"])),
+            "schema": draw(names),
+            "table": draw(names),
+            "old": draw(st.none() | rowdicts),
+            "new": draw(st.none() | rowdicts),
+        }
+        if draw(st.booleans()):
+            ch["unchanged"] = draw(st.lists(names, max_size=3))
+        changes.append(ch)
+    txn = {
+        "csn": csn,
+        "gid": draw(st.none() | names),
+        "commit_time": "2026-11-22T10:00:00.123456+00:00",
+        "nodes": {n: {"xid": draw(st.integers(0, 2**32)), "commit_lsn": "0/1"} for n in nodes},
+        "changes": changes,
+    }
+    return json.dumps(txn, ensure_ascii=False).encode()
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[tuple[int, bytes]]:
+    csns = sorted(draw(st.sets(st.integers(1, 10**12), max_size=6)))
+    return [(c, draw(txn_lines(c))) for c in csns]
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams())
+def test_flatten_equals_brute_force(records: list[tuple[int, bytes]]) -> None:
+    batch = flatten(records)
+    assert batch.schema == ARROW_SCHEMA
+    assert as_rows(batch) == brute(records)
+
+
+@settings(max_examples=50, deadline=None)
+@given(streams(), st.sampled_from([(",", ":"), (" , ", " : "), (",\n", ":\t")]))
+def test_other_whitespace_takes_the_general_path(
+    records: list[tuple[int, bytes]], seps: tuple[str, str]
+) -> None:
+    """Lines not written as json.dumps writes them (other separators, key order) read the same."""
+    respaced = [
+        (c, json.dumps(json.loads(line), ensure_ascii=False, separators=seps).encode()) for c, line in records
+    ]
+    reordered = [
+        (c, json.dumps(dict(reversed(json.loads(line).items())), ensure_ascii=False).encode())
+        for c, line in records
+    ]
+    want = brute(records)
+    for variant in (respaced, reordered):
+        got = as_rows(flatten(variant))
+        for g, w in zip(got, want, strict=True):
+            for key in ("old", "new"):  # (the text differs with the spacing; the JSON does not)
+                assert (g[key] is None) == (w[key] is None)
+                if g[key] is not None:
+                    assert json.loads(g[key]) == json.loads(w[key])
+                g[key] = w[key]
+        assert got == want
+
+
+@settings(max_examples=50, deadline=None)
+@given(streams())
+def test_fast_path_agrees_with_the_general_walk(records: list[tuple[int, bytes]]) -> None:
+    for _, line in records:
+        assert _fast(line.decode()) == _walk(line.decode())
+
+
+def test_old_and_new_are_the_lines_own_text() -> None:
+    """A float whose text Python would write differently stays as the line has it."""
+    line = (
+        '{"csn": 5, "gid": null, "commit_time": "2026-11-22T10:00:00+00:00", "nodes": {"dn1": {"xid": 9, '
+        '"commit_lsn": "0/2"}}, "changes": [{"node": "dn1", "cid": 0, "lsn": "0/1", "op": "update", '
+        '"schema": "s", "table": "t", "old": {"k": 1e+15}, "new": {"k": 1E5, "new": "x\\"old\\": 1"}, '
+        '"unchanged": ["doc"]}]}'
+    )
+    row = flatten([(5, line.encode())]).to_pylist()[0]
+    assert row["old"] == '{"k": 1e+15}'
+    assert row["new"] == '{"k": 1E5, "new": "x\\"old\\": 1"}'
+    assert row["unchanged"] == ["doc"] and row["xid"] == 9 and row["gid"] is None
+
+
+def test_builder_cuts_between_transactions() -> None:
+    b = RowBuilder()
+    line = json.loads(txn_example())
+    b.add(1, txn_example())
+    assert b.rows == len(line["changes"])
+    first = b.take()
+    assert first.num_rows == b.rows + len(line["changes"]) and b.rows == 0
+    assert b.take().num_rows == 0 and b.take().schema.names == list(COLUMNS)
+
+
+def txn_example() -> str:
+    return json.dumps(
+        {
+            "csn": 1,
+            "gid": "g",
+            "commit_time": "2026-11-22T10:00:00+00:00",
+            "nodes": {"dn1": {"xid": 1, "commit_lsn": "0/1"}},
+            "changes": [
+                {
+                    "node": "dn1",
+                    "cid": 0,
+                    "lsn": "0/1",
+                    "op": "insert",
+                    "schema": "s",
+                    "table": "t",
+                    "old": None,
+                    "new": {"a": 1},
+                },
+                {
+                    "node": "dn1",
+                    "cid": 0,
+                    "lsn": "0/2",
+                    "op": "insert",
+                    "schema": "s",
+                    "table": "t",
+                    "old": None,
+                    "new": {"a": 2},
+                },
+            ],
+        },
+        ensure_ascii=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (b"[1]", "not a transaction line"),
+        (b'{"csn": 1, "gid": null, "commit_time": "x", "nodes": {}}', "no changes"),
+        (b'{"csn": 2, "gid": null, "commit_time": "x", "nodes": {}, "changes": []}', "says csn 2"),
+        (
+            b'{"csn": 1, "gid": null, "commit_time": "x", "nodes": {}, "changes": [{"node": "dn9", "cid": 0, '
+            b'"lsn": "0/1", "op": "insert", "schema": "s", "table": "t", "old": null, "new": null}]}',
+            "node 'dn9'",
+        ),
+        (b'{"csn": 1, "changes": [', "not a transaction line"),
+    ],
+)
+def test_bad_lines_name_the_csn(line: bytes, says: str) -> None:
+    with pytest.raises(ValueError, match="csn 1") as e:
+        RowBuilder().add(1, line)
+    assert says in str(e.value)
