@@ -146,14 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", action="store_true", help="values in text form instead of binary")
     p.add_argument("--out", required=True, metavar="DIR")
 
-    sub.add_parser(
-        "demo",
-        help="run the embedded default demo",
-        description="Start a throwaway local PostgreSQL, run a workload, capture it live and replay "
-        "it through the parallel pipeline with a summary; then generate a 3-node GaussDB-style "
-        "cluster and merge it, in process and with one node agent process per node over gRPC, "
-        "checking both against the generator's expected output. Writes to demo-out/.",
-    )
+    from csnd.demo import add_demo_parser
+
+    add_demo_parser(sub)
     add_subscribe_parser(sub)
     add_service_parsers(sub)
     from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers

@@ -183,5 +183,7 @@ def test_bad_options_and_unreachable_target_are_one_clear_error(spark: Any, serv
         .writeStream.format("noop")
         .start()
     )
-    with pytest.raises(Exception, match=r"nothing answers at target 127.0.0.1:9 within 1 s; check the address"):
+    with pytest.raises(
+        Exception, match=r"nothing answers at target 127.0.0.1:9 within 1 s; check the address"
+    ):
         q.awaitTermination(300)
