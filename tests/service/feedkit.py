@@ -23,7 +23,7 @@ def change(i: int, schema: str, table: str, node: str = "dn1") -> dict[str, Any]
         "schema": schema,
         "table": table,
         "old": None,
-        "new": {"id": i, "note": f"ünïcode [{i}] \"q\" ]}}", "f": 1.5e-07, "x": [1, {"k": None}]},
+        "new": {"id": i, "note": f'ünïcode [{i}] "q" ]}}', "f": 1.5e-07, "x": [1, {"k": None}]},
     }
 
 
