@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from bench import bigtxn_bench, decode_bench, merge_bench, reader_bench
+from bench import bigtxn_bench, changelog_bench, decode_bench, merge_bench, reader_bench
 from bench.common import out_path
 
 BIG_TXN_MB = 1024
@@ -114,6 +114,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
             " / ".join(f"{m[f'merge_only_{n}']['us_per_txn']:.1f}" for n in (1, 2, 3)) + " µs",
         )
     )
+    if "changelog" in r:
+        rows.extend(changelog_bench.table(r["changelog"]))
     return rows
 
 
@@ -127,6 +129,8 @@ def main() -> None:
     results["merge"] = merge_bench.main()
     print(f"bench: one {BIG_TXN_MB} MB transaction ...", file=sys.stderr)
     results["bigtxn"] = bigtxn_bench.run(BIG_TXN_MB)
+    print("bench: changelog ...", file=sys.stderr)
+    results["changelog"] = changelog_bench.main()
     with open(out_path("results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     print("| benchmark | result |")

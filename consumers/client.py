@@ -55,7 +55,7 @@ log = logging.getLogger("csnd.consumers.client")
 
 # Nothing reachable for this long at the first connect is an error (a typo
 # in the address should not look like a quiet service).
-CONNECT_TIMEOUT_S: Final = 10.0
+CONNECT_TIMEOUT_S: Final = 5.0
 # After a lost connection, how long to keep trying before giving up.
 # None: for ever (a consumer that should outlive a long service outage).
 GIVE_UP_S: Final = 300.0
@@ -308,8 +308,12 @@ class Changefeed:
                 self._channel = _channel(self.address, self._tls_ca)
                 self._stub = pb_grpc.ChangefeedStub(self._channel)
             ready = grpc.channel_ready_future(self._channel)
+            wait = self._backoff
+            limit = self.give_up if self._connected_once else self.connect_timeout
+            if limit is not None:  # (do not wait past the point of giving up)
+                wait = min(wait, self._lost_at + limit - time.monotonic())
             try:
-                ready.result(timeout=max(self._backoff, 0.05))
+                ready.result(timeout=max(wait, 0.05))
             except grpc.FutureTimeoutError:
                 ready.cancel()
                 self._last_error = "nothing accepts connections there"

@@ -54,7 +54,7 @@ def add_subscribe_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="SCHEMA.TABLE",
-        help="only changes of this table (repeatable)",
+        help="only changes of this table (SCHEMA.* : of every table of the schema; repeatable)",
     )
     p.add_argument("--token-file", metavar="F", help="file holding the service's bearer token")
     p.add_argument(
@@ -89,7 +89,7 @@ def _seconds(text: str) -> float:
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
     from csnd.consumers.client import Changefeed
-    from csnd.service.auth import read_token_file
+    from csnd.core.tokens import read_token_file
 
     token = read_token_file(args.token_file) if args.token_file else None
     feed = Changefeed(

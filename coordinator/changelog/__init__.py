@@ -15,7 +15,7 @@ and CRC-checked records, a torn tail found and cut on open) and Kafka's log
 drops whole segments by size and age; consumer offsets stored durably).
 
 File format (record.py has the details, and why the CRC is not chained):
-a segment is a 44-byte header (b"CSNDCLOG", version 1, sequence, first CSN,
+a segment is a 40-byte header (b"CSNDCLOG", version 1, sequence, first CSN,
 the CSN before it, CRC) followed by records: a 28-byte head (mark, CRC-32 of
 the rest, payload length, CSN, append time in microseconds) and the payload,
 the DESIGN section 7 JSON line.  Its index `.idx` is b"CSNDIDX1" and

@@ -71,11 +71,14 @@ class Changelog:
         self._clock = clock
         self._interval = index_interval
         self._cond = threading.Condition(threading.Lock())
+        self._rebuild_lock = threading.Lock()  # one reader at a time rebuilds a sealed segment's index
         self._closed = False
         self._failed: CsndError | None = None
         self._lock_fd = _take_lock(self.directory)
         try:
             self._segments = self._open_segments()
+            if self._segments:
+                self._open_active(self._segments[-1])
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -83,15 +86,11 @@ class Changelog:
         self._pending: list[bytes] = []
         self._pending_meta: list[tuple[int, int]] = []  # (csn, time_us)
         self._pending_bytes = 0
-        self._fd = -1
-        self._index_fd = -1
         self._dirty: list[sg.Segment] = []
         self._sealed_fds: list[int] = []  # rolled-over segments, closed once fsynced
         self._dir_dirty = False
         last = self._segments[-1] if self._segments else None
         self._appended_csn = last.last_csn if last else 0
-        if last is not None:
-            self._open_active(last)
         # Reader view (replaced under the lock).
         self._view: tuple[sg.Segment, ...] = tuple(self._segments)
         self._durable_csn = self._appended_csn
@@ -107,8 +106,9 @@ class Changelog:
         found.sort()
         for (s1, _, _), (s2, _, n2) in zip(found, found[1:], strict=False):
             if s2 != s1 + 1:
+                what = f"segments {s1 + 1} to {s2 - 1} are missing" if s2 > s1 else f"another segment is {s1}"
                 raise ChangelogCorrupt(
-                    f"segments {s1 + 1} to {s2 - 1} are missing before this one; restore them from a copy",
+                    f"{what} before this one; restore the changelog directory from a copy",
                     path=os.path.join(self.directory, n2),
                     offset=0,
                 )
@@ -131,6 +131,9 @@ class Changelog:
                 )
             segments.append(seg)
         return segments
+
+    _fd = -1  # the active segment, appended to
+    _index_fd = -1  # its index file
 
     def _open_active(self, seg: sg.Segment) -> None:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
@@ -339,14 +342,15 @@ class Changelog:
 
     def _rebuild_index(self, seg: sg.Segment) -> None:
         """A sealed segment's index pointed at the wrong bytes: scan the segment and write it anew."""
-        sg.log.warning(
-            "changelog: rebuilding the index of %s: an entry does not point at its record", seg.path
-        )
-        header = rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)
-        s, (csns, offs) = sg.scan_sealed(seg.path, header, self._interval)
-        with self._cond:
-            seg.index_csns, seg.index_offs, seg.durable_n = csns, offs, len(csns)
-        sg.write_index(seg)
+        with self._rebuild_lock:
+            sg.log.warning(
+                "changelog: rebuilding the index of %s: an entry does not point at its record", seg.path
+            )
+            header = rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)
+            _, (csns, offs) = sg.scan_sealed(seg.path, header, self._interval)
+            with self._cond:
+                seg.index_csns, seg.index_offs, seg.durable_n = csns, offs, len(csns)
+            sg.write_index(seg)
 
     # -- retention (writer thread) ------------------------------------------------
 
@@ -427,9 +431,12 @@ class Changelog:
 
 def _take_lock(directory: str) -> int:
     """An exclusive flock on DIR/LOCK for as long as the changelog is open; a second opener gets ConfigError."""
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"cannot use {directory} as a changelog directory: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

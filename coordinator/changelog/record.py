@@ -44,13 +44,13 @@ MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
 
 # Segment header: magic, format version, sequence, first CSN, the CSN of the
 # record before this segment's first (0 for the first segment ever: nothing
-# before), and a CRC of the 36 bytes before it.  `prev_csn` is how a read
+# before), and a CRC of the 36 bytes before it (40 in all).  `prev_csn` is how a read
 # after a CSN older than the oldest retained segment knows whether anything
 # in between was dropped (CsnOutOfRange) or never existed.
 SEGMENT_MAGIC: Final = b"CSNDCLOG"
 SEGMENT_VERSION: Final = 1
 _SEG_HEAD: Final = struct.Struct(">8sIQQQI")
-SEGMENT_HEAD: Final = _SEG_HEAD.size  # 44
+SEGMENT_HEAD: Final = _SEG_HEAD.size  # 40
 
 # Index file beside each segment: a magic, then (csn, offset) pairs.
 INDEX_MAGIC: Final = b"CSNDIDX1"
@@ -67,9 +67,9 @@ BAD: Final = 2  # not a record here: wrong mark or CRC
 
 def encode(csn: int, time_us: int, payload: bytes) -> bytes:
     """One record's bytes."""
-    tail = _FRAME_TAIL.pack(len(payload), csn, time_us)
-    crc = zlib.crc32(payload, zlib.crc32(tail))
-    return b"".join((_FRAME.pack(MARK, crc, len(payload), csn, time_us), payload))
+    n = len(payload)
+    crc = zlib.crc32(payload, zlib.crc32(_FRAME_TAIL.pack(n, csn, time_us)))
+    return _FRAME.pack(MARK, crc, n, csn, time_us) + payload
 
 
 def frame_at(buf: bytes | memoryview, off: int) -> tuple[int, int, int, int]:

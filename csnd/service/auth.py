@@ -15,27 +15,10 @@ from typing import Any, Final
 
 import grpc
 
-from csnd.core.errors import ConfigError
+from csnd.core.tokens import read_token_file
 
 AUTH_HEADER: Final = "authorization"
-
-
-def read_token_file(path: str) -> str:
-    """The token in `path` (surrounding whitespace dropped); ConfigError if there is none."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise ConfigError(f"cannot read the token file {path}: {reason}") from None
-    if not token or any(c.isspace() for c in token):
-        raise ConfigError(f"token file {path} must hold one token (no spaces inside)")
-    return token
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The call metadata a client sends with `token` (none without one)."""
-    return () if token is None else ((AUTH_HEADER, f"Bearer {token}"),)
+__all__ = ["AUTH_HEADER", "BearerTokenInterceptor", "read_token_file"]
 
 
 def _aborting(code: grpc.StatusCode, details: str) -> Callable[[Any, grpc.ServicerContext], Any]:

@@ -105,7 +105,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self.registry = ConsumerRegistry.from_store(subscriptions.all() if subscriptions else {})
         self._store_lock = threading.Lock()
         self._last_store = time.monotonic()
+        self._calls: dict[int, grpc.ServicerContext] = {}  # consumer id -> its call (for the watchdog)
         self.stopping = threading.Event()
+        threading.Thread(target=self._watchdog, name="csnd-feed-watchdog", daemon=True).start()
 
     # --- Subscribe ----------------------------------------------------------------
 
@@ -152,6 +154,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             consumer = self.registry.connect(context.peer(), name, start.tables, after, time.monotonic())
         stream.cid = consumer.id
         stream.registered.set()
+        with self.lock:
+            self._calls[consumer.id] = context
         try:
             log = self.log
             yield pb.SubscribeResponse(
@@ -163,6 +167,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         finally:
             with self.lock:
                 self.registry.disconnect(consumer.id)
+                self._calls.pop(consumer.id, None)
             self._store_marks()
 
     def _read_requests(self, requests: Iterator[pb.SubscribeRequest], stream: _Stream) -> None:
@@ -222,7 +227,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     records = log.read(pos)
                 for csn, line in records:
                     pos = csn
-                    kept = filt.keep(line)
+                    try:
+                        kept = filt.keep(line)
+                    except ValueError as e:
+                        _bad_line(context, csn, e)
                     if kept is not None and (batch := builder.add(csn, kept)) is not None:
                         self._sent(cid, batch[-1][0], len(batch))
                         yield _batch_response(batch)
@@ -283,6 +291,24 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             )
         return False
 
+    def _watchdog(self) -> None:
+        """Cancels the calls of consumers silent for well past the timeout.
+
+        A stream's handler drops a silent client itself (with a message), but
+        only when it gets to look: a client that stopped reading altogether
+        leaves the handler blocked in gRPC's flow control, and only a cancel
+        from outside frees the thread and the name.
+        """
+        s = self.settings
+        grace = s.client_timeout_s + 2 * max(WAIT_S, s.keepalive_s)
+        while not self.stopping.wait(min(s.keepalive_s, s.client_timeout_s)):
+            with self.lock:
+                stuck = [
+                    self._calls[c] for c in self.registry.silent(time.monotonic(), grace) if c in self._calls
+                ]
+            for context in stuck:
+                context.cancel()
+
     def _store_marks(self) -> None:
         """Writes the named marks that moved (one fsync each) to the SubscriptionStore."""
         if self.subscriptions is None:
@@ -313,7 +339,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:
             for csn, line in self.log.read(after, until):
-                kept = filt.keep(line)
+                try:
+                    kept = filt.keep(line)
+                except ValueError as e:
+                    _bad_line(context, csn, e)
                 if kept is not None and (batch := builder.add(csn, kept)) is not None:
                     yield pb.FetchResponse(batch=_batch(batch))
                     if self.stopping.is_set():
@@ -427,6 +456,15 @@ def _keepalive() -> pb.SubscribeResponse:
 
 def _out_of_range(context: grpc.ServicerContext, after: int, e: CsnOutOfRange) -> NoReturn:
     _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
+
+
+def _bad_line(context: grpc.ServicerContext, csn: int, e: ValueError) -> NoReturn:
+    _abort(
+        context,
+        grpc.StatusCode.DATA_LOSS,
+        f"the changelog's record of csn {csn} is not a transaction line ({e}); it cannot be filtered: "
+        "check the changelog (csnd changelog DIR) and report this",
+    )
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:

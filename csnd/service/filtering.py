@@ -33,59 +33,112 @@ def _unquote(part: str) -> str:
     return part[1:-1].replace('""', '"') if part.startswith('"') else part
 
 
-def parse_table(spec: str) -> tuple[str, str]:
-    """`schema.table` -> (schema, table); ValueError with a message a person understands."""
+def parse_table(spec: str) -> tuple[str, str | None]:
+    """`schema.table` -> (schema, table), `schema.*` -> (schema, None: every table of it).
+
+    ValueError with a message a person understands.  `"*"` quoted is a table named *.
+    """
     m = _FILTER.fullmatch(spec)
-    if m is None:
+    if m is None or m.group(1) == "*":  # (no wildcard schema; a schema named * is written "*")
         raise ValueError(
-            f"table filter {spec!r} is not SCHEMA.TABLE (for example public.accounts; "
-            'double-quote a name that holds a dot: public."a.b")'
+            f"table filter {spec!r} is not SCHEMA.TABLE (for example public.accounts, or public.* for "
+            'every table of a schema; double-quote a name that holds a dot: public."a.b")'
         )
-    return _unquote(m.group(1)), _unquote(m.group(2))
+    return _unquote(m.group(1)), None if m.group(2) == "*" else _unquote(m.group(2))
 
 
 class TableFilter:
     """The tables one subscriber asked for; empty: every table (`keep` returns the line as is)."""
 
-    __slots__ = ("tables", "_needles")
+    __slots__ = ("tables", "schemas", "_needles")
 
     def __init__(self, specs: Iterable[str] = ()) -> None:
-        self.tables: frozenset[tuple[str, str]] = frozenset(parse_table(s) for s in specs)
+        parsed = [parse_table(s) for s in specs]
+        self.tables = frozenset((s, t) for s, t in parsed if t is not None)
+        self.schemas = frozenset(s for s, t in parsed if t is None)  # (schema.*)
         # A cheap first test: a line that holds none of these texts has no
         # change of ours (the writer encodes names exactly so); a line that
         # holds one is parsed to be sure.
-        self._needles = tuple({f'"table": {_encode(t)}'.encode() for _, t in self.tables})
+        self._needles = tuple(
+            {f'"table": {_encode(t)}'.encode() for _, t in self.tables}
+            | {f'"schema": {_encode(s)}'.encode() for s in self.schemas}
+        )
 
     def __bool__(self) -> bool:
-        return bool(self.tables)
+        return bool(self._needles)
 
     def keep(self, line: bytes) -> bytes | None:
         """The line with only the changes of our tables; None if no change is left."""
-        if not self.tables:
+        if not self._needles:
             return line
         if not any(n in line for n in self._needles):
             return None
-        return filter_line(line, self.tables)
+        return filter_line(line, self.tables, self.schemas)
 
 
-def filter_line(line: bytes, tables: frozenset[tuple[str, str]]) -> bytes | None:
-    """`line` with only the changes whose (schema, table) is in `tables`; None if none is.
+def filter_line(
+    line: bytes, tables: frozenset[tuple[str, str]], schemas: frozenset[str] = frozenset()
+) -> bytes | None:
+    """`line` with only the changes whose (schema, table) is in `tables` or schema in `schemas`; None if none is.
 
     The very line is returned when every change is kept.  ValueError when the
     line is not a transaction object with a `changes` array.
     """
     text = line.decode("utf-8")
-    open_at, close_at, spans = _changes(text)
-    kept = [(start, end) for start, end, schema, table in spans if (schema, table) in tables]
-    if not kept:
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not a transaction line: {e}") from None
+    changes = obj.get("changes") if isinstance(obj, dict) else None
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise ValueError("not a transaction line: it has no changes array of objects")
+    wanted = [(c.get("schema"), c.get("table")) in tables or c.get("schema") in schemas for c in changes]
+    if not any(wanted):
         return None
-    if len(kept) == len(spans):
+    if all(wanted):
         return line
-    body = ", ".join(text[start:end] for start, end in kept)
+    found = _canonical_spans(text, obj) or _changes(text)
+    open_at, close_at, spans = found
+    body = ", ".join(text[start:end] for (start, end, _, _), keep in zip(spans, wanted, strict=True) if keep)
     return (text[: open_at + 1] + body + text[close_at:]).encode("utf-8")
 
 
-def _changes(text: str) -> tuple[int, int, list[tuple[int, int, object, object]]]:
+Spans = tuple[int, int, list[tuple[int, int, object, object]]]
+
+
+def _canonical_spans(text: str, obj: dict[str, object]) -> Spans | None:
+    """The spans of the changes when the line is exactly what json.dumps writes (csnd's own lines).
+
+    Each piece is re-encoded only to be compared with the text (C speed); a
+    line written any other way (spacing, a number written `1.50`) gets None,
+    and the slower walk over the text itself.
+    """
+    keys = list(obj)
+    if not keys or keys[-1] != "changes" or len(keys) < 2:
+        return None
+    changes = obj["changes"]
+    assert isinstance(changes, list)
+    head = _encode({k: obj[k] for k in keys[:-1]})[:-1] + ', "changes": ['
+    if not text.startswith(head):
+        return None
+    pos = len(head)
+    spans: list[tuple[int, int, object, object]] = []
+    for i, change in enumerate(changes):
+        if i:
+            if not text.startswith(", ", pos):
+                return None
+            pos += 2
+        piece = _encode(change)
+        if not text.startswith(piece, pos):
+            return None
+        spans.append((pos, pos + len(piece), None, None))
+        pos += len(piece)
+    if text[pos:] != "]}":
+        return None
+    return len(head) - 1, pos, spans
+
+
+def _changes(text: str) -> Spans:
     """Where the `changes` array opens and closes, and each change's span, schema and table.
 
     Walks the top-level object with the json module's own scanner, so every
@@ -102,7 +155,7 @@ def _changes(text: str) -> tuple[int, int, list[tuple[int, int, object, object]]
         if text[i] != "{":
             raise ValueError("not a JSON object")
         i = space(text, i + 1)
-        found: tuple[int, int, list[tuple[int, int, object, object]]] | None = None
+        found: Spans | None = None
         while text[i] != "}":
             key, i = _scan(text, i)
             i = space(text, i)

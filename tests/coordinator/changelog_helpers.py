@@ -1,0 +1,70 @@
+"""Shared by the changelog tests: building a log from records and the brute-force oracle of a read."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import strategies as st
+
+from csnd.coordinator.changelog import Changelog
+from csnd.coordinator.changelog import record as rec
+
+Records = list[tuple[int, bytes]]
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def payload(csn: int) -> bytes:
+    """A JSON-looking line of varied length, a function of the csn (so a reader can check the bytes)."""
+    return b'{"csn": %d, "pad": "%s"}' % (csn, b"x" * (csn * 7 % 97))
+
+
+def write_log(directory: str, records: Records, *, sync_every: int = 3, **kw: object) -> Changelog:
+    log = Changelog(directory, **kw)  # type: ignore[arg-type]
+    for i, (csn, line) in enumerate(records):
+        log.append(csn, line)
+        if i % sync_every == sync_every - 1:
+            log.sync()
+            log._check()
+    log.sync()
+    log._check()
+    return log
+
+
+def expected(records: Records, after: int, until: int | None = None) -> Records:
+    return [(c, p) for c, p in records if c > after and (until is None or c <= until)]
+
+
+def segments(directory: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if rec.parse_segment_name(n) is not None)
+
+
+def record_offsets(directory: str, records: Records) -> dict[int, tuple[str, int]]:
+    """csn -> (segment path, byte offset) of each record, worked out from the names and the frame sizes."""
+    names = segments(directory)
+    firsts = [rec.parse_segment_name(n)[1] for n in names]  # type: ignore[index]
+    out: dict[int, tuple[str, int]] = {}
+    seg, off = -1, 0
+    for csn, line in records:
+        if seg + 1 < len(firsts) and csn >= firsts[seg + 1]:
+            seg, off = seg + 1, rec.SEGMENT_HEAD
+        out[csn] = (os.path.join(directory, names[seg]), off)
+        off += rec.FRAME_HEAD + len(line)
+    return out
+
+
+@st.composite
+def record_lists(draw: st.DrawFn, min_size: int = 1, max_size: int = 25) -> Records:
+    gaps = draw(st.lists(st.integers(1, 1000), min_size=min_size, max_size=max_size))
+    out: Records = []
+    csn = draw(st.integers(0, 2**40))
+    for g in gaps:
+        csn += g
+        out.append((csn, draw(st.binary(max_size=80))))
+    return out
