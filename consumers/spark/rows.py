@@ -98,6 +98,19 @@ class RowBuilder:
             raise ValueError(f"csn {csn}: the line has no nodes map")
         gid = head.get("gid")
         commit_time = head.get("commit_time")
+        n = len(changes)
+        if not n:
+            return
+        names = [ch.get("node") for ch in changes]
+        try:
+            xids = [nodes[name]["xid"] for name in names]
+        except (KeyError, TypeError):
+            bad = next(name for name in names if not isinstance(nodes.get(name), dict))
+            raise ValueError(
+                f"csn {csn}: change {names.index(bad)} is from node {bad!r}, which the nodes map does not list"
+            ) from None
+        # Column by column: a comprehension per column costs less than a
+        # Python loop appending to fourteen lists per change.
         (
             c_csn,
             c_gid,
@@ -114,27 +127,20 @@ class RowBuilder:
             c_new,
             c_unch,
         ) = self._cols
-        for seq, ch in enumerate(changes):
-            node = ch.get("node")
-            info = nodes.get(node)
-            if not isinstance(info, dict):
-                raise ValueError(
-                    f"csn {csn}: change {seq} is from node {node!r}, which the nodes map does not list"
-                )
-            c_csn.append(csn)
-            c_gid.append(gid)
-            c_time.append(commit_time)
-            c_seq.append(seq)
-            c_node.append(node)
-            c_xid.append(info.get("xid"))
-            c_cid.append(ch.get("cid"))
-            c_lsn.append(ch.get("lsn"))
-            c_op.append(ch.get("op"))
-            c_schema.append(ch.get("schema"))
-            c_table.append(ch.get("table"))
-            c_old.append(ch.get("old"))
-            c_new.append(ch.get("new"))
-            c_unch.append(ch.get("unchanged") or [])
+        c_csn.extend([csn] * n)
+        c_gid.extend([gid] * n)
+        c_time.extend([commit_time] * n)
+        c_seq.extend(range(n))
+        c_node.extend(names)
+        c_xid.extend(xids)
+        c_cid.extend([ch.get("cid") for ch in changes])
+        c_lsn.extend([ch.get("lsn") for ch in changes])
+        c_op.extend([ch.get("op") for ch in changes])
+        c_schema.extend([ch.get("schema") for ch in changes])
+        c_table.extend([ch.get("table") for ch in changes])
+        c_old.extend([ch.get("old") for ch in changes])
+        c_new.extend([ch.get("new") for ch in changes])
+        c_unch.extend([ch.get("unchanged") or [] for ch in changes])
         self.rows += len(changes)
 
     def take(self) -> pa.RecordBatch:

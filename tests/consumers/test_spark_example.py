@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pyarrow.parquet as pq
+import pytest
 
 from csnd.consumers.examples.current_state import parquet_progress, pg_table, read_parquet_state
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
@@ -75,6 +76,7 @@ def batches_done(pg: PgDatabase) -> int:
     return int(rows[0][0]) if rows else -1  # type: ignore[call-overload]
 
 
+@pytest.mark.timeout(2400)  # (two Spark start-ups of a subprocess on a busy 2-core machine)
 def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]
 ) -> None:

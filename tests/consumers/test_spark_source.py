@@ -82,6 +82,7 @@ def expected_rows(lines: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.timeout(900)  # (includes the session's Spark start-up)
 def test_batch_read_equals_the_lines_flattened(spark: Any, served: Served) -> None:
     df = spark.read.format("csnd").option("target", served.target).load()
     assert df.columns == COLS
@@ -105,6 +106,7 @@ def test_batch_read_equals_the_lines_flattened(spark: Any, served: Served) -> No
     assert got == want
 
 
+@pytest.mark.timeout(1200)
 def test_stream_in_whole_transactions_resumes_from_its_checkpoint(
     spark: Any, served: Served, tmp_path: Any, cluster_lines: list[tuple[int, bytes]]
 ) -> None:
@@ -159,6 +161,7 @@ def test_stream_in_whole_transactions_resumes_from_its_checkpoint(
     assert status["spark-test"].acknowledged_csn >= served.lines[0][0]
 
 
+@pytest.mark.timeout(900)
 def test_bad_options_and_unreachable_target_are_one_clear_error(spark: Any, served: Served) -> None:
     with pytest.raises(
         Exception,
