@@ -192,6 +192,7 @@ def open_source(spec: SourceSpec, args: argparse.Namespace, index: int) -> Any:
             create_slot=args.create_slot,
             until_lsn=parse_lsn_arg(args.until_lsn) if args.until_lsn else None,
             binary=not args.text,
+            reconnect_give_up_s=getattr(args, "give_up", 300.0),
         )
         return LiveSource(spec.name or f"dn{index + 1}", opts, mode=args.mode)
     if not os.path.exists(spec.target):
