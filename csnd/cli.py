@@ -7,12 +7,13 @@ import gc
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from csnd import __version__
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
 from csnd.core.errors import ConfigError, CsndError, os_error_text
-from csnd.core.ids import lsn_to_str
+from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
 from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
@@ -34,6 +35,37 @@ SOURCE_HELP = (
 )
 
 
+# --decoders at most: a few per core keeps every core busy while a decoder
+# waits; far more only costs memory (each is a process of ~6 MB and more).
+MAX_DECODERS = 4 * (os.cpu_count() or 1)
+
+
+def _decoders(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_DECODERS:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_DECODERS} (4 per core), got {n}")
+    return n
+
+
+def _lsn(text: str) -> str:
+    try:  # (checked here whatever the source; kept as text)
+        lsn_from_str(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _seconds(text: str) -> float:
+    s = float(text)
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return s
+
+
+_VERBOSE = argparse.ArgumentParser(add_help=False)  # (-v after the subcommand too)
+_VERBOSE.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress")
+
+
 def _add_live_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("live sources")
     g.add_argument("--slot", help="logical replication slot (pgoutput) on the live node")
@@ -42,7 +74,17 @@ def _add_live_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--until-lsn",
         metavar="LSN",
+        type=_lsn,
         help="end the source at the first transaction boundary at or after LSN (X/X)",
+    )
+    g.add_argument(
+        "--give-up",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long a stream that was flowing may stay lost before the run fails (default 300); "
+        "a failing first connection or a permanent error (authentication, no such slot, "
+        "publication or database) fails at once",
     )
     g.add_argument("--text", action="store_true", help="ask for values in text form instead of binary")
     g.add_argument(
@@ -63,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "record",
+        parents=[_VERBOSE],
         help="capture a live node's stream to a recorded stream file",
         description="Capture a live node's replication stream (pgoutput v2) into FILE.pgstream. "
         "The slot is confirmed only to what is fsynced to the file, so a second recording on the "
@@ -72,10 +115,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", metavar="SOURCE", help="a live node [NAME=]postgresql://...")
     p.add_argument("--out", required=True, metavar="FILE.pgstream", help="file to write")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--append",
+        dest="how",
+        action="store_const",
+        const="append",
+        default="create",
+        help="continue an existing FILE: its header must match, a torn last frame is cut, and it must "
+        "hold the stream up to where the slot resumes (an existing FILE is refused without "
+        "--append or --replace: its transactions are already confirmed to the slot)",
+    )
+    how.add_argument(
+        "--replace", dest="how", action="store_const", const="replace", help="overwrite an existing FILE"
+    )
     _add_live_options(p)
 
     p = sub.add_parser(
         "replay",
+        parents=[_VERBOSE],
         help="run the pipeline over sources and print transaction JSON lines in CSN order",
         description="Run the whole pipeline (reader, decoder processes, sender, coordinator) over "
         "the sources and write the transaction JSON lines of DESIGN section 7 in global CSN order. "
@@ -87,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SOURCE", help=SOURCE_HELP)
     p.add_argument(
         "--decoders",
-        type=int,
+        type=_decoders,
         default=os.cpu_count() or 1,
-        help="decoder processes per node (default: cores)",
+        help=f"decoder processes per node (default: cores; at most {MAX_DECODERS}, 4 per core)",
     )
     p.add_argument(
         "--output",
@@ -104,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument(
         "--agent-give-up",
-        type=float,
+        type=_seconds,
         default=AGENT_GIVE_UP_S,
         metavar="SECONDS",
         help="how long to keep reconnecting to a grpc:// node agent that went away (default 30)",
@@ -112,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "node",
+        parents=[_VERBOSE],
         help="run one node's pipeline as a node agent serving the coordinator over gRPC",
         description="Run reader, decoder processes and sender for one node (a live node or a "
         "recorded file) and serve its CSN-ordered batches and watermarks over gRPC to a "
@@ -126,14 +185,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--decoders",
-        type=int,
+        type=_decoders,
         default=os.cpu_count() or 1,
-        help="decoder processes (default: cores)",
+        help=f"decoder processes (default: cores; at most {MAX_DECODERS}, 4 per core)",
     )
     _add_live_options(p)
 
     p = sub.add_parser(
+        "slot",
+        parents=[_VERBOSE],
+        help="list or drop replication slots on a live node",
+        description="csnd slot list URL: the server's replication slots and the WAL each holds. "
+        "csnd slot drop NAME URL: drop an inactive slot (an active one is refused: stop its reader first). "
+        "A slot keeps WAL until it is confirmed or dropped; drop the ones a trial run left behind.",
+    )
+    p.add_argument("action", choices=("list", "drop"))
+    p.add_argument("args", nargs="+", metavar="NAME URL | URL")
+
+    p = sub.add_parser(
         "generate",
+        parents=[_VERBOSE],
         help="write a synthetic GaussDB-style cluster of recorded stream files",
         description="Write DIR/dn1.pgstream ... DIR/dnK.pgstream: a GTM-mode cluster with interleaved "
         "and out-of-CSN-order commits, aborts after committing, distributed transactions, DDL, "
@@ -195,6 +266,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"; the incomplete output is in {partial}" if partial else ""
         print(f"csnd {args.command}: {how}{where}", file=sys.stderr)
         return status
+    except Exception as e:  # not one of ours: a bug, still one line (the traceback with -v)
+        if args.verbose:
+            traceback.print_exc()
+        print(
+            f"csnd {args.command}: internal error: {type(e).__name__}: {e} (run with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        if "csnd.reader.live" in sys.modules:  # (a run that created slots says which hold WAL)
+            from csnd.reader.live import CREATED_SLOTS
+            from csnd.reader.slots import report_created
+
+            report_created([(c.node, c.slot, c.conninfo) for c in CREATED_SLOTS], sys.stderr)
 
 
 # Python's cyclic collector looks at its youngest generation every 700 net
@@ -223,6 +308,7 @@ def live_config(args: argparse.Namespace) -> LiveSourceConfig:
         until_lsn=parse_lsn_arg(args.until_lsn) if args.until_lsn else None,
         binary=not args.text,
         mode=args.mode,
+        give_up_s=args.give_up,
     )
 
 
@@ -252,7 +338,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ConfigError(f"record needs a live source (postgresql://...), got {args.source!r}")
     source = open_live(spec, live_config(args))
     assert isinstance(source, LiveSource)
-    summary = record(source, args.out)
+    summary = record(source, args.out, how=args.how)
     print(
         f"recorded {summary.transactions} transactions ({summary.frames} frames, {summary.bytes} bytes) "
         f"from node {source.node} to {summary.path}; slot confirmed to {lsn_to_str(summary.confirmed_lsn)}",
@@ -289,6 +375,20 @@ def cmd_node(args: argparse.Namespace) -> int:
     return serve(node_config(args))
 
 
+def cmd_slot(args: argparse.Namespace) -> int:
+    from csnd.reader.slots import drop_slot, list_slots
+
+    want = 1 if args.action == "list" else 2
+    if len(args.args) != want:
+        raise ConfigError("usage: csnd slot list URL | csnd slot drop NAME URL")
+    if args.action == "list":
+        list_slots(args.args[0], sys.stdout)
+    else:
+        drop_slot(*args.args)
+        print(f"dropped slot {args.args[0]}", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from csnd.gtm.generate import generate_cluster
 
@@ -316,6 +416,7 @@ COMMANDS = {
     "record": cmd_record,
     "replay": cmd_replay,
     "node": cmd_node,
+    "slot": cmd_slot,
     "generate": cmd_generate,
     "demo": cmd_demo,
     "subscribe": cmd_subscribe,

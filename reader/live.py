@@ -14,10 +14,13 @@ server re-sends every transaction whose commit record starts at or after the
 confirmed position), and send a final update before ending the copy.
 
 Reconnects.  A lost connection or a server restart is retried with
-exponential backoff, starting again from the confirmed position; the
-`ResumeFilter` drops what the server re-sends, so nothing downstream sees the
-gap.  Errors that a retry cannot fix (no such slot or publication,
-authentication) fail at once with a `SourceError`.
+exponential backoff (`reader.reconnect.Backoff`), starting again from the
+confirmed position; the `ResumeFilter` drops what the server re-sends, so
+nothing downstream sees the gap.  Errors that a retry cannot fix (no such
+slot, database or publication, authentication, a role without REPLICATION,
+a slot of another output plugin, wal_level) fail at once with a
+`SourceError` saying what to do, and so does any failure of the very first
+connection: a wrong host or port is a typo to fix, not an outage to wait out.
 """
 
 from __future__ import annotations
@@ -46,6 +49,14 @@ from csnd.reader.pgoutput import (
     encode_status_update,
     parse_frame,
 )
+from csnd.reader.reconnect import (
+    RECONNECT_GIVE_UP_S,
+    Backoff,
+    classify,
+    connect_hint,
+    one_line,
+    server_hint,
+)
 from csnd.reader.resume import Item, ResumeFilter
 
 log = logging.getLogger("csnd.reader.live")
@@ -54,20 +65,17 @@ log = logging.getLogger("csnd.reader.live")
 # confirms WAL sooner (less pile-up on the server); longer costs a few more
 # packets.  Well under the server's wal_sender_timeout (60 s by default).
 STATUS_INTERVAL_S: Final = 5.0
-# Reconnect backoff: first wait, cap, and how long to keep trying before the
-# source fails.  A restart of PostgreSQL takes seconds; an outage of minutes is
-# for the operator to see as an error.
-RECONNECT_FIRST_S: Final = 0.2
-RECONNECT_MAX_S: Final = 5.0
-RECONNECT_GIVE_UP_S: Final = 120.0
+# How long the first connection waits for a slot that is still active: the
+# walsender of a run that just ended may take a moment to let go of it.
+# Longer than that, another process is using the slot: an error.
+SLOT_BUSY_FIRST_S: Final = 10.0
 # Longest a wait for data blocks, so `close()` and deadlines are noticed.
 POLL_S: Final = 0.5
 # How long a finished stream waits for the server to end the copy as well
 # (see `_await_copy_end`) before it closes the connection anyway.
 FINISH_TIMEOUT_S: Final = 10.0
 
-# SQLSTATE classes a reconnect cannot fix: bad object names, auth, config.
-_FATAL_SQLSTATES: Final = ("42704", "42P01", "28000", "28P01", "3D000", "55000", "42601", "42710")
+_OBJECT_IN_USE: Final = "55006"
 
 
 @dataclass
@@ -105,7 +113,13 @@ class LiveSource:
     the next status update (or at once when the server asks for a reply).
     """
 
-    def __init__(self, node: str, options: LiveOptions, mode: str = "single") -> None:
+    def __init__(
+        self,
+        node: str,
+        options: LiveOptions,
+        mode: str = "single",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.node = node
         self.options = options
         self.mode = mode
@@ -120,6 +134,8 @@ class LiveSource:
         self._enums: list[tuple[int, int]] | None = None
         self.reconnects = 0
         self.reconnecting = False  # the connection is down and being re-established (for status)
+        self.backoff = Backoff(clock, give_up=options.reconnect_give_up_s)
+        self._started = False  # a START_REPLICATION has succeeded: later failures may be transient
         self.on_reconnect: Callable[[int], None] | None = None
         # called just before the final status update, so a sink can make its
         # last data durable and confirm it in time to be reported
@@ -182,30 +198,38 @@ class LiveSource:
         enum created later is reported as unreadable at its Relation message.
         """
         if self._enums is None:
-            backoff = RECONNECT_FIRST_S
-            down_since = time.monotonic()
-            while True:
-                try:
-                    with psycopg.connect(self.options.conninfo, autocommit=True) as conn:
-                        rows = conn.execute(
-                            "SELECT oid::int8, typarray::int8 FROM pg_type WHERE typtype = 'e' ORDER BY oid"
-                        ).fetchall()
-                    break
-                except psycopg.OperationalError as e:  # unreachable: the same patience as the stream
-                    if time.monotonic() - down_since > self.options.reconnect_give_up_s:
-                        raise ConnectionLost(
-                            f"connection lost and not back after {self.options.reconnect_give_up_s:.0f}s: "
-                            f"cannot connect: {str(e).strip()}",
-                            node=self.node,
-                        ) from None
-                    log.warning("node %s: %s; retrying in %.1fs", self.node, str(e).strip(), backoff)
-                    if self._closed.wait(backoff):
-                        raise ConnectionLost("closed while listing enum types", node=self.node) from None
-                    backoff = min(backoff * 2, RECONNECT_MAX_S)
-                except psycopg.Error as e:
-                    raise SourceError(f"cannot list enum types: {str(e).strip()}", node=self.node) from None
+            # The first connection of a run: any failure is reported at once.
+            try:
+                with psycopg.connect(self.options.conninfo, autocommit=True) as conn:
+                    rows = conn.execute(
+                        "SELECT oid::int8, typarray::int8 FROM pg_type WHERE typtype = 'e' ORDER BY oid"
+                    ).fetchall()
+            except psycopg.OperationalError as e:
+                raise self._connect_error(e) from None
+            except psycopg.Error as e:
+                raise SourceError(f"cannot list enum types: {one_line(str(e))}", node=self.node) from None
             self._enums = [(int(a), int(b)) for a, b in rows]
         return self._enums
+
+    def slot_position(self) -> int:
+        """Where the slot resumes (its confirmed_flush_lsn), over an ordinary connection."""
+        slot = self.options.slot
+        try:
+            with psycopg.connect(self.options.conninfo, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone()
+        except psycopg.OperationalError as e:
+            raise self._connect_error(e) from None
+        except psycopg.Error as e:
+            raise SourceError(f"cannot read slot {slot}: {one_line(str(e))}", node=self.node) from None
+        if row is None:
+            raise SourceError(
+                f"replication slot {slot} does not exist: a new slot starts at the server's current "
+                "position, so an existing recording cannot be continued without a gap; record to a new file",
+                node=self.node,
+            )
+        return lsn_from_str(str(row[0])) if row[0] is not None else 0
 
     @property
     def received_lsn(self) -> int:
@@ -226,9 +250,17 @@ class LiveSource:
         try:
             conn = psycopg.connect(self.options.conninfo, replication="database", autocommit=True)
         except psycopg.OperationalError as e:
-            raise ConnectionLost(f"cannot connect: {str(e).strip()}", node=self.node) from e
+            text = one_line(str(e))
+            if not self._started or classify(None, text, connecting=True):
+                raise self._connect_error(e) from None
+            raise ConnectionLost(f"cannot connect: {text}", node=self.node) from e
         self._conn = conn
         return conn.pgconn
+
+    def _connect_error(self, e: psycopg.OperationalError) -> SourceError:
+        text = one_line(str(e))
+        hint = connect_hint(text)
+        return SourceError(f"cannot connect: {text}{'; ' + hint if hint else ''}", node=self.node)
 
     def _exec(self, pgconn: pq.abc.PGconn, sql: str) -> pq.abc.PGresult:
         res = pgconn.exec_(sql.encode())
@@ -237,22 +269,68 @@ class LiveSource:
         return res
 
     def _result_error(self, res: pq.abc.PGresult, what: list[str]) -> SourceError:
-        msg = (res.error_message or b"").decode(errors="replace").strip()
-        state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
-        text = f"{' '.join(what)} failed: {msg}"
-        if state.startswith(_FATAL_SQLSTATES) or state in _FATAL_SQLSTATES:
+        msg = one_line((res.error_message or b"").decode(errors="replace"))
+        state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() or None
+        hint = server_hint(state, msg)
+        text = f"{' '.join(what)} failed: {msg}{'; ' + hint if hint else ''}"
+        if classify(state, msg, connecting=False):
             return SourceError(text, node=self.node)
-        return ConnectionLost(text, node=self.node)
+        return _Transient(text, node=self.node, sqlstate=state)
 
-    def create_slot_if_missing(self, pgconn: pq.abc.PGconn) -> None:
-        slot = self.options.slot
-        res = pgconn.exec_(
-            f"SELECT 1 FROM pg_replication_slots WHERE slot_name = {_quote_literal(slot)}".encode()
+    def _check_source(self, pgconn: pq.abc.PGconn) -> None:
+        """Before the first START_REPLICATION: wal_level, the slot and the publication, each with what to do.
+
+        The server reports a missing publication only when the first change
+        is decoded, a slot of another output plugin as an unknown option;
+        asking first gives each mistake its own line.
+        """
+        o = self.options
+        res = self._exec(
+            pgconn,
+            "SELECT current_setting('wal_level'), current_database(), s.plugin, s.database, "
+            f"EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {_quote_literal(o.publication)}) "
+            "FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots AS s "
+            f"ON s.slot_name = {_quote_literal(o.slot)}",
         )
-        if res.status == pq.ExecStatus.TUPLES_OK and res.ntuples:
-            return
-        self._exec(pgconn, f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT")
-        log.info("node %s: created slot %s", self.node, slot)
+        wal_level, db, plugin, slot_db, has_pub = (
+            (v or b"").decode() for v in (res.get_value(0, i) for i in range(5))
+        )
+        if wal_level != "logical":
+            raise SourceError(
+                f"wal_level is {wal_level}, logical decoding needs logical: set wal_level = logical "
+                "in postgresql.conf and restart the server",
+                node=self.node,
+            )
+        if not plugin:
+            if not o.create_slot:
+                raise SourceError(
+                    f"replication slot {o.slot} does not exist; pass --create-slot to create it",
+                    node=self.node,
+                )
+            self._exec(
+                pgconn, f"CREATE_REPLICATION_SLOT {_quote_ident(o.slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+            )
+            CREATED_SLOTS.append(CreatedSlot(self.node, o.slot, o.conninfo))
+            log.info("node %s: created slot %s", self.node, o.slot)
+        elif plugin != "pgoutput":
+            raise SourceError(
+                f"replication slot {o.slot} uses the output plugin {plugin}, csnd reads pgoutput: "
+                "name a pgoutput slot (or a new one with --create-slot)",
+                node=self.node,
+            )
+        elif slot_db != db:
+            raise SourceError(
+                f"replication slot {o.slot} belongs to database {slot_db}, not {db}: "
+                "connect to that database or use another slot",
+                node=self.node,
+            )
+        if has_pub != "t":
+            raise SourceError(
+                f"publication {o.publication} does not exist in database {db}: create it "
+                f"(CREATE PUBLICATION {_quote_ident(o.publication)} FOR ALL TABLES) "
+                "or name the right one with --publication",
+                node=self.node,
+            )
 
     def _start(self, pgconn: pq.abc.PGconn) -> None:
         o = self.options
@@ -304,8 +382,9 @@ class LiveSource:
         filter places each one by its LSN and xid (and the walsender, not
         this parse, bounds a live node's rate).
         """
-        for lsn, msg, _payload in self.frames():
-            yield lsn, msg
+        from csnd.reader.recorded import checked_commit_times
+
+        yield from checked_commit_times(((lsn, msg) for lsn, msg, _payload in self.frames()), self.node)
 
     def frames(self) -> Iterator[Item]:
         """Yield `(lsn, message, pgoutput payload)`, reconnecting as needed.
@@ -314,14 +393,15 @@ class LiveSource:
         stream block's Start is re-encoded with `first_segment` cleared).
         """
         first = True
-        backoff = RECONNECT_FIRST_S
-        down_since: float | None = None
+        backoff = self.backoff
+        first_try = backoff.clock()
         while not self._closed.is_set():
             try:
                 pgconn = self._connect()
-                if first and self.options.create_slot:
-                    self.create_slot_if_missing(pgconn)
-                if not first:
+                backoff.connected()
+                if first:
+                    self._check_source(pgconn)
+                else:
                     yield from self.filter.reconnected(self.confirmed_lsn)
                     self.reconnects += 1
                     log.warning(
@@ -332,7 +412,7 @@ class LiveSource:
                 self._start(pgconn)
                 first = False
                 self.reconnecting = False
-                backoff, down_since = RECONNECT_FIRST_S, None
+                self._started = True
                 done = yield from self._copy_loop(pgconn)
                 if done:
                     return
@@ -343,23 +423,25 @@ class LiveSource:
                 e = (
                     err
                     if isinstance(err, ConnectionLost)
-                    else ConnectionLost(str(err).strip(), node=self.node)
+                    else ConnectionLost(one_line(str(err)), node=self.node)
                 )
-                now = time.monotonic()
-                down_since = down_since or now
-                if now - down_since > self.options.reconnect_give_up_s:
+                self._drop_conn()
+                busy = isinstance(e, _Transient) and e.sqlstate == _OBJECT_IN_USE
+                if not self._started and not (busy and backoff.clock() - first_try < SLOT_BUSY_FIRST_S):
+                    # The stream never started: nothing to wait for but a mistake to fix.
+                    raise SourceError(e.message, node=self.node, lsn=e.lsn) from None
+                wait = backoff.failed()
+                if wait is None:
                     raise ConnectionLost(
-                        f"connection lost and not back after {self.options.reconnect_give_up_s:.0f}s: "
-                        f"{e.message}",
+                        f"connection lost and not back after {self.options.reconnect_give_up_s:.0f}s "
+                        f"(--give-up): {e.message}",
                         node=self.node,
                         lsn=self.confirmed_lsn,
                     ) from e
-                log.warning("node %s: %s; retrying in %.1fs", self.node, e.message, backoff)
+                log.warning("node %s: %s; retrying in %.1fs", self.node, e.message, wait)
                 self.reconnecting = True
-                self._drop_conn()
-                if self._closed.wait(backoff):
+                if self._closed.wait(wait):
                     return
-                backoff = min(backoff * 2, RECONNECT_MAX_S)
             finally:
                 if self._closed.is_set():
                     self._drop_conn()
@@ -368,6 +450,7 @@ class LiveSource:
     def _copy_loop(self, pgconn: pq.abc.PGconn) -> Generator[Item, None, bool]:
         parser = PgOutputParser()
         filt = self.filter.feed
+        flowed = False
         last_status = time.monotonic()
         interval = self.options.status_interval_s
         while True:
@@ -395,7 +478,15 @@ class LiveSource:
                 res = pgconn.get_result()
                 detail = ""
                 if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
-                    detail = (res.error_message or b"").decode(errors="replace").strip()
+                    detail = one_line((res.error_message or b"").decode(errors="replace"))
+                    state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() or None
+                    if classify(state, detail, connecting=False):  # e.g. the publication was dropped
+                        hint = server_hint(state, detail)
+                        raise SourceError(
+                            f"the server ended the replication stream: {detail}{'; ' + hint if hint else ''}",
+                            node=self.node,
+                            lsn=self._received,
+                        )
                 raise ConnectionLost(
                     f"replication stream ended by the server{': ' + detail if detail else ''}",
                     node=self.node,
@@ -412,6 +503,9 @@ class LiveSource:
             else:
                 assert isinstance(frame, XLogData)
                 msg = _parse_message(parser, frame, self.node)
+                if not flowed:
+                    flowed = True
+                    self.backoff.flowing()
                 if frame.data_start:
                     self._received = max(self._received, frame.data_start)
                 yield from filt((frame.data_start, msg, payload))
@@ -476,6 +570,26 @@ class LiveSource:
         if conn is not None:
             with contextlib.suppress(Exception):  # closing a broken connection
                 conn.close()
+
+
+class _Transient(ConnectionLost):
+    """A server error a retry may fix; `sqlstate` says which (a busy slot is waited for even at the start)."""
+
+    def __init__(self, message: str, *, node: str | None = None, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message, node=node)
+
+
+@dataclass(frozen=True)
+class CreatedSlot:
+    node: str
+    slot: str
+    conninfo: str
+
+
+# The slots this process created (`--create-slot`): the command line says at
+# the end of a run which of them hold WAL and how to drop them.
+CREATED_SLOTS: list[CreatedSlot] = []
 
 
 class _Closed(Exception):

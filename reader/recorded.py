@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-from csnd.core.errors import StreamFormatError
+from csnd.core.errors import StreamFormatError, TimestampError
+from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
 from csnd.reader.events import Event, iter_events
-from csnd.reader.pgoutput import PgOutputParser
+from csnd.reader.pgoutput import Begin, Commit, PgOutputParser, StreamCommit
 from csnd.reader.streamfile import StreamFileReader, StreamHeader
 
 
@@ -36,7 +37,9 @@ class RecordedSource:
         parser = PgOutputParser()
         frames = self._file.scan(lambda: parser.in_stream) if raw_changes else self._file
         try:
-            yield from iter_events(frames, self.node, self.path, parser)
+            yield from checked_commit_times(
+                iter_events(frames, self.node, self.path, parser), self.node, self.path
+            )
         finally:
             self._file.close()
 
@@ -50,3 +53,27 @@ class RecordedSource:
 
     def close(self) -> None:
         self._file.close()
+
+
+def checked_commit_times(events: Iterable[Event], node: str, path: str | None = None) -> Iterator[Event]:
+    """`events`, with every commit timestamp checked to be one the output can write.
+
+    A timestamp past year 9999 (a corrupt or fuzzed stream) would otherwise
+    fail only when its line is written, far from where it came in and without
+    a name; here the error names the node, file, LSN and xid.  (Once per
+    event: three type tests.)
+    """
+    lo, hi = PG_TIME_MIN_US, PG_TIME_MAX_US
+    xid = None
+    for ev in events:
+        msg = ev[1]
+        kind = type(msg)
+        if kind is Begin:
+            xid = msg.xid  # type: ignore[union-attr]
+        elif kind is Commit or kind is StreamCommit:
+            t = msg.commit_time  # type: ignore[union-attr]
+            if not lo <= t <= hi:
+                if kind is StreamCommit:
+                    xid = msg.xid  # type: ignore[union-attr]
+                raise TimestampError(t, node=node, lsn=msg.commit_lsn, xid=xid, path=path)  # type: ignore[union-attr]
+        yield ev

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
 from csnd.core.durable import sync_directory
-from csnd.core.errors import CsndError, StreamFormatError
+from csnd.core.errors import ConfigError, CsndError, StreamFormatError
 from csnd.core.ids import lsn_to_str
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
@@ -42,8 +42,12 @@ MODES: Final = ("gtm", "single")
 # dominated by read() calls, small enough to keep the reader's memory flat.
 READ_CHUNK_BYTES: Final = 1 << 20
 # A single CopyData payload larger than this is taken as corruption, not data:
-# the walsender never sends one message above 1 GB (PostgreSQL's MaxAllocSize).
-MAX_FRAME_BYTES: Final = 1 << 30
+# the walsender builds each message in one StringInfo, which PostgreSQL caps
+# at MaxAllocSize (1 GiB - 1), so no real frame is larger.  It bounds what a
+# pipe's reader may pull in for one frame; a regular file's frames are held
+# to what the file still holds (`StreamFileReader.scan`), checked before
+# anything is read, so a corrupt length never makes the reader copy the rest.
+MAX_FRAME_BYTES: Final = (1 << 30) - 1
 # Row-change frames per `ChangeFrames` run at most: a run is one item of a
 # decoder batch, so this keeps a batch near its intended size.
 MAX_RUN_FRAMES: Final = 256
@@ -94,28 +98,82 @@ class StreamHeader:
         return cls(node=node, proto_version=proto, binary=binary, mode=mode, extra=doc)
 
 
+class TruncatedFrame(StreamFormatError):
+    """The file ends inside a frame (a torn last write), or a frame claims more than the file holds."""
+
+
+def is_regular(path: str) -> bool:
+    """True for a regular file or a name that does not exist yet (written as a new regular file)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def check_new_recording(path: str, how: str) -> None:
+    """Refuse to overwrite an existing recording unless `how` says to (`append` or `replace`).
+
+    An existing recording's transactions are already confirmed to its slot:
+    the server will not send them again, so truncating it would lose them.
+    A device or FIFO is written as it is (`how` does not apply to it).
+    """
+    if how not in ("create", "append", "replace"):
+        raise ValueError(how)
+    if not os.path.lexists(path):
+        return
+    if not is_regular(path):
+        if how == "append":
+            raise ConfigError(f"--append: {path} is not a regular file; a device or FIFO is written as it is")
+        return
+    if how == "create":
+        raise ConfigError(
+            f"{path} exists: pass --append to continue that recording or --replace to overwrite it "
+            "(its transactions are already confirmed to the slot: they will not be sent again)"
+        )
+
+
 class StreamWriter:
-    """Appends frames to a recorded stream file.
+    """Writes frames to a recorded stream file.
 
     `sync()` flushes and fsyncs; callers confirm a position to the source only
     after `sync()` has covered it.  A file that cannot be written (no such
     directory, disk full, an I/O error) is a `CsndError` naming the node and
     the file; after one, nothing more is written or synced, so a caller that
     confirms after `sync()` never confirms past what the file holds.
+
+    `how`: `create` a new file (an existing one is refused), `replace` one,
+    or `append` to an existing recording from byte `append_at` (its last
+    complete frame's end; anything after it is cut, and no header is
+    written).  A device or FIFO (`/dev/null`, a pipe to a compressor) is
+    written directly: no fsync (a device has nothing to make durable), no
+    truncation, no directory sync.
     """
 
-    def __init__(self, path: str, header: StreamHeader) -> None:
+    def __init__(self, path: str, header: StreamHeader, how: str = "replace", append_at: int = 0) -> None:
         self.path = path
         self.header = header
         self._failed = False
+        check_new_recording(path, how)
+        self.regular = is_regular(path)
+        self._base = 0  # where this writer's first byte goes
         try:
-            self._f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+            if not self.regular:
+                self._f: BinaryIO = open(path, "ab")  # noqa: SIM115 - closed in close()
+            elif how == "append" and os.path.exists(path):
+                self._f = open(path, "r+b")  # noqa: SIM115
+                self._f.truncate(append_at)
+                self._f.seek(append_at)
+                self._base = append_at
+            else:
+                self._f = open(path, "xb" if how == "create" else "wb")  # noqa: SIM115
         except OSError as e:
             raise self._error("create", e) from None
         raw = header.to_json()
         self.frames = 0
         self.bytes_written = 0
         self._named_durably = False
+        if self._base:
+            return
         try:
             self._write(MAGIC + _LEN.pack(len(raw)), raw)
         except CsndError:
@@ -144,11 +202,14 @@ class StreamWriter:
             raise CsndError(f"recording {self.path} failed before; it is not synced", node=self.header.node)
         try:
             self._f.flush()
-            if self._f.tell() != self.bytes_written:
+            if not self.regular:
+                return  # (a device or FIFO: nothing to cut, nothing to make durable)
+            end = self._base + self.bytes_written
+            if self._f.tell() != end:
                 # A frame cut between its two writes (Ctrl-C, SIGTERM): it
                 # must not reach the disk as a torn last frame.
-                self._f.truncate(self.bytes_written)
-                self._f.seek(self.bytes_written)
+                self._f.truncate(end)
+                self._f.seek(end)
             os.fsync(self._f.fileno())
             if not self._named_durably:  # the file's name too, once: a confirmed slot must not outlive it
                 sync_directory(self.path)
@@ -252,7 +313,8 @@ class StreamFileReader:
         # How far the file has been read, for progress (another thread may
         # look: a plain int, updated once per read of up to 1 MiB).
         st = os.fstat(self._f.fileno())
-        self.size = st.st_size if stat.S_ISREG(st.st_mode) else 0  # (0: unknown, a pipe)
+        self._regular = stat.S_ISREG(st.st_mode)
+        self.size = st.st_size if self._regular else 0  # (0: unknown, a pipe)
         self.bytes_read = header_bytes  # what this reader has consumed: where the file is, pipes too
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
@@ -289,12 +351,13 @@ class StreamFileReader:
                 if len(buf) < 4:
                     raise self._truncated(offset, f"frame length cut off after {len(buf)} bytes")
             (n,) = unpack_len(buf, pos)
-            if n == 0 or n > MAX_FRAME_BYTES:
+            if n == 0:
                 raise StreamFormatError(
                     f"corrupt frame length {n}", path=path, offset=offset, lsn=self.last_lsn or None
                 )
             end = pos + 4 + n
             if end > len(buf):
+                self._check_length(offset, n)  # before reading: a corrupt length must not pull the rest in
                 need = end - len(buf)
                 more = f.read(max(need, READ_CHUNK_BYTES))
                 self.bytes_read += len(more)
@@ -336,9 +399,33 @@ class StreamFileReader:
             offset += 4 + n
             pos = end
 
+    def _check_length(self, offset: int, n: int) -> None:
+        """A frame of `n` bytes at `offset` must fit in what the file holds (a pipe: in `MAX_FRAME_BYTES`)."""
+        if n > MAX_FRAME_BYTES:
+            raise StreamFormatError(
+                f"impossible frame length {n}: larger than any PostgreSQL message (1 GiB); "
+                "the length prefix is corrupt",
+                path=self.path,
+                offset=offset,
+                lsn=self.last_lsn or None,
+            )
+        if not self._regular:
+            return
+        left = os.fstat(self._f.fileno()).st_size - offset - 4  # (asked again: the file may be growing)
+        if n > left:
+            where = f" after {lsn_to_str(self.last_lsn)}" if self.last_lsn else ""
+            raise TruncatedFrame(
+                f"impossible frame length {n}: only {max(left, 0)} bytes follow in the file{where}; "
+                "the length prefix is corrupt, or this is a truncated last frame and the recording "
+                "was cut short",
+                path=self.path,
+                offset=offset,
+                lsn=self.last_lsn or None,
+            )
+
     def _truncated(self, offset: int, what: str) -> StreamFormatError:
         where = f" after {lsn_to_str(self.last_lsn)}" if self.last_lsn else ""
-        return StreamFormatError(
+        return TruncatedFrame(
             f"truncated last frame: {what}{where}; the recording was cut short",
             path=self.path,
             offset=offset,

@@ -9,7 +9,8 @@ constructor argument is kept in `args` (`__reduce__` below).
     ├── ConfigError          bad command line or service configuration
     ├── StreamFormatError    a recorded stream file that cannot be read
     ├── ProtocolError        a message sequence that breaks the protocol
-    │   └── DecodeError      tuple data that cannot be turned into values
+    │   ├── DecodeError      tuple data that cannot be turned into values
+    │   └── TimestampError   a commit time outside the dates the output can write
     ├── SourceError          a live source failed (connection, slot, server)
     │   └── ConnectionLost   the connection dropped; the reader may reconnect
     ├── WorkerError          a decoder worker died or failed
@@ -106,6 +107,31 @@ class ProtocolError(CsndError):
 
 class DecodeError(ProtocolError):
     """Tuple data that cannot be decoded into values (or a type we cannot read)."""
+
+
+class TimestampError(ProtocolError):
+    """A commit timestamp outside years 1-9999 (`csnd.core.ids.PG_TIME_MIN_US`..`PG_TIME_MAX_US`): a corrupt stream."""
+
+    def __init__(
+        self,
+        us: int,
+        *,
+        node: str | None = None,
+        lsn: int | None = None,
+        xid: int | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.us = us
+        self.path = path
+        where = f"{path}: " if path else ""
+        what = f"transaction {xid}" if xid is not None else "a transaction"
+        super().__init__(
+            f"{where}commit timestamp of {what} is {us} microseconds from 2000-01-01, outside the "
+            "years 1-9999 the output can write; the stream is corrupt",
+            node=node,
+            lsn=lsn,
+            xid=xid,
+        )
 
 
 class SourceError(CsndError):

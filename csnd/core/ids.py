@@ -40,9 +40,32 @@ def lsn_from_str(text: str) -> Lsn:
     return Lsn((int(m.group(1), 16) << 32) | int(m.group(2), 16))
 
 
+# The commit timestamps the output can write: Python's dates, years 1 to 9999
+# (PostgreSQL's own range is wider, but a commit time outside this one is a
+# corrupt stream, not a real commit).
+PG_TIME_MIN_US = (datetime(1, 1, 1, tzinfo=UTC) - PG_EPOCH) // timedelta(microseconds=1)
+PG_TIME_MAX_US = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // timedelta(microseconds=1)
+
+
+def pg_time_in_range(us: int) -> bool:
+    return PG_TIME_MIN_US <= us <= PG_TIME_MAX_US
+
+
+def pg_time_error(
+    us: int, node: str | None = None, lsn: int | None = None, xid: int | None = None
+) -> Exception:
+    """The `TimestampError` for a commit time outside `PG_TIME_MIN_US`..`PG_TIME_MAX_US`, with what is known."""
+    from csnd.core.errors import TimestampError  # (errors imports this module)
+
+    return TimestampError(us, node=node, lsn=lsn, xid=xid)
+
+
 def pg_time_to_datetime(us: int) -> datetime:
-    """Microseconds since the PostgreSQL epoch -> aware UTC datetime."""
-    return PG_EPOCH + timedelta(microseconds=us)
+    """Microseconds since the PostgreSQL epoch -> aware UTC datetime (a `TimestampError` out of range)."""
+    try:
+        return PG_EPOCH + timedelta(microseconds=us)
+    except OverflowError:
+        raise pg_time_error(us) from None
 
 
 def pg_time_to_iso(us: int) -> str:
@@ -53,6 +76,8 @@ def pg_time_to_iso(us: int) -> str:
     microseconds are appended.
     """
     seconds, micros = divmod(us, 1_000_000)
+    if not PG_TIME_MIN_US <= us <= PG_TIME_MAX_US:
+        raise pg_time_error(us)
     if micros:
         return f"{_iso_second(seconds)}.{micros:06d}+00:00"
     return f"{_iso_second(seconds)}+00:00"

@@ -32,6 +32,8 @@ class LiveSourceConfig:
     until_lsn: int | None = None  # end at the first transaction boundary at or after it
     binary: bool = True
     mode: str = "single"
+    # how long a stream that was flowing is reconnected to before the run fails (--give-up)
+    give_up_s: float = 300.0
 
     def options(self, conninfo: str) -> LiveOptions:
         """The reader's options for the live node at `conninfo`; ConfigError if slot or publication is missing."""
@@ -46,6 +48,7 @@ class LiveSourceConfig:
             create_slot=self.create_slot,
             until_lsn=self.until_lsn,
             binary=self.binary,
+            reconnect_give_up_s=self.give_up_s,
         )
 
 

@@ -30,6 +30,7 @@ end (files, `until_lsn`) leave the service serving what it has.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -133,9 +134,8 @@ class Service:
                     remote.resume_after(resume_csn)
                 inputs.append(remote)
                 continue
-            source = open_source(SourceSpec(src.name, src.target), src.live, i)
-            if src.is_live and hasattr(source, "options"):
-                source.options.reconnect_give_up_s = self.config.give_up_s
+            live = dataclasses.replace(src.live, give_up_s=self.config.give_up_s)
+            source = open_source(SourceSpec(src.name, src.target), live, i)
             inputs.append(NodePipeline(source, self.config.decoders, resume_csn=resume_csn or None))
         names = [p.node for p in inputs]
         dup = {n for n in names if names.count(n) > 1}

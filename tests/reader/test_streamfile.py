@@ -273,3 +273,58 @@ def test_a_recording_that_cannot_be_written_fails_once_and_syncs_nothing_after()
         w.write_frame(b"w")
     w.close()  # no second error: the first was already raised
     w.close()
+
+
+class _CountingFile:
+    """A file object that remembers the largest read asked of it."""
+
+    def __init__(self, f: object) -> None:
+        self._f = f
+        self.largest = 0
+
+    def read(self, n: int = -1) -> bytes:
+        self.largest = max(self.largest, n)
+        return self._f.read(n)  # type: ignore[attr-defined, no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._f, name)
+
+
+@pytest.mark.parametrize("raw_changes", [False, True])
+@pytest.mark.parametrize("claimed", [(1 << 30) - 16, 100_000])
+def test_an_impossible_frame_length_is_reported_without_reading_on(
+    tmp_path: Path, raw_changes: bool, claimed: int
+) -> None:
+    """A corrupt length prefix (~1 GiB) used to make the reader pull in and copy the rest of the file."""
+    path = tmp_path / "l.pgstream"
+    _write(path, FRAMES[:2] + [FRAMES[2]] * 400)  # (a few MiB would do as well: this is a few kB)
+    size = os.path.getsize(path)
+    offset = 12 + len(StreamHeader(node="dn1", mode="gtm").to_json()) + 4 + len(FRAMES[0])
+    with open(path, "r+b") as f:  # the second frame's length prefix
+        f.seek(offset)
+        f.write(struct.pack("!I", claimed))
+    src = RecordedSource(str(path))
+    counting = _CountingFile(src._file._f)
+    src._file._f = counting  # type: ignore[assignment]
+    with pytest.raises(StreamFormatError) as info:
+        list(src.events(raw_changes=raw_changes))
+    msg = str(info.value)
+    left = size - offset - 4
+    assert f"impossible frame length {claimed}: only {left} bytes follow in the file" in msg
+    assert "l.pgstream" in msg and f"byte offset {offset}" in msg
+    assert counting.largest <= streamfile.READ_CHUNK_BYTES
+
+
+def test_a_frame_longer_than_any_postgresql_message_is_impossible_in_a_pipe(tmp_path: Path) -> None:
+    path = tmp_path / "l.pgstream"
+    _write(path, FRAMES[:1])
+    with open(path, "ab") as f:
+        f.write(struct.pack("!I", 1 << 30) + b"w" * 100)
+    r, w = os.pipe()
+    with open(path, "rb") as src, os.fdopen(w, "wb") as sink:
+        sink.write(src.read())
+    with pytest.raises(
+        StreamFormatError, match=r"impossible frame length 1073741824: larger than any PostgreSQL"
+    ):
+        list(StreamFileReader(f"/dev/fd/{r}"))
+    os.close(r)

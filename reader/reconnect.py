@@ -1,0 +1,175 @@
+"""When a live source tries again, and when it gives up (sans-I/O).
+
+Two questions decide what a failed replication connection does next, and
+neither needs a socket to answer, so both live here and are tested without
+a server (tests/reader/test_reconnect.py):
+
+* Is the failure *permanent*?  A wrong password, a missing database, slot or
+  publication, a role without REPLICATION, a slot of another output plugin,
+  `wal_level` below logical: retrying changes nothing, so the source fails at
+  once with one line saying what to do (`classify`).  Everything else -- a
+  refused or dropped connection, a server starting up or shutting down, a
+  slot still held by the walsender of the connection we just lost -- may
+  pass by itself.
+
+* How long to wait before the next attempt, and when to stop (`Backoff`).
+  The wait doubles from `first` up to `cap`; the attempts stop once the
+  source has been down for `give_up` seconds.  An outage ends only when a
+  new connection has *flowed* -- delivered data, or stayed up for `stable`
+  seconds -- not when it merely connected: a stream that connects and dies
+  at once (a publication dropped under it used to be such a case) must not
+  reset the wait to `first` and reconnect five times a second forever.
+
+The clock is injected, so the policy is a pure function of the events and
+the times it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+# The first wait, its cap, and how long an outage may last before the source
+# fails.  A restart of PostgreSQL takes seconds; an outage of minutes is for
+# the operator to see as an error (`--give-up SECONDS`).
+RECONNECT_FIRST_S: Final = 0.2
+RECONNECT_MAX_S: Final = 5.0
+RECONNECT_GIVE_UP_S: Final = 300.0
+# A connection that stays up this long has flowed even if the source was idle
+# (no data to deliver): twice the longest wait, so a connection that dies on a
+# fixed schedule shorter than that cannot reset the backoff.
+RECONNECT_STABLE_S: Final = 2 * RECONNECT_MAX_S
+
+# SQLSTATEs a reconnect cannot fix: undefined object (no such slot or
+# publication), undefined table, invalid authorization, bad password, no such
+# database, object not in prerequisite state (wal_level, a slot of another
+# database), syntax error, duplicate object, insufficient privilege, invalid
+# parameter value (options a slot of another output plugin does not know).
+PERMANENT_SQLSTATES: Final = frozenset(
+    {"42704", "42P01", "28000", "28P01", "3D000", "55000", "42601", "42710", "42501", "22023"}
+)
+# A connection attempt's errors carry no SQLSTATE (libpq reports them as
+# text); these server messages are the permanent ones.
+PERMANENT_CONNECT_TEXTS: Final = (
+    "does not exist",  # database "x" / role "x"
+    "must be superuser or replication role",
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "authentication failed",
+    "invalid connection option",
+    "invalid uri",
+    "invalid integer value",
+    "invalid port",
+)
+
+
+def classify(sqlstate: str | None, message: str, *, connecting: bool) -> bool:
+    """True if the failure is permanent: `sqlstate` of a server error, or the text of a failed connect."""
+    if sqlstate:
+        return sqlstate in PERMANENT_SQLSTATES
+    if connecting:
+        text = message.lower()
+        return any(t in text for t in PERMANENT_CONNECT_TEXTS)
+    return False
+
+
+class Backoff:
+    """The reconnect schedule of one source; see the module docstring.
+
+    `failed()` returns how long to wait before the next attempt, or None
+    when the outage has lasted longer than `give_up` (the source fails).
+    `connected()` and `flowing()` report a new connection and data on it.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        first: float = RECONNECT_FIRST_S,
+        cap: float = RECONNECT_MAX_S,
+        give_up: float = RECONNECT_GIVE_UP_S,
+        stable: float = RECONNECT_STABLE_S,
+    ) -> None:
+        if not 0 < first <= cap or give_up < 0 or stable < 0:
+            raise ValueError("backoff needs 0 < first <= cap, give_up >= 0 and stable >= 0")
+        self.clock = clock
+        self.first, self.cap, self.give_up, self.stable = first, cap, give_up, stable
+        self.down_since: float | None = None  # start of the current outage
+        self.delay = first  # the next wait
+        self._connected_at: float | None = None
+        self._flowed = False
+
+    def connected(self) -> None:
+        self._connected_at = self.clock()
+        self._flowed = False
+
+    def flowing(self) -> None:
+        """The connection delivered data: the outage (if any) is over."""
+        if not self._flowed:
+            self._flowed = True
+            self._reset()
+
+    def failed(self) -> float | None:
+        now = self.clock()
+        if self._connected_at is not None and now - self._connected_at >= self.stable:
+            self._reset()  # it stayed up: an idle stream flows too
+        self._connected_at = None
+        self._flowed = False
+        if self.down_since is None:
+            self.down_since = now
+        if now - self.down_since > self.give_up:
+            return None
+        wait = self.delay
+        self.delay = min(self.delay * 2, self.cap)
+        return wait
+
+    def _reset(self) -> None:
+        self.down_since = None
+        self.delay = self.first
+
+    def _check(self) -> None:
+        assert self.first <= self.delay <= self.cap
+        assert self._connected_at is not None or not self._flowed
+        if self.down_since is None:
+            assert self.delay == self.first
+
+
+def one_line(text: str) -> str:
+    """A libpq or server message on one line, without its `ERROR:`/`FATAL:` prefix or CONTEXT lines."""
+    lines = [ln.strip() for ln in text.strip().splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(("CONTEXT:", "HINT:", "DETAIL:"))]
+    out = " ".join(lines)
+    for prefix in ("ERROR:", "FATAL:"):
+        out = out.replace(prefix + "  ", "").replace(prefix + " ", "")
+    return out
+
+
+def connect_hint(text: str) -> str:
+    """What to do about a failed connection, from libpq's text ('' when nothing useful can be said)."""
+    t = text.lower()
+    if "must be superuser or replication role" in t:
+        return "give the role the REPLICATION attribute (ALTER ROLE name REPLICATION)"
+    if "database" in t and "does not exist" in t:
+        return "check the database name in the URL"
+    if "role" in t and "does not exist" in t:
+        return "check the user name in the URL"
+    if "password" in t or "authentication failed" in t or "pg_hba.conf" in t:
+        return "check the user, the password and the server's pg_hba.conf (a replication entry)"
+    if "refused" in t or "resolve" in t or "timeout" in t or "timed out" in t or "no route" in t:
+        return "check the host and port, and that the server is running"
+    return ""
+
+
+def server_hint(sqlstate: str | None, text: str) -> str:
+    """What to do about a server error on the replication connection ('' when nothing useful can be said)."""
+    t = text.lower()
+    if sqlstate == "42704" and "publication" in t:
+        return "create it (CREATE PUBLICATION name FOR ALL TABLES) or name the right one with --publication"
+    if sqlstate == "42704" and "replication slot" in t:
+        return "pass --create-slot to create it"
+    if sqlstate == "22023" and "output plugin" in t:
+        return "the slot is not a pgoutput slot; csnd needs one (--create-slot with a new --slot name)"
+    if sqlstate == "55006":
+        return "another reader is using the slot: stop it, or name another --slot"
+    if sqlstate == "55000" and "wal_level" in t:
+        return "set wal_level = logical in postgresql.conf and restart the server"
+    return ""

@@ -1,0 +1,121 @@
+"""The reconnect policy (sans-I/O): a Hypothesis run against a brute-force oracle, and the error classes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csnd.reader.reconnect import Backoff, classify, connect_hint, one_line, server_hint
+
+FIRST, CAP, GIVE_UP, STABLE = 0.25, 2.0, 10.0, 4.0
+
+# (event, seconds the clock moves before it)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["connected", "flowing", "failed"]), st.sampled_from([0.0, 0.1, 1.0, 3.0, 5.0])
+    ),
+    max_size=60,
+)
+
+
+def oracle(history: list[tuple[str, float]], now: float) -> float | None:
+    """What `failed()` at `now` returns, from the whole history before it, recomputed from scratch."""
+    events = [*history, ("failed", now)]
+    # the outage starts at the first failure after the last reset: data on a
+    # connection, or a connection that lasted STABLE when it failed
+    start = 0
+    last_conn = None
+    for i, (ev, t) in enumerate(events):
+        if ev == "connected":
+            last_conn = t
+        elif ev == "flowing" and last_conn is not None:
+            start = i + 1
+        elif ev == "failed":
+            if last_conn is not None and t - last_conn >= STABLE:
+                start = i
+            last_conn = None
+    fails = [(i, t) for i, (ev, t) in enumerate(events) if ev == "failed" and i >= start]
+    down_since = fails[0][1]
+    if now - down_since > GIVE_UP:
+        return None
+    # waits handed out earlier in this outage (a failure past the give-up time hands out none)
+    handed = sum(1 for _, t in fails[:-1] if t - down_since <= GIVE_UP)
+    return min(FIRST * 2**handed, CAP)
+
+
+@given(steps)
+def test_backoff_matches_the_oracle(script: list[tuple[str, float]]) -> None:
+    now = [0.0]
+    b = Backoff(lambda: now[0], first=FIRST, cap=CAP, give_up=GIVE_UP, stable=STABLE)
+    history: list[tuple[str, float]] = []
+    for ev, dt in script:
+        now[0] += dt
+        if ev == "flowing" and not any(e == "connected" for e, _ in history[_last_fail(history) :]):
+            continue  # (data only comes on a connection)
+        if ev == "failed":
+            assert b.failed() == oracle(history, now[0]), history
+        else:
+            getattr(b, ev)()
+        history.append((ev, now[0]))
+        b._check()
+
+
+def _last_fail(history: list[tuple[str, float]]) -> int:
+    return max((i for i, (ev, _) in enumerate(history) if ev == "failed"), default=-1) + 1
+
+
+def test_a_connection_that_dies_at_once_does_not_reset_the_wait() -> None:
+    """A publication dropped under the stream used to reconnect every 0.2 s forever: connecting is not flowing."""
+    now = [0.0]
+    b = Backoff(lambda: now[0], first=0.2, cap=5.0, give_up=300.0)
+    waits = []
+    while (w := b.failed()) is not None:
+        waits.append(w)
+        now[0] += w
+        b.connected()  # the connection comes up, the stream dies before any data
+    assert waits[:6] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0] and set(waits[6:]) == {5.0}
+    assert 300 <= now[0] <= 310  # it gave up after the give-up time (clock time, injected)
+
+
+def test_data_ends_the_outage() -> None:
+    now = [0.0]
+    b = Backoff(lambda: now[0], first=0.2, cap=5.0, give_up=300.0)
+    assert [b.failed(), b.failed(), b.failed()] == [0.2, 0.4, 0.8]
+    b.connected()
+    b.flowing()
+    assert b.failed() == 0.2
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "text", "connecting", "permanent"),
+    [
+        ("42704", 'replication slot "x" does not exist', False, True),
+        ("42704", 'publication "p" does not exist', False, True),
+        ("22023", 'option "proto_version" = "2" is unknown', False, True),
+        ("55000", "logical decoding requires wal_level >= logical", False, True),
+        ("55006", 'replication slot "x" is active for PID 7', False, False),
+        ("57P01", "terminating connection due to administrator command", False, False),
+        (None, 'FATAL:  database "nosuchdb" does not exist', True, True),
+        (None, "FATAL:  must be superuser or replication role to start walsender", True, True),
+        (None, 'FATAL:  password authentication failed for user "u"', True, True),
+        (None, "Connection refused", True, False),
+        (None, "the database system is starting up", True, False),
+        (None, "server closed the connection unexpectedly", False, False),
+    ],
+)
+def test_classify(sqlstate: str | None, text: str, connecting: bool, permanent: bool) -> None:
+    assert classify(sqlstate, text, connecting=connecting) is permanent
+
+
+def test_hints_and_one_line() -> None:
+    assert "ALTER ROLE" in connect_hint("FATAL:  must be superuser or replication role to start walsender")
+    assert "database name" in connect_hint('FATAL:  database "x" does not exist')
+    assert "host and port" in connect_hint("Connection refused")
+    assert "--create-slot" in server_hint("42704", 'replication slot "s" does not exist')
+    assert "CREATE PUBLICATION" in server_hint("42704", 'publication "p" does not exist')
+    assert "wal_level = logical" in server_hint("55000", "logical decoding requires wal_level >= logical")
+    assert (
+        one_line('ERROR:  publication "p" does not exist\nCONTEXT:  slot "s"\n')
+        == 'publication "p" does not exist'
+    )
