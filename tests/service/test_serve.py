@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.procs import children
 from tests.service.servekit import CSND, start_serve, subscribe, wait_for
 
 
@@ -182,3 +184,33 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
         proc = subprocess.run([*CSND, *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_a_killed_decoder_restarts_the_pipeline_and_nothing_is_lost(tmp_path: Path) -> None:
+    """A decoder process dies mid-stream: the service restarts the pipeline from the changelog."""
+    out = tmp_path / "cluster"
+    subprocess.run(
+        [*CSND, "generate", "--nodes", "2", "--transactions", "3000", "--seed", "11", "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    expected = (out / "expected.jsonl").read_text().splitlines()
+    served = start_serve([str(out / "dn1.pgstream"), str(out / "dn2.pgstream")], str(tmp_path / "log"))
+    try:
+        wait_for(lambda: served.newest_csn() or None, "a first durable transaction", every=0.01)
+
+        def a_decoder() -> int | None:
+            servers = [p for p, cmd in children(served.proc.pid) if "multiprocessing.forkserver" in cmd]
+            workers = [p for s in servers for p, _ in children(s)]
+            return workers[0] if workers else None
+
+        os.kill(wait_for(a_decoder, "a decoder process"), signal.SIGKILL)
+        wait_for(lambda: int(served.status()["totals"]["restarts"]) >= 1, "the pipeline restarted")
+        last = json.loads(expected[-1])["csn"]
+        wait_for(lambda: served.newest_csn() == last, "the whole cluster after the restart")
+        got = subscribe(served.address, "--idle-timeout", "2")
+        assert got.stdout.splitlines() == expected
+        assert any(int(n["restarts"]) >= 1 for n in served.status()["nodes"])
+    finally:
+        code, err = served.terminate()
+    assert code == 0, err
