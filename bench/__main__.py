@@ -11,7 +11,15 @@ import json
 import sys
 from typing import Any
 
-from bench import bigtxn_bench, changelog_bench, decode_bench, gtm_bench, merge_bench, reader_bench
+from bench import (
+    bigtxn_bench,
+    changelog_bench,
+    decode_bench,
+    gtm_bench,
+    merge_bench,
+    reader_bench,
+    serve_bench,
+)
 from bench.common import out_path
 
 BIG_TXN_MB = 1024
@@ -133,6 +141,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
                 f"p50 {lat['unflushed']['p50_ms']:.0f} ms / {lat['flushed']['p50_ms']:.1f} ms",
             )
         )
+    if "serve" in r:
+        rows.extend(serve_bench.table(r["serve"]))
     return rows
 
 
@@ -150,6 +160,8 @@ def main() -> None:
     results["changelog"] = changelog_bench.main()
     print("bench: cluster kit (3 servers, 4 writers) ...", file=sys.stderr)
     results["gtm"] = gtm_bench.main()
+    print("bench: the service end to end ...", file=sys.stderr)
+    results["serve"] = serve_bench.main()
     with open(out_path("results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     print("| benchmark | result |")

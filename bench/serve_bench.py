@@ -131,32 +131,13 @@ def throughput(server: Any, work: str) -> dict[str, Any]:
 
 
 def latency(server: Any, work: str) -> dict[str, Any]:
-    from csnd.consumers.client import Changefeed
-
     with psycopg.connect(server.dsn(), autocommit=True) as c:
         c.execute("CREATE TABLE lat (id bigint PRIMARY KEY)")
         c.execute("SELECT pg_create_logical_replication_slot('ours_lat', 'pgoutput')")
     proc, address = _serve(server.url(), "ours_lat", os.path.join(work, "log-lat"))
     seen: list[float] = []
     done = threading.Event()
-
-    def consume() -> None:
-        feed = Changefeed(address)
-        try:
-            while not done.is_set():
-                rec = feed.next(timeout=0.5)
-                if rec is None:
-                    continue
-                now = time.time()
-                csn, line = rec
-                commit = datetime.fromisoformat(json.loads(line)["commit_time"]).timestamp()
-                seen.append(now - commit)
-                feed.ack(csn)
-        finally:
-            feed.close()
-
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
+    consumer = _subscriber(address, seen, done)
     sent = 0
     try:
         with psycopg.connect(server.dsn(), autocommit=True) as c:
@@ -190,11 +171,103 @@ def latency(server: Any, work: str) -> dict[str, Any]:
     }
 
 
+def _subscriber(address: str, seen: list[float], done: threading.Event) -> threading.Thread:
+    """A consumer in this process: for each transaction, now minus its commit time."""
+    from csnd.consumers.client import Changefeed
+
+    def consume() -> None:
+        feed = Changefeed(address)
+        try:
+            while not done.is_set():
+                rec = feed.next(timeout=0.5)
+                if rec is None:
+                    continue
+                now = time.time()
+                csn, line = rec
+                seen.append(now - datetime.fromisoformat(json.loads(line)["commit_time"]).timestamp())
+                feed.ack(csn)
+        finally:
+            feed.close()
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    return t
+
+
+def cluster_latency(work: str, seconds: float = 20.0, writers: int = 4) -> dict[str, Any]:
+    """csnd workload flat out on 3 local servers, `csnd serve` live in GTM mode: commit to subscriber."""
+    from csnd.gtm.liveload import LoadOptions, setup
+    from csnd.gtm.pggtm import PgGtm
+    from csnd.gtm.ticker import Ticker
+    from csnd.testing.cluster import start_cluster
+
+    with start_cluster(3) as cluster:
+        urls = cluster.urls()
+        setup(LoadOptions(nodes=urls, gtm=cluster.gtm_url, publication="bench"))
+        for url in urls.values():
+            with psycopg.connect(url, autocommit=True) as c:
+                c.execute("SELECT pg_create_logical_replication_slot('ours', 'pgoutput')")
+        sources = [f"{n}={u}?slot=ours&publication=bench&mode=gtm" for n, u in urls.items()]
+        proc = subprocess.Popen(
+            [*CSND, "serve", *sources, "--changelog", os.path.join(work, "log-cluster"), "--decoders", "1"]
+            + ["--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        address = proc.stdout.readline().split()[-1]
+        seen: list[float] = []
+        done = threading.Event()
+        consumer = _subscriber(address, seen, done)
+        gtm = PgGtm(cluster.gtm_url)
+        ticker = Ticker(gtm, urls).start()
+        committed = os.path.join(work, "committed.jsonl")
+        try:
+            subprocess.run(
+                [
+                    *CSND,
+                    "workload",
+                    "--nodes",
+                    *[f"{n}={u}" for n, u in urls.items()],
+                    "--writers",
+                    str(writers),
+                ]
+                + ["--duration", str(seconds), "--out", committed],
+                check=True,
+                capture_output=True,
+            )
+            with open(committed, encoding="utf-8") as f:
+                n = sum(1 for _ in f)
+            deadline = time.monotonic() + 120
+            while len(seen) < n and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            done.set()
+            consumer.join(timeout=30)
+            ticker.stop()
+            gtm.close()
+            _stop(proc)
+    lat = sorted(seen)
+    return {
+        "writers": writers,
+        "transactions": n,
+        "transactions_per_s": n / seconds,
+        "received": len(lat),
+        "p50_ms": lat[len(lat) // 2] * 1000,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+    }
+
+
 def main() -> dict[str, Any]:
     server = start_server()
     work = tempfile.mkdtemp(prefix="csnd-serve-bench-")
     try:
-        return {"throughput": throughput(server, work), "latency": latency(server, work)}
+        return {
+            "throughput": throughput(server, work),
+            "latency": latency(server, work),
+            "cluster": cluster_latency(work),
+        }
     finally:
         server.stop("immediate")
         shutil.rmtree(server.base_dir, ignore_errors=True)
@@ -213,6 +286,16 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
                 f"`csnd serve` -> `csnd subscribe`, live node, {t['rows']:,} {what}, vs `pg_recvlogical` (same WAL)",
                 f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
                 f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f})",
+            )
+        )
+    c = r.get("cluster")
+    if c:
+        rows.append(
+            (
+                f"3-server GTM cluster, `csnd workload` with {c['writers']} writers flat out, `csnd serve` live: "
+                "commit to subscriber",
+                f"{c['transactions_per_s']:,.1f} distributed transactions/s; p50 {c['p50_ms']:.0f} ms, "
+                f"p99 {c['p99_ms']:.0f} ms",
             )
         )
     lat = r["latency"]

@@ -140,7 +140,7 @@ def test_cluster_served_through_kill_9_and_a_server_restart_equals_the_witness(
 
 
 def test_an_idle_node_does_not_hold_the_stream_back(cluster: LocalCluster, tmp_path: Path) -> None:
-    """Writers on dn1 and dn2 only; dn3 stays idle, moved only by the ticker's marks."""
+    """Writers on dn1 and dn2 for a minute; dn3 stays idle, moved only by the ticker's marks."""
     urls = cluster.urls()
     busy = {n: urls[n] for n in ("dn1", "dn2")}
     with psycopg.connect(urls["dn3"], autocommit=True) as c:
@@ -155,7 +155,7 @@ def test_an_idle_node_does_not_hold_the_stream_back(cluster: LocalCluster, tmp_p
     try:
         writers = subprocess.run(
             [*CSND, "workload", "--nodes", *[f"{n}={u}" for n, u in busy.items()], "--writers", "2"]
-            + ["--duration", "15", "--publication", "csnd_pub", "--out", str(tmp_path / "c.jsonl")],
+            + ["--duration", "60", "--rate", "20", "--publication", "csnd_pub", "--out", str(tmp_path / "c.jsonl")],
             capture_output=True,
             text=True,
             timeout=300,
@@ -165,6 +165,7 @@ def test_an_idle_node_does_not_hold_the_stream_back(cluster: LocalCluster, tmp_p
         wait_for(lambda: served.newest_csn() >= newest, "the busy nodes' transactions past the idle node")
         dn3 = next(n for n in served.status()["nodes"] if n["name"] == "dn3")
         assert dn3["state"] == "streaming" and not dn3["stuck"]
+        assert int(dn3["transactions"]) == 0  # it really was idle all along
     finally:
         ticker.stop()
         gtm.close()
