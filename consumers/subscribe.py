@@ -54,7 +54,7 @@ def add_subscribe_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="SCHEMA.TABLE",
-        help="only changes of this table (SCHEMA.* : of every table of the schema; repeatable)",
+        help="only changes of this table; SCHEMA.* for every table of a schema (repeatable)",
     )
     p.add_argument("--token-file", metavar="F", help="file holding the service's bearer token")
     p.add_argument(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -354,21 +355,29 @@ def test_client_reconnects_without_gap_or_duplicate(tmp_path: object) -> None:
     """The server stopped and started again mid-stream, several times: the client notices nothing."""
     d = os.path.join(str(tmp_path), "log")
     log = Changelog(d)
-    written = fill(log, range(1, 2001))
+    written = fill(log, range(1, 5001))
     settings = FeedSettings(max_batch_bytes=4000, keepalive_s=0.2, client_timeout_s=5.0)
     srv = serve(log, settings=settings)
     port = srv.port
     feed = Changefeed(srv.address, give_up=60)
     got = drain(feed, 300)
     for round_ in range(3):
-        wait_for(lambda s=srv: s.servicer.snapshot().consumers, "the client to be subscribed here")
+        # Read on until the client is subscribed here (it may still be reading what it
+        # buffered before the last restart): then the stop below cuts a live stream.
+        deadline = time.monotonic() + 60
+        while not srv.servicer.snapshot().consumers:
+            assert time.monotonic() < deadline, "the client did not subscribe to the restarted server"
+            if (rec := feed.next(timeout=0.05)) is not None:
+                got.append(rec)
         srv.stop(grace=0.5)
         srv = serve(log, settings=settings, listen=f"127.0.0.1:{port}")
-        got += drain(feed, 300)
-        fill(log, range(2001 + 10 * round_, 2011 + 10 * round_))
+        fill(log, range(5001 + 10 * round_, 5011 + 10 * round_))
     try:
-        while (rec := feed.next(timeout=2.0)) is not None:
+        while got[-1][0] < 5030:  # (the newest transaction)
+            rec = feed.next(timeout=60)
+            assert rec is not None, f"nothing after csn {got[-1][0]}"
             got.append(rec)
+        assert feed.next(timeout=0.2) is None
         assert feed.reconnects >= 3
     finally:
         feed.close()
@@ -376,7 +385,7 @@ def test_client_reconnects_without_gap_or_duplicate(tmp_path: object) -> None:
         log.close()
     with Changelog(d) as again:
         assert got == list(again.read(0))
-    assert len(got) == 2030 and [c for c, _ in got] == sorted({c for c, _ in got})
+    assert len(got) == 5030 and [c for c, _ in got] == sorted({c for c, _ in got})
     assert all(written[c] == raw for c, raw in got if c in written)
 
 
