@@ -61,8 +61,11 @@ nothing waiting and always wants more.  Batches taken are handed on at once
 of any size streams through; only `pop_ready()`, which returns whole
 transactions, holds one while it is assembled.
 
-Errors.  A ProtocolError names the node(s), gid and CSNs concerned; after one
-the merge is in an undefined state and the run stops.
+Errors.  A ProtocolError names the node(s), gid and CSNs concerned: a
+CsnOrderViolation for CSNs that break the gtm's order, MessageOutOfPlace for
+batches that break the node -> coordinator contract, TruncatedStream for a
+node that ends inside a transaction.  After one the merge is in an undefined
+state and the run stops.
 """
 
 from __future__ import annotations
@@ -75,8 +78,14 @@ from sortedcontainers import SortedList
 
 from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
 from csnd.coordinator.txn import GlobalTxn, NodeCommit, Part
-from csnd.core.errors import ProtocolError
-from csnd.core.ids import lsn_to_str
+from csnd.core.errors import (
+    CsnOrderViolation,
+    InternalError,
+    MessageOutOfPlace,
+    ProtocolError,
+    TruncatedStream,
+)
+from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 
 # Batches one node may have waiting before wants_more() says stop.  Larger: a
 # node can run further ahead while another catches up (more decoding overlap,
@@ -136,12 +145,12 @@ class _Node:
         self.pending_bytes = 0
         self.peak_batches = 0
         self.peak_bytes = 0
-        self.watermark = -1  # largest watermark received; -1: none
+        self.watermark = Csn(-1)  # largest watermark received; -1: none
         self.ended = False
         # The last batch received: its transaction, and whether that one still owes batches.
-        self.last_csn = -1
+        self.last_csn = Csn(-1)
         self.last_gid: str | None = None
-        self.last_xid = 0
+        self.last_xid = Xid(0)
         self.last_cid = 0
         self.open = False
         self.key: Key | None = None  # this node's entry in CsnMerge._keys
@@ -157,7 +166,7 @@ class _Assembly:
     __slots__ = ("csn", "gid", "commits", "start", "unfinished")
 
     def __init__(
-        self, csn: int, gid: str | None, commits: dict[int, tuple[int, int, int, int]], start: TxnStart
+        self, csn: Csn, gid: str | None, commits: dict[int, tuple[Xid, Lsn, int, Lsn]], start: TxnStart
     ) -> None:
         self.csn = csn
         self.gid = gid
@@ -173,10 +182,10 @@ class TxnStart:
 
     def __init__(
         self,
-        csn: int,
+        csn: Csn,
         gid: str | None,
         nodes: dict[str, NodeCommit],
-        end_lsns: dict[str, int],
+        end_lsns: dict[str, Lsn],
         commit_time: int,
     ) -> None:
         """`commit_time`: the latest of the nodes' commit times (`CsnMerge._check` holds it to that)."""
@@ -197,7 +206,7 @@ class TxnPart(NamedTuple):
 class TxnEnd(NamedTuple):
     """The current transaction is complete; `nodes` took part in it."""
 
-    csn: int
+    csn: Csn
     nodes: list[str]
 
 
@@ -248,8 +257,10 @@ def _where(batch: NodeBatch) -> str:
     return txn_name(batch.gid, batch.xid, batch.csn, batch.commit_lsn)
 
 
-def _error(n: _Node, batch: NodeBatch, message: str) -> ProtocolError:
-    return ProtocolError(message, node=n.name, lsn=batch.commit_lsn, xid=batch.xid)
+def _error(
+    n: _Node, batch: NodeBatch, message: str, cls: type[ProtocolError] = MessageOutOfPlace
+) -> ProtocolError:
+    return cls(message, node=n.name, lsn=batch.commit_lsn, xid=batch.xid)
 
 
 class CsnMerge:
@@ -308,7 +319,7 @@ class CsnMerge:
         self._by_gid: dict[str, tuple[int, int]] = {}
         # Recently emitted gids -> (csn, node name).
         self._recent: RecentGids[tuple[int, str]] = RecentGids(recent_gids)
-        self._last_emitted = -1
+        self._last_emitted = Csn(-1)
         self._emitted = 0
 
     # -- keys ---------------------------------------------------------------------------------
@@ -409,6 +420,7 @@ class CsnMerge:
                 batch,
                 f"{_where(batch)} arrived after {txn_name(n.last_gid, n.last_xid, n.last_csn)} on this node; "
                 f"csn {csn} <= {n.last_csn}: a node must send its transactions in strictly increasing csn order",
+                CsnOrderViolation,
             )
         if csn <= n.watermark:
             raise _error(
@@ -416,6 +428,7 @@ class CsnMerge:
                 batch,
                 f"{_where(batch)} arrived after this node's watermark {n.watermark} promised no csn <= "
                 f"{n.watermark} would follow; its tick or committing markers are wrong",
+                CsnOrderViolation,
             )
         other = self._by_csn.get(csn)
         if other is not None and other[0] != gid:
@@ -425,6 +438,7 @@ class CsnMerge:
                 f"csn {csn} is transaction {gid} on node {n.name} (xid {batch.xid}, commit "
                 f"{lsn_to_str(batch.commit_lsn)}) but transaction {other[0]} on node {self._nodes[other[1]].name}; "
                 "one csn must name one global transaction: check the gtm",
+                CsnOrderViolation,
             )
         if gid is None:
             return
@@ -443,15 +457,16 @@ class CsnMerge:
                 f"global transaction {gid} has csn {csn} on node {n.name} (xid {batch.xid}, commit "
                 f"{lsn_to_str(batch.commit_lsn)}) but csn {other_csn} on node {other_node}; a global "
                 "transaction commits with one csn on every node: check the gtm and the commit markers",
+                CsnOrderViolation,
             )
 
-    def add_watermark(self, node: str, csn: int) -> None:
+    def add_watermark(self, node: str, csn: Csn) -> None:
         """`node` will send nothing with a CSN <= `csn` any more (a smaller one than before is ignored)."""
         n = self._node(node)
         if n.ended:
             return
         if n.open and csn >= n.last_csn:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"watermark {csn} passes {txn_name(n.last_gid, n.last_xid, n.last_csn)} whose last batch "
                 f"has not arrived; csn {n.last_csn} <= {csn}",
                 node=node,
@@ -469,7 +484,7 @@ class CsnMerge:
         if n.ended:
             return
         if n.open:
-            raise ProtocolError(
+            raise TruncatedStream(
                 f"stream ended inside {txn_name(n.last_gid, n.last_xid, n.last_csn)} before its last batch; "
                 "the node's output is truncated",
                 node=node,
@@ -543,7 +558,7 @@ class CsnMerge:
                 asm = self._begin(batch, n)
                 out.append(asm.start)
             elif i not in asm.commits:
-                raise ProtocolError(
+                raise InternalError(
                     f"{_where(batch)} arrived after the transaction at csn {asm.csn} began without it; "
                     "this breaks the merge's ordering rule and is a bug",
                     node=n.name,

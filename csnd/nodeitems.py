@@ -16,6 +16,7 @@ from typing import Final
 
 from csnd.coordinator import NodeBatch
 from csnd.coordinator.batch import change_cid
+from csnd.core.ids import Csn
 from csnd.sender.txn import FinishedTxn
 
 # Changes per batch handed to the merge: the merge interleaves nodes, streams
@@ -42,7 +43,7 @@ class BatchItem:
 
 @dataclass
 class WatermarkItem:
-    csn: int
+    csn: Csn
 
 
 @dataclass

@@ -27,7 +27,8 @@ import struct
 from collections.abc import Iterator
 from typing import Final
 
-from csnd.core.errors import ProtocolError
+from csnd.core.errors import FrameError as FrameError  # (re-exported: it was defined here)
+from csnd.core.ids import Lsn, Xid
 
 # --- struct unpackers, built once -------------------------------------------------
 
@@ -57,7 +58,7 @@ XLOGDATA_HEADER_SIZE: Final = 1 + _XLOGDATA.size
 class XLogData:
     __slots__ = ("data_start", "wal_end", "send_time", "payload")
 
-    def __init__(self, data_start: int, wal_end: int, send_time: int, payload: bytes) -> None:
+    def __init__(self, data_start: Lsn, wal_end: Lsn, send_time: int, payload: bytes) -> None:
         self.data_start = data_start
         self.wal_end = wal_end
         self.send_time = send_time
@@ -67,7 +68,7 @@ class XLogData:
 class Keepalive:
     __slots__ = ("wal_end", "send_time", "reply_requested")
 
-    def __init__(self, wal_end: int, send_time: int, reply_requested: bool) -> None:
+    def __init__(self, wal_end: Lsn, send_time: int, reply_requested: bool) -> None:
         self.wal_end = wal_end
         self.send_time = send_time
         self.reply_requested = reply_requested
@@ -80,7 +81,7 @@ class Begin:
     __slots__ = ("final_lsn", "commit_time", "xid")
     tag = "B"
 
-    def __init__(self, final_lsn: int, commit_time: int, xid: int) -> None:
+    def __init__(self, final_lsn: Lsn, commit_time: int, xid: Xid) -> None:
         self.final_lsn = final_lsn
         self.commit_time = commit_time
         self.xid = xid
@@ -90,7 +91,7 @@ class Commit:
     __slots__ = ("flags", "commit_lsn", "end_lsn", "commit_time")
     tag = "C"
 
-    def __init__(self, flags: int, commit_lsn: int, end_lsn: int, commit_time: int) -> None:
+    def __init__(self, flags: int, commit_lsn: Lsn, end_lsn: Lsn, commit_time: int) -> None:
         self.flags = flags
         self.commit_lsn = commit_lsn
         self.end_lsn = end_lsn
@@ -101,7 +102,7 @@ class Origin:
     __slots__ = ("commit_lsn", "name")
     tag = "O"
 
-    def __init__(self, commit_lsn: int, name: str) -> None:
+    def __init__(self, commit_lsn: Lsn, name: str) -> None:
         self.commit_lsn = commit_lsn
         self.name = name
 
@@ -140,7 +141,7 @@ class Relation:
 
     def __init__(
         self,
-        xid: int | None,
+        xid: Xid | None,
         relid: int,
         namespace: str,
         name: str,
@@ -159,7 +160,7 @@ class TypeMsg:
     __slots__ = ("xid", "type_oid", "namespace", "name")
     tag = "Y"
 
-    def __init__(self, xid: int | None, type_oid: int, namespace: str, name: str) -> None:
+    def __init__(self, xid: Xid | None, type_oid: int, namespace: str, name: str) -> None:
         self.xid = xid
         self.type_oid = type_oid
         self.namespace = namespace
@@ -177,7 +178,7 @@ class Change:
     __slots__ = ("kind", "xid", "relid", "data")
     tag = "change"
 
-    def __init__(self, kind: str, xid: int | None, relid: int, data: bytes) -> None:
+    def __init__(self, kind: str, xid: Xid | None, relid: int, data: bytes) -> None:
         self.kind = kind
         self.xid = xid
         self.relid = relid
@@ -188,7 +189,7 @@ class Truncate:
     __slots__ = ("xid", "options", "relids")
     tag = "T"
 
-    def __init__(self, xid: int | None, options: int, relids: tuple[int, ...]) -> None:
+    def __init__(self, xid: Xid | None, options: int, relids: tuple[int, ...]) -> None:
         self.xid = xid
         self.options = options  # 1: CASCADE, 2: RESTART IDENTITY
         self.relids = relids
@@ -198,7 +199,7 @@ class LogicalMessage:
     __slots__ = ("xid", "transactional", "lsn", "prefix", "content")
     tag = "M"
 
-    def __init__(self, xid: int | None, transactional: bool, lsn: int, prefix: str, content: bytes) -> None:
+    def __init__(self, xid: Xid | None, transactional: bool, lsn: Lsn, prefix: str, content: bytes) -> None:
         self.xid = xid
         self.transactional = transactional
         self.lsn = lsn
@@ -210,7 +211,7 @@ class StreamStart:
     __slots__ = ("xid", "first_segment")
     tag = "S"
 
-    def __init__(self, xid: int, first_segment: bool) -> None:
+    def __init__(self, xid: Xid, first_segment: bool) -> None:
         self.xid = xid
         self.first_segment = first_segment
 
@@ -224,7 +225,7 @@ class StreamCommit:
     __slots__ = ("xid", "flags", "commit_lsn", "end_lsn", "commit_time")
     tag = "c"
 
-    def __init__(self, xid: int, flags: int, commit_lsn: int, end_lsn: int, commit_time: int) -> None:
+    def __init__(self, xid: Xid, flags: int, commit_lsn: Lsn, end_lsn: Lsn, commit_time: int) -> None:
         self.xid = xid
         self.flags = flags
         self.commit_lsn = commit_lsn
@@ -236,7 +237,7 @@ class StreamAbort:
     __slots__ = ("xid", "subxid")
     tag = "A"
 
-    def __init__(self, xid: int, subxid: int) -> None:
+    def __init__(self, xid: Xid, subxid: Xid) -> None:
         self.xid = xid
         self.subxid = subxid
 
@@ -279,10 +280,6 @@ MESSAGE_NAMES: Final = {
 # --- parsing --------------------------------------------------------------------
 
 
-class FrameError(ProtocolError):
-    """A CopyData payload or pgoutput message that cannot be parsed."""
-
-
 def parse_frame(payload: bytes) -> Frame:
     """Split one CopyData payload into an XLogData or a primary keepalive."""
     if not payload:
@@ -317,7 +314,7 @@ def parse_message(buf: bytes, in_stream: bool) -> Message:
     tag = buf[0]
     try:
         pos = 1
-        xid: int | None = None
+        xid: Xid | None = None
         if in_stream and tag in _XID_IN_STREAM:
             xid = _U32.unpack_from(buf, 1)[0]
             pos = 5
@@ -394,7 +391,7 @@ _STREAM_DATA: Final = 1 + _STREAM_CHANGE.size  # where tuple data starts, after 
 _PLAIN_DATA: Final = 1 + _PLAIN_CHANGE.size
 
 
-def parse_change_frame(payload: bytes, in_stream: bool) -> tuple[int, Change] | None:
+def parse_change_frame(payload: bytes, in_stream: bool) -> tuple[Lsn, Change] | None:
     """The hot path: `(dataStart, Change)` if `payload` is an XLogData frame of a row change, else None.
 
     Row changes are nearly every frame of a busy node, and the reader thread
@@ -422,7 +419,7 @@ _COMMIT_FRAME = struct.Struct("!QQqBBQQq")  # header, tag, flags, commit LSN, en
 TXN_TAGS: Final = frozenset((0x42, 0x43))  # the tags `parse_txn_frame` takes: 'B'egin, 'C'ommit
 
 
-def parse_txn_frame(payload: bytes) -> tuple[int, Begin | Commit] | None:
+def parse_txn_frame(payload: bytes) -> tuple[Lsn, Begin | Commit] | None:
     """`(dataStart, Begin | Commit)` if `payload` is an XLogData frame of one, else None.
 
     After row changes, a transaction's Begin and Commit are the frames of a
@@ -470,7 +467,7 @@ class ChangeFrames:
     __slots__ = ("blob", "in_stream", "xid", "lsns")
     tag = "changes"
 
-    def __init__(self, blob: bytes, in_stream: bool, xid: int | None, lsns: list[int]) -> None:
+    def __init__(self, blob: bytes, in_stream: bool, xid: Xid | None, lsns: list[Lsn]) -> None:
         self.blob = blob
         self.in_stream = in_stream
         self.xid = xid
@@ -489,7 +486,7 @@ _FRAMED_STREAM_CHANGE: Final = struct.Struct("!IB" + _STREAM_CHANGE.format[1:])
 _FRAMED_PLAIN_CHANGE: Final = struct.Struct("!IB" + _PLAIN_CHANGE.format[1:])
 
 
-def iter_change_frames(blob: bytes, in_stream: bool) -> Iterator[tuple[int, str, int | None, int, bytes]]:
+def iter_change_frames(blob: bytes, in_stream: bool) -> Iterator[tuple[Lsn, str, Xid | None, int, bytes]]:
     """`(dataStart, kind, xid, relid, tuple data)` of each frame of a `ChangeFrames.blob`.
 
     The reader checked each frame's length and tag before it put the frame
@@ -518,7 +515,7 @@ class PgOutputParser:
 
     def __init__(self) -> None:
         self.in_stream = False
-        self.stream_xid: int | None = None
+        self.stream_xid: Xid | None = None
 
     def parse(self, buf: bytes) -> Message:
         msg = parse_message(buf, self.in_stream)

@@ -11,7 +11,8 @@ committed transaction may go; `watermark` and `confirmable_lsn` are what the
 coordinator needs to merge nodes and to confirm the slot (DESIGN sections 3, 5).
 """
 
-from csnd.sender.node import MODES, NodeSender, NodeSenderStatistics
+from csnd.core.modes import MODES
+from csnd.sender.node import NodeSender, NodeSenderStatistics
 from csnd.sender.ordering import CsnOrderer
 from csnd.sender.txn import FinishedTxn
 from csnd.sender.txnbuf import SPILL_BYTES, SpillError, TxnBuffer
