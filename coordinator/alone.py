@@ -12,7 +12,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from csnd.coordinator.merge import DEFAULT_RECENT_GIDS, RecentGids, txn_name
+from csnd.coordinator.gids import RecentGids, txn_name
+from csnd.coordinator.merge import DEFAULT_RECENT_GIDS
 from csnd.core.errors import CsnOrderViolation
 from csnd.core.ids import Csn, Lsn, Xid
 

@@ -1,4 +1,6 @@
-"""NodeBatch and End <-> protobuf, and batch positions (pure; the gRPC I/O is in csnd.agent / csnd.remote).
+"""NodeBatch and End <-> protobuf, and batch positions.
+
+Pure: the gRPC I/O is the runtime's (the node agent and its client).
 
 A batch's position is `(csn, index of the batch in its transaction)`.  It is
 derived from the node's stream alone -- the sender's CSN order and the

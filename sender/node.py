@@ -11,6 +11,8 @@
                                        while no transaction is open
 
 Pure logic: the only I/O is a large transaction's spill file (`sender.txnbuf`).
+How far the slot may be confirmed is `sender.confirm`'s bookkeeping; an open
+transaction's state is `sender.opentxn`.
 
 CSNs.  GTM mode: a transaction's CSN is its `commit <gid> <csn>` marker, applied
 at its Commit / Stream Commit (the marker travels inside the transaction, so a
@@ -40,8 +42,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sortedcontainers import SortedDict, SortedList
-
 from csnd.core.errors import (
     ConfigError,
     InternalError,
@@ -69,6 +69,8 @@ from csnd.reader.pgoutput import (
     StreamStop,
     TypeMsg,
 )
+from csnd.sender.confirm import ConfirmableLsn
+from csnd.sender.opentxn import OpenTxn, open_at_end
 from csnd.sender.ordering import CsnOrderer
 from csnd.sender.txn import FinishedTxn
 from csnd.sender.txnbuf import SPILL_BYTES, TxnBuffer
@@ -92,22 +94,6 @@ class NodeSenderStatistics:
     buffered_bytes: int  # estimated memory of the open transactions' changes
     watermark: Csn | None
     confirmable_lsn: Lsn
-
-
-class _Open:
-    """A transaction between its Begin / first Stream Start and its commit."""
-
-    __slots__ = ("xid", "buf", "cid", "gid", "csn", "marker_sub", "first_lsn", "final_lsn")
-
-    def __init__(self, xid: Xid, buf: TxnBuffer, first_lsn: Lsn, final_lsn: Lsn | None) -> None:
-        self.xid = xid
-        self.buf = buf
-        self.cid = 0  # command id of the following changes (0 before any cid marker)
-        self.gid: str | None = None  # from the commit marker
-        self.csn = Csn(0)
-        self.marker_sub: Xid | None = None  # subtransaction that carried the commit marker
-        self.first_lsn = first_lsn
-        self.final_lsn = final_lsn  # Begin's final LSN (non-streamed only)
 
 
 class NodeSender:
@@ -138,16 +124,11 @@ class NodeSender:
         self.resume_csn = resume_csn
         self._gtm = mode == "gtm"
         self._orderer: CsnOrderer[Key] = CsnOrderer(node)
-        self._cur: _Open | None = None  # non-streamed txn between Begin and Commit
-        self._streams: dict[int, _Open] = {}  # streamed txns by top-level xid
-        self._block: _Open | None = None  # txn of the open stream block
+        self._cur: OpenTxn | None = None  # non-streamed txn between Begin and Commit
+        self._streams: dict[int, OpenTxn] = {}  # streamed txns by top-level xid
+        self._block: OpenTxn | None = None  # txn of the open stream block
         self._ready: dict[Key, FinishedTxn] = {}  # committed, waiting in the orderer
-        # Confirmable LSN bookkeeping (see `confirmable_lsn`).
-        self._floor = Lsn(0)
-        self._wait_floor: SortedDict = SortedDict()  # end LSN of a waiting txn -> floor at its commit
-        self._caps: SortedList = SortedList()  # floors at the committing markers not yet released
-        self._cap_of: dict[str, tuple[Lsn, Lsn]] = {}  # gid -> (floor, marker lsn)
-        self._confirmable = Lsn(0)
+        self._confirm = ConfirmableLsn()
         self._last_lsn = Lsn(0)
         # statistics
         self.released = 0
@@ -199,7 +180,7 @@ class NodeSender:
                 lsn=lsn,
                 xid=m.xid,
             )
-        self._cur = _Open(m.xid, self._new_buf(m.xid), lsn, m.final_lsn)
+        self._cur = OpenTxn(m.xid, self._new_buf(m.xid), lsn, m.final_lsn)
         return []
 
     def _commit(self, lsn: Lsn, m: Commit) -> list[FinishedTxn]:
@@ -243,7 +224,7 @@ class NodeSender:
                     lsn=lsn or None,
                     xid=m.xid,
                 )
-            txn = self._streams[m.xid] = _Open(m.xid, self._new_buf(m.xid), lsn, None)
+            txn = self._streams[m.xid] = OpenTxn(m.xid, self._new_buf(m.xid), lsn, None)
         elif m.first_segment:
             raise MessageOutOfPlace(
                 f"first stream block of transaction {m.xid}, which is already streaming since "
@@ -291,7 +272,7 @@ class NodeSender:
         # Only while no transaction is open: a keepalive sent while a transaction's
         # output is under way may carry a WAL end beyond that transaction's commit.
         if self._cur is None and self._block is None and not self._streams:
-            self._advance_floor(m.wal_end)
+            self._confirm.passed(m.wal_end)
             if not self._gtm:
                 self._orderer.tick(Csn(m.wal_end))  # (single-node mode: CSNs are commit LSNs)
         return []
@@ -321,15 +302,14 @@ class NodeSender:
         if kind == "committing":
             assert gid is not None and value is not None
             self._orderer.committing(gid, Csn(value), lsn=where)
-            self._cap_of[gid] = (self._floor, where)
-            self._caps.add(self._floor)
+            self._confirm.committing(gid, where)
             self._orderer.tick(Csn(value))
             return []
         if kind == "abort":
             assert gid is not None
             if self.resume_csn is not None and not self._orderer.is_committing(gid):
                 return []
-            self._drop_cap(gid)
+            self._confirm.resolved(gid)
             return self._take(self._orderer.abort(gid, lsn=where))
         if kind == "tick":
             assert value is not None
@@ -371,7 +351,7 @@ class NodeSender:
 
     # --- commit and release --------------------------------------------------------------
 
-    def _finish_txn(self, txn: _Open, commit_lsn: Lsn, end_lsn: Lsn, commit_time: int) -> list[FinishedTxn]:
+    def _finish_txn(self, txn: OpenTxn, commit_lsn: Lsn, end_lsn: Lsn, commit_time: int) -> list[FinishedTxn]:
         buf = txn.buf
         orderer = self._orderer
         gid = txn.gid
@@ -400,12 +380,11 @@ class NodeSender:
             self.dropped_resumed += 1
             released: list[Key] = []
             if gid is not None and orderer.is_committing(gid):
-                self._drop_cap(gid)
+                self._confirm.resolved(gid)
                 released = orderer.abort(gid, lsn=commit_lsn)
             buf.close()
-            self._advance_floor(end_lsn)
+            self._confirm.passed(end_lsn)
             return self._take(released)
-        floor = self._floor
         try:
             # A commit ticks: every later transaction gets a larger CSN (gtm) or commits later (single).
             released = orderer.commit(
@@ -420,17 +399,18 @@ class NodeSender:
         n = buf.n_changes
         finished = FinishedTxn(self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n)
         # Released at once, the common case: no round trip through `_ready`
-        # and `_wait_floor` (`_take` would leave both as they are now, and the
-        # confirmable LSN where `_advance_floor` puts it).
+        # and the confirmable LSN's holds (`_take` would leave both as they
+        # are now, and the confirmable LSN where `passed` puts it).
+        confirm = self._confirm
         at_once = len(released) == 1 and released[0] == key
         if not at_once:
             self._ready[key] = finished
-            self._wait_floor[end_lsn] = floor
-        self._advance_floor(end_lsn)
+            confirm.hold(end_lsn)
+        confirm.passed(end_lsn)
         if not at_once:
             return self._take(released)
-        if gid is not None and gid in self._cap_of:
-            self._drop_cap(gid)
+        if gid is not None:
+            confirm.resolved(gid)
         self.released += 1
         return [finished]
 
@@ -438,42 +418,22 @@ class NodeSender:
         if not keys:
             return []
         out = []
-        ready, wait_floor, cap_of = self._ready, self._wait_floor, self._cap_of
+        ready, confirm = self._ready, self._confirm
         for key in keys:
             txn = ready.pop(key)
-            del wait_floor[txn.end_lsn]
-            if isinstance(key, str) and key in cap_of:
-                self._drop_cap(key)
+            confirm.unhold(txn.end_lsn)
+            if isinstance(key, str):
+                confirm.resolved(key)
             out.append(txn)
         self.released += len(out)
-        self._update_confirmable()
+        confirm.update()
         return out
 
     def _skip(self, buf: TxnBuffer, end_lsn: Lsn) -> list[FinishedTxn]:
         buf.close()
         self.skipped_empty += 1
-        self._advance_floor(end_lsn)
+        self._confirm.passed(end_lsn)
         return []
-
-    def _advance_floor(self, end_lsn: Lsn) -> None:
-        if end_lsn > self._floor:
-            self._floor = end_lsn
-        self._update_confirmable()
-
-    def _drop_cap(self, gid: str) -> None:
-        entry = self._cap_of.pop(gid, None)
-        if entry is not None:
-            self._caps.remove(entry[0])
-            self._update_confirmable()
-
-    def _update_confirmable(self) -> None:
-        c = self._floor
-        if self._ready:  # `_wait_floor`'s twin, the same size: a dict's len() is not a Python call
-            c = min(c, self._wait_floor.peekitem(0)[1])
-        if self._cap_of:  # `_caps`' twin
-            c = min(c, self._caps[0])
-        if c > self._confirmable:
-            self._confirmable = c
 
     # --- state ----------------------------------------------------------------------------
 
@@ -492,24 +452,12 @@ class NodeSender:
         """The LSN this node's slot may be confirmed to once everything released so far is durable.
 
         The largest `L` (0: none yet) such that a restart from `L` loses
-        nothing and breaks no ordering:
-
-        * every transaction whose commit record lies before `L` has been
-          released (or skipped as empty): `L` is the end LSN of a commit -- or
-          an idle keepalive's WAL end -- that precedes the oldest committed,
-          unreleased transaction (`L` <= its commit LSN, so the server sends
-          it again);
-        * no `committing` marker of a transaction that is not released yet
-          lies before `L`: while one is open or its transaction waits, `L`
-          stays at the position the stream had reached when the marker
-          arrived, so after a restart the marker is sent again and still
-          holds back larger CSNs.
-
-        It never decreases.  The caller confirms it only after every
-        transaction released before it read this value is durable (and should
-        restart with `resume_csn` = the last durable CSN).
+        nothing and breaks no ordering (`sender.confirm` says how).  It never
+        decreases.  The caller confirms it only after every transaction
+        released before it read this value is durable (and should restart
+        with `resume_csn` = the last durable CSN).
         """
-        return self._confirmable
+        return self._confirm.value
 
     @property
     def orderer(self) -> CsnOrderer[Key]:
@@ -531,46 +479,19 @@ class NodeSender:
             spilled_bytes=self.spilled_bytes,
             buffered_bytes=sum(t.buf.mem_bytes for t in open_txns),
             watermark=self.watermark,
-            confirmable_lsn=self._confirmable,
+            confirmable_lsn=self._confirm.value,
         )
 
     def finish(self) -> None:
         """The stream ended: it must not end inside a transaction or with one still committing."""
         node = self.node
-        if self._cur is not None:
-            t = self._cur
-            raise TruncatedStream(
-                f"stream ended inside transaction {t.xid} (begun at {lsn_to_str(t.first_lsn)}, "
-                f"{t.buf.n_changes} changes so far); the stream is truncated",
-                node=node,
-                lsn=self._last_lsn or t.first_lsn,
-                xid=t.xid,
-            )
-        if self._block is not None:
-            t = self._block
-            raise TruncatedStream(
-                f"stream ended inside a stream block of transaction {t.xid} (streaming since "
-                f"{lsn_to_str(t.first_lsn)}); the stream is truncated",
-                node=node,
-                lsn=self._last_lsn or t.first_lsn,
-                xid=t.xid,
-            )
-        if self._streams:
-            t = min(self._streams.values(), key=lambda o: o.first_lsn)
-            more = len(self._streams) - 1
-            raise TruncatedStream(
-                f"stream ended with streamed transaction {t.xid} (streaming since "
-                f"{lsn_to_str(t.first_lsn)}) neither committed nor aborted"
-                + (f", and {more} more" if more else "")
-                + "; the stream is truncated",
-                node=node,
-                lsn=self._last_lsn or t.first_lsn,
-                xid=t.xid,
-            )
+        err = open_at_end(node, self._last_lsn, self._cur, self._block, self._streams)
+        if err is not None:
+            raise err
         open_ = self._orderer.open_committing()
         if open_:
             gid, csn = open_[0]
-            marker_lsn = self._cap_of[gid][1] if isinstance(gid, str) and gid in self._cap_of else 0
+            marker_lsn = (self._confirm.marker_lsn(gid) if isinstance(gid, str) else None) or 0
             waiting = self._orderer.n_waiting
             raise TruncatedStream(
                 f"stream ended with global transaction {gid} committing (committing csn {csn}, logged at "
@@ -628,15 +549,12 @@ class NodeSender:
     def _check(self) -> None:
         """Assert every invariant of the sender's bookkeeping (tests call it after each step)."""
         self._orderer._check()
-        self._caps._check()
-        self._wait_floor._check()
-        assert sorted(f for f, _ in self._cap_of.values()) == list(self._caps)
         assert set(self._ready) == {k for k, _ in self._orderer.waiting()}
-        assert len(self._wait_floor) == len(self._ready)
-        assert sorted(t.end_lsn for t in self._ready.values()) == list(self._wait_floor)
-        for gid in self._cap_of:
-            assert self._orderer.is_committing(gid) or gid in self._ready
-        assert self._confirmable <= self._floor
+        committing = {k for k, _ in self._orderer.open_committing() if isinstance(k, str)}
+        self._confirm._check(
+            holding=[t.end_lsn for t in self._ready.values()],
+            capping=committing | {k for k in self._ready if isinstance(k, str)},
+        )
         if self._block is not None:
             assert self._block is self._streams.get(self._block.xid)
         assert self._cur is None or self._block is None
