@@ -70,7 +70,7 @@ from csnd.reader.pgoutput import (
     TypeMsg,
 )
 from csnd.sender.confirm import ConfirmableLsn
-from csnd.sender.opentxn import OpenTxn, open_at_end
+from csnd.sender.opentxn import OpenTxn, open_at_end, position_error
 from csnd.sender.ordering import CsnOrderer
 from csnd.sender.txn import FinishedTxn
 from csnd.sender.txnbuf import SPILL_BYTES, TxnBuffer
@@ -148,13 +148,25 @@ class NodeSender:
                 if item.lsns:
                     raise self._stray_change(lsn, item.changes()[0])
                 return []
-            txn.buf.extend(txn.cid, sub, item.lsns, item.bodies)
+            lsns = item.lsns
+            if lsns:
+                # Positions go forward inside a transaction and stay at or before its commit
+                # (equal ones are fine: one multi-insert gives several rows one LSN).  The
+                # sort is C-level and linear on a sorted list; a run of one skips it.
+                last = lsns[-1]
+                if lsns[0] < txn.last_lsn or last > txn.bound or (len(lsns) > 1 and sorted(lsns) != lsns):
+                    raise position_error(self.node, txn, lsns, sub)
+                txn.last_lsn = last
+            txn.buf.extend(txn.cid, sub, lsns, item.bodies)
             return []
         if type(item) is DecodedChange:
             sub = item.xid
             txn = self._cur if sub is None else self._block
             if txn is None:
                 raise self._stray_change(lsn, item)
+            if item.lsn < txn.last_lsn or item.lsn > txn.bound:
+                raise position_error(self.node, txn, [item.lsn], sub)
+            txn.last_lsn = item.lsn
             txn.buf.append(txn.cid, item.lsn, sub, item.body)
             return []
         if lsn:
@@ -252,6 +264,10 @@ class NodeSender:
                 lsn=m.commit_lsn,
                 xid=m.xid,
             )
+        if txn.last_lsn > m.commit_lsn:  # (a non-streamed transaction's bound is checked per change)
+            txn.buf.close()
+            txn.bound = m.commit_lsn
+            raise position_error(self.node, txn, [txn.last_lsn], None)
         return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
 
     def _stream_abort(self, lsn: Lsn, m: StreamAbort) -> list[FinishedTxn]:

@@ -9,15 +9,26 @@ spilling beyond a memory bound) and what the csn markers said of it.
 
 from __future__ import annotations
 
-from csnd.core.errors import TruncatedStream
-from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
+from csnd.core.errors import InternalError, LsnOrderViolation, TruncatedStream
+from csnd.core.ids import MAX_LSN, Csn, Lsn, Xid, lsn_to_str
 from csnd.sender.txnbuf import TxnBuffer
 
 
 class OpenTxn:
     """An open transaction: its buffer, its command id, its commit marker, where it began."""
 
-    __slots__ = ("xid", "buf", "cid", "gid", "csn", "marker_sub", "first_lsn", "final_lsn")
+    __slots__ = (
+        "xid",
+        "buf",
+        "cid",
+        "gid",
+        "csn",
+        "marker_sub",
+        "first_lsn",
+        "final_lsn",
+        "last_lsn",
+        "bound",
+    )
 
     def __init__(self, xid: Xid, buf: TxnBuffer, first_lsn: Lsn, final_lsn: Lsn | None) -> None:
         self.xid = xid
@@ -28,6 +39,11 @@ class OpenTxn:
         self.marker_sub: Xid | None = None  # subtransaction that carried the commit marker
         self.first_lsn = first_lsn
         self.final_lsn = final_lsn  # Begin's final LSN (non-streamed only)
+        # The dataStart of its last change (0: none yet), and what none may pass: the
+        # commit LSN Begin announced, or for a streamed transaction none known before
+        # its Stream Commit (which checks `last_lsn` then).
+        self.last_lsn = Lsn(0)
+        self.bound = final_lsn if final_lsn is not None else MAX_LSN
 
 
 def open_at_end(
@@ -68,3 +84,37 @@ def open_at_end(
             xid=t.xid,
         )
     return None
+
+
+def position_error(node: str, txn: OpenTxn, lsns: list[Lsn], sub: Xid | None) -> LsnOrderViolation:
+    """The error for changes at `lsns` (the next ones of `txn`) whose positions break the WAL's order.
+
+    A change's dataStart is where its WAL record starts: inside one
+    transaction they never go backwards (equal is fine: a multi-insert gives
+    several rows one LSN), and none lies beyond the transaction's commit
+    record.  Either means a corrupt or spliced stream; the output would show
+    the change where it cannot have been.
+    """
+    prev = txn.last_lsn
+    of = f"transaction {txn.xid}" + (f" (subtransaction {sub})" if sub is not None and sub != txn.xid else "")
+    for lsn in lsns:
+        if lsn < prev:
+            return LsnOrderViolation(
+                f"change at {lsn_to_str(lsn)} in {of} follows a change at {lsn_to_str(prev)}: "
+                "a change's position never goes backwards inside its transaction; the stream is corrupt",
+                node=node,
+                lsn=lsn,
+                xid=txn.xid,
+            )
+        if lsn > txn.bound:
+            return LsnOrderViolation(
+                f"change at {lsn_to_str(lsn)} in {of} lies beyond the transaction's commit at "
+                f"{lsn_to_str(txn.bound)}; the stream is corrupt",
+                node=node,
+                lsn=lsn,
+                xid=txn.xid,
+            )
+        prev = lsn
+    raise InternalError(  # (the caller checked: unreachable)
+        f"changes at {', '.join(map(lsn_to_str, lsns))} of {of} reported out of order but are not", node=node
+    )
