@@ -123,7 +123,7 @@ def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_
     assert len(pids) == 2
     server = parent_of(pids[0])
     os.kill(server, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a ceiling, not a timing goal: a busy machine is slow
     with pytest.raises(WorkerError, match="the decoder fork server died"):
         while time.monotonic() < deadline:
             pool._check_all()
