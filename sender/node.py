@@ -53,7 +53,7 @@ from csnd.core.errors import (
 )
 from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 from csnd.core.markers import PREFIX as MARKER_PREFIX
-from csnd.core.markers import check_transactional, parse_marker
+from csnd.core.markers import TRANSACTIONAL, Marker, check_transactional, parse_fields
 from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedRun
 from csnd.reader.pgoutput import (
@@ -76,6 +76,10 @@ from csnd.sender.txn import FinishedTxn
 from csnd.sender.txnbuf import SPILL_BYTES, TxnBuffer
 
 Key = str | int  # gid in GTM mode, top-level xid in single-node mode
+
+# Single-node mode's CSN is an LSN.  `int` itself, typed: `Csn(lsn)` would add a
+# Python-level call per transaction for what is the same number.
+_as_csn: Final[Callable[[Lsn], Csn]] = int  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +294,7 @@ class NodeSender:
         if self._cur is None and self._block is None and not self._streams:
             self._confirm.passed(m.wal_end)
             if not self._gtm:
-                self._orderer.tick(Csn(m.wal_end))  # (single-node mode: CSNs are commit LSNs)
+                self._orderer.tick(_as_csn(m.wal_end))  # (single-node mode: CSNs are commit LSNs)
         return []
 
     def _ignore(self, lsn: Lsn, m: object) -> list[FinishedTxn]:
@@ -313,13 +317,16 @@ class NodeSender:
                 xid=txn.xid if txn is not None else m.xid,
             )
         where = m.lsn or lsn
-        kind, gid, value = marker = parse_marker(m.content, node=self.node, lsn=where or None, xid=m.xid)
-        check_transactional(marker, m.transactional, node=self.node, lsn=where or None, xid=m.xid)
+        kind, gid, value = parse_fields(m.content, self.node, where or None, m.xid)
+        if m.transactional is not TRANSACTIONAL[kind]:
+            check_transactional(
+                Marker(kind, gid, value), m.transactional, node=self.node, lsn=where or None, xid=m.xid
+            )
         if kind == "committing":
             assert gid is not None and value is not None
-            self._orderer.committing(gid, Csn(value), lsn=where)
+            self._orderer.committing(gid, value, lsn=where)
             self._confirm.committing(gid, where)
-            self._orderer.tick(Csn(value))
+            self._orderer.tick(value)
             return []
         if kind == "abort":
             assert gid is not None
@@ -329,7 +336,7 @@ class NodeSender:
             return self._take(self._orderer.abort(gid, lsn=where))
         if kind == "tick":
             assert value is not None
-            self._orderer.tick(Csn(value))
+            self._orderer.tick(value)
             return []
         txn = self._block if self._block is not None else self._cur
         if txn is None:
@@ -362,7 +369,7 @@ class NodeSender:
                 lsn=where or None,
                 xid=txn.xid,
             )
-        txn.gid, txn.csn, txn.marker_sub = gid, Csn(value), m.xid
+        txn.gid, txn.csn, txn.marker_sub = gid, value, m.xid
         return []
 
     # --- commit and release --------------------------------------------------------------
@@ -391,7 +398,7 @@ class NodeSender:
             if not buf.n_changes:
                 return self._skip(buf, end_lsn)
             key = txn.xid
-            csn = Csn(commit_lsn)  # single-node mode: the commit LSN is the CSN
+            csn = _as_csn(commit_lsn)  # single-node mode: the commit LSN is the CSN
         if self.resume_csn is not None and csn <= self.resume_csn:
             self.dropped_resumed += 1
             released: list[Key] = []
@@ -404,7 +411,7 @@ class NodeSender:
         try:
             # A commit ticks: every later transaction gets a larger CSN (gtm) or commits later (single).
             released = orderer.commit(
-                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else Csn(end_lsn)
+                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else _as_csn(end_lsn)
             )
         except ProtocolError:
             buf.close()

@@ -165,5 +165,5 @@ def test_writer_and_sender_use_the_one_grammar() -> None:
     assert gtm_markers.commit is markers.commit
     import csnd.sender.node as node
 
-    assert node.parse_marker is parse_marker
+    assert node.parse_fields is markers.parse_fields  # (parse_marker's tuple form)
     NodeSender("dn1", "gtm")  # (imports fine with it)

@@ -28,9 +28,11 @@ cannot put a marker in the WAL that a reader will reject later.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, Literal, NamedTuple
 
 from csnd.core.errors import MalformedMarker
+from csnd.core.ids import Csn
 
 PREFIX: Final = "csn"
 
@@ -57,7 +59,13 @@ _FIELDS: Final[dict[str, tuple[bool, bool]]] = {
     "tick": (False, True),
 }
 _ARITY: Final = {kind: 1 + gid + num for kind, (gid, num) in _FIELDS.items()}
-_DIGITS: Final = frozenset("0123456789")
+# kind -> (fields with the kind, has a gid, the number's limit or 0 for none)
+_SHAPES: Final = {
+    kind: (_ARITY[kind], gid, (CID_MAX if kind == "cid" else CSN_MAX) if num else 0)
+    for kind, (gid, num) in _FIELDS.items()
+}
+# A CSN parsed from its digits: `int` itself, typed -- `Csn(int(raw))` would add a Python-level call.
+_as_csn: Final[Callable[[str], Csn]] = int  # type: ignore[assignment]
 EXPECTED: Final = (
     "expected one of 'committing <gid> <csn>', 'commit <gid> <csn>', 'abort <gid>', 'cid <n>', 'tick <csn>'"
 )
@@ -72,10 +80,6 @@ class Marker(NamedTuple):
 def is_gid(gid: str) -> bool:
     """One or more visible ASCII characters: what a marker can carry as one field."""
     return bool(gid) and gid.isascii() and gid.isprintable() and " " not in gid
-
-
-def _number_ok(raw: str, limit: int) -> bool:
-    return bool(raw) and raw.isascii() and raw.isdigit() and int(raw) <= limit
 
 
 # --- formatting (the writer side) ----------------------------------------------------------
@@ -139,37 +143,46 @@ def parse_marker(
     lsn: int | None = None,
     xid: int | None = None,
 ) -> Marker:
-    """Parse a marker's content; `MalformedMarker` naming the content (and node, LSN, xid) if it breaks the grammar.
+    """Parse a marker's content; `MalformedMarker` naming the content (and node, LSN, xid) if it breaks the grammar."""
+    return Marker(*parse_fields(content, node, lsn, xid))
 
-    Once per marker in the node sender (a few per transaction): one decode,
-    one split, a handful of string tests.
+
+def parse_fields(
+    content: bytes | str, node: str | None = None, lsn: int | None = None, xid: int | None = None
+) -> tuple[MarkerKind, str | None, Csn | None]:
+    """`parse_marker` as a plain tuple: the node sender's path, once per marker (often several a transaction).
+
+    One decode, one split, a few C-level string tests, no Python call on the
+    way (a NamedTuple costs one).  The number is typed `Csn`; for a cid
+    marker it is the command id.
     """
-    if isinstance(content, bytes):
+    if content.__class__ is bytes:
         try:
             text = content.decode("ascii")
         except UnicodeDecodeError:
             raise _malformed(content, "it is not ascii", node, lsn, xid) from None
     else:
-        text = content
+        text = content  # type: ignore[assignment]
     parts = text.split(" ")
     kind = parts[0]
-    arity = _ARITY.get(kind)
-    if arity is None:
+    shape = _SHAPES.get(kind)
+    if shape is None:
         raise _malformed(content, f"unknown kind {kind[:40]!r}", node, lsn, xid)
+    arity, has_gid, limit = shape
     if len(parts) != arity:
         raise _malformed(content, f"{kind} takes {arity - 1} field(s), each after one space", node, lsn, xid)
-    has_gid, has_num = _FIELDS[kind]
-    gid = parts[1] if has_gid else None
-    if gid is not None and not is_gid(gid):
-        raise _malformed(content, "a gid is one or more visible ascii characters", node, lsn, xid)
+    gid = None
+    if has_gid:
+        gid = parts[1]
+        # (split on " " leaves no space in a field; isprintable refuses the other blanks)
+        if not (gid and gid.isascii() and gid.isprintable()):
+            raise _malformed(content, "a gid is one or more visible ascii characters", node, lsn, xid)
     value = None
-    if has_num:
+    if limit:
         raw = parts[-1]
-        limit = CID_MAX if kind == "cid" else CSN_MAX
-        if not _number_ok(raw, limit):
+        if not (raw.isascii() and raw.isdigit()) or (value := _as_csn(raw)) > limit:
             raise _malformed(content, f"a number is decimal digits only, at most {limit}", node, lsn, xid)
-        value = int(raw)
-    return Marker(kind, gid, value)  # type: ignore[arg-type]  # (kind is one of KINDS: _ARITY said so)
+    return kind, gid, value  # type: ignore[return-value]  # (kind is one of KINDS: _SHAPES said so)
 
 
 def check_transactional(
