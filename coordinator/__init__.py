@@ -9,6 +9,13 @@
 each node sends, pops what is safe to emit, and asks `wants_more(node)` before
 reading a node further (back-pressure).  `check_modes` refuses node sets that
 have no common commit order before anything starts.
+
+    batch       NodeBatch (node -> merge contract), statistics
+    merge       CsnMerge; its per-node state in mergestate, its output in events
+    gids        naming transactions in errors, recent gids in bounded memory
+    txn         GlobalTxn, one per commit CSN; jsonlines writes it (DESIGN section 7)
+    alone       the merge's own checks for a node that skips the merge
+    wire        NodeBatch and End <-> protobuf
 """
 
 from csnd.coordinator.alone import AloneOrder

@@ -12,8 +12,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from csnd.coordinator.merge import DEFAULT_RECENT_GIDS, RecentGids, txn_name
-from csnd.core.errors import ProtocolError
+from csnd.coordinator.gids import RecentGids, txn_name
+from csnd.coordinator.merge import DEFAULT_RECENT_GIDS
+from csnd.core.errors import CsnOrderViolation
+from csnd.core.ids import Csn, Lsn, Xid
 
 
 class AloneOrder:
@@ -23,13 +25,13 @@ class AloneOrder:
 
     def __init__(self, node: str, recent_gids: int = DEFAULT_RECENT_GIDS) -> None:
         self.node = node
-        self.last_csn = -1
+        self.last_csn = Csn(-1)
         self._recent: RecentGids[int] = RecentGids(recent_gids)  # gid -> csn
 
-    def check(self, csn: int, gid: str | None, xid: int, commit_lsn: int) -> None:
-        """Take the next transaction of the node; raises ProtocolError if it breaks the order."""
+    def check(self, csn: Csn, gid: str | None, xid: Xid, commit_lsn: Lsn) -> None:
+        """Take the next transaction of the node; raises CsnOrderViolation if it breaks the order."""
         if csn <= self.last_csn:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"{txn_name(gid, xid, csn, commit_lsn)} was released after csn {self.last_csn}; "
                 "a node must send its transactions in strictly increasing csn order",
                 node=self.node,
@@ -39,7 +41,7 @@ class AloneOrder:
         if gid is not None:
             earlier = self._recent.get(gid)
             if earlier is not None:
-                raise ProtocolError(
+                raise CsnOrderViolation(
                     f"{txn_name(gid, xid, csn, commit_lsn)}: global transaction {gid} already committed "
                     f"on this node with csn {earlier}; a gid names one transaction: check the gtm and the "
                     "commit markers",

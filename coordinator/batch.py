@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Final, NamedTuple
 
+from csnd.core.ids import Csn
+from csnd.sender.txn import TxnHeader
+
 # Fields of a `(cid, lsn, body)` change, as C-level key functions for the
 # per-change passes of the cut, the merge and the JSON writer.
 change_cid: Final = itemgetter(0)
@@ -21,21 +24,17 @@ change_body: Final = itemgetter(2)
 
 
 @dataclass(slots=True)
-class NodeBatch:
+class NodeBatch(TxnHeader):
     """Consecutive changes of one node's transaction, all of one cid.
 
     A node sends a transaction as one or more batches, cids non-decreasing,
     the last one with `last_of_txn`; an empty transaction is one empty batch.
-    `changes` holds `(cid, lsn, body)`; the merge keeps the list (no copy)
-    until the transaction is emitted.
+    Every batch carries its transaction's header (the fields of `TxnHeader`
+    first: `NodeBatch(csn, gid, xid, commit_lsn, end_lsn, commit_time, cid,
+    changes, last_of_txn)`).  `changes` holds `(cid, lsn, body)`; the merge
+    keeps the list (no copy) until the transaction is emitted.
     """
 
-    csn: int
-    gid: str | None
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    commit_time: int
     cid: int
     changes: list[tuple[int, int, str]]
     last_of_txn: bool
@@ -46,7 +45,7 @@ class NodeStatistics(NamedTuple):
     pending_bytes: int
     peak_batches: int
     peak_bytes: int
-    watermark: int | None
+    watermark: Csn | None
     ended: bool
 
 
@@ -54,5 +53,5 @@ class NodeStatistics(NamedTuple):
 class MergeStatistics:
     nodes: dict[str, NodeStatistics]
     emitted: int  # transactions popped so far
-    last_csn: int | None  # CSN of the last one
-    assembling_csn: int | None  # CSN of the transaction whose batches are being taken, if any
+    last_csn: Csn | None  # CSN of the last one
+    assembling_csn: Csn | None  # CSN of the transaction whose batches are being taken, if any

@@ -61,22 +61,37 @@ nothing waiting and always wants more.  Batches taken are handed on at once
 of any size streams through; only `pop_ready()`, which returns whole
 transactions, holds one while it is assembled.
 
-Errors.  A ProtocolError names the node(s), gid and CSNs concerned; after one
-the merge is in an undefined state and the run stops.
+Errors.  A ProtocolError names the node(s), gid and CSNs concerned: a
+CsnOrderViolation for CSNs that break the gtm's order, MessageOutOfPlace for
+batches that break the node -> coordinator contract, TruncatedStream for a
+node that ends inside a transaction.  After one the merge is in an undefined
+state and the run stops.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
-from typing import Any, Final, Generic, NamedTuple, TypeVar
+from typing import Any, Final
 
 from sortedcontainers import SortedList
 
 from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
+from csnd.coordinator.events import TxnEnd as TxnEnd
+from csnd.coordinator.events import TxnEvent as TxnEvent
+from csnd.coordinator.events import TxnPart as TxnPart
+from csnd.coordinator.events import TxnStart as TxnStart
+from csnd.coordinator.gids import RecentGids as RecentGids
+from csnd.coordinator.gids import txn_name as txn_name
+from csnd.coordinator.mergestate import Assembly, Key, MergeNode
 from csnd.coordinator.txn import GlobalTxn, NodeCommit, Part
-from csnd.core.errors import ProtocolError
-from csnd.core.ids import lsn_to_str
+from csnd.core.errors import (
+    CsnOrderViolation,
+    InternalError,
+    MessageOutOfPlace,
+    ProtocolError,
+    TruncatedStream,
+)
+from csnd.core.ids import Csn, lsn_to_str
 
 # Batches one node may have waiting before wants_more() says stop.  Larger: a
 # node can run further ahead while another catches up (more decoding overlap,
@@ -103,153 +118,15 @@ _CHANGE_OVERHEAD: Final = 100
 _TOP: Final = 1 << 64
 _BELOW: Final = -1
 
-Key = tuple[int, int, int, int]  # (csn, cid, batch_id, node index)
-
-
-class _Node:
-    """Per-node state: its waiting batches, what it promised, where its batch_id stands."""
-
-    __slots__ = (
-        "name",
-        "index",
-        "queue",
-        "pending_bytes",
-        "peak_batches",
-        "peak_bytes",
-        "watermark",
-        "ended",
-        "last_csn",
-        "last_gid",
-        "last_xid",
-        "last_cid",
-        "open",
-        "key",
-        "bid_csn",
-        "bid_cid",
-        "bid",
-    )
-
-    def __init__(self, name: str, index: int) -> None:
-        self.name = name
-        self.index = index
-        self.queue: deque[tuple[NodeBatch, int]] = deque()  # (batch, approximate bytes)
-        self.pending_bytes = 0
-        self.peak_batches = 0
-        self.peak_bytes = 0
-        self.watermark = -1  # largest watermark received; -1: none
-        self.ended = False
-        # The last batch received: its transaction, and whether that one still owes batches.
-        self.last_csn = -1
-        self.last_gid: str | None = None
-        self.last_xid = 0
-        self.last_cid = 0
-        self.open = False
-        self.key: Key | None = None  # this node's entry in CsnMerge._keys
-        # batch_id of this node at (bid_csn, bid_cid).
-        self.bid_csn = -1
-        self.bid_cid = -1
-        self.bid = 0
-
-
-class _Assembly:
-    """The transaction whose batches are being taken, at one CSN."""
-
-    __slots__ = ("csn", "gid", "commits", "start", "unfinished")
-
-    def __init__(
-        self, csn: int, gid: str | None, commits: dict[int, tuple[int, int, int, int]], start: TxnStart
-    ) -> None:
-        self.csn = csn
-        self.gid = gid
-        self.commits = commits  # node index -> xid, commit lsn, commit time, end lsn
-        self.start = start
-        self.unfinished: set[int] = set()  # nodes whose last batch is not taken yet
-
-
-class TxnStart:
-    """A global transaction begins: everything its JSON line says before the changes."""
-
-    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time")
-
-    def __init__(
-        self,
-        csn: int,
-        gid: str | None,
-        nodes: dict[str, NodeCommit],
-        end_lsns: dict[str, int],
-        commit_time: int,
-    ) -> None:
-        """`commit_time`: the latest of the nodes' commit times (`CsnMerge._check` holds it to that)."""
-        self.csn = csn
-        self.gid = gid
-        self.nodes = nodes
-        self.end_lsns = end_lsns
-        self.commit_time = commit_time
-
-
-class TxnPart(NamedTuple):
-    """The next changes of the current transaction: one node's batch, `(cid, lsn, body)` each."""
-
-    node: str
-    changes: list[tuple[int, int, str]]
-
-
-class TxnEnd(NamedTuple):
-    """The current transaction is complete; `nodes` took part in it."""
-
-    csn: int
-    nodes: list[str]
-
-
-TxnEvent = TxnStart | TxnPart | TxnEnd
-
-
-V = TypeVar("V")
-
-
-class RecentGids(Generic[V]):
-    """The last `limit` gids seen and what was kept of each, the oldest forgotten first (limit 0: none kept).
-
-    What lets a gid that comes back after its transaction was emitted be
-    told from a new one, in bounded memory.
-    """
-
-    __slots__ = ("limit", "_values", "_order")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._values: dict[str, V] = {}
-        self._order: deque[str] = deque()  # oldest first
-
-    def get(self, gid: str) -> V | None:
-        return self._values.get(gid)
-
-    def add(self, gid: str, value: V) -> None:
-        if not self.limit:
-            return
-        self._values[gid] = value
-        self._order.append(gid)
-        if len(self._order) > self.limit:
-            self._values.pop(self._order.popleft(), None)
-
-    def _check(self) -> None:
-        assert len(self._values) == len(self._order) <= self.limit
-        assert set(self._values) == set(self._order)
-
-
-def txn_name(gid: str | None, xid: int, csn: int, commit_lsn: int | None = None) -> str:
-    """`transaction GID (xid X, csn C, commit L)`, as the merge's errors name a transaction."""
-    name = f"transaction {gid}" if gid is not None else "transaction"
-    at = f", commit {lsn_to_str(commit_lsn)}" if commit_lsn is not None else ""
-    return f"{name} (xid {xid}, csn {csn}{at})"
-
 
 def _where(batch: NodeBatch) -> str:
     return txn_name(batch.gid, batch.xid, batch.csn, batch.commit_lsn)
 
 
-def _error(n: _Node, batch: NodeBatch, message: str) -> ProtocolError:
-    return ProtocolError(message, node=n.name, lsn=batch.commit_lsn, xid=batch.xid)
+def _error(
+    n: MergeNode, batch: NodeBatch, message: str, cls: type[ProtocolError] = MessageOutOfPlace
+) -> ProtocolError:
+    return cls(message, node=n.name, lsn=batch.commit_lsn, xid=batch.xid)
 
 
 class CsnMerge:
@@ -295,26 +172,26 @@ class CsnMerge:
         self.max_pending_batches = max_pending_batches
         self.max_pending_bytes = max_pending_bytes
         self.recent_gids = recent_gids
-        self._nodes = [_Node(name, i) for i, name in enumerate(names)]
+        self._nodes = [MergeNode(name, i) for i, name in enumerate(names)]
         self._by_name = {n.name: n for n in self._nodes}
         self._keys: Any = SortedList()
         for n in self._nodes:
             n.key = self._bound(n)
             self._keys.add(n.key)
-        self._asm: _Assembly | None = None
+        self._asm: Assembly | None = None
         self._whole: tuple[TxnStart, list[Part]] | None = None  # pop_ready's transaction in progress
         # Transactions buffered here (waiting or being assembled): csn -> (gid, node index), gid -> (csn, node index).
         self._by_csn: dict[int, tuple[str | None, int]] = {}
         self._by_gid: dict[str, tuple[int, int]] = {}
         # Recently emitted gids -> (csn, node name).
         self._recent: RecentGids[tuple[int, str]] = RecentGids(recent_gids)
-        self._last_emitted = -1
+        self._last_emitted = Csn(-1)
         self._emitted = 0
 
     # -- keys ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _bound(n: _Node) -> Key | None:
+    def _bound(n: MergeNode) -> Key | None:
         """The smallest key anything node `n` may still send can have (its queue is empty)."""
         if n.open:
             return (n.last_csn, n.last_cid, _TOP, n.index)
@@ -323,7 +200,7 @@ class CsnMerge:
         return (max(n.watermark, n.last_csn) + 1, _BELOW, _BELOW, n.index)
 
     @staticmethod
-    def _head(n: _Node) -> Key:
+    def _head(n: MergeNode) -> Key:
         """The key of node `n`'s first waiting batch; a new (csn, cid) restarts the batch_id."""
         b = n.queue[0][0]
         if b.csn != n.bid_csn or b.cid != n.bid_cid:
@@ -332,7 +209,7 @@ class CsnMerge:
             n.bid = 0
         return (b.csn, b.cid, n.bid, n.index)
 
-    def _rekey(self, n: _Node, key: Key | None) -> None:
+    def _rekey(self, n: MergeNode, key: Key | None) -> None:
         if key == n.key:
             return
         if n.key is not None:
@@ -341,7 +218,7 @@ class CsnMerge:
             self._keys.add(key)
         n.key = key
 
-    def _node(self, name: str) -> _Node:
+    def _node(self, name: str) -> MergeNode:
         try:
             return self._by_name[name]
         except KeyError:
@@ -400,7 +277,7 @@ class CsnMerge:
         if len(q) == 1:
             self._rekey(n, self._head(n))
 
-    def _check_new_txn(self, n: _Node, batch: NodeBatch) -> None:
+    def _check_new_txn(self, n: MergeNode, batch: NodeBatch) -> None:
         """The first batch of a node's transaction: its CSN must be new here and agree with other nodes."""
         csn, gid = batch.csn, batch.gid
         if csn <= n.last_csn:
@@ -409,6 +286,7 @@ class CsnMerge:
                 batch,
                 f"{_where(batch)} arrived after {txn_name(n.last_gid, n.last_xid, n.last_csn)} on this node; "
                 f"csn {csn} <= {n.last_csn}: a node must send its transactions in strictly increasing csn order",
+                CsnOrderViolation,
             )
         if csn <= n.watermark:
             raise _error(
@@ -416,6 +294,7 @@ class CsnMerge:
                 batch,
                 f"{_where(batch)} arrived after this node's watermark {n.watermark} promised no csn <= "
                 f"{n.watermark} would follow; its tick or committing markers are wrong",
+                CsnOrderViolation,
             )
         other = self._by_csn.get(csn)
         if other is not None and other[0] != gid:
@@ -425,6 +304,7 @@ class CsnMerge:
                 f"csn {csn} is transaction {gid} on node {n.name} (xid {batch.xid}, commit "
                 f"{lsn_to_str(batch.commit_lsn)}) but transaction {other[0]} on node {self._nodes[other[1]].name}; "
                 "one csn must name one global transaction: check the gtm",
+                CsnOrderViolation,
             )
         if gid is None:
             return
@@ -443,15 +323,16 @@ class CsnMerge:
                 f"global transaction {gid} has csn {csn} on node {n.name} (xid {batch.xid}, commit "
                 f"{lsn_to_str(batch.commit_lsn)}) but csn {other_csn} on node {other_node}; a global "
                 "transaction commits with one csn on every node: check the gtm and the commit markers",
+                CsnOrderViolation,
             )
 
-    def add_watermark(self, node: str, csn: int) -> None:
+    def add_watermark(self, node: str, csn: Csn) -> None:
         """`node` will send nothing with a CSN <= `csn` any more (a smaller one than before is ignored)."""
         n = self._node(node)
         if n.ended:
             return
         if n.open and csn >= n.last_csn:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"watermark {csn} passes {txn_name(n.last_gid, n.last_xid, n.last_csn)} whose last batch "
                 f"has not arrived; csn {n.last_csn} <= {csn}",
                 node=node,
@@ -469,7 +350,7 @@ class CsnMerge:
         if n.ended:
             return
         if n.open:
-            raise ProtocolError(
+            raise TruncatedStream(
                 f"stream ended inside {txn_name(n.last_gid, n.last_xid, n.last_csn)} before its last batch; "
                 "the node's output is truncated",
                 node=node,
@@ -543,7 +424,7 @@ class CsnMerge:
                 asm = self._begin(batch, n)
                 out.append(asm.start)
             elif i not in asm.commits:
-                raise ProtocolError(
+                raise InternalError(
                     f"{_where(batch)} arrived after the transaction at csn {asm.csn} began without it; "
                     "this breaks the merge's ordering rule and is a bug",
                     node=n.name,
@@ -570,7 +451,7 @@ class CsnMerge:
         self._asm = asm
         return out
 
-    def _begin(self, batch: NodeBatch, first: _Node) -> _Assembly:
+    def _begin(self, batch: NodeBatch, first: MergeNode) -> Assembly:
         """The transaction at batch.csn begins: its participants are the nodes with a batch there now."""
         csn = batch.csn
         commits = {first.index: (batch.xid, batch.commit_lsn, batch.commit_time, batch.end_lsn)}
@@ -590,9 +471,9 @@ class CsnMerge:
             {nodes[i].name: commits[i][3] for i in order},
             latest,
         )
-        return _Assembly(csn, batch.gid, commits, start)
+        return Assembly(csn, batch.gid, commits, start)
 
-    def _finish(self, asm: _Assembly) -> TxnEnd:
+    def _finish(self, asm: Assembly) -> TxnEnd:
         assert not asm.unfinished and asm.csn > self._last_emitted, (asm.csn, asm.unfinished)
         nodes = self._nodes
         names = [nodes[i].name for i in sorted(asm.commits)]

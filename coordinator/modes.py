@@ -11,12 +11,10 @@ anything starts, instead of producing a plausible-looking but wrong stream.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Literal
 
 from csnd.core.errors import ConfigError
-
-Mode = Literal["gtm", "single"]
-MODES: Final = ("gtm", "single")
+from csnd.core.modes import MODES as MODES
+from csnd.core.modes import Mode as Mode
 
 
 def check_modes(modes: Mapping[str, str]) -> Mode:

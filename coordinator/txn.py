@@ -17,13 +17,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from csnd.coordinator.jsonlines import json_line
+from csnd.core.ids import Csn, Lsn, Xid
 
 
 class NodeCommit(NamedTuple):
     """One node's commit of a global transaction (the `nodes` entry of a JSON line)."""
 
-    xid: int
-    commit_lsn: int
+    xid: Xid
+    commit_lsn: Lsn
     commit_time: int  # microseconds since 2000-01-01 UTC
 
 
@@ -46,10 +47,10 @@ class GlobalTxn:
 
     def __init__(
         self,
-        csn: int,
+        csn: Csn,
         gid: str | None,
         nodes: dict[str, NodeCommit],
-        end_lsns: dict[str, int],
+        end_lsns: dict[str, Lsn],
         parts: list[Part],
     ) -> None:
         if not nodes:

@@ -1,4 +1,6 @@
-"""NodeBatch <-> protobuf, and batch positions (pure; the gRPC I/O is in csnd.agent / coordinator.remote).
+"""NodeBatch and End <-> protobuf, and batch positions.
+
+Pure: the gRPC I/O is the runtime's (the node agent and its client).
 
 A batch's position is `(csn, index of the batch in its transaction)`.  It is
 derived from the node's stream alone -- the sender's CSN order and the
@@ -10,6 +12,8 @@ to the coordinator's last position" gives exactly-once delivery.
 from __future__ import annotations
 
 from csnd.coordinator.batch import NodeBatch
+from csnd.core.errors import CsndError, WireError, from_wire, to_wire
+from csnd.core.ids import Csn, Lsn, Xid
 from csnd.proto import csnd_pb2 as pb
 
 Position = tuple[int, int]  # (csn, batch index in its transaction)
@@ -36,11 +40,11 @@ def batch_to_pb(batch: NodeBatch, index: int, confirmable_lsn: int | None) -> pb
 def batch_from_pb(msg: pb.NodeBatch) -> tuple[NodeBatch, Position, int | None]:
     """The batch, its position, and the confirmable LSN if it opens a transaction."""
     batch = NodeBatch(
-        msg.position.csn,
+        Csn(msg.position.csn),
         msg.gid if msg.has_gid else None,
-        msg.xid,
-        msg.commit_lsn,
-        msg.end_lsn,
+        Xid(msg.xid),
+        Lsn(msg.commit_lsn),
+        Lsn(msg.end_lsn),
         msg.commit_time_us,
         msg.cid,
         [(c.cid, c.lsn, c.body) for c in msg.changes],
@@ -56,3 +60,36 @@ def position_to_pb(pos: Position) -> pb.Position:
 
 def position_from_pb(msg: pb.Position) -> Position:
     return (msg.csn, msg.index)
+
+
+def end_to_pb(error: BaseException | None) -> pb.End:
+    """The end of a node's stream: normal (None), or the error that ended it, class and position kept."""
+    if error is None:
+        return pb.End()
+    w = to_wire(error)
+    line = str(error) if isinstance(error, CsndError) else w.message
+    return pb.End(
+        error=line or w.error_class,
+        error_class=w.error_class,
+        message=w.message,
+        node=w.node,
+        lsn=w.lsn,
+        xid=w.xid,
+    )
+
+
+def end_from_pb(msg: pb.End) -> CsndError | None:
+    """The error `end_to_pb` sent (None: the stream ended normally); an agent without the fields: a CsndError."""
+    if not msg.error:
+        return None
+    if not msg.error_class:
+        return CsndError(msg.error)
+    return from_wire(
+        WireError(
+            msg.error_class,
+            msg.message,
+            msg.node if msg.HasField("node") else None,
+            msg.lsn if msg.HasField("lsn") else None,
+            msg.xid if msg.HasField("xid") else None,
+        )
+    )

@@ -15,11 +15,13 @@ re-serialises values, nor formats an LSN per change.
 
 from __future__ import annotations
 
+from csnd.core.ids import Lsn, Xid
+
 
 class DecodedChange:
     __slots__ = ("lsn", "xid", "op", "body")
 
-    def __init__(self, lsn: int, xid: int | None, op: str, body: str) -> None:
+    def __init__(self, lsn: Lsn, xid: Xid | None, op: str, body: str) -> None:
         self.lsn = lsn  # dataStart of the XLogData frame that carried the change
         self.xid = xid  # the (sub)transaction xid inside a stream block, else None
         self.op = op  # "insert" | "update" | "delete" | "truncate"
@@ -56,7 +58,7 @@ class DecodedRun:
 
     __slots__ = ("xid", "lsns", "bodies")
 
-    def __init__(self, xid: int | None, lsns: list[int], bodies: list[str]) -> None:
+    def __init__(self, xid: Xid | None, lsns: list[Lsn], bodies: list[str]) -> None:
         if len(lsns) != len(bodies):
             raise ValueError(f"a run of {len(lsns)} changes with {len(bodies)} bodies")
         self.xid = xid

@@ -9,9 +9,9 @@ wire value in, the value's JSON text out -- and a row is a join of
 `"name": <text>` pieces.
 
 A builder must write exactly what `json.dumps(decoder(value),
-ensure_ascii=False, allow_nan=False)` writes; `tests/decoder/test_jsontext.py`
-checks that for every type and both wire forms.  Builders exist for the
-shapes that are common and cheap to get right:
+ensure_ascii=False, allow_nan=False)` writes; `check_builders` in
+`tests/decoder/test_values.py` checks that for every type and both wire
+forms.  Builders exist for the shapes that are common and cheap to get right:
 
     integers          str() of the int                       int2, int4, int8, oid
     float8            repr(); NaN / +-Infinity as strings    float8

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
 from typing import Any, Final
 
-from csnd.core.errors import CsndError, WorkerError
+from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
+from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedRun
 from csnd.reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
 
@@ -103,7 +104,7 @@ class _Batch:
     __slots__ = ("events", "worker", "n_changes")
 
     def __init__(self) -> None:
-        self.events: list[tuple[int, Any]] = []
+        self.events: list[tuple[Lsn, Any]] = []
         self.worker = -1
         self.n_changes = 0
 
@@ -140,9 +141,9 @@ class _Run:
 
     __slots__ = ("xid", "lsns")
 
-    def __init__(self, xid: int | None) -> None:
+    def __init__(self, xid: Xid | None) -> None:
         self.xid = xid
-        self.lsns: list[int] = []
+        self.lsns: list[Lsn] = []
 
 
 _NO_RUN: Final = object()  # no run open: the next change starts one
@@ -154,7 +155,7 @@ class DecoderPool:
     `run(events)` yields `(lsn, item)` where item is the original message, a
     `DecodedRun` in place of each run of consecutive row changes of one
     (sub)transaction (`lsn` its first change's), or a `DecodedChange` per
-    table of a TRUNCATE; and `(0, BATCH_END)` after each batch, where the
+    table of a TRUNCATE; and `(INVALID_LSN, BATCH_END)` (0/0) after each batch, where the
     next item may mean waiting for a worker (a consumer that hands results
     on to another thread hands them on there, in one go).
     """
@@ -169,7 +170,7 @@ class DecoderPool:
     ) -> None:
         """`enums`: (type OID, array OID) of the source's enum types, readable in binary."""
         if workers < 1:
-            raise CsndError(f"--decoders must be at least 1, got {workers}", node=node)
+            raise ConfigError(f"--decoders must be at least 1, got {workers}", node=node)
         self.node = node
         self.n = workers
         self.binary = binary
@@ -211,7 +212,7 @@ class DecoderPool:
 
     # --- reader side (its own thread) ---------------------------------------------
 
-    def _feed(self, events: Iterator[tuple[int, Any]]) -> None:
+    def _feed(self, events: Iterator[tuple[Lsn, Any]]) -> None:
         try:
             rotation = 0
             batch = _Batch()
@@ -237,7 +238,7 @@ class DecoderPool:
                 keep, wire = batch.events.append, wires.append
 
             run_xid: object = _NO_RUN  # xid of the run the next change may join
-            run_lsns: list[int] = []  # the open run's (none yet)
+            run_lsns: list[Lsn] = []  # the open run's (none yet)
             for event in events:
                 msg = event[1]
                 cls = type(msg)
@@ -314,7 +315,7 @@ class DecoderPool:
 
     # --- collector side (the caller's thread) --------------------------------------
 
-    def run(self, events: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    def run(self, events: Iterator[tuple[Lsn, Any]]) -> Iterator[tuple[Lsn, Any]]:
         feeder = threading.Thread(
             target=self._feed, args=(events,), name=f"csnd-reader-{self.node}", daemon=True
         )
@@ -329,11 +330,13 @@ class DecoderPool:
                 if item is _END:
                     if self._reader_error is not None and not isinstance(self._reader_error, _Stopped):
                         raise self._reader_error
+                    if self._reader_error is None:
+                        self._sync()
                     return
                 assert isinstance(item, _Batch)
                 if item.worker < 0:
                     yield from item.events
-                    yield 0, BATCH_END
+                    yield INVALID_LSN, BATCH_END
                     continue
                 decoded = self._result(item.worker)
                 self.stats.batches += 1
@@ -350,7 +353,7 @@ class DecoderPool:
                         at += 1
                     else:
                         yield lsn, msg
-                yield 0, BATCH_END
+                yield INVALID_LSN, BATCH_END
         finally:
             self.close()
             feeder.join(timeout=5)
@@ -374,9 +377,25 @@ class DecoderPool:
             if kind == "ok":
                 return payload  # type: ignore[no-any-return]
             assert kind == "error"
-            if isinstance(payload, CsndError):
-                raise payload
-            raise WorkerError(f"decoder worker {worker} failed: {payload}", node=self.node)
+            err, tb = payload
+            if not isinstance(err, CsndError):  # (the worker sends only ours; anything else is a bug)
+                err = InternalError(f"decoder worker {worker} failed: {err!r}", node=self.node)
+            raise err from RemoteTraceback(tb)
+
+    def _sync(self) -> None:
+        """The stream ended: wait until every worker has applied all it was sent, and raise its error if any.
+
+        A worker reports an error (a Relation it cannot decode, say) in place
+        of its next result, and the collector reads a worker's results only
+        when a batch went to it -- so an error on a Relation near the end of
+        the stream, after the last batch of its worker, would otherwise go
+        unread and the run end as a success.  Each worker answers the sync
+        after everything queued before it, or its error comes first.
+        """
+        for i in range(self.n):
+            self._put(self._in[i], ("sync", None), i)
+        for i in range(self.n):
+            self._result(i)
 
     def inbox_depths(self) -> list[tuple[int, int]]:
         """(batches waiting, capacity) of each worker's inbox now, for progress lines (any thread)."""

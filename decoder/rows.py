@@ -51,7 +51,7 @@ from typing import Final
 from psycopg import DataError
 
 from csnd.core.errors import DecodeError
-from csnd.core.ids import lsn_to_str
+from csnd.core.ids import Lsn, lsn_to_str
 from csnd.decoder import jsontext as J
 from csnd.decoder import values as V
 from csnd.decoder.change import DecodedChange
@@ -464,7 +464,7 @@ def _at(lsn: int) -> str:
 
 
 def decode_change(
-    change: Change | Truncate, lsn: int, cache: RelationCache, binary: bool
+    change: Change | Truncate, lsn: Lsn, cache: RelationCache, binary: bool
 ) -> list[DecodedChange]:
     """Decode one Insert/Update/Delete (one result) or Truncate (one per table).
 

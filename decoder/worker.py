@@ -14,7 +14,7 @@ import signal
 import traceback
 from typing import Any
 
-from csnd.core.errors import CsndError, DecodeError
+from csnd.core.errors import CsndError, InternalError
 from csnd.decoder.rows import RelationCache, decode_change, row_change_body
 from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames
 
@@ -60,6 +60,9 @@ def worker_main(
     cache = RelationCache(binary=binary)
     for type_oid, array_oid in enums or ():
         cache.declare_enum(type_oid, array_oid)
+    # After an error the worker decodes nothing more: it reported the error
+    # (the pool reads it in place of the next result it expects from this
+    # worker, or at the end-of-stream sync) and waits to be stopped.
     failed: BaseException | None = None
     # The process that started the pool (not our OS parent, the fork server):
     # its sentinel pipe reaches end-of-file when it dies, however it died.
@@ -83,16 +86,16 @@ def worker_main(
             if kind == "meta":
                 cache.apply(_meta(payload), payload[1])
                 continue
-            reply: tuple[str, Any] = ("ok", decode_batch(payload, cache, binary))
+            if kind == "sync":  # the end of the stream: every meta message before it is applied
+                reply: tuple[str, Any] = ("ok", [])
+            else:
+                reply = ("ok", decode_batch(payload, cache, binary))
         except CsndError as e:
-            if e.node is None:
-                e = type(e)(e.message, node=node, lsn=e.lsn, xid=e.xid) if type(e) is not CsndError else e
-            failed = e
-            reply = ("error", e)
-        except Exception as e:  # noqa: BLE001 - a bug, reported with its traceback
-            failed = e
-            crash = f"decoder worker {index} crashed: {e!r}\n{traceback.format_exc()}"
-            reply = ("error", DecodeError(crash, node=node))
+            failed = e.where(node=node)
+            reply = ("error", (failed, traceback.format_exc()))
+        except Exception as e:  # noqa: BLE001 - a bug: its traceback travels as the error's __cause__
+            failed = InternalError(f"decoder worker {index} crashed: {e!r}", node=node)
+            reply = ("error", (failed, traceback.format_exc()))
         try:
             outbox.send(reply)
         except BrokenPipeError:

@@ -109,10 +109,20 @@ class Watermark(_message.Message):
     def __init__(self, csn: _Optional[int] = ...) -> None: ...
 
 class End(_message.Message):
-    __slots__ = ("error",)
+    __slots__ = ("error", "error_class", "message", "node", "lsn", "xid")
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
     error: str
-    def __init__(self, error: _Optional[str] = ...) -> None: ...
+    error_class: str
+    message: str
+    node: str
+    lsn: int
+    xid: int
+    def __init__(self, error: _Optional[str] = ..., error_class: _Optional[str] = ..., message: _Optional[str] = ..., node: _Optional[str] = ..., lsn: _Optional[int] = ..., xid: _Optional[int] = ...) -> None: ...
 
 class Keepalive(_message.Message):
     __slots__ = ("send_time_us",)

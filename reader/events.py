@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from csnd.core.errors import ProtocolError, StreamFormatError
+from csnd.core.errors import StreamFormatError
+from csnd.core.ids import Lsn
 from csnd.reader.pgoutput import (
     TXN_TAGS,
     XLOGDATA_HEADER_SIZE,
@@ -27,7 +28,7 @@ from csnd.reader.pgoutput import (
     parse_txn_frame,
 )
 
-Event = tuple[int, Message | Keepalive | ChangeFrames]
+Event = tuple[Lsn, Message | Keepalive | ChangeFrames]
 
 
 def iter_events(
@@ -44,7 +45,7 @@ def iter_events(
     """
     parser = parser or PgOutputParser()
     parse = parser.parse
-    last_lsn = 0
+    last_lsn = Lsn(0)
     for offset, payload in frames:
         if type(payload) is ChangeFrames:
             last_lsn = payload.lsns[-1]
@@ -76,4 +77,4 @@ def iter_events(
                 raise StreamFormatError(
                     e.message, path=path, offset=offset, node=node, lsn=last_lsn
                 ) from None
-            raise ProtocolError(e.message, node=node, lsn=last_lsn) from None
+            raise FrameError(e.message, node=node, lsn=last_lsn) from None

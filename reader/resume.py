@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from csnd.core.ids import INVALID_LSN, Lsn
 from csnd.reader.pgoutput import (
     XLOGDATA_HEADER_SIZE,
     Begin,
@@ -55,7 +56,7 @@ from csnd.reader.pgoutput import (
     encode_xlogdata,
 )
 
-Item = tuple[int, "Message | Keepalive", bytes]
+Item = tuple[Lsn, "Message | Keepalive", bytes]
 """`(lsn, message, CopyData payload)`; the payload is what a recording stores."""
 
 _NO_POS: Final = (-1, 0)
@@ -118,7 +119,7 @@ class ResumeFilter:
         """
         out: list[Item] = []
         if self._block is not None and not self._block_skip and self._held_start is None:
-            out.append((0, StreamStop(), encode_xlogdata(0, 0, 0, encode_stream_stop())))
+            out.append((INVALID_LSN, StreamStop(), encode_xlogdata(0, 0, 0, encode_stream_stop())))
         self._conn_floor = start_lsn
         self._txn, self._skip_txn = None, False
         self._block, self._block_skip, self._held_start = None, False, None
@@ -241,7 +242,7 @@ class ResumeFilter:
         lsn, msg, payload = held
         assert isinstance(msg, StreamStart)
         if xid in self.streams_open and msg.first_segment:
-            msg = StreamStart(xid, False)
+            msg = StreamStart(msg.xid, False)  # (msg.xid == xid, the block's)
             payload = payload[:XLOGDATA_HEADER_SIZE] + encode_stream_start(xid, False)
         self.streams_open.add(xid)
         return (lsn, msg, payload)

@@ -23,7 +23,8 @@ from typing import Any, BinaryIO, Final
 
 from csnd.core.durable import sync_directory
 from csnd.core.errors import ConfigError, CsndError, StreamFormatError
-from csnd.core.ids import lsn_to_str
+from csnd.core.ids import Lsn, lsn_to_str
+from csnd.core.modes import MODES
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
@@ -36,7 +37,6 @@ from csnd.reader.pgoutput import (
 MAGIC: Final = b"CSNDSTR1"
 _LEN = struct.Struct("!I")
 _LSN = struct.Struct("!Q")
-MODES: Final = ("gtm", "single")
 
 # Frames are read in chunks of this size: big enough that a replay is not
 # dominated by read() calls, small enough to keep the reader's memory flat.
@@ -281,7 +281,7 @@ def _change_run(buf: bytes, pos: int, in_stream: bool) -> ChangeFrames:
     head = FRAMED_CHANGE_HEAD.unpack_from  # length, 'w', dataStart, tag
     xid = _LEN.unpack_from(buf, pos + 4 + CHANGE_XID_OFFSET)[0] if in_stream else None
     start, size = pos, len(buf)
-    lsns: list[int] = []
+    lsns: list[Lsn] = []
     while pos + _MIN_FRAMED_CHANGE <= size and len(lsns) < MAX_RUN_FRAMES:
         n, w, lsn, tag = head(buf, pos)
         end = pos + 4 + n

@@ -1,28 +1,36 @@
 """sender: one node's decoded stream -> its committed transactions, in commit-CSN order.
 
     (lsn, pgoutput message | DecodedChange) ──► NodeSender ──► FinishedTxn ... ──► coordinator
-                                                 │   ▲            (csn strictly increasing)
-                                     TxnBuffer ◄─┘   └─ CsnOrderer (committing / commit lists)
-                                   (spills to disk)
+                                                 │   ▲   │        (csn strictly increasing)
+                                     OpenTxn ◄───┘   │   └─► ConfirmableLsn (how far the slot
+                                     TxnBuffer       │        may be confirmed)
+                                   (spills to disk)  └─ CsnOrderer (committing / commit lists)
 
 `NodeSender` tracks transactions (plain and streamed, with rolled-back
-subtransactions), reads the GTM `csn` markers, and asks `CsnOrderer` when a
-committed transaction may go; `watermark` and `confirmable_lsn` are what the
-coordinator needs to merge nodes and to confirm the slot (DESIGN sections 3, 5).
+subtransactions), reads the GTM `csn` markers (`csnd.core.markers`), and asks
+`CsnOrderer` when a committed transaction may go; `watermark` and
+`confirmable_lsn` are what the coordinator needs to merge nodes and to
+confirm the slot (DESIGN sections 3, 5).
 """
 
-from csnd.sender.node import MODES, NodeSender, NodeSenderStatistics
+from csnd.core.modes import MODES
+from csnd.sender.confirm import ConfirmableLsn
+from csnd.sender.node import NodeSender, NodeSenderStatistics
+from csnd.sender.opentxn import OpenTxn
 from csnd.sender.ordering import CsnOrderer
-from csnd.sender.txn import FinishedTxn
+from csnd.sender.txn import FinishedTxn, TxnHeader
 from csnd.sender.txnbuf import SPILL_BYTES, SpillError, TxnBuffer
 
 __all__ = [
     "MODES",
     "SPILL_BYTES",
+    "ConfirmableLsn",
     "CsnOrderer",
     "FinishedTxn",
     "NodeSender",
     "NodeSenderStatistics",
+    "OpenTxn",
     "SpillError",
     "TxnBuffer",
+    "TxnHeader",
 ]

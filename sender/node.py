@@ -11,6 +11,8 @@
                                        while no transaction is open
 
 Pure logic: the only I/O is a large transaction's spill file (`sender.txnbuf`).
+How far the slot may be confirmed is `sender.confirm`'s bookkeeping; an open
+transaction's state is `sender.opentxn`.
 
 CSNs.  GTM mode: a transaction's CSN is its `commit <gid> <csn>` marker, applied
 at its Commit / Stream Commit (the marker travels inside the transaction, so a
@@ -40,10 +42,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sortedcontainers import SortedDict, SortedList
-
-from csnd.core.errors import ConfigError, ProtocolError
-from csnd.core.ids import lsn_to_str
+from csnd.core.errors import (
+    ConfigError,
+    InternalError,
+    LsnOrderViolation,
+    MarkerError,
+    MessageOutOfPlace,
+    ProtocolError,
+    TruncatedStream,
+)
+from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
+from csnd.core.markers import PREFIX as MARKER_PREFIX
+from csnd.core.markers import TRANSACTIONAL, Marker, check_transactional, parse_fields
+from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
@@ -58,14 +69,17 @@ from csnd.reader.pgoutput import (
     StreamStop,
     TypeMsg,
 )
+from csnd.sender.confirm import ConfirmableLsn
+from csnd.sender.opentxn import OpenTxn, open_at_end, position_error
 from csnd.sender.ordering import CsnOrderer
 from csnd.sender.txn import FinishedTxn
 from csnd.sender.txnbuf import SPILL_BYTES, TxnBuffer
 
-MODES: Final = ("gtm", "single")
-MARKER_PREFIX: Final = "csn"
-
 Key = str | int  # gid in GTM mode, top-level xid in single-node mode
+
+# Single-node mode's CSN is an LSN.  `int` itself, typed: `Csn(lsn)` would add a
+# Python-level call per transaction for what is the same number.
+_as_csn: Final[Callable[[Lsn], Csn]] = int  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,24 +96,8 @@ class NodeSenderStatistics:
     spilled_txns: int
     spilled_bytes: int
     buffered_bytes: int  # estimated memory of the open transactions' changes
-    watermark: int | None
-    confirmable_lsn: int
-
-
-class _Open:
-    """A transaction between its Begin / first Stream Start and its commit."""
-
-    __slots__ = ("xid", "buf", "cid", "gid", "csn", "marker_sub", "first_lsn", "final_lsn")
-
-    def __init__(self, xid: int, buf: TxnBuffer, first_lsn: int, final_lsn: int | None) -> None:
-        self.xid = xid
-        self.buf = buf
-        self.cid = 0  # command id of the following changes (0 before any cid marker)
-        self.gid: str | None = None  # from the commit marker
-        self.csn = 0
-        self.marker_sub: int | None = None  # subtransaction that carried the commit marker
-        self.first_lsn = first_lsn
-        self.final_lsn = final_lsn  # Begin's final LSN (non-streamed only)
+    watermark: Csn | None
+    confirmable_lsn: Lsn
 
 
 class NodeSender:
@@ -119,7 +117,7 @@ class NodeSender:
         mode: str,
         spill_bytes: int = SPILL_BYTES,
         spill_dir: str | None = None,
-        resume_csn: int | None = None,
+        resume_csn: Csn | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown csn mode {mode!r}; expected 'gtm' or 'single'", node=node)
@@ -130,17 +128,12 @@ class NodeSender:
         self.resume_csn = resume_csn
         self._gtm = mode == "gtm"
         self._orderer: CsnOrderer[Key] = CsnOrderer(node)
-        self._cur: _Open | None = None  # non-streamed txn between Begin and Commit
-        self._streams: dict[int, _Open] = {}  # streamed txns by top-level xid
-        self._block: _Open | None = None  # txn of the open stream block
+        self._cur: OpenTxn | None = None  # non-streamed txn between Begin and Commit
+        self._streams: dict[int, OpenTxn] = {}  # streamed txns by top-level xid
+        self._block: OpenTxn | None = None  # txn of the open stream block
         self._ready: dict[Key, FinishedTxn] = {}  # committed, waiting in the orderer
-        # Confirmable LSN bookkeeping (see `confirmable_lsn`).
-        self._floor = 0
-        self._wait_floor: SortedDict = SortedDict()  # end LSN of a waiting txn -> floor at its commit
-        self._caps: SortedList = SortedList()  # floors at the committing markers not yet released
-        self._cap_of: dict[str, tuple[int, int]] = {}  # gid -> (floor, marker lsn)
-        self._confirmable = 0
-        self._last_lsn = 0
+        self._confirm = ConfirmableLsn()
+        self._last_lsn = Lsn(0)
         # statistics
         self.released = 0
         self.skipped_empty = 0
@@ -150,7 +143,7 @@ class NodeSender:
 
     # --- the stream -----------------------------------------------------------------
 
-    def feed(self, lsn: int, item: object) -> list[FinishedTxn]:
+    def feed(self, lsn: Lsn, item: object) -> list[FinishedTxn]:
         """Take the next stream item; returns the transactions it released, in CSN order."""
         if type(item) is DecodedRun:  # the hot path: runs of changes between other events
             sub = item.xid
@@ -159,20 +152,32 @@ class NodeSender:
                 if item.lsns:
                     raise self._stray_change(lsn, item.changes()[0])
                 return []
-            txn.buf.extend(txn.cid, sub, item.lsns, item.bodies)
+            lsns = item.lsns
+            if lsns:
+                # Positions go forward inside a transaction and stay at or before its commit
+                # (equal ones are fine: one multi-insert gives several rows one LSN).  The
+                # sort is C-level and linear on a sorted list; a run of one skips it.
+                last = lsns[-1]
+                if lsns[0] < txn.last_lsn or last > txn.bound or (len(lsns) > 1 and sorted(lsns) != lsns):
+                    raise position_error(self.node, txn, lsns, sub)
+                txn.last_lsn = last
+            txn.buf.extend(txn.cid, sub, lsns, item.bodies)
             return []
         if type(item) is DecodedChange:
             sub = item.xid
             txn = self._cur if sub is None else self._block
             if txn is None:
                 raise self._stray_change(lsn, item)
+            if item.lsn < txn.last_lsn or item.lsn > txn.bound:
+                raise position_error(self.node, txn, [item.lsn], sub)
+            txn.last_lsn = item.lsn
             txn.buf.append(txn.cid, item.lsn, sub, item.body)
             return []
         if lsn:
             self._last_lsn = lsn
         handler = _HANDLERS.get(item.__class__)
         if handler is None:
-            raise ProtocolError(
+            raise InternalError(
                 f"unexpected {type(item).__name__} in the sender's input; it takes pgoutput messages "
                 "and decoded changes",
                 node=self.node,
@@ -180,24 +185,24 @@ class NodeSender:
             )
         return handler(self, lsn, item)
 
-    def _begin(self, lsn: int, m: Begin) -> list[FinishedTxn]:
+    def _begin(self, lsn: Lsn, m: Begin) -> list[FinishedTxn]:
         if self._cur is not None or self._block is not None:
             other = self._cur or self._block
             assert other is not None
-            raise ProtocolError(
+            raise MessageOutOfPlace(
                 f"Begin of transaction {m.xid} inside transaction {other.xid} (begun at "
                 f"{lsn_to_str(other.first_lsn)}), which never ended; the stream is corrupt",
                 node=self.node,
                 lsn=lsn,
                 xid=m.xid,
             )
-        self._cur = _Open(m.xid, self._new_buf(m.xid), lsn, m.final_lsn)
+        self._cur = OpenTxn(m.xid, self._new_buf(m.xid), lsn, m.final_lsn)
         return []
 
-    def _commit(self, lsn: int, m: Commit) -> list[FinishedTxn]:
+    def _commit(self, lsn: Lsn, m: Commit) -> list[FinishedTxn]:
         txn = self._cur
         if txn is None:
-            raise ProtocolError(
+            raise MessageOutOfPlace(
                 f"Commit (commit lsn {lsn_to_str(m.commit_lsn)}) without a Begin; the stream is corrupt "
                 "or starts mid-transaction",
                 node=self.node,
@@ -206,7 +211,7 @@ class NodeSender:
         self._cur = None
         if txn.final_lsn != m.commit_lsn:
             txn.buf.close()
-            raise ProtocolError(
+            raise LsnOrderViolation(
                 f"transaction {txn.xid} commits at {lsn_to_str(m.commit_lsn)} but its Begin announced "
                 f"{lsn_to_str(txn.final_lsn or 0)}; the stream is spliced or corrupt",
                 node=self.node,
@@ -215,11 +220,11 @@ class NodeSender:
             )
         return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
 
-    def _stream_start(self, lsn: int, m: StreamStart) -> list[FinishedTxn]:
+    def _stream_start(self, lsn: Lsn, m: StreamStart) -> list[FinishedTxn]:
         if self._cur is not None or self._block is not None:
             other = self._cur or self._block
             assert other is not None
-            raise ProtocolError(
+            raise MessageOutOfPlace(
                 f"Stream Start of transaction {m.xid} inside transaction {other.xid}; the stream is corrupt",
                 node=self.node,
                 lsn=lsn or None,
@@ -228,16 +233,16 @@ class NodeSender:
         txn = self._streams.get(m.xid)
         if txn is None:
             if not m.first_segment:
-                raise ProtocolError(
+                raise MessageOutOfPlace(
                     f"stream block continues transaction {m.xid}, whose first block was never seen; "
                     "its earlier changes are missing",
                     node=self.node,
                     lsn=lsn or None,
                     xid=m.xid,
                 )
-            txn = self._streams[m.xid] = _Open(m.xid, self._new_buf(m.xid), lsn, None)
+            txn = self._streams[m.xid] = OpenTxn(m.xid, self._new_buf(m.xid), lsn, None)
         elif m.first_segment:
-            raise ProtocolError(
+            raise MessageOutOfPlace(
                 f"first stream block of transaction {m.xid}, which is already streaming since "
                 f"{lsn_to_str(txn.first_lsn)}",
                 node=self.node,
@@ -247,25 +252,29 @@ class NodeSender:
         self._block = txn
         return []
 
-    def _stream_stop(self, lsn: int, m: StreamStop) -> list[FinishedTxn]:
+    def _stream_stop(self, lsn: Lsn, m: StreamStop) -> list[FinishedTxn]:
         if self._block is None:
-            raise ProtocolError("Stream Stop without a Stream Start", node=self.node, lsn=lsn or None)
+            raise MessageOutOfPlace("Stream Stop without a Stream Start", node=self.node, lsn=lsn or None)
         self._block = None
         return []
 
-    def _stream_commit(self, lsn: int, m: StreamCommit) -> list[FinishedTxn]:
+    def _stream_commit(self, lsn: Lsn, m: StreamCommit) -> list[FinishedTxn]:
         self._no_block("Stream Commit", m.xid, lsn)
         txn = self._streams.pop(m.xid, None)
         if txn is None:
-            raise ProtocolError(
+            raise MessageOutOfPlace(
                 f"Stream Commit of transaction {m.xid}, which never streamed; its changes are missing",
                 node=self.node,
                 lsn=m.commit_lsn,
                 xid=m.xid,
             )
+        if txn.last_lsn > m.commit_lsn:  # (a non-streamed transaction's bound is checked per change)
+            txn.buf.close()
+            txn.bound = m.commit_lsn
+            raise position_error(self.node, txn, [txn.last_lsn], None)
         return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
 
-    def _stream_abort(self, lsn: int, m: StreamAbort) -> list[FinishedTxn]:
+    def _stream_abort(self, lsn: Lsn, m: StreamAbort) -> list[FinishedTxn]:
         self._no_block("Stream Abort", m.xid, lsn)
         txn = self._streams.get(m.xid)
         if txn is None:
@@ -276,29 +285,29 @@ class NodeSender:
             return []
         txn.buf.abort_subxact(m.subxid)
         if txn.marker_sub == m.subxid:  # the commit marker was rolled back with its savepoint
-            txn.gid, txn.csn, txn.marker_sub = None, 0, None
+            txn.gid, txn.csn, txn.marker_sub = None, Csn(0), None
         return []
 
-    def _keepalive(self, lsn: int, m: Keepalive) -> list[FinishedTxn]:
+    def _keepalive(self, lsn: Lsn, m: Keepalive) -> list[FinishedTxn]:
         # Only while no transaction is open: a keepalive sent while a transaction's
         # output is under way may carry a WAL end beyond that transaction's commit.
         if self._cur is None and self._block is None and not self._streams:
-            self._advance_floor(m.wal_end)
+            self._confirm.passed(m.wal_end)
             if not self._gtm:
-                self._orderer.tick(m.wal_end)
+                self._orderer.tick(_as_csn(m.wal_end))  # (single-node mode: CSNs are commit LSNs)
         return []
 
-    def _ignore(self, lsn: int, m: object) -> list[FinishedTxn]:
+    def _ignore(self, lsn: Lsn, m: object) -> list[FinishedTxn]:
         return []
 
     # --- csn markers -------------------------------------------------------------------
 
-    def _message(self, lsn: int, m: LogicalMessage) -> list[FinishedTxn]:
+    def _message(self, lsn: Lsn, m: LogicalMessage) -> list[FinishedTxn]:
         if m.prefix != MARKER_PREFIX:
             return []
         if not self._gtm:
             txn = self._block or self._cur
-            raise ProtocolError(
+            raise MarkerError(
                 f"csn marker {m.content[:80]!r}"
                 + (f" in transaction {txn.xid}" if txn is not None else "")
                 + " on a node in single-node mode; markers mean a gtm cluster: "
@@ -308,19 +317,22 @@ class NodeSender:
                 xid=txn.xid if txn is not None else m.xid,
             )
         where = m.lsn or lsn
-        kind, gid, value = self._parse_marker(m, where)
+        kind, gid, value = parse_fields(m.content, self.node, where or None, m.xid)
+        if m.transactional is not TRANSACTIONAL[kind]:
+            check_transactional(
+                Marker(kind, gid, value), m.transactional, node=self.node, lsn=where or None, xid=m.xid
+            )
         if kind == "committing":
             assert gid is not None and value is not None
             self._orderer.committing(gid, value, lsn=where)
-            self._cap_of[gid] = (self._floor, where)
-            self._caps.add(self._floor)
+            self._confirm.committing(gid, where)
             self._orderer.tick(value)
             return []
         if kind == "abort":
             assert gid is not None
             if self.resume_csn is not None and not self._orderer.is_committing(gid):
                 return []
-            self._drop_cap(gid)
+            self._confirm.resolved(gid)
             return self._take(self._orderer.abort(gid, lsn=where))
         if kind == "tick":
             assert value is not None
@@ -328,7 +340,7 @@ class NodeSender:
             return []
         txn = self._block if self._block is not None else self._cur
         if txn is None:
-            raise ProtocolError(
+            raise MarkerError(
                 f"transactional csn marker {m.content.decode('ascii', 'replace')!r} outside any "
                 "transaction; the stream is corrupt",
                 node=self.node,
@@ -338,7 +350,7 @@ class NodeSender:
         assert value is not None
         if kind == "cid":
             if value < txn.cid:
-                raise ProtocolError(
+                raise MarkerError(
                     f"cid marker {value} after cid {txn.cid} in transaction {txn.xid}; command ids "
                     "never decrease within a transaction",
                     node=self.node,
@@ -350,7 +362,7 @@ class NodeSender:
         # commit
         assert gid is not None
         if txn.gid is not None:
-            raise ProtocolError(
+            raise MarkerError(
                 f"second commit marker in transaction {txn.xid}: 'commit {gid} {value}' after "
                 f"'commit {txn.gid} {txn.csn}'; a local transaction belongs to one global transaction",
                 node=self.node,
@@ -360,40 +372,9 @@ class NodeSender:
         txn.gid, txn.csn, txn.marker_sub = gid, value, m.xid
         return []
 
-    def _parse_marker(self, m: LogicalMessage, where: int) -> tuple[str, str | None, int | None]:
-        """Strict parse of a `csn` marker (DESIGN section 2 table), kind and transactionality checked."""
-        try:
-            text = m.content.decode("ascii")
-        except UnicodeDecodeError:
-            text = None
-        parts = text.split(" ") if text is not None else []
-        kind = parts[0] if parts else ""
-        n = _ARITY.get(kind)
-        if n is not None and len(parts) == n:
-            gid = parts[1] if kind in ("committing", "commit", "abort") else None
-            raw = parts[-1] if kind != "abort" else None
-            if (gid is None or gid) and (raw is None or (raw.isascii() and raw.isdigit())):
-                if m.transactional != _TRANSACTIONAL[kind]:
-                    raise ProtocolError(
-                        f"csn marker {text!r} is {'' if m.transactional else 'non-'}transactional; "
-                        f"{kind} markers are written "
-                        f"{'transactionally' if _TRANSACTIONAL[kind] else 'non-transactionally'}",
-                        node=self.node,
-                        lsn=where or None,
-                        xid=m.xid,
-                    )
-                return kind, gid, int(raw) if raw is not None else None
-        raise ProtocolError(
-            f"malformed csn marker {m.content[:120]!r}; expected one of 'committing <gid> <csn>', "
-            "'commit <gid> <csn>', 'abort <gid>', 'cid <n>', 'tick <csn>'",
-            node=self.node,
-            lsn=where or None,
-            xid=m.xid,
-        )
-
     # --- commit and release --------------------------------------------------------------
 
-    def _finish_txn(self, txn: _Open, commit_lsn: int, end_lsn: int, commit_time: int) -> list[FinishedTxn]:
+    def _finish_txn(self, txn: OpenTxn, commit_lsn: Lsn, end_lsn: Lsn, commit_time: int) -> list[FinishedTxn]:
         buf = txn.buf
         orderer = self._orderer
         gid = txn.gid
@@ -402,7 +383,7 @@ class NodeSender:
                 if buf.n_changes:
                     n = buf.n_changes
                     buf.close()
-                    raise ProtocolError(
+                    raise MarkerError(
                         f"transaction {txn.xid} committed at {lsn_to_str(commit_lsn)} with {n} changes but "
                         "no commit marker; in gtm mode every writing transaction must log "
                         "'commit <gid> <csn>' (transactional) before it commits",
@@ -417,21 +398,20 @@ class NodeSender:
             if not buf.n_changes:
                 return self._skip(buf, end_lsn)
             key = txn.xid
-            csn = commit_lsn
+            csn = _as_csn(commit_lsn)  # single-node mode: the commit LSN is the CSN
         if self.resume_csn is not None and csn <= self.resume_csn:
             self.dropped_resumed += 1
             released: list[Key] = []
             if gid is not None and orderer.is_committing(gid):
-                self._drop_cap(gid)
+                self._confirm.resolved(gid)
                 released = orderer.abort(gid, lsn=commit_lsn)
             buf.close()
-            self._advance_floor(end_lsn)
+            self._confirm.passed(end_lsn)
             return self._take(released)
-        floor = self._floor
         try:
             # A commit ticks: every later transaction gets a larger CSN (gtm) or commits later (single).
             released = orderer.commit(
-                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else end_lsn
+                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else _as_csn(end_lsn)
             )
         except ProtocolError:
             buf.close()
@@ -442,17 +422,18 @@ class NodeSender:
         n = buf.n_changes
         finished = FinishedTxn(self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n)
         # Released at once, the common case: no round trip through `_ready`
-        # and `_wait_floor` (`_take` would leave both as they are now, and the
-        # confirmable LSN where `_advance_floor` puts it).
+        # and the confirmable LSN's holds (`_take` would leave both as they
+        # are now, and the confirmable LSN where `passed` puts it).
+        confirm = self._confirm
         at_once = len(released) == 1 and released[0] == key
         if not at_once:
             self._ready[key] = finished
-            self._wait_floor[end_lsn] = floor
-        self._advance_floor(end_lsn)
+            confirm.hold(end_lsn)
+        confirm.passed(end_lsn)
         if not at_once:
             return self._take(released)
-        if gid is not None and gid in self._cap_of:
-            self._drop_cap(gid)
+        if gid is not None:
+            confirm.resolved(gid)
         self.released += 1
         return [finished]
 
@@ -460,47 +441,27 @@ class NodeSender:
         if not keys:
             return []
         out = []
-        ready, wait_floor, cap_of = self._ready, self._wait_floor, self._cap_of
+        ready, confirm = self._ready, self._confirm
         for key in keys:
             txn = ready.pop(key)
-            del wait_floor[txn.end_lsn]
-            if isinstance(key, str) and key in cap_of:
-                self._drop_cap(key)
+            confirm.unhold(txn.end_lsn)
+            if isinstance(key, str):
+                confirm.resolved(key)
             out.append(txn)
         self.released += len(out)
-        self._update_confirmable()
+        confirm.update()
         return out
 
-    def _skip(self, buf: TxnBuffer, end_lsn: int) -> list[FinishedTxn]:
+    def _skip(self, buf: TxnBuffer, end_lsn: Lsn) -> list[FinishedTxn]:
         buf.close()
         self.skipped_empty += 1
-        self._advance_floor(end_lsn)
+        self._confirm.passed(end_lsn)
         return []
-
-    def _advance_floor(self, end_lsn: int) -> None:
-        if end_lsn > self._floor:
-            self._floor = end_lsn
-        self._update_confirmable()
-
-    def _drop_cap(self, gid: str) -> None:
-        entry = self._cap_of.pop(gid, None)
-        if entry is not None:
-            self._caps.remove(entry[0])
-            self._update_confirmable()
-
-    def _update_confirmable(self) -> None:
-        c = self._floor
-        if self._ready:  # `_wait_floor`'s twin, the same size: a dict's len() is not a Python call
-            c = min(c, self._wait_floor.peekitem(0)[1])
-        if self._cap_of:  # `_caps`' twin
-            c = min(c, self._caps[0])
-        if c > self._confirmable:
-            self._confirmable = c
 
     # --- state ----------------------------------------------------------------------------
 
     @property
-    def watermark(self) -> int | None:
+    def watermark(self) -> Csn | None:
         """Largest CSN `w` such that no transaction with CSN `<= w` can still be released; None: unknown.
 
         Never decreases.  Unknown until the first tick (explicit, or derived as
@@ -510,28 +471,16 @@ class NodeSender:
         return self._orderer.watermark
 
     @property
-    def confirmable_lsn(self) -> int:
+    def confirmable_lsn(self) -> Lsn:
         """The LSN this node's slot may be confirmed to once everything released so far is durable.
 
         The largest `L` (0: none yet) such that a restart from `L` loses
-        nothing and breaks no ordering:
-
-        * every transaction whose commit record lies before `L` has been
-          released (or skipped as empty): `L` is the end LSN of a commit -- or
-          an idle keepalive's WAL end -- that precedes the oldest committed,
-          unreleased transaction (`L` <= its commit LSN, so the server sends
-          it again);
-        * no `committing` marker of a transaction that is not released yet
-          lies before `L`: while one is open or its transaction waits, `L`
-          stays at the position the stream had reached when the marker
-          arrived, so after a restart the marker is sent again and still
-          holds back larger CSNs.
-
-        It never decreases.  The caller confirms it only after every
-        transaction released before it read this value is durable (and should
-        restart with `resume_csn` = the last durable CSN).
+        nothing and breaks no ordering (`sender.confirm` says how).  It never
+        decreases.  The caller confirms it only after every transaction
+        released before it read this value is durable (and should restart
+        with `resume_csn` = the last durable CSN).
         """
-        return self._confirmable
+        return self._confirm.value
 
     @property
     def orderer(self) -> CsnOrderer[Key]:
@@ -553,48 +502,21 @@ class NodeSender:
             spilled_bytes=self.spilled_bytes,
             buffered_bytes=sum(t.buf.mem_bytes for t in open_txns),
             watermark=self.watermark,
-            confirmable_lsn=self._confirmable,
+            confirmable_lsn=self._confirm.value,
         )
 
     def finish(self) -> None:
         """The stream ended: it must not end inside a transaction or with one still committing."""
         node = self.node
-        if self._cur is not None:
-            t = self._cur
-            raise ProtocolError(
-                f"stream ended inside transaction {t.xid} (begun at {lsn_to_str(t.first_lsn)}, "
-                f"{t.buf.n_changes} changes so far); the stream is truncated",
-                node=node,
-                lsn=self._last_lsn or t.first_lsn,
-                xid=t.xid,
-            )
-        if self._block is not None:
-            t = self._block
-            raise ProtocolError(
-                f"stream ended inside a stream block of transaction {t.xid} (streaming since "
-                f"{lsn_to_str(t.first_lsn)}); the stream is truncated",
-                node=node,
-                lsn=self._last_lsn or t.first_lsn,
-                xid=t.xid,
-            )
-        if self._streams:
-            t = min(self._streams.values(), key=lambda o: o.first_lsn)
-            more = len(self._streams) - 1
-            raise ProtocolError(
-                f"stream ended with streamed transaction {t.xid} (streaming since "
-                f"{lsn_to_str(t.first_lsn)}) neither committed nor aborted"
-                + (f", and {more} more" if more else "")
-                + "; the stream is truncated",
-                node=node,
-                lsn=self._last_lsn or t.first_lsn,
-                xid=t.xid,
-            )
+        err = open_at_end(node, self._last_lsn, self._cur, self._block, self._streams)
+        if err is not None:
+            raise err
         open_ = self._orderer.open_committing()
         if open_:
             gid, csn = open_[0]
-            marker_lsn = self._cap_of[gid][1] if isinstance(gid, str) and gid in self._cap_of else 0
+            marker_lsn = (self._confirm.marker_lsn(gid) if isinstance(gid, str) else None) or 0
             waiting = self._orderer.n_waiting
-            raise ProtocolError(
+            raise TruncatedStream(
                 f"stream ended with global transaction {gid} committing (committing csn {csn}, logged at "
                 f"{lsn_to_str(marker_lsn)}) but neither committed nor aborted"
                 + (f"; {len(open_) - 1} more committing" if len(open_) > 1 else "")
@@ -618,12 +540,12 @@ class NodeSender:
 
     # --- helpers ------------------------------------------------------------------------
 
-    def _new_buf(self, xid: int) -> TxnBuffer:
+    def _new_buf(self, xid: Xid) -> TxnBuffer:
         return TxnBuffer(self.node, xid, self.spill_bytes, self.spill_dir)
 
-    def _no_block(self, what: str, xid: int, lsn: int) -> None:
+    def _no_block(self, what: str, xid: Xid, lsn: Lsn) -> None:
         if self._block is not None:
-            raise ProtocolError(
+            raise MessageOutOfPlace(
                 f"{what} of transaction {xid} inside the open stream block of transaction "
                 f"{self._block.xid}; the stream is corrupt",
                 node=self.node,
@@ -631,7 +553,7 @@ class NodeSender:
                 xid=xid,
             )
 
-    def _stray_change(self, lsn: int, ch: DecodedChange) -> ProtocolError:
+    def _stray_change(self, lsn: Lsn, ch: DecodedChange) -> MessageOutOfPlace:
         if ch.xid is None:
             where = (
                 f"inside the stream block of transaction {self._block.xid} without a subtransaction xid"
@@ -640,7 +562,7 @@ class NodeSender:
             )
         else:
             where = f"of subtransaction {ch.xid} outside any stream block"
-        return ProtocolError(
+        return MessageOutOfPlace(
             f"{ch.op} change at {lsn_to_str(ch.lsn)} {where}; the stream is corrupt or truncated at its start",
             node=self.node,
             lsn=ch.lsn or lsn or None,
@@ -650,24 +572,18 @@ class NodeSender:
     def _check(self) -> None:
         """Assert every invariant of the sender's bookkeeping (tests call it after each step)."""
         self._orderer._check()
-        self._caps._check()
-        self._wait_floor._check()
-        assert sorted(f for f, _ in self._cap_of.values()) == list(self._caps)
         assert set(self._ready) == {k for k, _ in self._orderer.waiting()}
-        assert len(self._wait_floor) == len(self._ready)
-        assert sorted(t.end_lsn for t in self._ready.values()) == list(self._wait_floor)
-        for gid in self._cap_of:
-            assert self._orderer.is_committing(gid) or gid in self._ready
-        assert self._confirmable <= self._floor
+        committing = {k for k, _ in self._orderer.open_committing() if isinstance(k, str)}
+        self._confirm._check(
+            holding=[t.end_lsn for t in self._ready.values()],
+            capping=committing | {k for k in self._ready if isinstance(k, str)},
+        )
         if self._block is not None:
             assert self._block is self._streams.get(self._block.xid)
         assert self._cur is None or self._block is None
 
 
-_ARITY: Final = {"committing": 3, "commit": 3, "abort": 2, "cid": 2, "tick": 2}
-_TRANSACTIONAL: Final = {"committing": False, "commit": True, "abort": False, "cid": True, "tick": False}
-
-_HANDLERS: Final[dict[type, Callable[[NodeSender, int, Any], list[FinishedTxn]]]] = {
+_HANDLERS: Final[dict[type, Callable[[NodeSender, Lsn, Any], list[FinishedTxn]]]] = {
     Begin: NodeSender._begin,
     Commit: NodeSender._commit,
     StreamStart: NodeSender._stream_start,

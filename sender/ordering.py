@@ -50,7 +50,8 @@ from typing import Generic, TypeVar
 
 from sortedcontainers import SortedDict, SortedList
 
-from csnd.core.errors import ProtocolError
+from csnd.core.errors import CsnOrderViolation, MarkerError
+from csnd.core.ids import Csn, Lsn, Xid
 
 K = TypeVar("K", bound=Hashable)
 
@@ -80,24 +81,24 @@ class CsnOrderer(Generic[K]):
         self.node = node
         # key -> committing CSN, and the same entries sorted as (csn, seq) pairs.
         # The seq breaks ties between equal committing CSNs without comparing keys.
-        self._committing: dict[K, tuple[int, int]] = {}
+        self._committing: dict[K, tuple[Csn, int]] = {}
         self._committing_by_csn: SortedList = SortedList()
         # commit list: commit CSN -> key (a CSN is handed out once, so CSNs are unique)
         self._waiting: SortedDict = SortedDict()
-        self._waiting_csn: dict[K, int] = {}
-        self._tick: int | None = None
-        self._watermark: int | None = None
-        self._last_released: int | None = None
+        self._waiting_csn: dict[K, Csn] = {}
+        self._tick: Csn | None = None
+        self._watermark: Csn | None = None
+        self._last_released: Csn | None = None
         self._seq = 0
         self.released_count = 0
 
     # --- events -------------------------------------------------------------------
 
-    def committing(self, key: K, csn: int, *, lsn: int | None = None) -> None:
+    def committing(self, key: K, csn: Csn, *, lsn: Lsn | None = None) -> None:
         """`key` entered its commit; its commit CSN will be greater than `csn`."""
         if key in self._committing or key in self._waiting_csn:
             state = "committing" if key in self._committing else "committed and waiting"
-            raise ProtocolError(
+            raise MarkerError(
                 f"duplicate committing marker for {_name(key)} (csn {csn}): it is already {state}; "
                 "gids must be unique among in-flight transactions",
                 node=self.node,
@@ -110,7 +111,7 @@ class CsnOrderer(Generic[K]):
         self._update_watermark()
 
     def commit(
-        self, key: K, csn: int, *, lsn: int | None = None, xid: int | None = None, tick: int | None = None
+        self, key: K, csn: Csn, *, lsn: Lsn | None = None, xid: Xid | None = None, tick: Csn | None = None
     ) -> list[K]:
         """`key` committed with commit CSN `csn`; returns the keys now released, in CSN order.
 
@@ -121,7 +122,7 @@ class CsnOrderer(Generic[K]):
         """
         entry = self._committing.get(key)
         if entry is not None and csn <= entry[0]:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"{_name(key)} committed with csn {csn}, not greater than its committing csn "
                 f"{entry[0]}; the writer must take the commit csn from the gtm after logging committing",
                 node=self.node,
@@ -129,7 +130,7 @@ class CsnOrderer(Generic[K]):
                 xid=xid,
             )
         if key in self._waiting_csn:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"duplicate commit of {_name(key)} (csn {csn}): it already committed with csn "
                 f"{self._waiting_csn[key]}",
                 node=self.node,
@@ -138,7 +139,7 @@ class CsnOrderer(Generic[K]):
             )
         last = self._last_released
         if last is not None and csn <= last:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"{_name(key)} committed with csn {csn} after csn {last} was already released; "
                 "a csn went backwards (was its committing marker missing?)",
                 node=self.node,
@@ -147,7 +148,7 @@ class CsnOrderer(Generic[K]):
             )
         wm = self._watermark
         if wm is not None and csn <= wm:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"{_name(key)} committed with csn {csn}, at or below watermark {wm} already promised "
                 "(a tick or committing marker said every later csn is greater); a csn went backwards",
                 node=self.node,
@@ -156,7 +157,7 @@ class CsnOrderer(Generic[K]):
             )
         other = self._waiting.get(csn)
         if other is not None:
-            raise ProtocolError(
+            raise CsnOrderViolation(
                 f"{_name(key)} committed with csn {csn}, which {_name(other)} already has; "
                 "a csn is handed out once",
                 node=self.node,
@@ -184,11 +185,11 @@ class CsnOrderer(Generic[K]):
             self._raise_tick(tick)  # (releasing does not look at the tick; the watermark is updated after)
         return self._release()
 
-    def abort(self, key: K, *, lsn: int | None = None) -> list[K]:
+    def abort(self, key: K, *, lsn: Lsn | None = None) -> list[K]:
         """`key`, which logged committing, will not commit; returns the keys now released."""
         entry = self._committing.pop(key, None)
         if entry is None:
-            raise ProtocolError(
+            raise MarkerError(
                 f"abort marker for {_name(key)}, which is not committing "
                 f"({'it already committed' if key in self._waiting_csn else 'no committing marker was seen'})",
                 node=self.node,
@@ -197,7 +198,7 @@ class CsnOrderer(Generic[K]):
         self._committing_by_csn.remove(entry)
         return self._release()
 
-    def tick(self, csn: int) -> None:
+    def tick(self, csn: Csn) -> None:
         """Every transaction that commits later and is not committing now gets a CSN `>= csn`.
 
         Ticks are lower bounds, so a smaller one than already known adds
@@ -207,7 +208,7 @@ class CsnOrderer(Generic[K]):
         if self._raise_tick(csn):
             self._update_watermark()
 
-    def _raise_tick(self, csn: int) -> bool:
+    def _raise_tick(self, csn: Csn) -> bool:
         """Take a tick; whether it raised the known one."""
         if self._tick is None or csn > self._tick:
             self._tick = csn
@@ -217,7 +218,7 @@ class CsnOrderer(Generic[K]):
     # --- state --------------------------------------------------------------------
 
     @property
-    def watermark(self) -> int | None:
+    def watermark(self) -> Csn | None:
         """Largest CSN `w` such that nothing with CSN `<= w` can still be released; None: unknown.
 
         Never decreases (see the module docstring for how it is computed).
@@ -225,7 +226,7 @@ class CsnOrderer(Generic[K]):
         return self._watermark
 
     @property
-    def last_released(self) -> int | None:
+    def last_released(self) -> Csn | None:
         return self._last_released
 
     @property
@@ -239,15 +240,15 @@ class CsnOrderer(Generic[K]):
     def is_committing(self, key: K) -> bool:
         return key in self._committing
 
-    def committing_csn(self, key: K) -> int | None:
+    def committing_csn(self, key: K) -> Csn | None:
         entry = self._committing.get(key)
         return None if entry is None else entry[0]
 
-    def open_committing(self) -> list[tuple[K, int]]:
+    def open_committing(self) -> list[tuple[K, Csn]]:
         """The open committing transactions as (key, committing csn), smallest CSN first."""
         return sorted(((k, e[0]) for k, e in self._committing.items()), key=lambda kv: kv[1])
 
-    def waiting(self) -> list[tuple[K, int]]:
+    def waiting(self) -> list[tuple[K, Csn]]:
         """Committed transactions not yet released, as (key, commit csn), in CSN order."""
         return [(k, c) for c, k in self._waiting.items()]
 
@@ -272,7 +273,7 @@ class CsnOrderer(Generic[K]):
         self._update_watermark()
         return released
 
-    def _bound(self) -> int | None:
+    def _bound(self) -> Csn | None:
         """min(latest tick, smallest open committing CSN, smallest waiting CSN), or None before a tick."""
         bound = self._tick
         if bound is None:
@@ -287,7 +288,7 @@ class CsnOrderer(Generic[K]):
         bound = self._bound()
         w = self._last_released
         if bound is not None and (w is None or bound - 1 > w):
-            w = bound - 1
+            w = Csn(bound - 1)
         if w is not None and (self._watermark is None or w > self._watermark):
             self._watermark = w
 

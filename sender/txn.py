@@ -1,27 +1,69 @@
-"""A finished transaction of one node (sender -> coordinator contract)."""
+"""A node's committed transaction: its header, and the finished transaction (sender -> coordinator contract).
+
+`TxnHeader` is the one declaration of what identifies one node's commit
+(csn, gid, xid, commit LSN, end LSN, commit time).  The sender's
+`FinishedTxn` and the coordinator's `NodeBatch` (`coordinator.batch`) both
+extend it; slotted dataclasses, so reading a field of either costs what a
+field of its own would.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from csnd.core.ids import Csn, Lsn, Xid
+
 
 @dataclass(slots=True)
-class FinishedTxn:
+class TxnHeader:
+    """One node's commit of a transaction.
+
+    `csn`: the commit CSN (gtm mode) or the commit LSN (single-node mode);
+    `gid` the global transaction (None in single-node mode); `end_lsn` where
+    the node's slot may be confirmed once the transaction is durable (DESIGN
+    section 9); `commit_time` microseconds since 2000-01-01 UTC, as on the wire.
+    """
+
+    csn: Csn
+    gid: str | None
+    xid: Xid
+    commit_lsn: Lsn
+    end_lsn: Lsn
+    commit_time: int
+
+
+@dataclass(slots=True, init=False)
+class FinishedTxn(TxnHeader):
     """A committed transaction of one node, released by the sender in CSN order.
 
     `changes` yields `(cid, lsn, body)` in stream order, `body` being the
     `DecodedChange.body` JSON fragment; for a spilled large transaction it reads
-    back from disk lazily, so iterate it once.  `commit_time` is microseconds
-    since 2000-01-01 UTC, as on the wire.
+    back from disk lazily, so iterate it once.
     """
 
     node: str
-    csn: int
-    gid: str | None
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    commit_time: int
     changes: Iterable[tuple[int, int, str]]
     n_changes: int
+
+    def __init__(
+        self,
+        node: str,
+        csn: Csn,
+        gid: str | None,
+        xid: Xid,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        commit_time: int,
+        changes: Iterable[tuple[int, int, str]],
+        n_changes: int,
+    ) -> None:
+        self.node = node
+        self.csn = csn
+        self.gid = gid
+        self.xid = xid
+        self.commit_lsn = commit_lsn
+        self.end_lsn = end_lsn
+        self.commit_time = commit_time
+        self.changes = changes
+        self.n_changes = n_changes

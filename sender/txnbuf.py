@@ -32,6 +32,7 @@ from itertools import chain, repeat
 from typing import IO, Final
 
 from csnd.core.errors import CsndError
+from csnd.core.ids import Lsn
 
 # Bytes of change bodies (plus per-change overhead) one transaction may hold in
 # memory before it spills to disk.  Higher: fewer transactions pay for disk
@@ -134,7 +135,7 @@ class TxnBuffer:
         if subxid is not None:
             self._counts[subxid] = self._counts.get(subxid, 0) + 1
 
-    def extend(self, cid: int, subxid: int | None, lsns: list[int], bodies: list[str]) -> None:
+    def extend(self, cid: int, subxid: int | None, lsns: list[Lsn], bodies: list[str]) -> None:
         """Add a run of changes of one cid and (sub)transaction: `append` for each, in C-level passes.
 
         The spill bound is checked once per run, so memory may pass it by

@@ -6,25 +6,41 @@ picklable -- they cross process boundaries from decoder workers -- so every
 constructor argument is kept in `args` (`__reduce__` below).
 
     CsndError
-    ├── ConfigError          bad command line or service configuration
-    ├── StreamFormatError    a recorded stream file that cannot be read
-    ├── ProtocolError        a message sequence that breaks the protocol
-    │   ├── DecodeError      tuple data that cannot be turned into values
-    │   └── TimestampError   a commit time outside the dates the output can write
-    ├── SourceError          a live source failed (connection, slot, server)
-    │   └── ConnectionLost   the connection dropped; the reader may reconnect
-    ├── WorkerError          a decoder worker died or failed
-    ├── ChangelogCorrupt     a changelog damaged before its tail (names file and offset)
-    ├── CsnOutOfRange        a read from a CSN that retention has dropped
-    └── ChangefeedError      a changefeed consumer cannot go on (csnd.consumers.client)
+    ├── ConfigError            bad command line or service configuration
+    ├── StreamFormatError      a recorded stream file that cannot be read
+    ├── ProtocolError          a message sequence that breaks the protocol
+    │   ├── DecodeError        tuple data that cannot be turned into values
+    │   ├── TimestampError     a commit time outside the dates the output can write
+    │   ├── FrameError         a CopyData payload or pgoutput message that does not parse
+    │   ├── MessageOutOfPlace  a message where the protocol allows none (Begin inside a
+    │   │                      transaction, a change outside one, a batch after the end)
+    │   ├── TruncatedStream    the stream ended inside a transaction or with one committing
+    │   ├── LsnOrderViolation  positions that go backwards, or lie beyond their commit
+    │   ├── CsnOrderViolation  csns that break the gtm's order (backwards, reused, two for a gid)
+    │   └── MarkerError        a csn marker in the wrong place, mode or transaction
+    │       └── MalformedMarker  one that does not follow the marker grammar
+    ├── SourceError            a live source failed (connection, slot, server)
+    │   └── ConnectionLost     the connection dropped; the reader may reconnect
+    ├── WorkerError            a decoder worker died or failed
+    ├── OutputError            the output could not be written (disk full, I/O error)
+    ├── InternalError          a bug in csnd: an invariant broke, an exception nobody expected
+    ├── ChangelogCorrupt       a changelog damaged before its tail (names file and offset)
+    ├── CsnOutOfRange          a read from a CSN that retention has dropped
+    └── ChangefeedError        a changefeed consumer cannot go on (csnd.consumers.client)
         ├── ChangefeedUnavailable      nothing answers at the service's address
         ├── ChangefeedUnauthenticated  the service refused the token (or its absence)
         └── ChangefeedRejected         the service refused the request as malformed
+
+Errors cross two boundaries.  Between processes (decoder workers) they are
+pickled, with the worker's traceback attached as `__cause__` on arrival
+(`RemoteTraceback`, the pattern of CPython's concurrent.futures.process).
+Over gRPC (node agent -> coordinator) they travel as plain fields:
+`to_wire` / `from_wire` keep the class (by name), node, LSN, xid and message.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from csnd.core.ids import lsn_to_str
 
@@ -60,6 +76,18 @@ class CsndError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, self.node, self.lsn, self.xid, self.__dict__))
 
+    def where(self, *, node: str | None = None, lsn: int | None = None, xid: int | None = None) -> CsndError:
+        """A copy of this error (same class) with the node, LSN and xid it did not know filled in."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("message", "node", "lsn", "xid")}
+        return _rebuild(
+            type(self),
+            self.message,
+            self.node if self.node is not None else node,
+            self.lsn if self.lsn is not None else lsn,
+            self.xid if self.xid is not None else xid,
+            state,
+        )
+
 
 def _rebuild(
     cls: type[CsndError],
@@ -81,6 +109,10 @@ class ConfigError(CsndError):
 
 class StreamFormatError(CsndError):
     """A recorded stream file is malformed: bad magic, bad header, truncated frame."""
+
+    # (class defaults: an error rebuilt by `from_wire` has only the rendered message)
+    path: str | None = None
+    offset: int | None = None
 
     def __init__(
         self,
@@ -134,6 +166,42 @@ class TimestampError(ProtocolError):
         )
 
 
+class FrameError(ProtocolError):
+    """A CopyData payload or pgoutput message that cannot be parsed."""
+
+
+class MessageOutOfPlace(ProtocolError):
+    """A message the protocol does not allow where it came: a Begin inside a transaction,
+    a change outside one, a stream block that never started, a batch after its node ended."""
+
+
+class TruncatedStream(ProtocolError):
+    """The stream ended inside a transaction, a stream block, or with a transaction committing."""
+
+
+class LsnOrderViolation(ProtocolError):
+    """Positions that break the WAL's order: a change's dataStart going backwards inside its
+    transaction or lying beyond its commit, a commit LSN other than its Begin announced."""
+
+
+class CsnOrderViolation(ProtocolError):
+    """CSNs that break the gtm protocol: going backwards, below a promised watermark,
+    one CSN for two transactions, two CSNs for one gid."""
+
+
+class MarkerError(ProtocolError):
+    """A csn marker that breaks the gtm protocol: in single-node mode, outside a transaction,
+    a second commit marker, a transaction without one, cids going backwards."""
+
+
+class MalformedMarker(MarkerError, ValueError):
+    """A csn marker whose content does not follow the grammar of DESIGN section 2.
+
+    Also a ValueError: the marker helpers raised ValueError for bad text
+    before the grammar had its own error, and callers may still catch that.
+    """
+
+
 class SourceError(CsndError):
     """A live source failed in a way a reconnect will not fix."""
 
@@ -182,6 +250,64 @@ class ChangefeedUnauthenticated(ChangefeedError):
 
 class ChangefeedRejected(ChangefeedError):
     """The service refused the request itself, e.g. a malformed table filter (INVALID_ARGUMENT)."""
+
+
+class OutputError(CsndError):
+    """The output (a file, a pipe, the changelog) could not be written: disk full, I/O error."""
+
+
+class InternalError(CsndError):
+    """A bug in csnd: an invariant broke or an exception nobody expected was raised."""
+
+
+class RemoteTraceback(Exception):
+    """A traceback formatted in another process, attached as `__cause__` of the error it raised.
+
+    As CPython's `concurrent.futures.process._RemoteTraceback`: the error
+    stays one clean line; the traceback shows where Python prints causes
+    (and with `-v`), not pasted into the message.
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class WireError(NamedTuple):
+    """An error as plain fields, for a wire that cannot carry Python objects (gRPC)."""
+
+    error_class: str
+    message: str
+    node: str | None
+    lsn: int | None
+    xid: int | None
+
+
+def to_wire(e: BaseException) -> WireError:
+    """`e` as fields `from_wire` rebuilds; an exception that is not ours travels as an InternalError."""
+    if isinstance(e, CsndError):
+        return WireError(type(e).__name__, e.message, e.node, e.lsn, e.xid)
+    return WireError("InternalError", f"unexpected {type(e).__name__}: {e}", None, None, None)
+
+
+def from_wire(w: WireError) -> CsndError:
+    """The error `to_wire` described: its class by name (an unknown name: CsndError), node, LSN, xid."""
+    cls = _by_name().get(w.error_class, CsndError)
+    return _rebuild(cls, w.message, w.node, w.lsn, w.xid, {})
+
+
+def _by_name() -> dict[str, type[CsndError]]:
+    """Every class of the tree by name, subclasses defined elsewhere included (looked up when used)."""
+    found: dict[str, type[CsndError]] = {}
+    todo: list[type[CsndError]] = [CsndError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 def os_error_text(e: OSError) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Final
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, position_from_pb
+from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, end_to_pb, position_from_pb
 from csnd.core.errors import ConfigError
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
@@ -100,14 +100,13 @@ class AgentState:
                     )
                 else:
                     assert isinstance(item, EndItem)
-                    error = "" if item.error is None else str(item.error) or repr(item.error)
                     with self.cond:
-                        self.end = pb.AgentMessage(end=pb.End(error=error))
+                        self.end = pb.AgentMessage(end=end_to_pb(item.error))
                         self.cond.notify_all()
                     return
         except BaseException as e:  # noqa: BLE001 - reported to the coordinator
             with self.cond:
-                self.end = pb.AgentMessage(end=pb.End(error=f"node agent failed: {e!r}"))
+                self.end = pb.AgentMessage(end=end_to_pb(e))
                 self.cond.notify_all()
 
     def _append(self, pos: Position, msg: pb.AgentMessage, is_batch: bool) -> None:

@@ -17,6 +17,7 @@ import threading
 from typing import Any, Final, Protocol
 
 from csnd.core.errors import CsndError
+from csnd.core.ids import Csn
 from csnd.decoder.change import DecodedRun
 from csnd.decoder.pool import BATCH_END, DecoderPool
 from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
@@ -62,7 +63,7 @@ class NodePipeline:
 
     releases_whole = True
 
-    def __init__(self, source: Any, decoders: int, resume_csn: int | None = None) -> None:
+    def __init__(self, source: Any, decoders: int, resume_csn: Csn | None = None) -> None:
         self.source = source
         self.node: str = source.node
         self.mode: str = source.mode

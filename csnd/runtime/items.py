@@ -17,6 +17,7 @@ from typing import Final
 
 from csnd.coordinator import NodeBatch
 from csnd.coordinator.batch import change_cid
+from csnd.core.ids import Csn
 from csnd.sender.txn import FinishedTxn
 
 # Changes per batch handed to the merge: the merge interleaves nodes, streams
@@ -49,7 +50,7 @@ class WatermarkItem:
     LSN (DESIGN section 9): carried here, it lets a quiet slot advance.
     """
 
-    csn: int
+    csn: Csn
     confirmable: int | None = None
 
 

@@ -19,8 +19,9 @@ from typing import Final
 
 import grpc
 
-from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, position_to_pb
+from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, end_from_pb, position_to_pb
 from csnd.core.errors import ConfigError, ConnectionLost, CsndError
+from csnd.core.ids import Csn
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.runtime.config import AGENT_GIVE_UP_S
@@ -165,12 +166,12 @@ class RemoteNode:
                             outbox.put(self._ack())
                             unacked = 0
                     elif kind == "watermark":
-                        if not self._put(WatermarkItem(msg.watermark.csn)):
+                        if not self._put(WatermarkItem(Csn(msg.watermark.csn))):
                             return
                     elif kind == "end":
-                        error = msg.end.error
-                        if error:
-                            self._put(EndItem(CsndError(f"node agent at {self.address}: {error}")))
+                        error = end_from_pb(msg.end)
+                        if error is not None:
+                            self._put(EndItem(error))
                             return
                         ended = True
                         self._put(EndItem())

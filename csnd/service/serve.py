@@ -46,6 +46,7 @@ from google.protobuf import json_format  # type: ignore[import-untyped]
 from csnd.coordinator import check_modes
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.core.errors import ConfigError, ConnectionLost, CsndError, WorkerError
+from csnd.core.ids import Csn
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.sources import SourceSpec, open_source
@@ -136,7 +137,9 @@ class Service:
                 continue
             live = dataclasses.replace(src.live, give_up_s=self.config.give_up_s)
             source = open_source(SourceSpec(src.name, src.target), live, i)
-            inputs.append(NodePipeline(source, self.config.decoders, resume_csn=resume_csn or None))
+            inputs.append(
+                NodePipeline(source, self.config.decoders, resume_csn=Csn(resume_csn) if resume_csn else None)
+            )
         names = [p.node for p in inputs]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

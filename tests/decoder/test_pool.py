@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from csnd.core.errors import WorkerError
+from csnd.core.errors import DecodeError, RemoteTraceback, WorkerError
 from csnd.decoder.change import DecodedRun
 from csnd.decoder.pool import PIPE_BYTES, DecoderPool
 from csnd.reader import pgoutput as p
@@ -77,6 +77,45 @@ def test_runs_of_raw_frames_decode_in_order_and_every_queue_reports_depth(tmp_pa
     assert all(0 < q.peak <= q.capacity for q in pool.stats.queues), pool.stats.queues
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_relation_that_cannot_be_decoded_at_the_end_fails_the_run(tmp_path: Path, workers: int) -> None:
+    """A worker reports an error in place of its next result; at the end of the stream there is none.
+
+    The last message is a Relation of a type binary mode cannot read, after
+    every change: no batch goes to any worker after it, so only the pool's
+    end-of-stream sync with every worker can read the error -- the run must
+    fail with it (the worker's own traceback as its cause), not end as a
+    success.
+    """
+    path = tmp_path / "s.pgstream"
+    with StreamWriter(str(path), StreamHeader(node="dn1", binary=True, mode="single")) as w:
+        w.write_frame(
+            p.encode_xlogdata(
+                0, 0, 1, p.encode_relation(16384, "public", "t", "d", [p.Column(1, "id", 23, -1)])
+            )
+        )
+        for t, xid in enumerate((700, 701, 702)):
+            lsn = 0x100 + 0x100 * t
+            w.write_frame(p.encode_xlogdata(lsn, lsn, 1, p.encode_begin(lsn + 0x80, 5, xid)))
+            w.write_frame(
+                p.encode_xlogdata(lsn + 8, lsn, 1, p.encode_insert(16384, [struct.pack("!i", xid)]))
+            )
+            w.write_frame(p.encode_xlogdata(lsn + 0x80, lsn, 1, p.encode_commit(lsn + 0x80, lsn + 0x90, 5)))
+        bad = [p.Column(1, "id", 23, -1), p.Column(0, "shape", 999_999, -1)]
+        w.write_frame(p.encode_xlogdata(0, 0, 1, p.encode_relation(16384, "public", "t", "d", bad)))
+    pool = DecoderPool("dn1", workers, binary=True, batch_changes=1)
+    seen: list[Any] = []
+    with pytest.raises(DecodeError) as ei:
+        for _, item in pool.run(RecordedSource(str(path)).events(raw_changes=True)):
+            seen.append(item)
+    assert sum(isinstance(i, DecodedRun) for i in seen) == 3  # every change came out before the error
+    err = ei.value
+    assert str(err).startswith('node dn1: relation public.t (relid 16384): column "shape" has type')
+    assert "text mode" in str(err)
+    assert isinstance(err.__cause__, RemoteTraceback) and "Traceback" in str(err.__cause__)
+    assert "decode" in str(err.__cause__)  # where the worker raised it
+
+
 def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_new_one() -> None:
     """What a long-running `csnd node` needs: this process lives on, so its death cannot be the signal."""
     pool = DecoderPool("dn1", 2, binary=True)
@@ -84,7 +123,7 @@ def test_a_dead_fork_server_is_named_its_workers_leave_and_the_next_pool_gets_a_
     assert len(pids) == 2
     server = parent_of(pids[0])
     os.kill(server, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a ceiling, not a timing goal: a busy machine is slow
     with pytest.raises(WorkerError, match="the decoder fork server died"):
         while time.monotonic() < deadline:
             pool._check_all()

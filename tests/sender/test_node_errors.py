@@ -10,7 +10,14 @@ import pickle
 
 import pytest
 
-from csnd.core.errors import ConfigError, ProtocolError
+from csnd.core.errors import (
+    ConfigError,
+    CsndError,
+    InternalError,
+    MalformedMarker,
+    ProtocolError,
+    TruncatedStream,
+)
 from csnd.decoder.change import DecodedChange
 from csnd.reader.pgoutput import (
     Begin,
@@ -51,8 +58,10 @@ def _plain(xid: int, commit_lsn: int, *middle: object) -> list[object]:
     return [Begin(commit_lsn, 5, xid), *middle, Commit(0, commit_lsn, commit_lsn + 88, 5)]
 
 
-def _raises(ns: NodeSender, *items: object, words: tuple[str, ...]) -> ProtocolError:
-    with pytest.raises(ProtocolError) as ei:
+def _raises(
+    ns: NodeSender, *items: object, words: tuple[str, ...], cls: type[CsndError] = ProtocolError
+) -> CsndError:
+    with pytest.raises(cls) as ei:
         _feed(ns, *items)
     msg = str(ei.value)
     assert msg.startswith(f"node {ns.node}: "), msg
@@ -69,7 +78,7 @@ def _raises(ns: NodeSender, *items: object, words: tuple[str, ...]) -> ProtocolE
 def test_stream_ends_inside_a_transaction() -> None:
     ns = NodeSender("dn2", "gtm")
     _feed(ns, Begin(0x16B3748, 5, 745), _ch(0x16B3700))
-    with pytest.raises(ProtocolError) as ei:
+    with pytest.raises(TruncatedStream) as ei:
         ns.finish()
     msg = str(ei.value)
     assert msg.startswith("node dn2: stream ended inside transaction 745") and "begun at 0/16B3000" in msg
@@ -80,7 +89,7 @@ def test_stream_ends_inside_a_stream_block() -> None:
     ns = NodeSender("dn2", "gtm")
     _feed(ns, StreamStart(746, True), _ch(0x16B3700, 746))
     with pytest.raises(
-        ProtocolError, match=r"node dn2: stream ended inside a stream block of transaction 746"
+        TruncatedStream, match=r"node dn2: stream ended inside a stream block of transaction 746"
     ):
         ns.finish()
 
@@ -89,7 +98,7 @@ def test_stream_ends_with_a_streamed_transaction_open() -> None:
     ns = NodeSender("dn2", "gtm")
     _feed(ns, StreamStart(746, True), _ch(0x16B3700, 746), StreamStop())
     _feed(ns, StreamStart(747, True), _ch(0x16B3800, 747), StreamStop())
-    with pytest.raises(ProtocolError) as ei:
+    with pytest.raises(TruncatedStream) as ei:
         ns.finish()
     msg = str(ei.value)
     assert "streamed transaction 746" in msg and "1 more" in msg and "since 0/16B3000" in msg
@@ -99,7 +108,7 @@ def test_stream_ends_with_a_committing_transaction_open() -> None:
     ns = NodeSender("dn2", "gtm")
     _feed(ns, _m("committing g-17 41", lsn=0x16B3900), _m("committing g-18 41"))
     _feed(ns, *_plain(750, 0x16B4000, _ch(0x16B3F00), _m("commit g-18 43", True)))
-    with pytest.raises(ProtocolError) as ei:
+    with pytest.raises(TruncatedStream) as ei:
         ns.finish()
     msg = str(ei.value)
     assert msg.startswith("node dn2: stream ended with global transaction g-17 committing")
@@ -240,13 +249,16 @@ def test_cid_going_down() -> None:
 )
 def test_malformed_marker(text: str) -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, Begin(0x16B3748, 5, 745), _m(text, True), words=("malformed csn marker",))
+    err = _raises(
+        ns, Begin(0x16B3748, 5, 745), _m(text, True), words=("malformed csn marker",), cls=MalformedMarker
+    )
+    assert repr(text.encode())[:-1] in str(err)  # the content is named
 
 
 def test_non_ascii_marker() -> None:
     ns = NodeSender("dn2", "gtm")
     msg = LogicalMessage(None, False, LSN, "csn", "tick 5é".encode())
-    _raises(ns, msg, words=("malformed csn marker",))
+    _raises(ns, msg, words=("malformed csn marker",), cls=MalformedMarker)
 
 
 @pytest.mark.parametrize(
@@ -362,7 +374,7 @@ def test_stream_commit_inside_a_block() -> None:
 
 def test_undecoded_change_is_refused() -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, Change("I", None, 1, b"N"), words=("unexpected Change",))
+    _raises(ns, Change("I", None, 1, b"N"), words=("unexpected Change",), cls=InternalError)
 
 
 def test_unknown_mode() -> None:

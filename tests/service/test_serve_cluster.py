@@ -155,7 +155,16 @@ def test_an_idle_node_does_not_hold_the_stream_back(cluster: LocalCluster, tmp_p
     try:
         writers = subprocess.run(
             [*CSND, "workload", "--nodes", *[f"{n}={u}" for n, u in busy.items()], "--writers", "2"]
-            + ["--duration", "60", "--rate", "20", "--publication", "csnd_pub", "--out", str(tmp_path / "c.jsonl")],
+            + [
+                "--duration",
+                "60",
+                "--rate",
+                "20",
+                "--publication",
+                "csnd_pub",
+                "--out",
+                str(tmp_path / "c.jsonl"),
+            ],
             capture_output=True,
             text=True,
             timeout=300,

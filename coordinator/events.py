@@ -1,0 +1,55 @@
+"""What the merge emits: a global transaction as a stream of events (`CsnMerge.pop_events`).
+
+    TxnStart   the transaction's header: csn, gid, every participating node's commit
+    TxnPart    the next changes: one node's batch, `(cid, lsn, body)` each
+    TxnEnd     the transaction is complete
+
+A transaction of any size passes through as these events in bounded memory;
+`CsnMerge.pop_ready` joins them into whole `GlobalTxn`s for callers that
+want those.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from csnd.coordinator.txn import NodeCommit
+from csnd.core.ids import Csn, Lsn
+
+
+class TxnStart:
+    """A global transaction begins: everything its JSON line says before the changes."""
+
+    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time")
+
+    def __init__(
+        self,
+        csn: Csn,
+        gid: str | None,
+        nodes: dict[str, NodeCommit],
+        end_lsns: dict[str, Lsn],
+        commit_time: int,
+    ) -> None:
+        """`commit_time`: the latest of the nodes' commit times (`CsnMerge._check` holds it to that)."""
+        self.csn = csn
+        self.gid = gid
+        self.nodes = nodes
+        self.end_lsns = end_lsns
+        self.commit_time = commit_time
+
+
+class TxnPart(NamedTuple):
+    """The next changes of the current transaction: one node's batch, `(cid, lsn, body)` each."""
+
+    node: str
+    changes: list[tuple[int, int, str]]
+
+
+class TxnEnd(NamedTuple):
+    """The current transaction is complete; `nodes` took part in it."""
+
+    csn: Csn
+    nodes: list[str]
+
+
+TxnEvent = TxnStart | TxnPart | TxnEnd
