@@ -154,3 +154,21 @@ class WindowMachine(RuleBasedStateMachine):
 
 TestAckWindow = WindowMachine.TestCase
 TestAckWindow.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_an_idle_position_is_confirmed_only_with_what_was_released_before_it() -> None:
+    """`on_position` (an idle keepalive's confirmable LSN) becomes safe with the releases before it."""
+    t = ConfirmTracker()
+    t.on_position(100)  # nothing released: safe at the next on_durable
+    t._check()
+    assert t.on_durable() == 100
+    t.on_release(200)
+    t.on_position(300)  # covers the release: waits for it to be written and durable
+    t._check()
+    assert t.on_durable() == 100
+    t.on_written()
+    t._check()
+    assert t.on_durable() == 300
+    t.on_position(250)  # an older position never moves `safe` back
+    assert t.on_durable() == 300
+    t._check()

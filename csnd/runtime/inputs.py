@@ -113,12 +113,19 @@ class NodePipeline:
             feed = sender.feed
             last_wm: int | None = None
             last_confirmable = 0
+            # A source that ends at an LSN (--until-lsn) hands on an idle
+            # position only up to it: WAL the server has past that point is
+            # not this run's to confirm, the next run reads it.
+            options = getattr(self.source, "options", None)
+            until = getattr(options, "until_lsn", None)
             for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark
                     continue
                 if item is BATCH_END:
                     wm, confirmable = sender.watermark, sender.confirmable_lsn
+                    if until is not None and confirmable > until:
+                        confirmable = max(until, last_confirmable)
                     if wm is not None and (wm != last_wm or confirmable != last_confirmable):
                         # the last one covers every transaction before it
                         last_wm, last_confirmable = wm, confirmable
