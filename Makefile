@@ -23,6 +23,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p csnd
+	$(PY) scripts/import_graph.py --check > /dev/null
 
 test: install proto-check lint
 	$(VENV)/bin/pytest -q tests
