@@ -153,3 +153,24 @@ def test_live_node_served_equals_the_witness_and_the_slot_stays_safe(pg: PgDatab
         # the server never re-sends a transaction that ends at or before `confirmed`: it must be durable
         assert all(csn <= newest for end, csn in positions if end <= confirmed), (confirmed, newest)
     assert served.proc.returncode == 0
+
+
+def test_a_slow_subscriber_does_not_hold_the_slot_back(pg: PgDatabase, tmp_path: Any) -> None:
+    """A named subscriber that reads one transaction and then stops: the slot still follows the changelog."""
+    from csnd.consumers.client import Changefeed
+
+    _setup(pg)
+    served = start_serve([f"dn1={pg.url}?slot=csnd&publication=csnd_pub"], str(tmp_path / "log"))
+    feed = Changefeed(served.address, name="slowpoke")
+    try:
+        _workload(pg, rounds=5, seed=3)
+        assert feed.next(timeout=60) is not None  # it read one, acknowledges nothing, reads no more
+        _workload(pg, rounds=100, seed=4)
+        end = lsn_from_str(pg.current_lsn())
+        wait_for(lambda: _confirmed(pg) >= end, "the slot confirmed to the end of the WAL")
+        slow = next(c for c in served.status()["consumers"] if c["name"] == "slowpoke")
+        assert int(slow["acknowledged_csn"]) == 0 and int(slow["lag_transactions"]) > 50
+    finally:
+        feed.close()
+        code, err = served.terminate()
+    assert code == 0, err
