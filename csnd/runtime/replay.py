@@ -24,7 +24,6 @@ import os
 import sys
 from typing import Any
 
-from csnd.coordinator import check_modes
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.runtime.config import ReplayConfig
 from csnd.runtime.coordinator import CoordinatorRuntime
@@ -32,7 +31,7 @@ from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.jsonsink import JsonLinesSink, is_written_in_place
 from csnd.runtime.progress import ReplayProgress
 from csnd.runtime.sinks import OutputClosed, Sink
-from csnd.runtime.sources import SourceSpec, open_source, parse_source
+from csnd.runtime.sources import SourceSpec, check_nodes, open_source, parse_source
 from csnd.runtime.stopping import ignore_stop_signals
 
 
@@ -89,11 +88,7 @@ def run_replay(config: ReplayConfig) -> int:
     specs = [parse_source(s) for s in config.sources]
     check_output(config.output, specs)
     opened = [open_node(spec, config, i) for i, spec in enumerate(specs)]
-    names = [s.node for s in opened]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise ConfigError(f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE")
-    check_modes({s.node: s.mode for s in opened})
+    check_nodes(opened)
     sink = JsonLinesSink(config.output)  # before any decoder starts: a bad path fails at once
     try:
         inputs: list[NodeInput] = [

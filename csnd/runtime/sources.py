@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from csnd.coordinator import check_modes
 from csnd.core.errors import ConfigError
 from csnd.core.ids import lsn_from_str
 from csnd.runtime.config import LiveSourceConfig
@@ -74,3 +75,12 @@ def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> Any:
     from csnd.reader.recorded import RecordedSource
 
     return RecordedSource(spec.target, name=spec.name)
+
+
+def check_nodes(opened: list[Any]) -> None:
+    """The opened sources of one run: unique node names and CSN modes that can be merged (ConfigError)."""
+    names = [s.node for s in opened]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE")
+    check_modes({s.node: s.mode for s in opened})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from csnd.core.errors import ConfigError
 from csnd.core.ids import lsn_from_str
@@ -32,24 +33,23 @@ FILE holds the same settings as TOML (docs/service.md); flags override it.
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
+def _positive(convert: type[int] | type[float], noun: str) -> Any:
+    """An argparse type: a number above 0 (`convert` reads it; `noun` says what was expected)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
+_positive_int = _positive(int, "a whole number")
+_positive_float = _positive(float, "a number")
 
 
 def _lsn(text: str) -> str:

@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -43,13 +42,14 @@ from typing import Any, Final, TextIO
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
-from csnd.coordinator import check_modes
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
-from csnd.core.errors import ConfigError, ConnectionLost, CsndError, WorkerError
+from csnd.core.errors import ConnectionLost, CsndError, WorkerError
 from csnd.core.ids import Csn
+from csnd.core.tokens import read_token_file
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
-from csnd.runtime.sources import SourceSpec, open_source
+from csnd.runtime.sources import SourceSpec, check_nodes, open_source
+from csnd.runtime.stopping import ignore_stop_signals
 from csnd.service.config import ServeConfig, ServedSource
 from csnd.service.nodes import NodeWatch, SlotMonitor
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
@@ -109,51 +109,27 @@ class Service:
 
     # --- setup --------------------------------------------------------------------------
 
-    def _token(self) -> str | None:
-        path = self.config.token_file
-        if path is None:
-            return None
-        try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise ConfigError(f"--token-file {path}: {e.strerror or e}") from None
-        if not token:
-            raise ConfigError(f"--token-file {path} is empty")
-        return token
-
     def _open_sources(self, resume_csn: int) -> list[NodeInput]:
         """Fresh node inputs over every source, resuming after `resume_csn`."""
         from csnd.runtime.remote import RemoteNode
 
-        inputs: list[NodeInput] = []
+        opened: list[Any] = []  # a source, or a node agent's client (a node input already)
         for i, src in enumerate(self.config.sources):
             if src.is_agent:
                 address = src.target.removeprefix("grpc://").rstrip("/")
                 remote = RemoteNode(address, name=src.name, give_up_s=self.config.give_up_s)
                 if resume_csn:
                     remote.resume_after(resume_csn)
-                inputs.append(remote)
-                continue
-            live = dataclasses.replace(src.live, give_up_s=self.config.give_up_s)
-            source = open_source(SourceSpec(src.name, src.target), live, i)
-            inputs.append(
-                NodePipeline(source, self.config.decoders, resume_csn=Csn(resume_csn) if resume_csn else None)
-            )
-        names = [p.node for p in inputs]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            for p in inputs:
-                p.stop()
-            raise ConfigError(
-                f"node name {sorted(dup)[0]!r} is used by several sources; name them NAME=SOURCE"
-            )
-        try:
-            check_modes({p.node: p.mode for p in inputs})
-        except BaseException:
-            for p in inputs:
-                p.stop()
-            raise
+                opened.append(remote)
+            else:
+                live = dataclasses.replace(src.live, give_up_s=self.config.give_up_s)
+                opened.append(open_source(SourceSpec(src.name, src.target), live, i))
+        check_nodes(opened)  # before any decoder starts
+        resume = Csn(resume_csn) if resume_csn else None
+        inputs: list[NodeInput] = [
+            s if src.is_agent else NodePipeline(s, self.config.decoders, resume_csn=resume)
+            for src, s in zip(self.config.sources, opened, strict=True)
+        ]
         inputs.sort(key=lambda p: p.node)
         return inputs
 
@@ -292,7 +268,7 @@ class Service:
 
     def run(self) -> int:
         cfg = self.config
-        token = self._token()
+        token = read_token_file(cfg.token_file) if cfg.token_file else None
         tls = TlsFiles(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
         thresholds = None
         if cfg.http:
@@ -351,10 +327,7 @@ class Service:
             runtime.request_stop()
 
     def _finish(self, pipeline: threading.Thread) -> int:
-        # Ignore further stop signals while the last durable step and confirmations run.
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_stop_signals()  # while the last durable step and confirmations run
         pipeline.join(timeout=60)
         if self._failure is not None and not isinstance(self._failure, KeyboardInterrupt):
             raise self._failure

@@ -174,8 +174,13 @@ def test_changelog_command_prints_a_range_and_checks(cluster: Path, tmp_path: Pa
     assert check.returncode == 0 and f"{len(expected)} transactions" in check.stderr
 
 
-def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
+def test_bad_configuration_is_one_line(cluster: Path, tmp_path: Path) -> None:
+    dn1 = str(cluster / "dn1.pgstream")
     cases = [
+        (
+            ["serve", dn1, dn1, "--changelog", str(tmp_path / "l")],
+            "node name 'dn1' is used by several sources",
+        ),
         (["serve", "--changelog", str(tmp_path / "l")], "no sources"),
         (["serve", str(tmp_path / "missing.pgstream"), "--changelog", str(tmp_path / "l")], "no such file"),
         (["serve", "x.pgstream"], "--changelog DIR is required"),
