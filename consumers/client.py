@@ -66,6 +66,8 @@ BACKOFF_MAX_S: Final = 5.0
 INBOX_BATCHES: Final = 16
 # A close() waits this long for the service to store the last acknowledgement.
 CLOSE_TIMEOUT_S: Final = 5.0
+# The longest the caller's thread blocks at once while waiting for transactions.
+WAIT_SLICE_S: Final = 0.5
 CHANNEL_OPTIONS: Final = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -259,10 +261,16 @@ class Changefeed:
                 return None
             call = self._call
             assert call is not None
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                owner, item = self._inbox.get(timeout=wait)
+                # In slices: a signal (Ctrl-C) delivered to one of gRPC's threads
+                # does not wake a main thread blocked without a timeout.
+                owner, item = self._inbox.get(
+                    timeout=WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
+                )
             except queue.Empty:
+                if left is None or left > WAIT_SLICE_S:
+                    continue
                 return None
             if owner is not call:
                 continue  # (left over from an abandoned stream)

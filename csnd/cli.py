@@ -225,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers
 
     add_cluster_kit_parsers(sub)
+    for command in sub.choices.values():  # -v after any subcommand, as before it
+        if not any("--verbose" in a.option_strings for a in command._actions):
+            command.add_argument(
+                "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress"
+            )
     return parser
 
 

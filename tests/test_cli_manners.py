@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,14 @@ def test_verbose_after_the_subcommand(small: Path) -> None:
     after = _csnd("replay", "-v", str(small), "--decoders", "1")
     assert after.returncode == 0, after.stderr
     assert after.stdout == before.stdout and "done:" in after.stderr
+
+
+def test_every_subcommand_takes_verbose_after_its_name() -> None:
+    parser = cli.build_parser()
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        assert any("--verbose" in a.option_strings for a in command._actions), name
+    assert parser.parse_args(["serve", "x.pgstream", "--changelog", "d", "-v"]).verbose is True
 
 
 @pytest.mark.parametrize("n", ["0", "-1", str(cli.MAX_DECODERS + 1), "1000"])

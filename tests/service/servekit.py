@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -43,12 +45,28 @@ class Served:
     address: str
     http: str | None
     lines: list[str] = field(default_factory=list)
+    _exited_lock: threading.Lock = field(default_factory=threading.Lock)
+    _exited_err: str | None = None
 
     def status(self) -> dict[str, Any]:
         assert self.http is not None
-        with urllib.request.urlopen(self.http + "api/status", timeout=30) as r:
-            doc: dict[str, Any] = json.load(r)
+        try:
+            with urllib.request.urlopen(self.http + "api/status", timeout=30) as r:
+                doc: dict[str, Any] = json.load(r)
+        except OSError:
+            self.raise_if_exited(wait=10)
+            raise
         return doc
+
+    def raise_if_exited(self, wait: float = 0) -> None:
+        """A service that is gone (or going: `wait`) fails the test with its exit status and stderr."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=wait)
+        if self.proc.poll() is not None:
+            with self._exited_lock:  # (status() is also called from watcher threads)
+                if self._exited_err is None:
+                    self._exited_err = self.proc.communicate(timeout=30)[1]
+            raise AssertionError(f"csnd serve exited {self.proc.returncode}: {self._exited_err}")
 
     def newest_csn(self) -> int:
         return int(self.status()["changelog"].get("newest_csn", 0))

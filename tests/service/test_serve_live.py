@@ -127,6 +127,9 @@ def test_live_node_served_equals_the_witness_and_the_slot_stays_safe(pg: PgDatab
     watch = _SlotWatch(pg, served)
     try:
         _workload(pg, rounds=150, seed=1)
+        # Restart only once the stream has flowed: a service whose very first connection
+        # fails reports it and exits (a mistake to fix), while a flowing one reconnects.
+        wait_for(lambda: int(served.status()["totals"]["transactions"]) > 0, "the stream to flow")
         pg.server.restart("immediate")  # mid-stream: the service reconnects, consumers see no gap
         _workload(pg, rounds=150, seed=2)
         end = lsn_from_str(pg.current_lsn())

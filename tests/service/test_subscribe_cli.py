@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -102,25 +103,45 @@ def test_unreachable_target_is_one_line() -> None:
 
 def test_closed_stdout_and_ctrl_c(service: tuple[RunningServer, Changelog, dict[int, bytes]]) -> None:
     srv, log, written = service
-    with subprocess.Popen(
-        [*CSND, "subscribe", srv.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    ) as p:
+    with _subscriber(srv.address) as p:
         assert p.stdout is not None and p.stderr is not None
         assert p.stdout.readline() == written[1] + b"\n"
         p.stdout.close()  # (`| head -1`)
         # The pipe may have taken every line already: the next write finds it closed.
         written.update(fill(log, [51]))
-        assert p.wait(timeout=120) == 0
+        assert _exit_status(p) == 0
         assert p.stderr.read() == b""
-    with subprocess.Popen(
-        [*CSND, "subscribe", srv.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    ) as p:
+    with _subscriber(srv.address) as p:
         assert p.stdout is not None and p.stderr is not None
         got = b"".join(p.stdout.readline() for _ in range(51))
         assert got == lines_of(written, range(1, 52))
         p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=120) == 130
+        assert _exit_status(p) == 130
         assert p.stderr.read().decode() == "csnd subscribe: interrupted\n"
+
+
+@contextlib.contextmanager
+def _subscriber(address: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`csnd subscribe ADDRESS` with its pipes; killed if the test leaves it running (never a hang)."""
+    p = subprocess.Popen([*CSND, "subscribe", address], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        for pipe in (p.stdout, p.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _exit_status(p: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        err = p.stderr.read().decode(errors="replace") if p.stderr is not None else ""
+        raise AssertionError(f"csnd subscribe still running after {timeout:.0f}s; stderr: {err!r}") from None
 
 
 def test_service_killed_and_restarted_mid_stream(tmp_path: object) -> None:
