@@ -25,8 +25,10 @@ lint: install
 	$(VENV)/bin/mypy -p csnd
 	$(PY) scripts/import_graph.py --check > /dev/null
 
+# Two workers: most of the slow tests wait on servers, Spark and subprocesses,
+# so two share a 2-core machine well (the suite takes about half as long).
 test: install proto-check lint
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup tests
 
 demo: install
 	$(VENV)/bin/csnd demo

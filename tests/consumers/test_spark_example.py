@@ -56,12 +56,12 @@ def oracle(lines: list[tuple[int, bytes]]) -> tuple[dict[str, dict[str, Any]], l
     return state, applied
 
 
-def job(target: str, tmp: Any, pg: PgDatabase, *extra: str) -> subprocess.Popen[bytes]:
+def job(target: str, tmp: Any, pg: PgDatabase, max_transactions: int, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "csnd.consumers.examples.current_state",
         "--target", target, "--table", TABLE, "--key", ",".join(KEY),
         "--checkpoint", str(tmp / "ck"), "--parquet", str(tmp / "copy"), "--postgres", pg.dsn,
-        "--max-transactions", "4", *extra,
+        "--max-transactions", str(max_transactions), *extra,
     ]  # fmt: skip
     return subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "job.log", "ab"), start_new_session=True
@@ -87,7 +87,7 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     log.sync()
     server = start_changefeed(log, subscriptions=SubscriptionStore(d))
     try:
-        first = job(server.address, tmp_path, pg)
+        first = job(server.address, tmp_path, pg, 4)  # small batches: the kill lands mid-stream
         deadline = time.monotonic() + 600
         while batches_done(pg) < 2:  # (some batches applied, most still to come)
             assert first.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
@@ -97,7 +97,9 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
         first.wait(60)
         want, applied = oracle(cluster_lines)
         assert batches_done(pg) < len(applied) // 4, "killed mid-stream"
-        second = job(server.address, tmp_path, pg, "--available-now")
+        # The restart first re-runs the batch the kill interrupted with the offsets its
+        # checkpoint planned; the rest in larger batches (each costs Spark seconds).
+        second = job(server.address, tmp_path, pg, 75, "--available-now")
         assert second.wait(900) == 0, (tmp_path / "job.log").read_text()[-3000:]
     finally:
         server.stop()

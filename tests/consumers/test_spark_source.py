@@ -17,6 +17,9 @@ from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.service import RunningServer, start_changefeed
 from tests.consumers.test_spark_rows import brute
 
+# One Spark session (a JVM) per test worker: keep its tests on one worker.
+pytestmark = pytest.mark.xdist_group("spark")
+
 COLS = [
     "csn",
     "gid",

@@ -83,7 +83,7 @@ def test_cluster_served_through_kill_9_and_a_server_restart_equals_the_witness(
     log = str(tmp_path / "log")
     committed = tmp_path / "committed.jsonl"
     writers = subprocess.Popen(
-        [*CSND, "workload", "--nodes", *urls.values(), "--writers", "3", "--duration", "25"]
+        [*CSND, "workload", "--nodes", *urls.values(), "--writers", "3", "--duration", "12"]
         + ["--publication", "csnd_pub", "--out", str(committed)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
