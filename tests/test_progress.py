@@ -9,33 +9,36 @@ import sys
 from pathlib import Path
 
 from csnd.reader.recorded import RecordedSource
-from csnd.runtime.progress import ReplayProgress, local_progress
+from csnd.runtime.progress import ReplayProgress
+from csnd.runtime.stats import NodeStats
 from csnd.testing.widestream import write_wide_stream
 
 
 class FakeInput:
-    """A node input as progress lines see it: a name and a few words on where it is."""
+    """A node input as progress lines see it: its statistics object."""
 
-    def __init__(self, node: str, text: str) -> None:
-        self.node = node
-        self.text = text
+    def __init__(self, stats: NodeStats) -> None:
+        self.node = stats.node
+        self.now = stats
 
-    def progress_text(self) -> str:
-        return self.text
+    def stats(self) -> NodeStats:
+        return self.now
 
 
 def test_a_line_once_per_interval_with_what_was_written_and_where_each_node_is() -> None:
     clock = [100.0]
     out = io.StringIO()
-    local = FakeInput("dn1", local_progress(None, 0, []))
-    p = ReplayProgress(out, [local, FakeInput("dn2", "remote")], clock=lambda: clock[0], interval=2.0)
+    local = FakeInput(NodeStats("dn1"))
+    agent = FakeInput(NodeStats("dn2", released=1234, agent="10.0.0.2:7000"))
+    p = ReplayProgress(out, [local, agent], clock=lambda: clock[0], interval=2.0)
     p.tick(101.0, 10, 1_000_000)
     assert out.getvalue() == ""  # not yet due
-    local.text = local_progress(0.25, 12_345, [(4, 4), (0, 4)])
+    local.now = NodeStats("dn1", read_fraction=0.25, decoded_changes=12_345, inboxes=((4, 4), (0, 4)))
     p.tick(102.0, 500, 12_345_678)
     assert out.getvalue() == (
         "csnd replay: 500 transactions (12.3 MB) written, 250 a second; "
-        "dn1: read 25%, 12,345 changes decoded, decoder inboxes 4/4 0/4; dn2: remote\n"
+        "dn1: read 25%, 12,345 changes decoded, decoder inboxes 4/4 0/4; "
+        "dn2: agent 10.0.0.2:7000, 1,234 transactions received\n"
     )
     p.tick(103.0, 600, 13_000_000)  # the next one is due at 104
     assert out.getvalue().count("\n") == 1
@@ -45,7 +48,8 @@ def test_a_line_once_per_interval_with_what_was_written_and_where_each_node_is()
 
 
 def test_a_source_that_cannot_say_how_much_was_read_says_only_what_was_decoded() -> None:
-    assert local_progress(None, 7, [(0, 2)]) == "7 changes decoded, decoder inboxes 0/2"
+    stats = NodeStats("dn1", decoded_changes=7, inboxes=((0, 2),))
+    assert stats.progress_text() == "7 changes decoded, decoder inboxes 0/2"
 
 
 def test_a_recording_says_how_much_of_it_was_read(tmp_path: Path) -> None:
@@ -90,7 +94,7 @@ class BrokenStream:
 
 def test_a_stderr_that_went_away_silences_progress_and_fails_nothing() -> None:
     stream = BrokenStream()
-    p = ReplayProgress(stream, [FakeInput("dn2", "remote")], clock=lambda: 0.0, interval=1.0)  # type: ignore[arg-type]
+    p = ReplayProgress(stream, [FakeInput(NodeStats("dn2"))], clock=lambda: 0.0, interval=1.0)  # type: ignore[arg-type]
     p.tick(1.0, 1, 1)
     p.tick(2.0, 2, 2)
     p.done(3, 3)

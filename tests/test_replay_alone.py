@@ -16,6 +16,7 @@ from csnd.runtime import items
 from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
 from csnd.runtime.items import EndItem, Outbox, TxnItem, cut_batches
 from csnd.runtime.jsonsink import JsonLinesSink
+from csnd.runtime.stats import NodeStats
 from csnd.sender.txn import FinishedTxn
 
 _TXN = st.tuples(
@@ -133,8 +134,8 @@ class _LiveLike:
     def stop(self) -> None:
         pass
 
-    def progress_text(self) -> str:
-        return ""
+    def stats(self) -> NodeStats:
+        return NodeStats(self.node)
 
     def confirm(self, lsn: int) -> None:
         self.confirms_seen.append(lsn)

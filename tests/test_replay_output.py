@@ -27,6 +27,7 @@ from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
 from csnd.runtime.items import EndItem, Outbox, TxnItem
 from csnd.runtime.jsonsink import JsonLinesSink
 from csnd.runtime.sinks import OutputClosed
+from csnd.runtime.stats import NodeStats
 from csnd.sender.txn import FinishedTxn
 from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
@@ -149,8 +150,8 @@ class _Slot:
     def stop(self) -> None:
         pass
 
-    def progress_text(self) -> str:
-        return ""
+    def stats(self) -> NodeStats:
+        return NodeStats(self.node)
 
     def confirm(self, lsn: int) -> None:
         self.confirmed.append(lsn)

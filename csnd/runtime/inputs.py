@@ -21,7 +21,7 @@ from csnd.core.ids import Csn
 from csnd.decoder.change import DecodedRun
 from csnd.decoder.pool import BATCH_END, DecoderPool
 from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
-from csnd.runtime.progress import local_progress
+from csnd.runtime.stats import NodeStats
 from csnd.sender import NodeSender
 
 # Lists of finished transactions (or watermarks) waiting per node between its
@@ -54,8 +54,8 @@ class NodeInput(Protocol):
     def confirm_final(self, lsn: int) -> None:
         """As `confirm`, once the stream has ended: make the slot move even though streaming stopped."""
 
-    def progress_text(self) -> str:
-        """A few words on where the input is, for progress lines (`read 42%, ...`)."""
+    def stats(self) -> NodeStats:
+        """Where the input is now, for every report of the node (any thread; never waits)."""
 
 
 class NodePipeline:
@@ -90,10 +90,26 @@ class NodePipeline:
         if self.confirms:
             self.source.confirm_final(lsn)
 
-    def progress_text(self) -> str:
-        read_fraction = getattr(self.source, "read_fraction", None)
-        fraction = read_fraction() if read_fraction is not None else None
-        return local_progress(fraction, self.pool.stats.changes, self.pool.inbox_depths())
+    def stats(self) -> NodeStats:
+        source = self.source
+        read_fraction = getattr(source, "read_fraction", None)
+        sent = self.sender.statistics()
+        return NodeStats(
+            node=self.node,
+            mode=self.mode,
+            received_lsn=int(getattr(source, "received_lsn", 0) or 0),
+            confirmed_lsn=int(getattr(source, "confirmed_lsn", 0) or 0),
+            read_fraction=read_fraction() if read_fraction is not None else None,
+            reconnecting=bool(getattr(source, "reconnecting", False)),
+            decoded_changes=self.pool.stats.changes,
+            inboxes=tuple(self.pool.inbox_depths()),
+            released=sent.released,
+            dropped_resumed=sent.dropped_resumed,
+            watermark_csn=int(sent.watermark or 0),
+            waiting_committing=sent.committing,
+            waiting_commit=sent.waiting,
+            spill_bytes=sent.spilled_bytes,
+        )
 
     def _put(self, items: list[NodeItem]) -> None:
         while True:

@@ -29,7 +29,7 @@ class ReplayProgress:
         interval: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self.stream = stream
-        self._inputs = inputs  # NodeInput: .node, .progress_text()
+        self._inputs = inputs  # NodeInput: .stats()
         self._clock = clock
         self.interval = interval
         self._start = clock()
@@ -42,7 +42,7 @@ class ReplayProgress:
             return
         self._due = now + self.interval
         elapsed = max(now - self._start, 1e-9)
-        nodes = "".join(f"; {p.node}: {p.progress_text()}" for p in self._inputs)
+        nodes = "".join(f"; {st.node}: {st.progress_text()}" for st in (p.stats() for p in self._inputs))
         self._say(
             f"csnd replay: {transactions:,} transactions ({nbytes / 1e6:,.1f} MB) written, "
             f"{transactions / elapsed:,.0f} a second{nodes}\n"
@@ -63,16 +63,3 @@ class ReplayProgress:
             self.stream.flush()
         except (OSError, ValueError):  # (ValueError: the stream was closed)
             self._quiet = True
-
-
-def local_progress(fraction: float | None, changes: int, inboxes: list[tuple[int, int]]) -> str:
-    """`read 42%, 512,000 changes decoded, decoder inboxes 4/4 3/4`: what a local pipeline knows.
-
-    `fraction` is None for what cannot say how much of it was read (pipes, live sources).
-    """
-    parts = []
-    if fraction is not None:
-        parts.append(f"read {fraction * 100:.0f}%")
-    listed = " ".join(f"{depth}/{capacity}" for depth, capacity in inboxes)
-    parts.append(f"{changes:,} changes decoded, decoder inboxes {listed}")
-    return ", ".join(parts)

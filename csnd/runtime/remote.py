@@ -26,6 +26,7 @@ from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.runtime.config import AGENT_GIVE_UP_S
 from csnd.runtime.items import BatchItem, EndItem, NodeItem, Outbox, WatermarkItem
+from csnd.runtime.stats import NodeStats
 
 ACK_INTERVAL_S: Final = 0.5
 # Also acknowledge after this many batches (a quarter of the agent's window).
@@ -67,6 +68,8 @@ class RemoteNode:
         self._stop = threading.Event()
         self._wakeup: threading.Event | None = None
         self._last_msg = time.monotonic()
+        self.received_transactions = 0  # (for stats(): whole transactions received)
+        self.watermark = 0
         self.thread = threading.Thread(target=self._run, name=f"csnd-remote-{self.node}", daemon=True)
 
     def resume_after(self, csn: int) -> None:
@@ -101,8 +104,15 @@ class RemoteNode:
 
     # --- the rest of the NodeInput interface -------------------------------------------
 
-    def progress_text(self) -> str:
-        return "remote"
+    def stats(self) -> NodeStats:
+        return NodeStats(
+            node=self.node,
+            mode=self.mode,
+            confirmed_lsn=self._confirm,
+            released=self.received_transactions,
+            watermark_csn=self.watermark,
+            agent=self.address,
+        )
 
     def start(self, wakeup: threading.Event) -> None:
         self._wakeup = wakeup
@@ -161,11 +171,13 @@ class RemoteNode:
                         if not self._put(BatchItem(batch, confirmable)):
                             return
                         self.position = pos
+                        self.received_transactions += batch.last_of_txn
                         unacked += 1
                         if unacked >= ACK_EVERY_BATCHES:  # keep the agent's window from filling up
                             outbox.put(self._ack())
                             unacked = 0
                     elif kind == "watermark":
+                        self.watermark = max(self.watermark, msg.watermark.csn)
                         if not self._put(WatermarkItem(Csn(msg.watermark.csn))):
                             return
                     elif kind == "end":

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from csnd.runtime.stats import NodeStats
 from csnd.service.status import NodeState
 
 log = logging.getLogger(__name__)
@@ -106,30 +107,25 @@ class NodeWatch:
         if self.state != "failed":
             self.state = "streaming"
 
-    def sender_statistics(self) -> Any:
-        """The current run's sender statistics (None for a node agent)."""
-        sender = getattr(self.input, "sender", None)
-        return sender.statistics() if sender is not None else None
+    def stats(self) -> NodeStats:
+        """The current run's statistics of the node (the object every report reads)."""
+        inp = self.input
+        return inp.stats() if inp is not None else NodeStats(self.name, self.mode)
 
     def snapshot(self) -> NodeState:
         now = self.clock()
-        inp = self.input
-        source = getattr(inp, "source", None)
-        sender = getattr(inp, "sender", None)
-        received = int(getattr(source, "received_lsn", 0) or 0)
-        confirmed = int(getattr(self.tracker, "safe", 0) or getattr(source, "confirmed_lsn", 0) or 0)
-        watermark = int(getattr(sender, "watermark", None) or 0)
+        st = self.stats()
+        received = st.received_lsn
+        confirmed = int(getattr(self.tracker, "safe", 0) or st.confirmed_lsn)
+        watermark = st.watermark_csn
         if watermark != self._watermark:
             self._watermark, self._watermark_moved_at = watermark, now
-        if received <= confirmed or not getattr(inp, "confirms", False):
+        if received <= confirmed or not getattr(self.input, "confirms", False):
             self._caught_up_at = now
-        stats = sender.statistics() if sender is not None and hasattr(sender, "statistics") else None
-        pool = getattr(inp, "pool", None)
-        depths = tuple(d for d, _cap in pool.inbox_depths()) if pool is not None else ()
         slot = self.slot.reading if self.slot is not None else SlotReading()
         waiting = self.waiting_merge()
         state = self.state
-        if state == "streaming" and getattr(source, "reconnecting", False):
+        if state == "streaming" and st.reconnecting:
             state = "reconnecting"
         return NodeState(
             name=self.name,
@@ -142,17 +138,17 @@ class NodeWatch:
             lag_seconds=round(now - self._caught_up_at, 3),
             stuck=state == "streaming" and waiting > 0 and now - self._watermark_moved_at > STUCK_AFTER_S,
             error=self.error or slot.error,
-            transactions=int(getattr(stats, "released", 0) or 0),
-            changes=int(pool.stats.changes) if pool is not None else 0,
+            transactions=st.released,
+            changes=st.decoded_changes,
             retained_wal_bytes=slot.retained_wal_bytes,
             source=self.source,
-            queue_depths=depths,
-            decoded_changes=int(pool.stats.changes) if pool is not None else 0,
+            queue_depths=tuple(depth for depth, _capacity in st.inboxes),
+            decoded_changes=st.decoded_changes,
             restarts=self.restarts,
-            waiting_committing=int(getattr(stats, "committing", 0) or 0),
-            waiting_commit=int(getattr(stats, "waiting", 0) or 0),
+            waiting_committing=st.waiting_committing,
+            waiting_commit=st.waiting_commit,
             waiting_merge=waiting,
-            spill_bytes=int(getattr(stats, "spilled_bytes", 0) or 0),
+            spill_bytes=st.spill_bytes,
             slot_wal_status=slot.wal_status,
             slot_safe_wal_size=-1 if slot.safe_wal_size is None else slot.safe_wal_size,
         )

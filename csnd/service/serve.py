@@ -163,9 +163,7 @@ class Service:
         if runtime is not None:
             ch += runtime.changes_out
         # re-sent and already held: dropped by the senders (resume_csn), or by the sink
-        resumed = sum(
-            int(getattr(w.sender_statistics(), "dropped_resumed", 0)) for w in self.watches.values()
-        )
+        resumed = sum(w.stats().dropped_resumed for w in self.watches.values())
         return {
             "transactions": tx,
             "changes": ch,
