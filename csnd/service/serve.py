@@ -311,8 +311,12 @@ class Service:
         """Until a stop request (SIGTERM/Ctrl-C arrive as KeyboardInterrupt) or a pipeline failure."""
         try:
             while not self._stop.is_set():
-                if self._done.wait(0.5) and self._failure is not None:
+                if not self._done.is_set():
+                    self._done.wait(0.5)
+                elif self._failure is not None:
                     return
+                else:  # the sources ended: serve what the changelog holds until told to stop
+                    self._stop.wait(0.5)
         except KeyboardInterrupt:
             log.info("stopping: making what was written durable and confirming the slots")
         self.stop()

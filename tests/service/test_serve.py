@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,20 @@ def test_served_cluster_subscribed_from_zero_and_from_the_middle(cluster: Path, 
         assert [n["name"] for n in doc["nodes"]] == ["dn1", "dn2", "dn3"]
         assert all(n["state"] == "ended" for n in doc["nodes"])
         assert int(doc["totals"]["transactions"]) == len(expected)
+        # Ended sources leave a service that serves and otherwise sleeps (it used to spin a core).
+        before = _cpu_seconds(served.proc.pid)
+        time.sleep(2.0)
+        assert _cpu_seconds(served.proc.pid) - before < 0.5
     finally:
         code, err = served.terminate()
     assert code == 0 and err == "", err
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_restart_resumes_without_appending_anything_twice(cluster: Path, tmp_path: Path) -> None:
