@@ -30,6 +30,7 @@ position at or below one that was already delivered.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Final
 
 from csnd.core.ids import INVALID_LSN, Lsn
@@ -94,6 +95,8 @@ class ResumeFilter:
 
     def __init__(self) -> None:
         self.completed: dict[int, int] = {}  # xid -> end LSN of its delivered commit/abort
+        self._completed_order: deque[tuple[int, int]] = deque()  # (end LSN, xid), in delivery order
+        self._confirmed_to = 0  # set by `confirmed` (another thread)
         self.progress: dict[int, _Progress] = {}  # open (partly delivered) transactions
         self.streams_open: set[int] = set()  # streamed xids with a delivered first segment
         self.sub_aborts: set[tuple[int, int]] = set()
@@ -128,16 +131,34 @@ class ResumeFilter:
         return out
 
     def confirmed(self, lsn: int) -> None:
-        """The slot is confirmed to `lsn`: forget delivered transactions no connection re-sends.
+        """The slot is confirmed to `lsn`: delivered transactions ending there are never re-sent again.
 
-        The next connection starts at `lsn` and re-sends nothing ending at or
-        before it; the current one may still re-send anything above its own
-        floor (a confirm can land after it started from an older position, and
-        a crashed server forgets confirms it had not yet saved).
+        Called from the thread that makes output durable, not the one that
+        feeds the filter, so it only records the position (one attribute
+        store); the feeding thread forgets those transactions at its next
+        commit (`_complete`).
         """
-        limit = min(lsn, self._conn_floor)
-        for xid in [x for x, end in self.completed.items() if end <= limit]:
-            del self.completed[xid]
+        if lsn > self._confirmed_to:
+            self._confirmed_to = lsn
+
+    def _complete(self, xid: int, end_lsn: int) -> None:
+        """`xid` was delivered whole; forget the ones no connection re-sends any more.
+
+        The next connection starts at the confirmed position and re-sends
+        nothing ending at or before it; the current one may still re-send
+        anything above its own floor (a confirm can land after it started from
+        an older position, and a crashed server forgets confirms it had not yet
+        saved).  Commits are delivered in end-LSN order, so the forgettable
+        ones are at the front of `_completed_order`.
+        """
+        self.completed[xid] = end_lsn
+        order = self._completed_order
+        order.append((end_lsn, xid))
+        limit = min(self._confirmed_to, self._conn_floor)
+        while order and order[0][0] <= limit:
+            end, done = order.popleft()
+            if self.completed.get(done) == end:
+                del self.completed[done]
 
     # --- the filter -----------------------------------------------------------------
 
@@ -196,7 +217,7 @@ class ResumeFilter:
             return self._drop()
         if xid is not None:
             self.progress.pop(xid, None)
-            self.completed[xid] = msg.end_lsn
+            self._complete(xid, msg.end_lsn)
         return [item]
 
     def _stream_start(self, item: Item, msg: StreamStart) -> list[Item]:
@@ -262,7 +283,7 @@ class ResumeFilter:
         self.progress.pop(xid, None)
         self.streams_open.discard(xid)
         self.sub_aborts = {s for s in self.sub_aborts if s[0] != xid}
-        self.completed[xid] = end_lsn
+        self._complete(xid, end_lsn)
         return [item]
 
     @property

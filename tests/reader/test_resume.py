@@ -141,3 +141,33 @@ def test_cut_and_resend_is_invisible(stream: tuple[list[Item], list[tuple[int, i
     delivered += _deliver(f, remaining)
     got = assemble(delivered)
     assert got == expected
+
+
+def _plain_txn(xid: int, lsn: int) -> tuple[list[Item], int]:
+    """Begin, one insert, Commit; and the commit's end LSN."""
+    items = [
+        _item(lsn, p.encode_begin(lsn + 8, 0, xid), False),
+        _item(lsn, p.encode_insert(1, [str(xid)]), False),
+        _item(lsn + 8, p.encode_commit(lsn, lsn + 8, 0), False),
+    ]
+    return items, lsn + 8
+
+
+def test_confirmed_transactions_are_forgotten_so_memory_stays_bounded() -> None:
+    f = ResumeFilter()
+    f.feed(_item(0, p.encode_relation(1, "public", "t", "d", [REL]), False))
+    ends = []
+    for i in range(1000):
+        items, end = _plain_txn(1000 + i, 100 + 16 * i)
+        for item in items:
+            assert f.feed(item) == [item]
+        ends.append(end)
+        if i % 100 == 99:
+            f.confirmed(ends[i - 50])  # (from the durable side: taken at the next commit)
+    # forgotten at the commits after each confirm: all up to the one before the last
+    assert sorted(f.completed.values()) == [e for e in ends if e > ends[849]]
+    f.confirmed(ends[-1])
+    items, _ = _plain_txn(5000, 100 + 16 * 1000)
+    for item in items:
+        f.feed(item)
+    assert len(f.completed) == 1
