@@ -1,15 +1,22 @@
 """The service end to end: a live node -> `csnd serve` -> a subscriber.
 
-* throughput: WAL written beforehand, drained by `csnd serve` (decoders,
-  sender, changelog with group commit) to a `csnd subscribe` that prints
-  every line, against `pg_recvlogical` draining a twin slot over the same
-  WAL: wide rows (50 a transaction) and one-row transactions.  Each run
-  includes csnd's start-up.  Ratio = pg_recvlogical's time / csnd's; >= 1
-  means csnd is not the bottleneck.
+* steady load: `pgbench` writes flat out for STEADY_SECONDS (one-row
+  transactions, or 50 wide rows a transaction) while `csnd serve` -> a
+  subscriber and `pg_recvlogical` on a twin slot both stream live.  Each
+  consumer's rate is rows / (from the load's start until it has received
+  everything); ratio = csnd's rate / pg_recvlogical's.  1.00 means csnd
+  delivered everything as soon as the walsender did: it is not the
+  bottleneck of a loaded database.
+* backlog: WAL written beforehand, drained by `csnd serve` to a `csnd
+  subscribe` that prints every line, against `pg_recvlogical` draining a
+  twin slot over the same WAL.  Each run includes csnd's start-up (about
+  0.6 s for the two processes).  This is the walsender's top speed against
+  csnd's: how fast a consumer that fell behind catches up.
 * latency: one-row transactions committed at a steady rate while the
-  service runs; for each, the time from its commit (the server's commit
-  timestamp) to its arrival at a subscriber (this process, through
-  `csnd.consumers.client.Changefeed`), p50 and p99.
+  service runs (after a first transaction has come through: start-up is
+  the backlog row's business); for each, the time from its commit (the
+  server's commit timestamp) to its arrival at a subscriber (this process,
+  through `csnd.consumers.client.Changefeed`), p50 and p99.
 
     python -m bench.serve_bench
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,11 +39,21 @@ import psycopg
 
 from bench.common import pg_recvlogical_seconds
 from csnd.core.ids import lsn_from_str
-from csnd.testing.pgserver import start_server
+from csnd.testing.pgserver import PG_BIN, start_server
 
 WIDE_ROWS: Final = 100_000
 ONE_ROW_TXNS: Final = 20_000
 LATENCY_RATE: Final = 2_000  # transactions a second
+STEADY_SECONDS: Final = 10
+STEADY_CLIENTS: Final = 4
+STEADY_SCRIPTS: Final = {
+    "one_row_transactions": (1, "INSERT INTO steady_one (v) VALUES (1);\n"),
+    "wide_rows": (
+        50,
+        "INSERT INTO steady_wide (n, t, s, j) SELECT g * 1.5, now(), md5(g::text), "
+        "jsonb_build_object('g', g) FROM generate_series(1, 50) g;\n",
+    ),
+}
 LATENCY_SECONDS: Final = 10.0
 CSND = [sys.executable, "-m", "csnd.cli"]
 
@@ -130,6 +148,124 @@ def throughput(server: Any, work: str) -> dict[str, Any]:
     return results
 
 
+def steady(server: Any, work: str) -> dict[str, Any]:
+    """Both consumers live while pgbench writes flat out; see the module docstring."""
+    with psycopg.connect(server.dsn(), autocommit=True) as c:
+        c.execute("CREATE TABLE steady_one (id bigserial PRIMARY KEY, v int)")
+        c.execute(
+            "CREATE TABLE steady_wide (id bigserial PRIMARY KEY, n numeric(12,2), t timestamptz, s text, j jsonb)"
+        )
+    return {kind: _steady_run(server, work, kind) for kind in STEADY_SCRIPTS}
+
+
+def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
+    rows_per_txn, script = STEADY_SCRIPTS[kind]
+    ours, twin = f"ours_steady_{rows_per_txn}", f"twin_steady_{rows_per_txn}"
+    with psycopg.connect(server.dsn(), autocommit=True) as c:
+        for slot in (ours, twin):
+            c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    proc, address = _serve(server.url(), ours, os.path.join(work, f"log-{ours}"))
+    arrivals: list[float] = []
+    done = threading.Event()
+    consumer = _counter(address, arrivals, done)
+    recv = subprocess.Popen(
+        _pg_recvlogical(server.port, twin) + ["-f", "/dev/null"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    script_path = os.path.join(work, f"{kind}.sql")
+    with open(script_path, "w") as f:
+        f.write(script)
+    try:
+        with psycopg.connect(server.dsn(), autocommit=True) as c:
+            # warm up: both consumers streaming before the clock starts
+            c.execute(script)
+            _wait(lambda: len(arrivals) >= 1, "csnd's first transaction")
+            _wait(lambda: _sent_lsn(c, twin) >= _current(c), "pg_recvlogical streaming")
+            t0 = time.perf_counter()
+            load = subprocess.run(
+                [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port)]
+                + ["-U", "postgres", "-c", str(STEADY_CLIENTS), "-j", "2", "-M", "prepared"]
+                + ["-T", str(STEADY_SECONDS), "-f", script_path, "postgres"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            load_s = time.perf_counter() - t0
+            committed = int(re.search(r"actually processed: (\d+)", load.stdout).group(1))  # type: ignore[union-attr]
+            end = _current(c)
+            _wait(lambda: _sent_lsn(c, twin) >= end, "pg_recvlogical to receive everything", every=0.002)
+            twin_s = time.perf_counter() - t0
+            _wait(
+                lambda: len(arrivals) >= committed + 1, "csnd's subscriber to receive everything", every=0.01
+            )
+            ours_s = arrivals[committed] - t0
+    finally:
+        done.set()
+        consumer.join(timeout=30)
+        recv.terminate()
+        recv.wait(timeout=30)
+        _stop(proc)
+    rows = committed * rows_per_txn
+    return {
+        "clients": STEADY_CLIENTS,
+        "load_s": load_s,
+        "transactions": committed,
+        "rows": rows,
+        "csnd_s": ours_s,
+        "pg_recvlogical_s": twin_s,
+        "csnd_rows_per_s": rows / ours_s,
+        "csnd_transactions_per_s": committed / ours_s,
+        "pg_recvlogical_rows_per_s": rows / twin_s,
+        "csnd_behind_at_end_s": ours_s - twin_s,
+        "ratio": twin_s / ours_s,
+    }
+
+
+def _pg_recvlogical(port: int, slot: str) -> list[str]:
+    cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
+    cmd += ["-d", "postgres", "--slot", slot, "--start", "--no-loop", "-o", "proto_version=2"]
+    return cmd + ["-o", "publication_names=bench", "-o", "binary=true", "-o", "streaming=on"]
+
+
+def _sent_lsn(c: psycopg.Connection[Any], slot: str) -> int:
+    """How far the walsender streaming `slot` has sent (0 before it is streaming)."""
+    row = c.execute(
+        "SELECT s.sent_lsn::text FROM pg_stat_replication s "
+        "JOIN pg_replication_slots r ON r.active_pid = s.pid WHERE r.slot_name = %s",
+        (slot,),
+    ).fetchone()
+    return lsn_from_str(str(row[0])) if row and row[0] else 0
+
+
+def _wait(cond: Any, what: str, seconds: float = 300, every: float = 0.05) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def _counter(address: str, arrivals: list[float], done: threading.Event) -> threading.Thread:
+    """A consumer in this process that notes when each transaction arrives."""
+    from csnd.consumers.client import Changefeed
+
+    def consume() -> None:
+        feed = Changefeed(address)
+        try:
+            while not done.is_set():
+                rec = feed.next(timeout=0.5)
+                if rec is not None:
+                    arrivals.append(time.perf_counter())
+                    feed.ack(rec[0])
+        finally:
+            feed.close()
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    return t
+
+
 def latency(server: Any, work: str) -> dict[str, Any]:
     with psycopg.connect(server.dsn(), autocommit=True) as c:
         c.execute("CREATE TABLE lat (id bigint PRIMARY KEY)")
@@ -141,6 +277,10 @@ def latency(server: Any, work: str) -> dict[str, Any]:
     sent = 0
     try:
         with psycopg.connect(server.dsn(), autocommit=True) as c:
+            # the service's start-up is not a commit's latency: start once one came through
+            c.execute("INSERT INTO lat VALUES (-1)")
+            _wait(lambda: len(seen) >= 1, "the first transaction at the subscriber")
+            seen.clear()
             t0 = time.perf_counter()
             total = int(LATENCY_RATE * LATENCY_SECONDS)
             for i in range(total):
@@ -263,9 +403,11 @@ def main() -> dict[str, Any]:
     server = start_server()
     work = tempfile.mkdtemp(prefix="csnd-serve-bench-")
     try:
+        # (latency before the steady load: not measured while autovacuum works through its 2M rows)
         return {
             "throughput": throughput(server, work),
             "latency": latency(server, work),
+            "steady": steady(server, work),
             "cluster": cluster_latency(work),
         }
     finally:
@@ -277,13 +419,28 @@ def main() -> dict[str, Any]:
 def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for key, what in (
+        ("wide_rows", "50 wide rows a transaction"),
+        ("one_row_transactions", "one-row transactions"),
+    ):
+        t = r["steady"][key]
+        rows.append(
+            (
+                f"steady load: pgbench ({t['clients']} clients, {t['load_s']:.0f} s, {what}) flat out; "
+                "`csnd serve` -> subscriber and `pg_recvlogical` both live",
+                f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
+                f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f}; "
+                f"{t['csnd_behind_at_end_s']:.1f} s behind when the load stopped)",
+            )
+        )
+    for key, what in (
         ("wide_rows", "wide rows (50 a transaction)"),
         ("one_row_transactions", "one-row transactions"),
     ):
         t = r["throughput"][key]
         rows.append(
             (
-                f"`csnd serve` -> `csnd subscribe`, live node, {t['rows']:,} {what}, vs `pg_recvlogical` (same WAL)",
+                f"backlog: `csnd serve` -> `csnd subscribe` from start-up, {t['rows']:,} {what} written "
+                "beforehand, vs `pg_recvlogical` (same WAL)",
                 f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
                 f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f})",
             )
