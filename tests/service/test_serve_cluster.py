@@ -32,7 +32,9 @@ from tests.service.servekit import CSND, start_serve, subscribe, wait_for
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
+    """Three servers and a GTM, with the workload's tables and the publication (every test's start)."""
     with start_cluster(3) as c:
+        setup(LoadOptions(nodes=c.urls(), gtm=c.gtm_url, publication="csnd_pub"))
         yield c
 
 
@@ -74,7 +76,6 @@ def test_cluster_served_through_kill_9_and_a_server_restart_equals_the_witness(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     urls = cluster.urls()
-    setup(LoadOptions(nodes=urls, gtm=cluster.gtm_url, publication="csnd_pub"))
     for url in urls.values():
         with psycopg.connect(url, autocommit=True) as c:
             c.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
