@@ -26,11 +26,17 @@ def read_lines(path: Path) -> list[tuple[int, bytes]]:
 
 
 @pytest.fixture(scope="session")
-def cluster_lines(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, bytes]]:
-    """The transaction lines of a generated 3-node GTM cluster (what csnd replay writes), by CSN."""
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated 3-node GTM cluster: dn1..dn3.pgstream and expected.jsonl (what csnd replay writes)."""
     d = tmp_path_factory.mktemp("spark3")
-    summary = generate_cluster(d, 3, 300, seed=11, binary=True, options=OPTIONS)
-    return read_lines(Path(summary.expected))
+    generate_cluster(d, 3, 300, seed=11, binary=True, options=OPTIONS)
+    return Path(d)
+
+
+@pytest.fixture(scope="session")
+def cluster_lines(cluster_dir: Path) -> list[tuple[int, bytes]]:
+    """The cluster's transaction lines, by CSN."""
+    return read_lines(cluster_dir / "expected.jsonl")
 
 
 @pytest.fixture(scope="session")

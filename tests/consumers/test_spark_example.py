@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,6 +27,7 @@ from csnd.consumers.examples.current_state import parquet_progress, pg_table, re
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.service import start_changefeed
 from tests.fixtures.pg import PgDatabase
+from tests.service.servekit import start_serve, wait_for
 
 TABLE, KEY = "public.acct", ["id"]
 
@@ -95,7 +98,7 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
             time.sleep(0.2)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(60)
-        want, applied = oracle(cluster_lines)
+        _, applied = oracle(cluster_lines)
         assert batches_done(pg) < len(applied) // 4, "killed mid-stream"
         # The restart first re-runs the batch the kill interrupted with the offsets its
         # checkpoint planned; the rest in larger batches (each costs Spark seconds).
@@ -105,6 +108,12 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
         server.stop()
         log.close()
 
+    _check_copies(tmp_path, pg, cluster_lines)
+
+
+def _check_copies(tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]) -> None:
+    """Both sinks equal the table as the lines leave it, every change applied exactly once."""
+    want, applied = oracle(cluster_lines)
     copy = pg_table(TABLE)
     rows = pg.execute(f'SELECT key::text, row::text FROM "{copy}"')
     got_pg = {json.dumps(json.loads(k)): json.loads(r) for k, r in rows}  # type: ignore[arg-type]
@@ -118,3 +127,41 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     progress = parquet_progress(str(tmp_path / "copy"))
     assert progress["csn"] == applied[-1][0]
     assert pq.read_table(tmp_path / "copy" / progress["snapshot"]).num_rows == len(want)
+
+
+@pytest.mark.timeout(2400)
+def test_kill_9_of_the_service_mid_stream_then_restart_is_exactly_once(
+    tmp_path: Any, pg: PgDatabase, cluster_dir: Path, cluster_lines: list[tuple[int, bytes]]
+) -> None:
+    """`csnd serve` killed with -9 while the job reads from it, restarted over the same changelog."""
+    sources = [str(cluster_dir / f"dn{i}.pgstream") for i in (1, 2, 3)]
+    log = str(tmp_path / "changelog")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    listen = ("--listen", f"127.0.0.1:{port}")  # (the same address after the restart)
+    served = start_serve(sources, log, *listen)
+    per_batch = 25  # transactions (each micro-batch costs Spark seconds)
+    # all of it durable first: --available-now reads what the changelog holds when the job starts
+    wait_for(lambda: served.newest_csn() == cluster_lines[-1][0], "the cluster in the changelog")
+    try:
+        first = job(f"127.0.0.1:{port}", tmp_path, pg, per_batch, "--available-now")
+        deadline = time.monotonic() + 600
+        while batches_done(pg) < 1:  # (some batches applied, most still to come)
+            assert first.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the job applied no batches in 600 s"
+            time.sleep(0.1)
+        served.kill()
+        assert batches_done(pg) < len(cluster_lines) // per_batch - 2, "killed mid-stream"
+        served = start_serve(sources, log, *listen)
+        # The job either rides the restart out (its client reconnects) or fails; then it is
+        # restarted from its checkpoint, as an operator would.
+        if first.wait(900) != 0:
+            second = job(f"127.0.0.1:{port}", tmp_path, pg, 75, "--available-now")
+            assert second.wait(900) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        code, err = served.terminate()
+    assert code == 0, err
+    _check_copies(tmp_path, pg, cluster_lines)
