@@ -9,7 +9,16 @@ two streaming queries with Trigger.AvailableNow into the same foreachBatch
 (every column materialised by Spark's `noop` writer): one from the `csnd`
 source, one from the Parquet file (file source, same schema).  Rounds
 alternate the order; the ratio is best against best in this run (goal in
-issue 19: at least 0.75).  Results go to bench-out/spark.json.
+issue 19: at least 0.75).
+
+Latency: a writer appends transactions to the served changelog at a steady
+rate (each line's commit_time is the moment it is made, and it is synced
+at once, as `csnd serve`'s group commit does), while a streaming query on
+the `csnd` source (default trigger: the next micro-batch as soon as the
+last is done) notes, for each transaction, the time from its commit_time
+to the start of the foreachBatch call that holds it; the first seconds
+(Spark's start-up) are left out.  A commit's way into the changelog is
+`bench.serve_bench`'s latency row.  Results go to bench-out/spark.json.
 """
 
 from __future__ import annotations
@@ -18,13 +27,14 @@ import argparse
 import json
 import os
 import tempfile
+import threading
 import time
 from typing import Any
 
 from bench.common import out_path
 
 
-def make_line(csn: int) -> bytes:
+def make_line(csn: int, commit_time: str = "2026-11-22T10:00:00.123456+00:00") -> bytes:
     changes = []
     for i in range(5):
         rid = csn * 5 + i
@@ -48,7 +58,7 @@ def make_line(csn: int) -> bytes:
     txn = {
         "csn": csn,
         "gid": f"g-{csn}",
-        "commit_time": "2026-11-22T10:00:00.123456+00:00",
+        "commit_time": commit_time,
         "nodes": {f"dn{k}": {"xid": 700 + csn, "commit_lsn": f"0/{csn * 4096:X}"} for k in (1, 2, 3)},
         "changes": changes,
     }
@@ -60,7 +70,7 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
 
     from csnd.consumers.spark.rows import flatten
     from csnd.consumers.spark.session import local_session
-    from csnd.coordinator.changelog import Changelog
+    from csnd.coordinator.changelog import Changelog, SubscriptionStore
     from csnd.service import start_changefeed
 
     spark = local_session("csnd-bench")  # (before any gRPC in this process: Spark forks its JVM)
@@ -70,7 +80,7 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
     for csn, line in records:
         log.append(csn, line)
     log.sync()
-    server = start_changefeed(log)
+    server = start_changefeed(log, subscriptions=SubscriptionStore(os.path.join(work, "changelog")))
     parquet_dir = os.path.join(work, "parquet")
     os.makedirs(parquet_dir)
     batch = flatten(records)
@@ -122,6 +132,67 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def latency(seconds: float = 30.0, rate: float = 200.0, warm_up: float = 10.0) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    from csnd.consumers.spark.session import local_session
+    from csnd.coordinator.changelog import Changelog, SubscriptionStore
+    from csnd.service import start_changefeed
+
+    spark = local_session("csnd-bench-latency")  # (before any gRPC in this process)
+    work = tempfile.mkdtemp(prefix="csnd-spark-latency-")
+    log = Changelog(os.path.join(work, "changelog"))
+    server = start_changefeed(log, subscriptions=SubscriptionStore(os.path.join(work, "changelog")))
+    stop = threading.Event()
+    committed: dict[int, float] = {}
+
+    def write() -> None:
+        t0 = time.perf_counter()
+        csn = 0
+        while not stop.is_set():
+            csn += 1
+            pause = t0 + csn / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            now = time.time()
+            committed[csn] = now  # (before the append: the sink may see it at once)
+            log.append(csn, make_line(csn, datetime.fromtimestamp(now, UTC).isoformat()))
+            log.sync()
+
+    seen: list[tuple[int, float]] = []  # (csn, seconds from commit to its foreachBatch)
+
+    def sink(b: Any, batch_id: int) -> None:
+        now = time.time()
+        for row in b.select("csn").distinct().collect():
+            seen.append((int(row.csn), now - committed[int(row.csn)]))
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    df = spark.readStream.format("csnd").option("target", server.address).load()
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", os.path.join(work, "ck")).start()
+    time.sleep(warm_up + seconds)
+    stop.set()
+    writer.join()
+    last = max(committed)
+    deadline = time.monotonic() + 120
+    while (not seen or max(c for c, _ in seen) < last) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    q.stop()
+    server.stop()
+    log.close()
+    spark.stop()
+    first = min(committed.values()) + warm_up
+    lat = sorted(x for csn, x in seen if committed[csn] >= first)
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "transactions": len(lat),
+        "p50_ms": lat[len(lat) // 2] * 1000,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        "max_ms": lat[-1] * 1000,
+    }
+
+
 def _table(batch: Any) -> Any:
     import pyarrow as pa
 
@@ -132,13 +203,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--transactions", type=int, default=40_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--latency-only", action="store_true", help="only the commit-to-foreachBatch latency")
     args = p.parse_args()
-    r = run(args.transactions, args.rounds)
+    r: dict[str, Any] = {} if args.latency_only else run(args.transactions, args.rounds)
+    r["latency"] = latency()
     with open(out_path("spark.json"), "w", encoding="utf-8") as f:
         json.dump(r, f, indent=2)
+    if "rows" in r:
+        print(
+            f"spark: {r['rows']:,} rows into foreachBatch: csnd source {r['csnd_rows_per_s']:,.0f} rows/s, "
+            f"Parquet {r['parquet_rows_per_s']:,.0f} rows/s, ratio {r['ratio']:.2f} (best of {r['rounds']})"
+        )
+    lat = r["latency"]
     print(
-        f"spark: {r['rows']:,} rows into foreachBatch: csnd source {r['csnd_rows_per_s']:,.0f} rows/s, "
-        f"Parquet {r['parquet_rows_per_s']:,.0f} rows/s, ratio {r['ratio']:.2f} (best of {r['rounds']})"
+        f"spark: commit to foreachBatch at {lat['rate']:,.0f} transactions/s for {lat['seconds']:.0f} s: "
+        f"p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms"
     )
 
 
