@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final
 
@@ -167,7 +168,7 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
     proc, address = _serve(server.url(), ours, os.path.join(work, f"log-{ours}"))
     arrivals: list[float] = []
     done = threading.Event()
-    consumer = _counter(address, arrivals, done)
+    consumer = _consumer(address, lambda _line: arrivals.append(time.perf_counter()), done)
     recv = subprocess.Popen(
         _pg_recvlogical(server.port, twin) + ["-f", "/dev/null"],
         stdout=subprocess.DEVNULL,
@@ -246,26 +247,6 @@ def _wait(cond: Any, what: str, seconds: float = 300, every: float = 0.05) -> No
         time.sleep(every)
 
 
-def _counter(address: str, arrivals: list[float], done: threading.Event) -> threading.Thread:
-    """A consumer in this process that notes when each transaction arrives."""
-    from csnd.consumers.client import Changefeed
-
-    def consume() -> None:
-        feed = Changefeed(address)
-        try:
-            while not done.is_set():
-                rec = feed.next(timeout=0.5)
-                if rec is not None:
-                    arrivals.append(time.perf_counter())
-                    feed.ack(rec[0])
-        finally:
-            feed.close()
-
-    t = threading.Thread(target=consume, daemon=True)
-    t.start()
-    return t
-
-
 def latency(server: Any, work: str) -> dict[str, Any]:
     with psycopg.connect(server.dsn(), autocommit=True) as c:
         c.execute("CREATE TABLE lat (id bigint PRIMARY KEY)")
@@ -311,8 +292,8 @@ def latency(server: Any, work: str) -> dict[str, Any]:
     }
 
 
-def _subscriber(address: str, seen: list[float], done: threading.Event) -> threading.Thread:
-    """A consumer in this process: for each transaction, now minus its commit time."""
+def _consumer(address: str, note: Callable[[bytes], None], done: threading.Event) -> threading.Thread:
+    """A consumer in this process: `note(line)` as each transaction arrives, then its acknowledgement."""
     from csnd.consumers.client import Changefeed
 
     def consume() -> None:
@@ -320,18 +301,24 @@ def _subscriber(address: str, seen: list[float], done: threading.Event) -> threa
         try:
             while not done.is_set():
                 rec = feed.next(timeout=0.5)
-                if rec is None:
-                    continue
-                now = time.time()
-                csn, line = rec
-                seen.append(now - datetime.fromisoformat(json.loads(line)["commit_time"]).timestamp())
-                feed.ack(csn)
+                if rec is not None:
+                    note(rec[1])
+                    feed.ack(rec[0])
         finally:
             feed.close()
 
     t = threading.Thread(target=consume, daemon=True)
     t.start()
     return t
+
+
+def _subscriber(address: str, seen: list[float], done: threading.Event) -> threading.Thread:
+    """For each transaction, now minus its commit time."""
+
+    def note(line: bytes) -> None:
+        seen.append(time.time() - datetime.fromisoformat(json.loads(line)["commit_time"]).timestamp())
+
+    return _consumer(address, note, done)
 
 
 def cluster_latency(work: str, seconds: float = 20.0, writers: int = 4) -> dict[str, Any]:
@@ -416,33 +403,39 @@ def main() -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+_KINDS: Final = (
+    ("wide_rows", "50 wide rows a transaction"),
+    ("one_row_transactions", "one-row transactions"),
+)
+
+
+def _rate_row(what: str, t: dict[str, Any], extra: str = "") -> tuple[str, str]:
+    return (
+        what,
+        f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
+        f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f}{extra})",
+    )
+
+
 def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
-    for key, what in (
-        ("wide_rows", "50 wide rows a transaction"),
-        ("one_row_transactions", "one-row transactions"),
-    ):
+    for key, what in _KINDS:
         t = r["steady"][key]
         rows.append(
-            (
+            _rate_row(
                 f"steady load: pgbench ({t['clients']} clients, {t['load_s']:.0f} s, {what}) flat out; "
                 "`csnd serve` -> subscriber and `pg_recvlogical` both live",
-                f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
-                f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f}; "
-                f"{t['csnd_behind_at_end_s']:.1f} s behind when the load stopped)",
+                t,
+                f"; {t['csnd_behind_at_end_s']:.1f} s behind when the load stopped",
             )
         )
-    for key, what in (
-        ("wide_rows", "wide rows (50 a transaction)"),
-        ("one_row_transactions", "one-row transactions"),
-    ):
+    for key, what in _KINDS:
         t = r["throughput"][key]
         rows.append(
-            (
-                f"backlog: `csnd serve` -> `csnd subscribe` from start-up, {t['rows']:,} {what} written "
-                "beforehand, vs `pg_recvlogical` (same WAL)",
-                f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
-                f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f})",
+            _rate_row(
+                f"backlog: `csnd serve` -> `csnd subscribe` from start-up, {t['rows']:,} rows ({what}) "
+                "written beforehand, vs `pg_recvlogical` (same WAL)",
+                t,
             )
         )
     c = r.get("cluster")
