@@ -17,15 +17,19 @@ unbroken stream:
   position are dropped.  Several changes may share one LSN (a multi-insert
   writes one WAL record for many rows), so the position is `(lsn, ordinal)`;
 * a stream block whose changes were all delivered is dropped with its
-  Stream Start/Stop; a block that resumes a transaction downstream already has
-  open is passed with `first_segment` cleared;
+  Stream Start/Stop -- so is an empty one (pgoutput streams blocks of changes
+  it then filters out, e.g. of tables outside the publication); the first
+  block downstream is given of a transaction says `first_segment`, later ones
+  do not; a streamed transaction whose every block was dropped this way gets
+  one empty first block before its Stream Commit;
 * non-transactional messages at or below the last delivered message LSN are
   dropped (they are in WAL order among themselves);
 * Relation and Type messages always pass: re-applying them is idempotent, and
   the walsender re-sends them in the order that keeps decoders right.
 
-Without a reconnect nothing is ever dropped: every rule only fires on a
-position at or below one that was already delivered.
+Without a reconnect nothing but empty stream blocks is ever dropped: every
+other rule only fires on a position at or below one that was already
+delivered.
 """
 
 from __future__ import annotations
@@ -262,9 +266,13 @@ class ResumeFilter:
         self._held_start = None
         lsn, msg, payload = held
         assert isinstance(msg, StreamStart)
-        if xid in self.streams_open and msg.first_segment:
-            msg = StreamStart(msg.xid, False)  # (msg.xid == xid, the block's)
-            payload = payload[:XLOGDATA_HEADER_SIZE] + encode_stream_start(xid, False)
+        # Downstream's first block of the transaction is the first it is given: a
+        # re-sent first block continues one delivered before a reconnect, and the
+        # block after empty ones (dropped) starts the transaction.
+        first = xid not in self.streams_open
+        if msg.first_segment != first:
+            msg = StreamStart(msg.xid, first)  # (msg.xid == xid, the block's)
+            payload = payload[:XLOGDATA_HEADER_SIZE] + encode_stream_start(xid, first)
         self.streams_open.add(xid)
         return (lsn, msg, payload)
 
@@ -281,10 +289,19 @@ class ResumeFilter:
         if xid in self.completed:
             return self._drop()
         self.progress.pop(xid, None)
+        started = xid in self.streams_open
         self.streams_open.discard(xid)
         self.sub_aborts = {s for s in self.sub_aborts if s[0] != xid}
         self._complete(xid, end_lsn)
-        return [item]
+        if started or not isinstance(item[1], StreamCommit):
+            return [item]
+        # Every block of it was empty and held back: pgoutput streams a block for
+        # changes it then filters out (tables outside the publication).  Downstream
+        # must see the transaction start before it commits: one empty first block.
+        start = encode_xlogdata(0, 0, 0, encode_stream_start(xid, True))
+        stop = encode_xlogdata(0, 0, 0, encode_stream_stop())
+        commit = item[1]
+        return [(INVALID_LSN, StreamStart(commit.xid, True), start), (INVALID_LSN, StreamStop(), stop), item]
 
     @property
     def open_transactions(self) -> int:

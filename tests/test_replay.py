@@ -567,3 +567,30 @@ def test_enums_decode_in_binary_mode_live_and_recorded(pg: PgDatabase, tmp_path:
     file_out = replay(str(rec))
     assert file_out.returncode == 0, file_out.stderr
     assert file_out.stdout == live_out.read_text()
+
+
+def test_a_streamed_transaction_outside_the_publication_is_not_a_protocol_error(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """A big transaction on a table outside the publication: the walsender streams it in blocks
+    whose changes pgoutput then filters out, so every block is empty (Stream Start, Stream Stop)
+    and the Stream Commit follows.  csnd used to drop the empty blocks and then fail on the commit
+    of a transaction it had never seen start (the demo's Spark sink, writing into a source node)."""
+    pg.execute("CREATE TABLE published (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE TABLE unpublished (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR TABLE published")
+    pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+    pg.execute("INSERT INTO published VALUES (1, 'before')")
+    # (logical_decoding_work_mem is 64kB on the test servers: this streams)
+    pg.execute("INSERT INTO unpublished SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g")
+    pg.execute("INSERT INTO published VALUES (2, 'after')")
+    (streamed,) = pg.execute(
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('csnd', NULL, NULL, 'proto_version', '2', "
+        "'publication_names', 'csnd_pub', 'streaming', 'on') WHERE substr(data, 1, 1) = 'S'"
+    )
+    assert int(streamed[0]) > 0, "the big transaction was not streamed"  # type: ignore[call-overload]
+    out = tmp_path / "out.jsonl"
+    proc = _live_replay(pg, pg.current_lsn(), out, "--text")
+    assert proc.returncode == 0, proc.stderr
+    ids = [[c["new"]["id"] for c in json.loads(ln)["changes"]] for ln in out.read_text().splitlines()]
+    assert [i for i in ids if i] == [[1], [2]]

@@ -53,10 +53,17 @@ def streams(draw: Any) -> tuple[list[Item], list[tuple[int, int]]]:
             blocks = draw(st.integers(1, 3))
             per = max(1, len(change_lsns) // blocks)
             first = True
-            for i in range(0, len(change_lsns), per):
+            chunks = [change_lsns[i : i + per] for i in range(0, len(change_lsns), per)]
+            # Empty blocks too: pgoutput streams a block whose changes it then filters out
+            # (tables outside the publication), as the first, a middle or the only block.
+            for k in sorted(draw(st.lists(st.integers(0, len(chunks)), max_size=2)), reverse=True):
+                chunks.insert(k, [])
+            if draw(st.integers(0, 9)) == 0:
+                chunks = [[]]  # (every change filtered out)
+            for chunk in chunks:
                 items.append(_item(0, p.encode_stream_start(xid, first), False))
                 first = False
-                for c in change_lsns[i : i + per]:
+                for c in chunk:
                     sub = xid + (1 if draw(st.booleans()) else 0)
                     items.append(_item(c, p.encode_insert(1, [f"{xid}:{c}"], xid=sub), True))
                 items.append(_item(0, p.encode_stream_stop(), False))
@@ -141,6 +148,29 @@ def test_cut_and_resend_is_invisible(stream: tuple[list[Item], list[tuple[int, i
     delivered += _deliver(f, remaining)
     got = assemble(delivered)
     assert got == expected
+    _check_blocks(delivered)
+
+
+def _check_blocks(delivered: list[tuple[int, Any]]) -> None:
+    """The stream block rules the sender holds downstream to (sender/node.py): a transaction's
+    first delivered block says first_segment and only that one; blocks do not nest; a Stream
+    Commit follows a block of its transaction."""
+    open_: set[int] = set()  # transactions with a delivered block, not yet ended
+    block: int | None = None
+    for _lsn, m in delivered:
+        if isinstance(m, p.StreamStart):
+            assert block is None, "nested stream blocks"
+            assert m.first_segment == (m.xid not in open_), (m.xid, m.first_segment)
+            open_.add(m.xid)
+            block = m.xid
+        elif isinstance(m, p.StreamStop):
+            assert block is not None, "Stream Stop outside a block"
+            block = None
+        elif isinstance(m, p.StreamCommit):
+            assert block is None and m.xid in open_, f"Stream Commit of {m.xid}, never started downstream"
+            open_.discard(m.xid)
+        elif isinstance(m, p.StreamAbort) and m.subxid == m.xid:
+            open_.discard(m.xid)
 
 
 def _plain_txn(xid: int, lsn: int) -> tuple[list[Item], int]:
