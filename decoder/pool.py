@@ -290,6 +290,13 @@ class DecoderPool:
         except BaseException as e:  # noqa: BLE001 - handed to the collector
             self._reader_error = e
         finally:
+            # A source left mid-stream (a stop) ends here, in the thread that ran it:
+            # a live one then says where it got and hangs up, instead of holding its
+            # replication connection (and the server its slot) until the process exits.
+            close = getattr(events, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
             self._put_skeleton(_END)
 
     def _put(self, q: Any, item: Any, worker: int) -> None:

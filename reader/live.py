@@ -419,6 +419,13 @@ class LiveSource:
             except _Closed:
                 self._finish_copy()
                 return
+            except GeneratorExit:  # the consumer left mid-stream (a stop, or its own failure)
+                # Say where we got and hang up, so the server frees the slot now; quietly:
+                # a close must not raise, and a failed `before_finish` reports nothing.
+                with contextlib.suppress(Exception):
+                    self._finish_copy()
+                self._drop_conn()
+                return
             except (ConnectionLost, psycopg.OperationalError, OSError) as err:
                 e = (
                     err
@@ -453,7 +460,10 @@ class LiveSource:
         flowed = False
         last_status = time.monotonic()
         interval = self.options.status_interval_s
+        closed = self._closed.is_set
         while True:
+            if closed():  # (also while data keeps coming: a busy node is stopped as fast)
+                raise _Closed
             nbytes, data = pgconn.get_copy_data(1)
             if nbytes == 0:
                 now = time.monotonic()

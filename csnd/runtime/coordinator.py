@@ -131,7 +131,10 @@ class CoordinatorRuntime:
             # Stopped mid-stream: nothing more leaves the merge (an input
             # stopped now must not count as ended, or a smaller CSN it has not
             # sent could be overtaken).  What was written is made durable and
-            # confirmed; the sources re-send the rest after a restart.
+            # confirmed first, so that a live source's last status update, sent
+            # as it stops, carries it; the sources re-send the rest after a restart.
+            if self.confirming:
+                self._confirm(final=False)
             for p in inputs:
                 p.stop()
         self._finish()

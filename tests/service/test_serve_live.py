@@ -177,3 +177,50 @@ def test_a_slow_subscriber_does_not_hold_the_slot_back(pg: PgDatabase, tmp_path:
         feed.close()
         code, err = served.terminate()
     assert code == 0, err
+
+
+def test_sigterm_under_load_stops_at_once_with_the_slot_at_what_is_durable(
+    pg: PgDatabase, tmp_path: Any
+) -> None:
+    """A busy node: the reader stops mid-stream, says where it got and hangs up, so the slot is free.
+
+    It used to keep its replication connection open after stopping, so the final confirmation
+    waited 15 s for the slot and then failed the stop (exit 1)."""
+    from csnd.coordinator.changelog import Changelog
+
+    _setup(pg)
+    served = start_serve([f"dn1={pg.url}?slot=csnd&publication=csnd_pub"], str(tmp_path / "log"))
+    stop = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                c.execute(
+                    "INSERT INTO other VALUES (%s, 0) ON CONFLICT (id) DO UPDATE SET n = other.n + 1",
+                    (i % 500,),
+                )
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        wait_for(lambda: int(served.status()["totals"]["transactions"]) > 200, "the stream to flow")
+        code, err = served.terminate(timeout=60)  # while the writer goes on
+    finally:
+        stop.set()
+        writer.join()
+    assert code == 0 and "error" not in err, err
+    (active,) = pg.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'csnd'")
+    assert active[0] is False  # (the walsender is gone: the slot is free for the next run)
+    confirmed = _confirmed(pg)
+    with Changelog(str(tmp_path / "log")) as log:
+        held = {json.loads(raw)["nodes"]["dn1"]["xid"] for _, raw in log.read(0, 10**9)}
+    ends = pg.execute(
+        "SELECT xid::text, lsn::text FROM pg_logical_slot_peek_changes('witness', NULL, NULL) "
+        "WHERE data LIKE 'COMMIT%'"
+    )
+    before = [int(x) for x, end in ends if lsn_from_str(str(end)) <= confirmed]
+    assert before, "nothing was confirmed"
+    missing = [x for x in before if x not in held]
+    assert not missing, f"confirmed past transactions the changelog does not hold: {missing[:5]}"
