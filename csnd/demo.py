@@ -46,6 +46,7 @@ class _Procs:
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
         self.procs: list[tuple[str, subprocess.Popen[str]]] = []
+        self._stopped: set[int] = set()
 
     def start(
         self, name: str, cmd: list[str], *, stdout: Any = None, env: dict[str, str] | None = None
@@ -62,7 +63,17 @@ class _Procs:
         self.procs.append((name, proc))
         return proc
 
+    def check(self) -> None:
+        """A process that failed on its own (not stopped by the demo) ends the demo, saying why."""
+        for name, proc in self.procs:
+            if proc.poll() not in (None, 0) and proc.pid not in self._stopped:
+                log = os.path.join(self.out_dir, f"{name}.log")
+                lines = [ln for ln in _read(log).splitlines() if ln.strip()]
+                why = lines[-1] if lines else "(nothing in its log)"
+                raise RuntimeError(f"{name} exited {proc.returncode}: {why} (log: {log})")
+
     def stop(self, proc: subprocess.Popen[str], timeout: float = 60) -> int:
+        self._stopped.add(proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -104,9 +115,15 @@ def _count_lines(path: str) -> int:
         return 0
 
 
-def _wait(cond: Any, what: str, timeout: float) -> None:
+def _wait(cond: Any, what: str, timeout: float, check: Any = None) -> None:
+    """Until `cond()`; `check()` (the demo's processes) is asked first each time: a dead service is
+    its own error, not a refused connection."""
     deadline = time.monotonic() + timeout
-    while not cond():
+    while True:
+        if check is not None:
+            check()
+        if cond():
+            return
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.5)
@@ -295,6 +312,7 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
     t0 = time.monotonic()
     try:
         while workload.poll() is None:
+            procs.check()
             _progress(t0, http, os.path.join(out, "workload.log"), subscribed)
             time.sleep(2)
     except KeyboardInterrupt:
@@ -304,8 +322,13 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
         raise RuntimeError(f"the writers failed: see {os.path.join(out, 'workload.log')}")
     newest = max((json.loads(x)["csn"] for x in _read(committed).splitlines()), default=0)
     _say(f"writers done; waiting for csn {newest} to reach every consumer")
-    _wait(lambda: int(_status(http)["changelog"].get("newest_csn", 0)) >= newest, "the changelog", 300)
-    _wait(lambda: _last_csn(subscribed) >= newest, "the subscriber", 300)
+    _wait(
+        lambda: int(_status(http)["changelog"].get("newest_csn", 0)) >= newest,
+        "the changelog",
+        300,
+        procs.check,
+    )
+    _wait(lambda: _last_csn(subscribed) >= newest, "the subscriber", 300, procs.check)
     spark_equal = None
     if spark is not None:
         source = _source_rows(urls)
