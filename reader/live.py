@@ -525,7 +525,8 @@ class LiveSource:
                 return True
 
     def _pq_error(self, pgconn: pq.abc.PGconn) -> str:
-        return (pgconn.error_message or b"connection lost").decode(errors="replace").strip()
+        """libpq's last error on one line (its text spans several, for a log line of one)."""
+        return one_line((pgconn.error_message or b"connection lost").decode(errors="replace"))
 
     def finish(self) -> None:
         """End the stream now (Ctrl-C, SIGTERM): `before_finish`, the last status update, CopyDone.

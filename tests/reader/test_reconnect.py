@@ -119,3 +119,12 @@ def test_hints_and_one_line() -> None:
         one_line('ERROR:  publication "p" does not exist\nCONTEXT:  slot "s"\n')
         == 'publication "p" does not exist'
     )
+    # libpq's text for a server that went away mid-stream (logged as one line on each retry)
+    assert (
+        one_line(
+            "server closed the connection unexpectedly\n\tThis probably means the server terminated "
+            "abnormally\n\tbefore or while processing the request.\n"
+        )
+        == "server closed the connection unexpectedly This probably means the server terminated abnormally "
+        "before or while processing the request."
+    )
