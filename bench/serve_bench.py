@@ -409,35 +409,33 @@ _KINDS: Final = (
 )
 
 
-def _rate_row(what: str, t: dict[str, Any], extra: str = "") -> tuple[str, str]:
+def _rate_row(section: str, what: str, t: dict[str, Any]) -> tuple[str, str]:
+    """A row of `section` ("steady" or "throughput") against pg_recvlogical, for rows of kind `what`."""
+    if section == "steady":
+        label = (
+            f"steady load: pgbench ({t['clients']} clients, {t['load_s']:.0f} s, {what}) flat out; "
+            "`csnd serve` -> subscriber and `pg_recvlogical` both live"
+        )
+        extra = f"; {t['csnd_behind_at_end_s']:.1f} s behind when the load stopped"
+    else:
+        label = (
+            f"backlog: `csnd serve` -> `csnd subscribe` from start-up, {t['rows']:,} rows ({what}) "
+            "written beforehand, vs `pg_recvlogical` (same WAL)"
+        )
+        extra = ""
     return (
-        what,
+        label,
         f"{t['csnd_rows_per_s']:,.0f} rows/s, {t['csnd_transactions_per_s']:,.0f} transactions/s vs "
         f"{t['pg_recvlogical_rows_per_s']:,.0f} rows/s (ratio {t['ratio']:.2f}{extra})",
     )
 
 
 def table(r: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = []
-    for key, what in _KINDS:
-        t = r["steady"][key]
-        rows.append(
-            _rate_row(
-                f"steady load: pgbench ({t['clients']} clients, {t['load_s']:.0f} s, {what}) flat out; "
-                "`csnd serve` -> subscriber and `pg_recvlogical` both live",
-                t,
-                f"; {t['csnd_behind_at_end_s']:.1f} s behind when the load stopped",
-            )
-        )
-    for key, what in _KINDS:
-        t = r["throughput"][key]
-        rows.append(
-            _rate_row(
-                f"backlog: `csnd serve` -> `csnd subscribe` from start-up, {t['rows']:,} rows ({what}) "
-                "written beforehand, vs `pg_recvlogical` (same WAL)",
-                t,
-            )
-        )
+    rows = [
+        _rate_row(section, what, r[section][key])
+        for section in ("steady", "throughput")
+        for key, what in _KINDS
+    ]
     c = r.get("cluster")
     if c:
         rows.append(
