@@ -4,7 +4,8 @@ The stages keep their own counters -- the source its received and confirmed
 LSNs, the decoder pool its changes and inbox depths, the sender what it
 released and what waits on committing dependencies or spilled, a node
 agent's client what it received.  `NodeInput.stats()` gathers them into one
-`NodeStats` snapshot, and every report is made from that snapshot alone: the
+`NodeStats` snapshot (the merge adds how many of the node's batches wait in
+it), and every report is made from that snapshot alone: the
 progress line of `csnd replay` (`progress_text`), and in `csnd serve` the
 Status call, `/api/status`, the dashboard and `/metrics` (through
 `csnd.service.nodes.NodeWatch`, which adds what only the service knows: the
@@ -36,6 +37,7 @@ class NodeStats:
     waiting_committing: int = 0  # committing markers without their commit or abort yet
     waiting_commit: int = 0  # committed, held back by a smaller committing CSN
     spill_bytes: int = 0
+    waiting_merge: int = 0  # batches of this node waiting in the merge (set by whoever runs the merge)
     agent: str = ""  # a node agent's address: its pipeline runs there
 
     def progress_text(self) -> str:

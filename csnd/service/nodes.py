@@ -15,6 +15,7 @@ read, so a status request never blocks the pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -108,9 +109,12 @@ class NodeWatch:
             self.state = "streaming"
 
     def stats(self) -> NodeStats:
-        """The current run's statistics of the node (the object every report reads)."""
+        """The current run's statistics of the node (the object every report reads), with the merge's."""
         inp = self.input
-        return inp.stats() if inp is not None else NodeStats(self.name, self.mode)
+        if inp is None:
+            return NodeStats(self.name, self.mode)
+        own: NodeStats = inp.stats()
+        return dataclasses.replace(own, waiting_merge=self.waiting_merge())
 
     def snapshot(self) -> NodeState:
         now = self.clock()
@@ -123,7 +127,7 @@ class NodeWatch:
         if received <= confirmed or not getattr(self.input, "confirms", False):
             self._caught_up_at = now
         slot = self.slot.reading if self.slot is not None else SlotReading()
-        waiting = self.waiting_merge()
+        waiting = st.waiting_merge
         state = self.state
         if state == "streaming" and st.reconnecting:
             state = "reconnecting"

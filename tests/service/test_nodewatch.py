@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from csnd.runtime.stats import NodeStats
@@ -48,6 +49,7 @@ def test_every_figure_comes_from_the_statistics_object() -> None:
     assert (s.transactions, s.changes, s.decoded_changes, s.queue_depths) == (12, 77, 77, (3, 1))
     assert (s.watermark_csn, s.waiting_committing, s.waiting_commit, s.waiting_merge) == (400, 2, 5, 3)
     assert s.spill_bytes == 4096 and s.lag_seconds == 2.5  # behind since it was attached
+    assert watch.stats() == dataclasses.replace(stats, waiting_merge=3)  # the merge's figure joins the object
     assert not s.stuck
     # the watermark stays while batches wait on the merge: stuck once it has not moved for long enough
     clock[0] += STUCK_AFTER_S + 1
