@@ -224,3 +224,55 @@ def test_sigterm_under_load_stops_at_once_with_the_slot_at_what_is_durable(
     assert before, "nothing was confirmed"
     missing = [x for x in before if x not in held]
     assert not missing, f"confirmed past transactions the changelog does not hold: {missing[:5]}"
+
+
+def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, tmp_path: Any) -> None:
+    """The service killed with -9 twice while pgbench commits flat out; each restart resumes from the slot."""
+    import os
+    import subprocess
+
+    from csnd.coordinator.changelog import Changelog
+    from csnd.testing.pgserver import PG_BIN
+
+    _setup(pg)
+    source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub"
+    log_dir = str(tmp_path / "log")
+    script = tmp_path / "upsert.sql"
+    script.write_text(
+        "\\set k random(1, 1000)\n"
+        "INSERT INTO other VALUES (:k, 1) ON CONFLICT (id) DO UPDATE SET n = other.n + 1;\n"
+    )
+    port = pg.url.split(":")[-1].split("/")[0]
+    served = start_serve([source], log_dir)
+    load = subprocess.Popen(
+        [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", port, "-U", "postgres"]
+        + ["-c", "2", "-T", "8", "-f", str(script), pg.name],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(2):
+            before = served.newest_csn()
+            wait_for(lambda s=served, b=before: s.newest_csn() > b + 500, "the service under way")
+            served.kill()
+            served = start_serve([source], log_dir)
+        _, err = load.communicate(timeout=120)
+        assert load.returncode == 0, err
+        rows = pg.execute(
+            "SELECT xid::text, lsn::text FROM pg_logical_slot_peek_changes('witness', NULL, NULL) "
+            "WHERE data LIKE 'COMMIT%'"
+        )
+        committed = [int(x) for x, _ in rows]
+        last_end = max(lsn_from_str(str(end)) for _, end in rows)
+        # the slot is confirmed only as far as the changelog holds: past the last commit, it holds all
+        wait_for(lambda: _confirmed(pg) >= last_end, "the slot confirmed past the last commit")
+    finally:
+        if load.poll() is None:
+            load.kill()
+        code, err = served.terminate()
+    assert code == 0, err
+    with Changelog(log_dir) as log:
+        held = [json.loads(raw)["nodes"]["dn1"]["xid"] for _, raw in log.read(0, 10**12)]
+    assert len(held) == len(set(held)), "a transaction was appended twice"
+    assert set(held) == set(committed)
