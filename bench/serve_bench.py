@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import psycopg
 
-from bench.common import pg_recvlogical_seconds
+from bench.common import pg_recvlogical_command, pg_recvlogical_seconds
 from csnd.core.ids import lsn_from_str
 from csnd.testing.pgserver import PG_BIN, start_server
 
@@ -170,7 +170,7 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
     done = threading.Event()
     consumer = _consumer(address, lambda _line: arrivals.append(time.perf_counter()), done)
     recv = subprocess.Popen(
-        _pg_recvlogical(server.port, twin) + ["-f", "/dev/null"],
+        pg_recvlogical_command(server.port, twin, "bench") + ["-f", "/dev/null"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -221,12 +221,6 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
         "csnd_behind_at_end_s": ours_s - twin_s,
         "ratio": twin_s / ours_s,
     }
-
-
-def _pg_recvlogical(port: int, slot: str) -> list[str]:
-    cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
-    cmd += ["-d", "postgres", "--slot", slot, "--start", "--no-loop", "-o", "proto_version=2"]
-    return cmd + ["-o", "publication_names=bench", "-o", "binary=true", "-o", "streaming=on"]
 
 
 def _sent_lsn(c: psycopg.Connection[Any], slot: str) -> int:
