@@ -89,6 +89,23 @@ def _ours(lines: list[str]) -> list[tuple[int, list[tuple[str, str, int]]]]:
     return out
 
 
+def _witness_commits(pg: PgDatabase) -> list[tuple[int, int]]:
+    """(xid, end LSN) of every commit the witness slot has seen."""
+    rows = pg.execute(
+        "SELECT xid::text, lsn::text FROM pg_logical_slot_peek_changes('witness', NULL, NULL) "
+        "WHERE data LIKE 'COMMIT%'"
+    )
+    return [(int(str(xid)), lsn_from_str(str(end))) for xid, end in rows]
+
+
+def _changelog_xids(log_dir: str) -> list[int]:
+    """dn1's xid of every transaction in the changelog, in its order (a stopped service's)."""
+    from csnd.coordinator.changelog import Changelog
+
+    with Changelog(log_dir) as log:
+        return [json.loads(raw)["nodes"]["dn1"]["xid"] for _, raw in log.read(0, 2**63)]
+
+
 def _confirmed(pg: PgDatabase) -> int:
     (row,) = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'")
     return lsn_from_str(str(row[0]))
@@ -186,8 +203,6 @@ def test_sigterm_under_load_stops_at_once_with_the_slot_at_what_is_durable(
 
     It used to keep its replication connection open after stopping, so the final confirmation
     waited 15 s for the slot and then failed the stop (exit 1)."""
-    from csnd.coordinator.changelog import Changelog
-
     _setup(pg)
     served = start_serve([f"dn1={pg.url}?slot=csnd&publication=csnd_pub"], str(tmp_path / "log"))
     stop = threading.Event()
@@ -214,13 +229,8 @@ def test_sigterm_under_load_stops_at_once_with_the_slot_at_what_is_durable(
     (active,) = pg.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'csnd'")
     assert active[0] is False  # (the walsender is gone: the slot is free for the next run)
     confirmed = _confirmed(pg)
-    with Changelog(str(tmp_path / "log")) as log:
-        held = {json.loads(raw)["nodes"]["dn1"]["xid"] for _, raw in log.read(0, 10**9)}
-    ends = pg.execute(
-        "SELECT xid::text, lsn::text FROM pg_logical_slot_peek_changes('witness', NULL, NULL) "
-        "WHERE data LIKE 'COMMIT%'"
-    )
-    before = [int(x) for x, end in ends if lsn_from_str(str(end)) <= confirmed]
+    held = set(_changelog_xids(str(tmp_path / "log")))
+    before = [xid for xid, end in _witness_commits(pg) if end <= confirmed]
     assert before, "nothing was confirmed"
     missing = [x for x in before if x not in held]
     assert not missing, f"confirmed past transactions the changelog does not hold: {missing[:5]}"
@@ -231,7 +241,6 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
     import os
     import subprocess
 
-    from csnd.coordinator.changelog import Changelog
     from csnd.testing.pgserver import PG_BIN
 
     _setup(pg)
@@ -242,10 +251,18 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
         "\\set k random(1, 1000)\n"
         "INSERT INTO other VALUES (:k, 1) ON CONFLICT (id) DO UPDATE SET n = other.n + 1;\n"
     )
-    port = pg.url.split(":")[-1].split("/")[0]
     served = start_serve([source], log_dir)
     load = subprocess.Popen(
-        [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", port, "-U", "postgres"]
+        [
+            os.path.join(PG_BIN, "pgbench"),
+            "-n",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(pg.server.port),
+            "-U",
+            "postgres",
+        ]
         + ["-c", "2", "-T", "8", "-f", str(script), pg.name],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -259,12 +276,9 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
             served = start_serve([source], log_dir)
         _, err = load.communicate(timeout=120)
         assert load.returncode == 0, err
-        rows = pg.execute(
-            "SELECT xid::text, lsn::text FROM pg_logical_slot_peek_changes('witness', NULL, NULL) "
-            "WHERE data LIKE 'COMMIT%'"
-        )
-        committed = [int(x) for x, _ in rows]
-        last_end = max(lsn_from_str(str(end)) for _, end in rows)
+        commits = _witness_commits(pg)
+        committed = [xid for xid, _ in commits]
+        last_end = max(end for _, end in commits)
         # the slot is confirmed only as far as the changelog holds: past the last commit, it holds all
         wait_for(lambda: _confirmed(pg) >= last_end, "the slot confirmed past the last commit")
     finally:
@@ -272,7 +286,6 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
             load.kill()
         code, err = served.terminate()
     assert code == 0, err
-    with Changelog(log_dir) as log:
-        held = [json.loads(raw)["nodes"]["dn1"]["xid"] for _, raw in log.read(0, 10**12)]
+    held = _changelog_xids(log_dir)
     assert len(held) == len(set(held)), "a transaction was appended twice"
     assert set(held) == set(committed)
