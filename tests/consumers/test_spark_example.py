@@ -79,6 +79,15 @@ def batches_done(pg: PgDatabase) -> int:
     return int(rows[0][0]) if rows else -1  # type: ignore[call-overload]
 
 
+def _await_batches(running: subprocess.Popen[bytes], pg: PgDatabase, tmp: Any, last_id: int) -> None:
+    """Until the job has applied batch `last_id`; the job dying first, or 600 s, fails the test."""
+    deadline = time.monotonic() + 600
+    while batches_done(pg) < last_id:
+        assert running.poll() is None, (tmp / "job.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the job applied no batches in 600 s"
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(2400)  # (two Spark start-ups of a subprocess on a busy 2-core machine)
 def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]
@@ -91,11 +100,7 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     server = start_changefeed(log, subscriptions=SubscriptionStore(d))
     try:
         first = job(server.address, tmp_path, pg, 4)  # small batches: the kill lands mid-stream
-        deadline = time.monotonic() + 600
-        while batches_done(pg) < 2:  # (some batches applied, most still to come)
-            assert first.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the job applied no batches in 600 s"
-            time.sleep(0.2)
+        _await_batches(first, pg, tmp_path, 2)  # (some batches applied, most still to come)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(60)
         _, applied = oracle(cluster_lines)
@@ -146,11 +151,7 @@ def test_kill_9_of_the_service_mid_stream_then_restart_is_exactly_once(
     wait_for(lambda: served.newest_csn() == cluster_lines[-1][0], "the cluster in the changelog")
     try:
         first = job(f"127.0.0.1:{port}", tmp_path, pg, per_batch, "--available-now")
-        deadline = time.monotonic() + 600
-        while batches_done(pg) < 1:  # (some batches applied, most still to come)
-            assert first.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the job applied no batches in 600 s"
-            time.sleep(0.1)
+        _await_batches(first, pg, tmp_path, 1)  # (some batches applied, most still to come)
         served.kill()
         assert batches_done(pg) < len(cluster_lines) // per_batch - 2, "killed mid-stream"
         served = start_serve(sources, log, *listen)
