@@ -39,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from csnd.core.errors import (
     ChangefeedError,
@@ -315,15 +316,11 @@ class Changefeed:
             if self._channel is None:
                 self._channel = _channel(self.address, self._tls_ca)
                 self._stub = pb_grpc.ChangefeedStub(self._channel)
-            ready = grpc.channel_ready_future(self._channel)
             wait = self._backoff
             limit = self.give_up if self._connected_once else self.connect_timeout
             if limit is not None:  # (do not wait past the point of giving up)
                 wait = min(wait, self._lost_at + limit - time.monotonic())
-            try:
-                ready.result(timeout=max(wait, 0.05))
-            except grpc.FutureTimeoutError:
-                ready.cancel()
+            if not self._reachable(max(wait, 0.05)):
                 self._last_error = "nothing accepts connections there"
                 self._failed()
                 if deadline is not None and time.monotonic() >= deadline:
@@ -337,6 +334,27 @@ class Changefeed:
                 self._ack_sent = 0  # (a new stream: the service has to hear the acknowledgement again)
             self._request_ack()
             return True
+
+    def _reachable(self, wait: float) -> bool:
+        """Whether the service answers a health check within `wait` seconds.
+
+        (Not grpc.channel_ready_future: it polls the channel every 0.2 s, so
+        every connection took at least that long.)  A refusal a reconnect
+        cannot fix, such as a wrong token, is raised.
+        """
+        assert self._channel is not None
+        try:
+            health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(), metadata=self._md, timeout=wait, wait_for_ready=True
+            )
+        except grpc.RpcError as e:
+            err = permanent_error(e, self.address)
+            if err is not None and e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                self.close()
+                raise err from None
+            # (UNIMPLEMENTED: a server without the health service; the stream will say more)
+            return bool(e.code() == grpc.StatusCode.UNIMPLEMENTED)
+        return True
 
     def _failed(self) -> None:
         """A connection attempt or a stream failed: back off, or give up when it lasted too long."""
