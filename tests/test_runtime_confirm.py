@@ -54,6 +54,14 @@ class ConfirmMachine(RuleBasedStateMachine):
         self.durable = self.written
         assert self.tracker.on_durable() == self.tracker.safe >= before
 
+    @rule(data=st.data())
+    def sync_finishes(self, data: st.DataObject) -> None:
+        """A background sync that began after the n-th write finishes (the service's group commit)."""
+        n = data.draw(st.integers(self.durable, self.written))
+        before = self.tracker.safe
+        self.durable = n
+        assert self.tracker.on_durable(n) == self.tracker.safe >= before
+
     @invariant()
     def checks(self) -> None:
         self.tracker._check()
@@ -172,3 +180,18 @@ def test_an_idle_position_is_confirmed_only_with_what_was_released_before_it() -
     t.on_position(250)  # an older position never moves `safe` back
     assert t.on_durable() == 300
     t._check()
+
+
+def test_a_durable_count_outside_what_was_written_is_refused() -> None:
+    t = ConfirmTracker()
+    t.on_release(100)
+    t.on_written()
+    assert t.on_durable(0) == 0
+    assert t.on_durable(1) == 100
+    for bad in (0, 2):  # (behind what is durable already; past what was written)
+        try:
+            t.on_durable(bad)
+        except ValueError as e:
+            assert "outside 1..1" in str(e)
+        else:
+            raise AssertionError(f"on_durable({bad}) was accepted")

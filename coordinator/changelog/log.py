@@ -24,6 +24,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 from csnd.coordinator.changelog import record as rec
@@ -47,6 +48,17 @@ DEFAULT_INDEX_INTERVAL: Final = 4 << 10
 FLUSH_BYTES: Final = 1 << 20
 
 LOCK_NAME: Final = "LOCK"
+
+
+@dataclass
+class SyncPoint:
+    """What one fsync covers: begin_sync notes it, fsync makes it durable, finish_sync shows it."""
+
+    sealed_fds: list[int]  # rolled-over segments, closed once fsynced
+    fd: int  # the segment being appended to at begin_sync
+    directory_of: str | None  # a new segment's path, when the directory needs an fsync
+    # (segment, bytes written, last csn, its time, index entries) at begin_sync
+    segments: list[tuple[sg.Segment, int, int, int, int]]
 
 
 class Changelog:
@@ -162,16 +174,55 @@ class Changelog:
         """Write what is pending, fsync it (and the directory for a new segment); returns durable_csn."""
         if self._closed:
             raise ValueError("sync of a closed changelog")
+        point = self.begin_sync()
+        if point is None:
+            return self._durable_csn
+        self.fsync(point)
+        return self.finish_sync(point)
+
+    # sync() in three steps, for a group commit that keeps appending while it
+    # waits for the disk: begin_sync and finish_sync are quick and run where
+    # append does (under the caller's lock, when append runs in another
+    # thread); fsync, the slow part, runs without it.  One sync at a time.
+
+    def begin_sync(self) -> SyncPoint | None:
+        """Writes what is pending and notes what an fsync now covers; None when nothing is new."""
         self._guard(self._flush)
         dirty, self._dirty = self._dirty, []
         if not dirty:
-            return self._durable_csn
-        self._guard(lambda: self._fsync(dirty))
+            return None
+        point = SyncPoint(
+            sealed_fds=self._sealed_fds,
+            fd=self._fd,
+            directory_of=self._segments[-1].path if self._dir_dirty else None,
+            segments=[
+                (seg, seg.written, seg.w_last_csn, seg.w_last_time, len(seg.index_csns)) for seg in dirty
+            ],
+        )
+        self._sealed_fds, self._dir_dirty = [], False
+        return point
+
+    def fsync(self, point: SyncPoint) -> None:
+        """Makes what `point` covers durable (the segments appended to, then a new one's directory)."""
+
+        def step() -> None:
+            for fd in point.sealed_fds:
+                os.fsync(fd)
+                os.close(fd)
+            point.sealed_fds = []
+            os.fsync(point.fd)
+            if point.directory_of is not None:
+                sync_directory(point.directory_of)
+
+        self._guard(step)
+
+    def finish_sync(self, point: SyncPoint) -> int:
+        """Shows readers what `point` covered; returns the new durable_csn."""
         with self._cond:
-            for seg in dirty:
-                seg.end = seg.written
-                seg.last_csn, seg.last_time = seg.w_last_csn, seg.w_last_time
-                seg.durable_n = len(seg.index_csns)
+            for seg, written, last_csn, last_time, index_n in point.segments:
+                seg.end = written
+                seg.last_csn, seg.last_time = last_csn, last_time
+                seg.durable_n = index_n
             self._view = tuple(s for s in self._segments if s.last_csn)
             self._durable_csn = self._view[-1].last_csn
             self._cond.notify_all()
@@ -243,16 +294,6 @@ class Changelog:
         self._segments.append(seg)  # its header goes out with its first chunk
         self._dir_dirty = True
         return seg
-
-    def _fsync(self, dirty: list[sg.Segment]) -> None:
-        for fd in self._sealed_fds:
-            os.fsync(fd)
-            os.close(fd)
-        self._sealed_fds = []
-        os.fsync(self._fd)
-        if self._dir_dirty:
-            sync_directory(self._segments[-1].path)
-            self._dir_dirty = False
 
     # -- reading (any thread) --------------------------------------------------
 

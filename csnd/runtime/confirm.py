@@ -13,6 +13,8 @@ The runtime tells the tracker three things, in its one thread:
     on_written()             the sink ended the oldest released, unwritten one
                              (a node's transactions reach the sink in release order)
     on_durable()             the sink made everything it ended durable
+    on_durable(n)            ... or the first n written (a sync in the background
+                             that began before the newest writes)
 
 and confirms `safe`, which only `on_durable` moves.  Pure: no I/O, no clock.
 """
@@ -58,9 +60,11 @@ class ConfirmTracker:
     def on_written(self) -> None:
         self.written += 1
 
-    def on_durable(self) -> int:
-        """Everything written is durable now; returns the new `safe`."""
-        self.durable = self.written
+    def on_durable(self, written: int | None = None) -> int:
+        """Everything written is durable now (or the first `written` of it); returns the new `safe`."""
+        if written is not None and not self.durable <= written <= self.written:
+            raise ValueError(f"durable count {written} outside {self.durable}..{self.written}")
+        self.durable = self.written if written is None else written
         marks = self._marks
         durable = self.durable
         safe = self.safe

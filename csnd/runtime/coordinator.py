@@ -28,8 +28,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final
+from typing import Final, TypeGuard
 
 from csnd.coordinator import (
     JSON_TAIL,
@@ -57,7 +58,7 @@ from csnd.runtime.items import (
 )
 from csnd.runtime.jsonsink import OUTPUT_CHUNK_BYTES
 from csnd.runtime.progress import ReplayProgress
-from csnd.runtime.sinks import Sink
+from csnd.runtime.sinks import GroupCommitSink, Sink
 from csnd.sender import FinishedTxn
 
 # How often the sink is made durable and slots confirmed.  Shorter: a slot
@@ -101,6 +102,11 @@ class CoordinatorRuntime:
         lone = self.inputs[0] if len(self.inputs) == 1 else None
         self.alone = AloneOrder(lone.node) if lone is not None and lone.releases_whole else None
         self.ended: set[str] = set()
+        # A group-commit sink syncs in its own thread: each confirmation round asks for
+        # a sync and confirms what an earlier, finished one covered (_confirm_behind).
+        self._group_commit = sink if _is_group_commit(sink) else None
+        self._durable_asks: deque[tuple[int, dict[str, int]]] = deque()  # (ticket, written per node)
+        self._asked_at_ended = -1  # sink.ended at the newest ask
         self._feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
         # The current transaction's text not yet handed to the sink, and whether its next part is its first.
         self._line: list[str] = []
@@ -288,8 +294,28 @@ class CoordinatorRuntime:
         if self.progress is not None:
             self.progress.tick(now, self.sink.transactions, self.sink.bytes_out)
         if (self.confirming or self.durable_always) and now - self._last_confirm >= self.confirm_interval_s:
-            self._confirm(final=False)
+            if self._group_commit is not None:
+                self._confirm_behind(self._group_commit)
+            else:
+                self._confirm(final=False)
             self._last_confirm = now
+
+    def _confirm_behind(self, sink: GroupCommitSink) -> None:
+        """Ask for a sync of what is new; move each slot to what the syncs finished so far cover."""
+        asks = self._durable_asks
+        if sink.ended != self._asked_at_ended:
+            self._asked_at_ended = sink.ended
+            ticket = sink.request_durable()
+            asks.append((ticket, {p.node: self.trackers[p.node].written for p in self.confirming}))
+        done = sink.durable_ticket
+        covered: dict[str, int] | None = None
+        while asks and asks[0][0] <= done:
+            covered = asks.popleft()[1]
+        if covered is None and not asks:  # nothing new since the last finished sync: all is durable
+            covered = {p.node: self.trackers[p.node].written for p in self.confirming}
+        if covered is not None:
+            for p in self.confirming:
+                p.confirm(self.trackers[p.node].on_durable(covered[p.node]))
 
     def _confirm(self, final: bool) -> None:
         """Make the sink durable, then move each slot to what that covers."""
@@ -310,6 +336,10 @@ class CoordinatorRuntime:
             self._confirm(final=True)
         else:
             self.sink.make_durable()
+
+
+def _is_group_commit(sink: Sink) -> TypeGuard[GroupCommitSink]:
+    return callable(getattr(sink, "request_durable", None))
 
 
 def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:

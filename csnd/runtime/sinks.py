@@ -46,3 +46,17 @@ class Sink(Protocol):
 
     def abandon(self) -> str | None:
         """Give up mid-run; returns where the incomplete output is (None if nowhere to name)."""
+
+
+class GroupCommitSink(Sink, Protocol):
+    """A sink that makes itself durable in the background (the service's changelog).
+
+    The runtime asks and goes on writing; it confirms slots only as far as
+    a finished request covers.
+    """
+
+    ended: int  # transactions ended so far, whether written or skipped
+    durable_ticket: int  # the newest request whose transactions are all durable
+
+    def request_durable(self) -> int:
+        """A ticket for everything ended so far; `durable_ticket` reaches it once that is durable."""

@@ -248,14 +248,18 @@ class Service:
             self._watch(inputs, runtime)
         if self._stop.is_set():
             runtime.request_stop()
+        sink.start()
         try:
             runtime.run()
         except BaseException:
             for p in inputs:
                 p.stop()
+            sink.stop()
             with contextlib.suppress(CsndError, OSError):
                 log_.sync()
             raise
+        finally:
+            sink.stop()
         for w in self.watches.values():
             if w.state != "failed":
                 w.state = "ended"

@@ -1,0 +1,113 @@
+"""The service's changelog sink: a group commit on its own thread that never stops the appends."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+
+import pytest
+
+from csnd.coordinator.changelog import Changelog
+from csnd.coordinator.changelog.log import SyncPoint
+from csnd.core.errors import CsndError
+from csnd.service.sink import ChangelogSink
+
+CEILING = 60.0  # seconds: a bound on waiting for a state, never a timing assertion
+
+
+class SlowDisk(Changelog):
+    """A changelog whose fsync waits until the test lets it go (a disk busy with someone else's writes)."""
+
+    def __init__(self, directory: str, **kw: int) -> None:
+        super().__init__(directory, **kw)
+        self.in_fsync = threading.Event()
+        self.release = threading.Event()
+        self.fail_with: OSError | None = None
+
+    def fsync(self, point: SyncPoint) -> None:
+        self.in_fsync.set()
+        assert self.release.wait(CEILING)
+        if self.fail_with is not None:
+
+            def fail() -> None:
+                raise self.fail_with  # type: ignore[misc]
+
+            self._guard(fail)
+        super().fsync(point)
+
+
+def line(csn: int) -> str:
+    pad = "y" * (csn * 13 % 200)
+    return f'{{"csn": {csn}, "pad": "{pad}"}}'
+
+
+def _wait(cond: threading.Condition, pred: object) -> None:
+    with cond:
+        assert cond.wait_for(pred, CEILING)  # type: ignore[arg-type]
+
+
+def test_appends_go_on_while_a_sync_waits_for_the_disk(tmp_path: Path) -> None:
+    log = SlowDisk(str(tmp_path), segment_bytes=600, index_interval=128)  # (segments roll during the sync)
+    sink = ChangelogSink(log)
+    sink.start()
+    try:
+        sink.end_transaction(1, line(1))
+        first = sink.request_durable()
+        assert log.in_fsync.wait(CEILING)
+
+        appender = threading.Thread(target=lambda: [sink.end_transaction(c, line(c)) for c in range(2, 40)])
+        appender.start()
+        appender.join(CEILING)
+        assert not appender.is_alive(), "an append waited for the fsync"
+        assert sink.durable_ticket < first and log.durable_csn == 0  # nothing shown before the fsync ends
+        second = sink.request_durable()  # (asked while the first sync is still on the disk)
+
+        log.release.set()
+        _wait(sink._changed, lambda: sink.durable_ticket >= first)
+        # The first sync covers what was appended before it began, and only that.
+        assert log.durable_csn in (1, 39)  # (39: the second sync may already have finished)
+        _wait(sink._changed, lambda: sink.durable_ticket >= second)
+        assert log.durable_csn == 39
+        sink.end_transaction(40, line(40))
+        sink.make_durable()
+        assert log.durable_csn == 40
+    finally:
+        log.release.set()
+        sink.stop()
+        log.close()
+    with Changelog(str(tmp_path)) as again:
+        got = list(again.read(0))
+    assert got == [(c, line(c).encode()) for c in range(1, 41)]
+    assert len(list(tmp_path.glob("*.log"))) > 5
+
+
+def test_a_failed_fsync_reaches_the_writer_as_one_clear_error(tmp_path: Path) -> None:
+    log = SlowDisk(str(tmp_path))
+    log.fail_with = OSError(errno.EIO, "Input/output error", "0000000000000001.log")
+    log.release.set()
+    sink = ChangelogSink(log)
+    sink.start()
+    try:
+        sink.end_transaction(1, line(1))
+        with pytest.raises(CsndError, match=r"cannot write .*Input/output error; restart the service"):
+            sink.make_durable()
+        with pytest.raises(CsndError, match="Input/output error"):  # (and every later request)
+            sink.request_durable()
+        assert log.durable_csn == 0
+    finally:
+        sink.stop()
+        log.close()
+
+
+def test_without_the_thread_a_request_syncs_at_once(tmp_path: Path) -> None:
+    with Changelog(str(tmp_path)) as log:
+        sink = ChangelogSink(log)
+        sink.end_transaction(1, line(1))
+        ticket = sink.request_durable()
+        assert sink.durable_ticket == ticket and log.durable_csn == 1
+        sink.start()
+        sink.end_transaction(2, line(2))
+        sink.make_durable()
+        sink.stop()
+        assert log.durable_csn == 2 and sink.transactions == 2 and sink.ended == 2
