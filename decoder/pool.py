@@ -41,7 +41,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
 from typing import Any, Final
@@ -58,6 +58,9 @@ from csnd.reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive,
 # batch of wide TOASTed rows from holding hundreds of megabytes.
 BATCH_CHANGES: Final = 2048
 BATCH_BYTES: Final = 1 << 20
+# A keepalive ends the batch being gathered only while fewer batches than this
+# wait for their results: downstream is idle, a partial batch goes on at once.
+KEEPALIVE_CUT_BELOW: Final = 2
 # Batches in flight per worker (input queue bound).  Enough to keep a worker
 # busy while the collector is momentarily slow; memory is about
 # N x QUEUE_DEPTH x BATCH_BYTES of input, and their results.
@@ -202,6 +205,7 @@ class DecoderPool:
             + [QueueStats(f"decoder-{node}-in-flight", pending)]
         )
         self._reader_error: BaseException | None = None
+        self._cut_drained: Callable[[], None] | None = None  # set by the reader thread's _feed
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -239,6 +243,14 @@ class DecoderPool:
 
             run_xid: object = _NO_RUN  # xid of the run the next change may join
             run_lsns: list[Lsn] = []  # the open run's (none yet)
+
+            def cut_drained() -> None:
+                nonlocal run_xid
+                if wires or batch.events:
+                    cut()
+                    run_xid = _NO_RUN
+
+            self._cut_drained = cut_drained
             for event in events:
                 msg = event[1]
                 cls = type(msg)
@@ -284,8 +296,13 @@ class DecoderPool:
                     keep(event)
                 else:
                     keep(event)
-                    if isinstance(msg, Keepalive):
-                        cut()  # an idle moment: do not hold a partial batch back
+                    # A keepalive is a moment the server had nothing to send; while
+                    # the batches cut before are still waiting for the decoders,
+                    # cutting here would only make a small batch wait behind them
+                    # (under load the server sends hundreds a second).  A source
+                    # that pauses says so through `drained`, which always cuts.
+                    if isinstance(msg, Keepalive) and self._skeletons.qsize() < KEEPALIVE_CUT_BELOW:
+                        cut()
             cut()
         except BaseException as e:  # noqa: BLE001 - handed to the collector
             self._reader_error = e
@@ -298,6 +315,16 @@ class DecoderPool:
                 with contextlib.suppress(Exception):
                     close()
             self._put_skeleton(_END)
+
+    def drained(self) -> None:
+        """The source has nothing more to read for now: hand on the batch being gathered.
+
+        Called by the source from inside its iterator, so in the reader
+        thread, between two events (LiveSource.on_drained).
+        """
+        cut = self._cut_drained
+        if cut is not None:
+            cut()
 
     def _put(self, q: Any, item: Any, worker: int) -> None:
         while True:

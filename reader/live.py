@@ -71,6 +71,9 @@ STATUS_INTERVAL_S: Final = 5.0
 SLOT_BUSY_FIRST_S: Final = 10.0
 # Longest a wait for data blocks, so `close()` and deadlines are noticed.
 POLL_S: Final = 0.5
+# When nothing more has come for this long after data, the stream has paused:
+# `on_drained` is called so that a batch being gathered downstream goes on.
+DRAINED_WAIT_S: Final = 0.002
 # How long a finished stream waits for the server to end the copy as well
 # (see `_await_copy_end`) before it closes the connection anyway.
 FINISH_TIMEOUT_S: Final = 10.0
@@ -143,6 +146,10 @@ class LiveSource:
         # Called when the server has sent nothing for a poll interval (an idle
         # moment: csnd record syncs and confirms what it holds then).
         self.on_idle: Callable[[], None] | None = None
+        # Called (in the thread reading this stream, between two of its items)
+        # when everything received has been yielded and nothing more came for
+        # DRAINED_WAIT_S: whoever gathers batches downstream hands on what it has.
+        self.on_drained: Callable[[], None] | None = None
 
     # --- positions ------------------------------------------------------------------
 
@@ -461,6 +468,7 @@ class LiveSource:
         last_status = time.monotonic()
         interval = self.options.status_interval_s
         closed = self._closed.is_set
+        undrained = False  # items yielded since on_drained was last called
         while True:
             if closed():  # (also while data keeps coming: a busy node is stopped as fast)
                 raise _Closed
@@ -474,6 +482,18 @@ class LiveSource:
                     # server tells us its WAL end instead of waiting 30 s
                     self._send_status(pgconn, reply=waiting_for_end)
                     last_status = now
+                if undrained and self.on_drained is not None:
+                    # A short wait first: data that follows at once belongs to the same burst.
+                    if self._wait(pgconn, read=True, timeout=DRAINED_WAIT_S):
+                        try:
+                            pgconn.consume_input()
+                        except psycopg.OperationalError:
+                            raise ConnectionLost(
+                                self._pq_error(pgconn), node=self.node, lsn=self._received
+                            ) from None
+                        continue
+                    undrained = False
+                    self.on_drained()
                 if self._wait(pgconn, read=True, timeout=min(POLL_S, interval)):
                     try:
                         pgconn.consume_input()
@@ -503,6 +523,7 @@ class LiveSource:
                     lsn=self._received,
                 )
             payload = bytes(data)
+            undrained = True
             frame = parse_frame(payload)
             if isinstance(frame, Keepalive):
                 self._received = max(self._received, frame.wal_end)

@@ -134,6 +134,8 @@ class NodePipeline:
             # not this run's to confirm, the next run reads it.
             options = getattr(self.source, "options", None)
             until = getattr(options, "until_lsn", None)
+            if hasattr(self.source, "on_drained"):  # (a live node: a paused stream ends the batch)
+                self.source.on_drained = self.pool.drained
             for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark

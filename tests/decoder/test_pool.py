@@ -9,7 +9,9 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +168,49 @@ def test_workers_start_with_ctrl_c_ignored_even_if_a_thread_started_the_fork_ser
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.stdout.strip() == "True", proc.stderr
+
+
+def _one_row_stream(path: Path, xids: tuple[int, ...]) -> list[tuple[int, Any]]:
+    with StreamWriter(str(path), StreamHeader(node="dn1", binary=True, mode="single")) as w:
+        w.write_frame(
+            p.encode_xlogdata(
+                0, 0, 1, p.encode_relation(16384, "public", "t", "d", [p.Column(1, "id", 23, -1)])
+            )
+        )
+        for t, xid in enumerate(xids):
+            lsn = 0x100 + 0x100 * t
+            w.write_frame(p.encode_xlogdata(lsn, lsn, 1, p.encode_begin(lsn + 0x80, 5, xid)))
+            w.write_frame(
+                p.encode_xlogdata(lsn + 8, lsn, 1, p.encode_insert(16384, [struct.pack("!i", xid)]))
+            )
+            w.write_frame(p.encode_xlogdata(lsn + 0x80, lsn, 1, p.encode_commit(lsn + 0x80, lsn + 0x90, 5)))
+    return list(RecordedSource(str(path)).events(raw_changes=True))
+
+
+@pytest.mark.parametrize("pause", ["drained", "keepalive"])
+def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pause: str) -> None:
+    """A live source that pauses (LiveSource.on_drained), or a keepalive while the decoders are idle,
+    ends the batch: the transaction read so far comes out without waiting for more of the stream."""
+    events = _one_row_stream(tmp_path / "s.pgstream", (700, 701))
+    first, second = events[:4], events[4:]  # (Relation, Begin, Insert, Commit) and the next transaction
+    pool = DecoderPool("dn1", 2, binary=True)  # (a batch bound far above this stream)
+    resume = threading.Event()
+    timed_out: list[bool] = []
+
+    def stream() -> Iterator[tuple[int, Any]]:
+        yield from first
+        if pause == "drained":
+            pool.drained()  # (as LiveSource calls it: in the reader thread, between two events)
+        else:
+            yield first[-1][0], p.Keepalive(first[-1][0], 0, False)
+        if not resume.wait(30):
+            timed_out.append(True)
+        yield from second
+
+    commits = []
+    for _, item in pool.run(stream()):
+        if isinstance(item, p.Commit):
+            commits.append(item)
+            resume.set()  # (the first commit came out while the stream was paused)
+    assert not timed_out, "the first transaction waited for the rest of the stream"
+    assert len(commits) == 2
