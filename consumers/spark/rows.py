@@ -26,6 +26,7 @@ import json.scanner
 from collections.abc import Iterable
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 
 # The Spark schema, as DDL (DataSource.schema) and as Arrow (what `read` yields).
@@ -127,10 +128,11 @@ class RowBuilder:
             c_new,
             c_unch,
         ) = self._cols
-        c_csn.extend([csn] * n)
-        c_gid.extend([gid] * n)
-        c_time.extend([commit_time] * n)
-        c_seq.extend(range(n))
+        # Per transaction, not per row: take() repeats them (in C) over the rows.
+        c_csn.append(csn)
+        c_gid.append(gid)
+        c_time.append(commit_time)
+        c_seq.append(n)
         c_node.extend(names)
         c_xid.extend(xids)
         c_cid.extend([ch.get("cid") for ch in changes])
@@ -140,23 +142,45 @@ class RowBuilder:
         c_table.extend([ch.get("table") for ch in changes])
         c_old.extend([ch.get("old") for ch in changes])
         c_new.extend([ch.get("new") for ch in changes])
-        c_unch.extend([ch.get("unchanged") or [] for ch in changes])
+        if any("unchanged" in ch for ch in changes):
+            if not c_unch:  # (the first with any: the rows before it had none)
+                c_unch.extend([[]] * self.rows)
+            c_unch.extend([ch.get("unchanged") or [] for ch in changes])
+        elif c_unch:
+            c_unch.extend([[]] * n)
         self.rows += len(changes)
 
     def take(self) -> pa.RecordBatch:
         """The rows collected so far as one RecordBatch of ARROW_SCHEMA; the builder starts empty."""
         cols = self._cols
+        rows = self.rows
         self._cols = [[] for _ in COLUMNS]
         self.rows = 0
-        arrays = []
-        for name, values in zip(COLUMNS, cols, strict=True):
-            field = ARROW_SCHEMA.field(name)
-            if name == "commit_time":
-                # Arrow parses ISO 8601 with an offset in C; the text is per
-                # transaction, so most rows repeat their neighbour's.
-                arrays.append(pa.array(values, pa.string()).cast(field.type))
-            else:
-                arrays.append(pa.array(values, field.type))
+        t_csn, t_gid, t_time, t_count = cols[0], cols[1], cols[2], cols[3]
+        counts = np.asarray(t_count, dtype=np.int64)
+        # Row r belongs to transaction owner[r]; its seq is its place in that transaction.
+        owner = pa.array(np.repeat(np.arange(len(t_count), dtype=np.int64), counts))
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        seq = np.arange(rows, dtype=np.int64) - starts
+        # Arrow parses ISO 8601 with an offset in C, once a transaction.
+        times = pa.array(t_time, pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
+        arrays = [
+            pa.array(t_csn, pa.int64()).take(owner),
+            pa.array(t_gid, pa.string()).take(owner),
+            times.take(owner),
+            pa.array(seq.astype(np.int32), pa.int32()),
+        ]
+        for name, values in zip(COLUMNS[4:-1], cols[4:-1], strict=True):
+            arrays.append(pa.array(values, ARROW_SCHEMA.field(name).type))
+        unchanged = cols[-1]
+        if unchanged:
+            arrays.append(pa.array(unchanged, ARROW_SCHEMA.field("unchanged").type))
+        else:  # (the usual case: every row's list is empty, made without a Python list a row)
+            arrays.append(
+                pa.ListArray.from_arrays(
+                    pa.array(np.zeros(rows + 1, dtype=np.int32)), pa.array([], pa.string())
+                )
+            )
         return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
@@ -168,57 +192,73 @@ def flatten(records: Iterable[tuple[int, bytes | str]]) -> pa.RecordBatch:
     return b.take()
 
 
+_CHANGE_SEP: Final = '}, {"node": "'  # between two changes, as the writer separates them
+
+
 def _fast(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`_walk` for lines as the writer writes them (json.dumps' separators, section 7's key order).
 
-    One C parse of the whole line gives every value; `old` and `new` are then
-    found by position -- in a change, the text `"old": ` can only be that key,
-    since the fields before it are strings, in which a quote is escaped -- and
-    their ends by scanning just them.  Every structural character on the way
-    is checked, so a line in any other shape raises and `_walk` takes it.
+    One C parse of the whole line gives every value; the text of each
+    change, and in it of `old` and `new`, is then found with str.find alone:
+
+    * Changes: the writer puts `}, {"node": "` between two changes, so the
+      line holds that text at least len(changes) - 1 times; more only when
+      a value holds it too (a jsonb array of objects keyed "node").  Exactly
+      that many: the occurrences are the boundaries.
+    * `"old": `: the first after a change's start is its key (the fields
+      before it are strings and numbers, in which a quote is escaped).
+    * `, "new": ` ends `old`; a row with a column named "new" holds it
+      twice, which is checked.  `new` runs to the change's end, or to
+      `, "unchanged": [` (found from the end: column names are strings).
+
+    Any line in another shape raises, and `_walk` takes it.
     """
     obj = _loads(text)
     changes: list[dict[str, Any]] = obj.pop("changes")
     i = text.index('"changes": [') + 12
-    scan, find, starts = _scan_once, text.find, text.startswith
-    for ch in changes:
+    n = len(changes)
+    if not n:
+        if len(text) != i + 2 or not text.endswith("]}"):
+            raise ValueError("end of line")
+        return obj, changes
+    last = len(text) - 2
+    if (
+        not text.startswith('{"node": "', i)
+        or not text.endswith("}]}")
+        or text.count(_CHANGE_SEP, i) != n - 1
+    ):
+        raise ValueError("changes not as written")
+    find = text.find
+    start = i
+    for k, ch in enumerate(changes):
         keys = tuple(ch)
-        if text[i] != "{" or (keys != _KEYS and keys != _KEYS_UNCHANGED):
+        if keys != _KEYS and keys != _KEYS_UNCHANGED:
             raise ValueError("not a change as written")
-        i = find('"old": ', i)
-        if i < 0:
+        end = last if k == n - 1 else find(_CHANGE_SEP, start) + 1  # (just after the change's "}")
+        o = find('"old": ', start, end) + 7
+        if o < 7:
             raise ValueError("no old")
-        i += 7
         if ch["old"] is None:
-            if not starts("null", i):
+            if not text.startswith('null, "new": ', o):
                 raise ValueError("old")
-            i += 4
+            v = o + 13
         else:
-            start = i
-            _, i = scan(text, i)
-            ch["old"] = text[start:i]
-        if not starts(', "new": ', i):
-            raise ValueError("new")
-        i += 9
-        if ch["new"] is None:
-            if not starts("null", i):
-                raise ValueError("new")
-            i += 4
-        else:
-            start = i
-            _, i = scan(text, i)
-            ch["new"] = text[start:i]
-        if text[i] == ",":
-            if not starts(', "unchanged": ', i) or len(keys) != 9:
+            q = find(', "new": ', o, end)
+            if q < 0 or find(', "new": ', q + 1, end) >= 0:
+                raise ValueError("new, or a column named new")
+            ch["old"] = text[o:q]
+            v = q + 9
+        stop = end - 1
+        if len(keys) == 9:
+            stop = text.rfind(', "unchanged": [', v, stop)
+            if stop < 0:
                 raise ValueError("unchanged")
-            _, i = scan(text, i + 15)
-        if text[i] != "}":
-            raise ValueError("end of change")
-        i += 1
-        if starts(", ", i):
-            i += 2
-    if not starts("]}", i) or len(text) != i + 2:
-        raise ValueError("end of line")
+        if ch["new"] is None:
+            if stop - v != 4 or not text.startswith("null", v):
+                raise ValueError("new")
+        else:
+            ch["new"] = text[v:stop]
+        start = end + 2
     return obj, changes
 
 
