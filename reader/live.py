@@ -485,22 +485,12 @@ class LiveSource:
                 if undrained and self.on_drained is not None:
                     # A short wait first: data that follows at once belongs to the same burst.
                     if self._wait(pgconn, read=True, timeout=DRAINED_WAIT_S):
-                        try:
-                            pgconn.consume_input()
-                        except psycopg.OperationalError:
-                            raise ConnectionLost(
-                                self._pq_error(pgconn), node=self.node, lsn=self._received
-                            ) from None
+                        self._consume(pgconn)
                         continue
                     undrained = False
                     self.on_drained()
                 if self._wait(pgconn, read=True, timeout=min(POLL_S, interval)):
-                    try:
-                        pgconn.consume_input()
-                    except psycopg.OperationalError:
-                        raise ConnectionLost(
-                            self._pq_error(pgconn), node=self.node, lsn=self._received
-                        ) from None
+                    self._consume(pgconn)
                 elif self.on_idle is not None:
                     self.on_idle()
                 continue
@@ -544,6 +534,13 @@ class LiveSource:
             if until is not None and self._received >= until and self.filter.open_transactions == 0:
                 self._finish_copy()
                 return True
+
+    def _consume(self, pgconn: pq.abc.PGconn) -> None:
+        """Reads what the socket holds into libpq's buffer; a lost connection names node and LSN."""
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            raise ConnectionLost(self._pq_error(pgconn), node=self.node, lsn=self._received) from None
 
     def _pq_error(self, pgconn: pq.abc.PGconn) -> str:
         """libpq's last error on one line (its text spans several, for a log line of one)."""

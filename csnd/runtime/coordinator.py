@@ -320,6 +320,8 @@ class CoordinatorRuntime:
     def _confirm(self, final: bool) -> None:
         """Make the sink durable, then move each slot to what that covers."""
         self.sink.make_durable()
+        self._durable_asks.clear()  # (covered: everything written is durable now)
+        self._asked_at_ended = -1
         for p in self.confirming:
             safe = self.trackers[p.node].on_durable()
             if final:
