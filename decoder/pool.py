@@ -236,19 +236,21 @@ class DecoderPool:
                     rotation = (rotation + 1) % self.n
                 if batch.events:
                     self._put_skeleton(batch)
-                if stopping():
-                    raise _Stopped
                 batch, wires, pending, pending_bytes = _Batch(), [], 0, 0
                 keep, wire = batch.events.append, wires.append
+                if stopping():
+                    raise _Stopped
 
             run_xid: object = _NO_RUN  # xid of the run the next change may join
             run_lsns: list[Lsn] = []  # the open run's (none yet)
 
             def cut_drained() -> None:
                 nonlocal run_xid
-                if wires or batch.events:
-                    cut()
+                # (Not once stopping: this runs inside the source's iterator, which a
+                # stop should end through its own close, saying where it got.)
+                if (wires or batch.events) and not stopping():
                     run_xid = _NO_RUN
+                    cut()
 
             self._cut_drained = cut_drained
             for event in events:
