@@ -103,6 +103,10 @@ class Changelog:
         self._dir_dirty = False
         last = self._segments[-1] if self._segments else None
         self._appended_csn = last.last_csn if last else 0
+        # The fsyncs of sync(), for Status: how many, their total and the last's seconds.
+        self.fsyncs = 0
+        self.fsync_seconds_total = 0.0
+        self.last_fsync_seconds = 0.0
         # Reader view (replaced under the lock).
         self._view: tuple[sg.Segment, ...] = tuple(self._segments)
         self._durable_csn = self._appended_csn
@@ -214,7 +218,12 @@ class Changelog:
             if point.directory_of is not None:
                 sync_directory(point.directory_of)
 
+        started = time.monotonic()
         self._guard(step)
+        took = time.monotonic() - started
+        self.fsyncs += 1
+        self.fsync_seconds_total += took
+        self.last_fsync_seconds = took
 
     def finish_sync(self, point: SyncPoint) -> int:
         """Shows readers what `point` covered; returns the new durable_csn."""

@@ -33,6 +33,9 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_changelog_oldest_csn": "Oldest retained CSN of the changelog (0 when empty).",
     "csnd_changelog_newest_csn": "Newest durable CSN of the changelog (0 when empty).",
     "csnd_changelog_segments": "Segment files of the changelog.",
+    "csnd_changelog_fsyncs_total": "Group-commit fsyncs of the changelog since the service started.",
+    "csnd_changelog_fsync_seconds_total": "Seconds spent in those fsyncs (over the count: the mean latency).",
+    "csnd_changelog_last_fsync_seconds": "How long the last group-commit fsync took.",
     "csnd_subscribers": "Connected changefeed consumers.",
     "csnd_subscriber_lag_transactions": "Durable transactions after the consumer's acknowledged CSN.",
     "csnd_subscriber_acknowledged_csn": "The consumer's acknowledged CSN.",
@@ -94,6 +97,19 @@ class StatusCollector(Collector):
             ("csnd_changelog_segments", "segments"),
         ):
             yield GaugeMetricFamily(name, METRICS[name], value=_int(log, key))
+        yield CounterMetricFamily(
+            "csnd_changelog_fsyncs", METRICS["csnd_changelog_fsyncs_total"], value=_int(log, "fsyncs")
+        )
+        yield CounterMetricFamily(
+            "csnd_changelog_fsync_seconds",
+            METRICS["csnd_changelog_fsync_seconds_total"],
+            value=float(log.get("fsync_seconds_total", 0.0)),
+        )
+        yield GaugeMetricFamily(
+            "csnd_changelog_last_fsync_seconds",
+            METRICS["csnd_changelog_last_fsync_seconds"],
+            value=float(log.get("last_fsync_seconds", 0.0)),
+        )
 
         consumers = s.get("consumers", [])
         yield GaugeMetricFamily(

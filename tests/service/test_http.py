@@ -35,7 +35,15 @@ def _status(transactions: int = 10, dn2_state: str = "streaming") -> dict[str, A
             },
             {"name": "dn2", "mode": "gtm", "state": dn2_state, "received_lsn": "100", "confirmed_lsn": "50"},
         ],
-        "changelog": {"oldest_csn": "1", "newest_csn": "99", "bytes": "40960", "segments": 2},
+        "changelog": {
+            "oldest_csn": "1",
+            "newest_csn": "99",
+            "bytes": "40960",
+            "segments": 2,
+            "fsyncs": "120",
+            "fsync_seconds_total": 0.75,
+            "last_fsync_seconds": 0.125,
+        },
         "consumers": [
             {
                 "peer": "127.0.0.1:5555",
@@ -92,6 +100,9 @@ def test_metrics_expose_every_documented_name_with_the_status_values(served: Any
     assert samples[("csnd_slot_retained_wal_bytes", (("node", "dn1"),))] == 123456
     assert samples[("csnd_changelog_bytes", ())] == 40960
     assert samples[("csnd_changelog_newest_csn", ())] == 99
+    assert samples[("csnd_changelog_fsyncs_total", ())] == 120
+    assert samples[("csnd_changelog_fsync_seconds_total", ())] == 0.75
+    assert samples[("csnd_changelog_last_fsync_seconds", ())] == 0.125
     assert samples[("csnd_subscribers", ())] == 1  # the named subscription "cache" is not connected
     assert samples[("csnd_subscriber_lag_transactions", (("subscriber", "cache"),))] == 96
 
