@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from itertools import accumulate
 from pathlib import Path
 from unittest import mock
@@ -11,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csnd.coordinator import AloneOrder, CsnMerge, json_line
+from csnd.coordinator.changelog import Changelog
+from csnd.coordinator.changelog.log import SyncPoint
 from csnd.core.errors import ProtocolError
 from csnd.runtime import items
 from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
@@ -18,6 +21,7 @@ from csnd.runtime.items import EndItem, Outbox, TxnItem, cut_batches
 from csnd.runtime.jsonsink import JsonLinesSink
 from csnd.runtime.stats import NodeStats
 from csnd.sender.txn import FinishedTxn
+from csnd.service.sink import ChangelogSink
 
 _TXN = st.tuples(
     st.lists(st.integers(0, 2), max_size=12),  # cid steps: cids never decrease inside a transaction
@@ -199,3 +203,46 @@ def test_an_os_error_reading_a_source_is_one_line_naming_node_file_and_partial(
         f"the incomplete output is in {out}.partial"
     ]
     assert not out.exists()
+
+
+class _SlowFsync(Changelog):
+    """A changelog on a disk slow enough that appends overtake every sync."""
+
+    def fsync(self, point: SyncPoint) -> None:
+        time.sleep(0.002)
+        super().fsync(point)
+
+
+class _Watched(_LiveLike):
+    """Notes, at each confirmation, the changelog's durable CSN at that moment."""
+
+    def __init__(self, log: Changelog, queued: list[items.NodeItem]) -> None:
+        super().__init__(Path(log.directory), queued)
+        self.log = log
+        self.durable_then: list[int] = []
+
+    def confirm(self, lsn: int) -> None:
+        self.confirms_seen.append(lsn)
+        self.durable_then.append(self.log.durable_csn)
+
+
+def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp_path: Path) -> None:
+    """The service's sink syncs on its own thread while the runtime appends: a slot never passes durable."""
+    n = 3 * CsnMerge(["dn1"]).max_pending_batches
+    txns = _txns([([0], True, None, 5)] * n)
+    for k, txn in enumerate(txns):
+        txn.xid = 700 + k
+    log = _SlowFsync(str(tmp_path / "changelog"))
+    sink = ChangelogSink(log)
+    sink.start()
+    node = _Watched(log, [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
+    try:
+        CoordinatorRuntime([node], sink, confirm_interval_s=0.0, durable_always=True).run()
+    finally:
+        sink.stop()
+    end_of = {t.csn: t.end_lsn for t in txns}
+    assert len(node.confirms_seen) >= 2 and node.confirms_seen == sorted(node.confirms_seen)
+    for lsn, durable in zip(node.confirms_seen, node.durable_then, strict=True):
+        assert lsn <= end_of.get(durable, 0), (lsn, durable)  # never past the durable changelog
+    assert node.final == txns[-1].end_lsn and log.durable_csn == txns[-1].csn
+    log.close()
