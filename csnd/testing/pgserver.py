@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import socket
 import subprocess
 import tempfile
+from typing import Final
 
 PG_BIN = os.environ.get("CSND_PG_BIN", "/usr/lib/postgresql/15/bin")
 
@@ -30,7 +32,36 @@ SERVER_SETTINGS = {
 }
 
 
+# Starts tried when the chosen port turns out to be taken.
+START_ATTEMPTS: Final = 5
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections and to bind(0)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port() -> int:
+    """A free port below the kernel's ephemeral range.
+
+    A port from bind(0) is an ephemeral one: between choosing it and the
+    server binding it, any outgoing connection (a test's gRPC client, say)
+    may take it, and the server fails with "Address already in use".
+    Below that range only another listener can, and `start` retries then.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -50,6 +81,7 @@ class PgServer:
         self.sock_dir = os.path.join(base_dir, "sock")
         self.log_file = os.path.join(base_dir, "server.log")
         self.port = _free_port()
+        self._started = False  # (once it has run, a restart keeps its port)
         self.as_postgres = os.geteuid() == 0
         os.makedirs(self.sock_dir, exist_ok=True)
         if self.as_postgres:
@@ -90,17 +122,31 @@ class PgServer:
         self._run("bash", "-c", script)
 
     def start(self) -> None:
-        self._run(
-            os.path.join(PG_BIN, "pg_ctl"),
-            "-D",
-            self.data_dir,
-            "-l",
-            self.log_file,
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
+        """Starts the server; a first start whose port was taken meanwhile moves to another port."""
+        for attempt in range(START_ATTEMPTS):
+            try:
+                self._run(
+                    os.path.join(PG_BIN, "pg_ctl"),
+                    "-D",
+                    self.data_dir,
+                    "-l",
+                    self.log_file,
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                )
+            except subprocess.CalledProcessError:
+                taken = "Address already in use" in self.log_tail(10)
+                if self._started or not taken or attempt == START_ATTEMPTS - 1:
+                    raise RuntimeError(
+                        f"PostgreSQL did not start on port {self.port}; its log ends:\n{self.log_tail(10)}"
+                    ) from None
+                self.port = _free_port()  # (a restart keeps its port: clients hold the address)
+                self._run("bash", "-c", f"echo 'port = {self.port}' >> {self.data_dir}/postgresql.conf")
+                continue
+            self._started = True
+            return
 
     def stop(self, mode: str = "fast") -> None:
         self._run(os.path.join(PG_BIN, "pg_ctl"), "-D", self.data_dir, "-m", mode, "-w", "stop", check=False)
