@@ -7,12 +7,12 @@ import tempfile
 
 import psycopg
 
-from csnd.testing.pgserver import PgServer, _ephemeral_low, _free_port
+from csnd.testing.pgserver import PgServer, _ephemeral_low, free_port
 
 
 def test_ports_are_chosen_below_the_kernels_ephemeral_range() -> None:
     low = _ephemeral_low()
-    ports = {_free_port() for _ in range(20)}
+    ports = {free_port() for _ in range(20)}
     assert all(1024 <= p < low for p in ports), (ports, low)
 
 

@@ -45,7 +45,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free port below the kernel's ephemeral range.
 
     A port from bind(0) is an ephemeral one: between choosing it and the
@@ -80,7 +80,7 @@ class PgServer:
         self.data_dir = os.path.join(base_dir, "data")
         self.sock_dir = os.path.join(base_dir, "sock")
         self.log_file = os.path.join(base_dir, "server.log")
-        self.port = _free_port()
+        self.port = free_port()
         self._started = False  # (once it has run, a restart keeps its port)
         self.as_postgres = os.geteuid() == 0
         os.makedirs(self.sock_dir, exist_ok=True)
@@ -142,7 +142,7 @@ class PgServer:
                     raise RuntimeError(
                         f"PostgreSQL did not start on port {self.port}; its log ends:\n{self.log_tail(10)}"
                     ) from None
-                self.port = _free_port()  # (a restart keeps its port: clients hold the address)
+                self.port = free_port()  # (a restart keeps its port: clients hold the address)
                 self._run("bash", "-c", f"echo 'port = {self.port}' >> {self.data_dir}/postgresql.conf")
                 continue
             self._started = True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 from csnd.consumers.examples.current_state import parquet_progress, pg_table, read_parquet_state
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.service import start_changefeed
+from csnd.testing.pgserver import free_port
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import start_serve, wait_for
 
@@ -141,9 +141,7 @@ def test_kill_9_of_the_service_mid_stream_then_restart_is_exactly_once(
     """`csnd serve` killed with -9 while the job reads from it, restarted over the same changelog."""
     sources = [str(cluster_dir / f"dn{i}.pgstream") for i in (1, 2, 3)]
     log = str(tmp_path / "changelog")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # (below the ephemeral range: no outgoing connection takes it before the restart)
     listen = ("--listen", f"127.0.0.1:{port}")  # (the same address after the restart)
     served = start_serve(sources, log, *listen)
     per_batch = 25  # transactions (each micro-batch costs Spark seconds)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 
 from csnd.coordinator.changelog import Changelog
 from csnd.service import RunningServer
+from csnd.testing.pgserver import free_port
 from tests.service.feedkit import fill, serve, wait_for
 
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -93,9 +93,7 @@ def test_idle_timeout_tables_name_and_token(tmp_path: object) -> None:
 
 
 def test_unreachable_target_is_one_line() -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     line = one_error_line(subscribe(f"127.0.0.1:{port}", "--limit", "1"))
     assert f"127.0.0.1:{port} does not answer" in line
     assert "not HOST:PORT" in one_error_line(subscribe("nowhere", "--limit", "1"))
