@@ -206,6 +206,8 @@ class DecoderPool:
         )
         self._reader_error: BaseException | None = None
         self._cut_drained: Callable[[], None] | None = None  # set by the reader thread's _feed
+        # Set before run() when the source calls `drained` at its pauses (a live node).
+        self.reports_pauses = False
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -253,6 +255,7 @@ class DecoderPool:
                     cut()
 
             self._cut_drained = cut_drained
+            gated = self.reports_pauses
             for event in events:
                 msg = event[1]
                 cls = type(msg)
@@ -298,12 +301,14 @@ class DecoderPool:
                     keep(event)
                 else:
                     keep(event)
-                    # A keepalive is a moment the server had nothing to send; while
-                    # the batches cut before are still waiting for the decoders,
-                    # cutting here would only make a small batch wait behind them
-                    # (under load the server sends hundreds a second).  A source
-                    # that pauses says so through `drained`, which always cuts.
-                    if isinstance(msg, Keepalive) and self._skeletons.qsize() < KEEPALIVE_CUT_BELOW:
+                    # A keepalive is a moment the server had nothing to send.  From a
+                    # source that reports its pauses (`drained`, which always cuts),
+                    # it cuts only while the decoders are idle: with batches cut
+                    # before still waiting, a small one would only wait behind them
+                    # (under load the server sends hundreds a second).
+                    if isinstance(msg, Keepalive) and (
+                        not gated or self._skeletons.qsize() < KEEPALIVE_CUT_BELOW
+                    ):
                         cut()
             cut()
         except BaseException as e:  # noqa: BLE001 - handed to the collector

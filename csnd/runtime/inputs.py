@@ -136,6 +136,7 @@ class NodePipeline:
             until = getattr(options, "until_lsn", None)
             if hasattr(self.source, "on_drained"):  # (a live node: a paused stream ends the batch)
                 self.source.on_drained = self.pool.drained
+                self.pool.reports_pauses = True
             for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark
