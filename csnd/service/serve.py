@@ -348,6 +348,8 @@ class Service:
         if self.feed is not None:
             self.feed.stop()
         if self.log is not None:
+            if self.sink is not None:  # (its sync thread first: one sync at a time)
+                self.sink.stop()
             with contextlib.suppress(CsndError, OSError):
                 self.log.sync()
             self.log.close()
