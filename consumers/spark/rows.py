@@ -22,7 +22,6 @@ naming the csn and what is wrong (the caller adds where it came from).
 from __future__ import annotations
 
 import json
-import json.scanner
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -57,8 +56,6 @@ COLUMNS: Final = tuple(ARROW_SCHEMA.names)
 
 _scan: Final = json.JSONDecoder().raw_decode
 _loads: Final = json.loads
-# The C scanner without raw_decode's wrapper: (value, end) at an index, StopIteration if none.
-_scan_once: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 _WS: Final = " \t\n\r"
 # A change's keys in the writer's order (DESIGN section 7).
 _KEYS: Final = ("node", "cid", "lsn", "op", "schema", "table", "old", "new")
@@ -84,7 +81,7 @@ class RowBuilder:
         text = line.decode("utf-8") if isinstance(line, bytes) else line
         try:
             head, changes = _fast(text)
-        except (ValueError, IndexError, TypeError, KeyError, StopIteration, AttributeError):
+        except (ValueError, IndexError, TypeError, KeyError, AttributeError):
             head = {}
         try:
             if not head:
