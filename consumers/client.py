@@ -110,6 +110,19 @@ def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return () if token is None else (("authorization", f"Bearer {token}"),)
 
 
+def wait_reachable(channel: grpc.Channel, metadata: Sequence[tuple[str, str]], timeout: float) -> None:
+    """Returns once the service at `channel` answers a health check; grpc.RpcError otherwise.
+
+    (Not grpc.channel_ready_future: it polls the channel's state every 0.2 s,
+    so every connection took at least that long.)  DEADLINE_EXCEEDED or
+    UNAVAILABLE: nothing answered within `timeout`; any other code is the
+    service's answer (a wrong token: UNAUTHENTICATED).
+    """
+    health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(), metadata=metadata, timeout=timeout, wait_for_ready=True
+    )
+
+
 def _rpc_text(e: grpc.RpcError) -> str:
     details = e.details() if hasattr(e, "details") else None
     return str(details or e).strip()
@@ -338,15 +351,11 @@ class Changefeed:
     def _reachable(self, wait: float) -> bool:
         """Whether the service answers a health check within `wait` seconds.
 
-        (Not grpc.channel_ready_future: it polls the channel every 0.2 s, so
-        every connection took at least that long.)  A refusal a reconnect
-        cannot fix, such as a wrong token, is raised.
+        A refusal a reconnect cannot fix, such as a wrong token, is raised.
         """
         assert self._channel is not None
         try:
-            health_pb2_grpc.HealthStub(self._channel).Check(
-                health_pb2.HealthCheckRequest(), metadata=self._md, timeout=wait, wait_for_ready=True
-            )
+            wait_reachable(self._channel, self._md, wait)
         except grpc.RpcError as e:
             err = permanent_error(e, self.address)
             if err is not None and e.code() != grpc.StatusCode.UNIMPLEMENTED:

@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from typing import Final
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from csnd.consumers.client import CHANNEL_OPTIONS, permanent_error
+from csnd.consumers.client import CHANNEL_OPTIONS, permanent_error, wait_reachable
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedUnavailable, ConfigError
 from csnd.proto import csnd_pb2 as pb
@@ -84,18 +83,12 @@ def _failed(opts: SourceOptions, what: str, e: grpc.RpcError) -> Exception:
 def _connected(opts: SourceOptions) -> grpc.Channel:
     """A channel that reached the service, or ChangefeedUnavailable after the connect timeout.
 
-    One health check with wait_for_ready: it returns as soon as the
-    connection is up.  (grpc.channel_ready_future polls the channel's state
-    every 0.2 s, which cost every planning call and every task 200 ms.)
+    One health check (`client.wait_reachable`): it returns as soon as the
+    connection is up.
     """
     channel = _channel(opts)
     try:
-        health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(),
-            metadata=_metadata(opts),
-            timeout=opts.connect_timeout,
-            wait_for_ready=True,
-        )
+        wait_reachable(channel, _metadata(opts), opts.connect_timeout)
     except grpc.RpcError as e:
         channel.close()
         if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
