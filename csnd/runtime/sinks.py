@@ -55,8 +55,11 @@ class GroupCommitSink(Sink, Protocol):
     a finished request covers.
     """
 
-    ended: int  # transactions ended so far, whether written or skipped
     durable_ticket: int  # the newest request whose transactions are all durable
+
+    @property
+    def ended(self) -> int:
+        """Transactions ended so far, whether written or skipped."""
 
     def request_durable(self) -> int:
         """A ticket for everything ended so far; `durable_ticket` reaches it once that is durable."""

@@ -51,7 +51,6 @@ class ChangelogSink:
         self.transactions = 0  # appended by this run
         self.bytes_out = 0
         self.skipped = 0  # re-sent after a restart and already held
-        self.ended = 0  # transactions ended, appended or skipped (what a durable ticket may cover)
         self._parts: list[str] = []
         self._clock = clock
         self._next_retention = clock() + RETENTION_INTERVAL_S
@@ -72,7 +71,6 @@ class ChangelogSink:
         parts = self._parts
         parts.append(tail)
         self._parts = []
-        self.ended += 1
         if csn <= self.held_csn:
             self.skipped += 1
             return
@@ -81,6 +79,11 @@ class ChangelogSink:
             self.log.append(csn, line)
         self.transactions += 1
         self.bytes_out += len(line)
+
+    @property
+    def ended(self) -> int:
+        """Transactions ended, appended or skipped (what a durable ticket may cover)."""
+        return self.transactions + self.skipped
 
     def request_durable(self) -> int:
         """A ticket: once `durable_ticket` reaches it, everything ended before this call is durable."""
@@ -132,35 +135,31 @@ class ChangelogSink:
         self._thread = None
 
     def _run(self) -> None:
+        try:
+            while self._sync_asked():
+                pass
+        except BaseException as e:  # noqa: BLE001 - raised in the runtime's thread
+            with self._changed:
+                self._fail(e)
+
+    def _sync_asked(self) -> bool:
+        """One sync of everything asked for so far; False once stopped with nothing asked."""
         log_ = self.log
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._requested > self.durable_ticket or self._stopping)
-                if self._requested == self.durable_ticket:  # (stopping, nothing asked)
-                    return
-                ticket = self._requested
-                try:
-                    point = log_.begin_sync()
-                except BaseException as e:  # noqa: BLE001 - raised in the runtime's thread
-                    self._fail(e)
-                    return
-            try:
-                if point is not None:
-                    log_.fsync(point)  # (the slow part: appends go on meanwhile)
-            except BaseException as e:  # noqa: BLE001 - raised in the runtime's thread
-                with self._changed:
-                    self._fail(e)
-                return
-            with self._changed:
-                if point is not None:
-                    log_.finish_sync(point)
-                self.durable_ticket = ticket
-                try:
-                    self._retention()
-                except BaseException as e:  # noqa: BLE001 - raised in the runtime's thread
-                    self._fail(e)
-                    return
-                self._changed.notify_all()
+        with self._changed:
+            self._changed.wait_for(lambda: self._requested > self.durable_ticket or self._stopping)
+            if self._requested == self.durable_ticket:  # (stopping, nothing asked)
+                return False
+            ticket = self._requested
+            point = log_.begin_sync()
+        if point is not None:
+            log_.fsync(point)  # (the slow part, without the lock: appends go on meanwhile)
+        with self._changed:
+            if point is not None:
+                log_.finish_sync(point)
+            self.durable_ticket = ticket
+            self._retention()
+            self._changed.notify_all()
+        return True
 
     # --- under the lock ---------------------------------------------------------------
 
