@@ -305,17 +305,20 @@ class CoordinatorRuntime:
         asks = self._durable_asks
         if sink.ended != self._asked_at_ended:
             self._asked_at_ended = sink.ended
-            ticket = sink.request_durable()
-            asks.append((ticket, {p.node: self.trackers[p.node].written for p in self.confirming}))
+            asks.append((sink.request_durable(), self._written()))
         done = sink.durable_ticket
         covered: dict[str, int] | None = None
         while asks and asks[0][0] <= done:
             covered = asks.popleft()[1]
         if covered is None and not asks:  # nothing new since the last finished sync: all is durable
-            covered = {p.node: self.trackers[p.node].written for p in self.confirming}
+            covered = self._written()
         if covered is not None:
             for p in self.confirming:
                 p.confirm(self.trackers[p.node].on_durable(covered[p.node]))
+
+    def _written(self) -> dict[str, int]:
+        """How many transactions each confirming node has had written so far."""
+        return {p.node: self.trackers[p.node].written for p in self.confirming}
 
     def _confirm(self, final: bool) -> None:
         """Make the sink durable, then move each slot to what that covers."""
