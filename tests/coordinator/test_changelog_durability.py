@@ -124,3 +124,69 @@ def test_kill_9_keeps_every_synced_record(tmp_path: str, rounds: int) -> None:
             assert all(line == payload(c) for c, line in got)
             reported = len(got)
     assert reported > 500 * rounds
+
+
+_UNSYNCED_CHILD = textwrap.dedent(
+    """
+    import sys
+    from csnd.coordinator.changelog import Changelog
+    from tests.coordinator.changelog_helpers import payload
+
+    log = Changelog(sys.argv[1], segment_bytes=2000, index_interval=256)
+    for csn in range(1, 21):
+        log.append(csn, payload(csn))
+    log.sync()
+    for csn in range(21, 121):  # (rolls over to new segments)
+        log.append(csn, payload(csn))
+    log.begin_sync()  # written, in the page cache only: the fsync never comes
+    print("written", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_reopening_after_kill_9_fsyncs_what_it_adopts_before_calling_it_durable(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After kill -9 the unsynced writes survive in the page cache and a reopen adopts them: it must
+    fsync them (and the directory entries of the segments they created) before counting them durable,
+    or slots confirmed from that durable CSN lose those transactions in an OS crash."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _UNSYNCED_CHILD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert child.stdout is not None and child.stdin is not None
+    try:
+        assert child.stdout.readline() == "written\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(CEILING)
+        child.stdout.close()
+        child.stdin.close()
+
+    fsynced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    log = Changelog(str(tmp_path), segment_bytes=2000, index_interval=256)
+    monkeypatch.undo()
+    try:
+        assert log.durable_csn == 120  # (the unsynced records were adopted: kill -9 is no OS crash)
+        directory = os.path.realpath(str(tmp_path))
+        names = [n for n in os.listdir(directory) if n.endswith(".log")]
+        assert len(names) > 2
+        for name in names:
+            assert os.path.join(directory, name) in fsynced, f"{name} adopted as durable without an fsync"
+        assert directory in fsynced, "the segments' directory entries adopted without an fsync"
+        assert log.fsyncs == 0  # (Status counts the group commit's fsyncs only)
+    finally:
+        log.close()
