@@ -434,10 +434,21 @@ class NodeSender:
             return self._take(released)
         if gid is not None:
             confirm.resolved(gid)
+        finished.confirmable = confirm.value
         self.released += 1
         return [finished]
 
     def _take(self, keys: list[Key]) -> list[FinishedTxn]:
+        """Release the waiting transactions `keys`, in order, each with its own confirmable LSN.
+
+        One event can release several (a commit that frees those waiting
+        behind a committing marker, an abort).  The confirmable LSN after
+        the group may lie past the commits of all of them, but the first may
+        become durable alone -- the others can still sit in the merge behind
+        another node -- so each carries the value as it stands once it, and
+        only the ones before it, are released: the holds of the ones after
+        it still cap it.
+        """
         if not keys:
             return []
         out = []
@@ -447,9 +458,10 @@ class NodeSender:
             confirm.unhold(txn.end_lsn)
             if isinstance(key, str):
                 confirm.resolved(key)
+            confirm.update()
+            txn.confirmable = confirm.value
             out.append(txn)
         self.released += len(out)
-        confirm.update()
         return out
 
     def _skip(self, buf: TxnBuffer, end_lsn: Lsn) -> list[FinishedTxn]:

@@ -40,11 +40,18 @@ class FinishedTxn(TxnHeader):
     `changes` yields `(cid, lsn, body)` in stream order, `body` being the
     `DecodedChange.body` JSON fragment; for a spilled large transaction it reads
     back from disk lazily, so iterate it once.
+
+    `confirmable`: the node's confirmable LSN as it stood right after this
+    transaction was released -- where the slot may go once this transaction
+    and every one released before it are durable.  Set by the sender per
+    transaction: when one event releases several, each gets its own value,
+    never past the commit of a transaction released after it.
     """
 
     node: str
     changes: Iterable[tuple[int, int, str]]
     n_changes: int
+    confirmable: Lsn
 
     def __init__(
         self,
@@ -67,3 +74,4 @@ class FinishedTxn(TxnHeader):
         self.commit_time = commit_time
         self.changes = changes
         self.n_changes = n_changes
+        self.confirmable = Lsn(0)

@@ -14,8 +14,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from csnd.coordinator.wire import BEFORE_ALL, Position
+from csnd.core.ids import Csn
+from csnd.decoder.change import DecodedChange
+from csnd.reader.pgoutput import Begin, Commit, LogicalMessage
 from csnd.runtime.confirm import ConfirmTracker
+from csnd.runtime.coordinator import CoordinatorRuntime
+from csnd.runtime.items import Outbox, TxnItem, WatermarkItem
+from csnd.runtime.stats import NodeStats
 from csnd.runtime.window import AckWindow
+from csnd.sender import FinishedTxn, NodeSender
 
 
 class ConfirmMachine(RuleBasedStateMachine):
@@ -195,3 +202,124 @@ def test_a_durable_count_outside_what_was_written_is_refused() -> None:
             assert "outside 1..1" in str(e)
         else:
             raise AssertionError(f"on_durable({bad}) was accepted")
+
+
+# --- one event releases several: each carries its own confirmable LSN ------------------------
+
+
+class _Queued:
+    """A node input whose items the test queues; `confirms`: it has a slot (and records what is confirmed)."""
+
+    mode = "gtm"
+    releases_whole = True
+
+    def __init__(self, node: str, confirms: bool) -> None:
+        self.node = node
+        self.confirms = confirms
+        self.out = Outbox(16)
+        self.confirmed: list[int] = []
+
+    def start(self, wakeup: object) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def stats(self) -> NodeStats:
+        return NodeStats(self.node)
+
+    def confirm(self, lsn: int) -> None:
+        self.confirmed.append(lsn)
+
+    def confirm_final(self, lsn: int) -> None:
+        self.confirmed.append(lsn)
+
+
+class _Lines:
+    """A sink that keeps the CSNs of the lines it ended; everything ended is durable at make_durable."""
+
+    def __init__(self) -> None:
+        self.transactions = 0
+        self.bytes_out = 0
+        self.csns: list[int] = []
+
+    def write(self, text: str) -> None:
+        pass
+
+    def end_transaction(self, csn: int, tail: str) -> None:
+        self.csns.append(csn)
+        self.transactions += 1
+
+    def make_durable(self) -> None:
+        pass
+
+    def commit(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+    def abandon(self) -> str | None:
+        return None
+
+
+def _gtm_txn(sender: NodeSender, xid: int, gid: str, csn: int, commit_lsn: int) -> list[FinishedTxn]:
+    """Feed one GTM transaction with one change and its commit marker; what it released."""
+    first = commit_lsn - 0x40
+    out = sender.feed(first, Begin(commit_lsn, xid * 10, xid))
+    out += sender.feed(first, DecodedChange(first, None, "insert", f'"x": {xid}'))
+    marker = f"commit {gid} {csn}".encode()
+    out += sender.feed(first + 0x10, LogicalMessage(None, True, first + 0x10, "csn", marker))
+    out += sender.feed(commit_lsn + 0x30, Commit(0, commit_lsn, commit_lsn + 0x30, xid * 10))
+    return out
+
+
+def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merge() -> None:
+    """g1 commits last and frees g2 and g3, which waited behind its committing marker.
+
+    dn2's watermark lets the merge pass only g1 (csn 11); g2 and g3 stay in
+    the merge, unwritten.  The slot of dn1 may then be confirmed up to g2's
+    commit at most: a restart from further on would never send g2 again.
+    """
+    sender = NodeSender("dn1", "gtm")
+    assert sender.feed(0x100, LogicalMessage(None, False, 0x100, "csn", b"committing g1 10")) == []
+    assert _gtm_txn(sender, 702, "g2", 12, 0x200) == []  # waits behind g1's committing csn 10
+    assert _gtm_txn(sender, 703, "g3", 13, 0x300) == []
+    group = _gtm_txn(sender, 701, "g1", 11, 0x400)
+    assert [t.gid for t in group] == ["g1", "g2", "g3"]
+
+    dn1, dn2 = _Queued("dn1", confirms=True), _Queued("dn2", confirms=False)
+    dn1.out.put_many([TxnItem(t, t.confirmable) for t in group])
+    dn2.out.put_many([WatermarkItem(Csn(11))])  # dn2 may still send csn 12
+    sink = _Lines()
+    runtime = CoordinatorRuntime([dn1, dn2], sink, confirm_interval_s=0.0)
+    for _ in range(3):
+        for p in (dn1, dn2):
+            runtime._poll(p)
+        runtime._render()
+        runtime._confirm(final=False)
+    assert sink.csns == [11]
+    assert dn1.confirmed and max(dn1.confirmed) <= 0x200, [hex(c) for c in dn1.confirmed]
+
+    # dn2 moves on: g2 and g3 are written, and the slot goes past all three.
+    dn2.out.put_many([WatermarkItem(Csn(20))])
+    for p in (dn1, dn2):
+        runtime._poll(p)
+    runtime._render()
+    runtime._confirm(final=False)
+    assert sink.csns == [11, 12, 13]
+    assert max(dn1.confirmed) == 0x430
+
+
+def test_an_abort_that_frees_several_gives_each_its_own_confirmable_lsn() -> None:
+    sender = NodeSender("dn1", "gtm")
+    sender.feed(0x100, LogicalMessage(None, False, 0x100, "csn", b"committing g1 10"))
+    sender.feed(0x110, LogicalMessage(None, False, 0x110, "csn", b"committing g4 10"))
+    assert _gtm_txn(sender, 702, "g2", 12, 0x200) == []
+    assert _gtm_txn(sender, 703, "g3", 13, 0x300) == []
+    assert _gtm_txn(sender, 701, "g1", 11, 0x400) == []  # g4 is still committing at 10
+    group = sender.feed(0x500, LogicalMessage(None, False, 0x500, "csn", b"abort g4"))
+    assert [t.gid for t in group] == ["g1", "g2", "g3"]
+    for i, t in enumerate(group):
+        assert all(t.confirmable <= later.commit_lsn for later in group[i + 1 :]), (i, hex(t.confirmable))
+    assert group[-1].confirmable == sender.confirmable_lsn

@@ -156,7 +156,9 @@ class NodePipeline:
                         break
                     continue
                 for txn in feed(lsn, item):
-                    released.append(TxnItem(txn, sender.confirmable_lsn))
+                    # (each its own: one event may release several, and the value
+                    # after the last would confirm past the commits of the others)
+                    released.append(TxnItem(txn, txn.confirmable))
             if not self._stop.is_set():
                 sender.finish()
             self._put([*released, EndItem()])

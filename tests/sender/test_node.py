@@ -14,7 +14,9 @@ sender at once, and after every step:
   transactions no open one can undercut are out (the brute-force oracle);
 * the watermark never decreases and stays below every CSN released later;
 * the confirmable LSN never decreases, never passes the commit of an
-  unreleased transaction or the committing marker of an unreleased one.
+  unreleased transaction or the committing marker of an unreleased one;
+  each transaction of a group released by one event carries its own, never
+  past the commit of one released after it.
 """
 
 from __future__ import annotations
@@ -126,8 +128,16 @@ class NodeMachine(RuleBasedStateMachine):
         return self.next_xid
 
     def _feed(self, lsn: int, item: object) -> None:
-        for txn in self.ns.feed(lsn, item):
+        group = self.ns.feed(lsn, item)
+        for txn in group:
             self._released(txn)
+        # One event may release several: each carries the confirmable LSN as it stood once it was out,
+        # never past the commit of one released after it (that one may not be durable yet).
+        for i, txn in enumerate(group):
+            assert all(txn.confirmable <= later.commit_lsn for later in group[i + 1 :]), (i, txn.confirmable)
+            assert i == 0 or txn.confirmable >= group[i - 1].confirmable
+        if group:
+            assert group[-1].confirmable == self.ns.confirmable_lsn
         self.ns._check()
 
     def _released(self, ft: FinishedTxn) -> None:
