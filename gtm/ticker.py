@@ -12,15 +12,11 @@ Valid whenever written (DESIGN section 2): a transaction not yet committing
 on a node logs `committing` there before it takes its commit CSN, so its
 `next()` starts after this `current()` returned and is greater.
 
-An idle cluster.  A node's watermark after `tick c` is c - 1 (DESIGN section
-3: the watermark is min(latest tick, ...) - 1), so ticks of `current()` alone
-leave every watermark one short of the last CSN handed out: the last
-transaction before a quiet spell would wait in the merge for the next commit
-anywhere.  When `current()` has not moved since the previous round, the
-ticker takes `next()` instead -- a CSN no transaction will use -- so the
-watermarks pass every CSN handed out and that transaction is released one
-interval later.  A busy cluster moves `current()` itself and spends no CSNs
-on ticks.
+An idle cluster.  `tick c` promises every later commit on the node a CSN
+greater than c, so a node's watermark after it is c itself (DESIGN section
+3): ticking `current()` passes every CSN handed out, and the last
+transaction before a quiet spell is released at the next round.  The ticker
+spends no CSNs -- as a real GTM, which does not advance while idle.
 
 Flushing.  PostgreSQL 15 writes a non-transactional message to the WAL
 without flushing it (DESIGN section 9); on an idle node nothing else
@@ -101,9 +97,7 @@ class Ticker:
 
     def tick_once(self) -> Csn:
         """One round: the current CSN to every node; returns it."""
-        csn = self.gtm.current()
-        if csn == self.last_csn:  # nothing handed out since the last round: move past it (see above)
-            csn = self.gtm.next()
+        csn = self.gtm.current()  # (never next(): see "An idle cluster" above)
         for name, conninfo in self.nodes.items():
             try:
                 conn = self._conns.get(name)

@@ -25,7 +25,8 @@ Derived ticks (bounds the orderer may use besides explicit `tick` markers):
   so a transaction that is not committing on this node yet at this point of
   the stream will take a CSN larger than any CSN already handed out.
 * single-node mode, each commit's end LSN and an idle keepalive's WAL end: the
-  next commit record starts at or after them.
+  next commit record starts at or after them, so the tick is that LSN - 1
+  (a tick promises later CSNs greater than it).
 
 Empty transactions.  pgoutput skips transactions without changes, but one
 holding only logical messages still arrives, and so does one whose changes
@@ -294,7 +295,8 @@ class NodeSender:
         if self._cur is None and self._block is None and not self._streams:
             self._confirm.passed(m.wal_end)
             if not self._gtm:
-                self._orderer.tick(_as_csn(m.wal_end))  # (single-node mode: CSNs are commit LSNs)
+                # (single-node mode: CSNs are commit LSNs, and the next commit may start at the WAL end)
+                self._orderer.tick(_as_csn(m.wal_end - 1))
         return []
 
     def _ignore(self, lsn: Lsn, m: object) -> list[FinishedTxn]:
@@ -411,7 +413,7 @@ class NodeSender:
         try:
             # A commit ticks: every later transaction gets a larger CSN (gtm) or commits later (single).
             released = orderer.commit(
-                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else _as_csn(end_lsn)
+                key, csn, lsn=commit_lsn, xid=txn.xid, tick=csn if self._gtm else _as_csn(end_lsn - 1)
             )
         except ProtocolError:
             buf.close()

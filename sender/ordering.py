@@ -25,19 +25,24 @@ release exactly the same sequence -- the property tests check this one
 against a brute-force oracle.
 
 Watermark.  What the node tells the coordinator: the largest `w` such that no
-transaction with CSN `<= w` can still come from this node.  Every bound is
-read conservatively as "a future CSN is `>=` bound" -- exact for a
-single-node keepalive (the next commit LSN can equal the WAL end), one
-stricter than needed for GTM values -- so
+transaction with CSN `<= w` can still come from this node.  Each bound says
+what it promises: `tick c` that every later commit has a CSN `> c`; an open
+committing CSN `k` that its commit has a CSN `> k`; a waiting commit `c`
+only that nothing below `c` is still to come (it is itself still to come).
+So
 
-    w = max(min(latest tick, smallest open committing CSN, smallest waiting CSN) - 1,
+    w = max(min(latest tick, smallest open committing CSN, smallest waiting CSN - 1),
             last released CSN)
 
-never decreasing.  The second term is free: released CSNs strictly increase
-(a commit at or below the last released CSN is a protocol error), so nothing
-at or below it can come any more.  `None` while nothing is known: no tick and
-nothing released -- without a tick nothing bounds the CSN of a transaction
-that has not logged anything yet.
+never decreasing.  No "- 1" on a tick: a GTM that ticks its current CSN
+without spending a new one (a real GTM does not advance while idle) must
+let the last transaction before a quiet spell go at the next tick.  (The
+single-node sender's ticks are LSNs at which the next commit may start, so
+it passes `lsn - 1`.)  The second term is free: released CSNs strictly
+increase (a commit at or below the last released CSN is a protocol error),
+so nothing at or below it can come any more.  `None` while nothing is
+known: no tick and nothing released -- without a tick nothing bounds the CSN
+of a transaction that has not logged anything yet.
 
 Pure logic: no I/O, no clock.  Keys are opaque (the node sender uses gids in
 GTM mode, xids in single-node mode).
@@ -199,7 +204,7 @@ class CsnOrderer(Generic[K]):
         return self._release()
 
     def tick(self, csn: Csn) -> None:
-        """Every transaction that commits later and is not committing now gets a CSN `>= csn`.
+        """Every transaction that commits later and is not committing now gets a CSN `> csn`.
 
         Ticks are lower bounds, so a smaller one than already known adds
         nothing (the node sender derives extra ticks from markers, which may
@@ -274,21 +279,21 @@ class CsnOrderer(Generic[K]):
         return released
 
     def _bound(self) -> Csn | None:
-        """min(latest tick, smallest open committing CSN, smallest waiting CSN), or None before a tick."""
+        """min(latest tick, smallest open committing CSN, smallest waiting CSN - 1), or None before a tick."""
         bound = self._tick
         if bound is None:
             return None
         if self._committing:  # (the dict twins again, as in `commit`)
             bound = min(bound, self._committing_by_csn[0][0])
         if self._waiting_csn:
-            bound = min(bound, self._waiting.keys()[0])
+            bound = min(bound, self._waiting.keys()[0] - 1)
         return bound
 
     def _update_watermark(self) -> None:
         bound = self._bound()
         w = self._last_released
-        if bound is not None and (w is None or bound - 1 > w):
-            w = Csn(bound - 1)
+        if bound is not None and (w is None or bound > w):
+            w = bound
         if w is not None and (self._watermark is None or w > self._watermark):
             self._watermark = w
 
@@ -319,7 +324,7 @@ class CsnOrderer(Generic[K]):
             assert wm is None
         else:
             assert wm is not None
-            assert bound is None or wm >= bound - 1
+            assert bound is None or wm >= bound
             assert self._last_released is None or wm >= self._last_released
             if self._waiting:
                 assert wm < self._waiting.keys()[0]

@@ -80,6 +80,19 @@ def test_workload_against_witness(
             c.close()
 
 
+def test_the_ticker_ticks_the_current_csn_and_spends_none(cluster: LocalCluster) -> None:
+    """A real GTM does not advance while idle; neither does the ticker (a tick c lets the merge pass c)."""
+    gtm = Gtm(start=41)
+    gtm.next()
+    ticker = Ticker(gtm, {"dn3": cluster.urls()["dn3"]})
+    try:
+        assert [ticker.tick_once() for _ in range(3)] == [42, 42, 42]
+        assert gtm.current() == 42 and not ticker.errors
+    finally:
+        for conn in ticker._conns.values():  # (tick_once without the thread: its connections are ours)
+            conn.close()
+
+
 def test_ticks_reach_an_idle_node(cluster: LocalCluster) -> None:
     url = cluster.urls()["dn3"]
     with psycopg.connect(url, autocommit=True) as c:

@@ -195,7 +195,7 @@ def test_csn_below_a_tick() -> None:
     _raises(
         ns,
         *_plain(745, 0x16B3748, _ch(0x16B3700), _m("commit g-1 99", True)),
-        words=("global transaction g-1", "csn 99", "watermark 99"),
+        words=("global transaction g-1", "csn 99", "watermark 100"),
     )
 
 
@@ -438,7 +438,7 @@ def test_out_of_order_commits_and_confirmable_lsn() -> None:
     """The slot may not pass a waiting commit, nor an unreleased committing marker."""
     ns = NodeSender("dn1", "gtm")
     _feed(ns, _m("committing g-1 10", lsn=0x100), _m("committing g-2 10", lsn=0x200))
-    assert ns.watermark == 9 and ns.confirmable_lsn == 0
+    assert ns.watermark == 10 and ns.confirmable_lsn == 0
     assert _feed(ns, *_plain(2, 0x300, _ch(0x250), _m("commit g-2 12", True))) == []
     assert ns.confirmable_lsn == 0  # g-2 waits for g-1; g-1's committing marker is before 0x300
     _feed(ns, Keepalive(0x400, 0, False))
@@ -448,7 +448,7 @@ def test_out_of_order_commits_and_confirmable_lsn() -> None:
     assert [t.csn for t in out] == [11, 12]
     # g-3 is still committing: its marker arrived when the stream had reached 0x400
     assert ns.confirmable_lsn == 0x400
-    assert ns.watermark == 12  # the last released csn (min(tick 12, committing 12) - 1 is less)
+    assert ns.watermark == 12  # min(tick 12, committing 12), and the last released csn
     _feed(ns, _m("abort g-3"))
     assert ns.confirmable_lsn == 0x500 + 88
     assert ns.watermark == 12

@@ -195,7 +195,7 @@ class OrdererMachine(RuleBasedStateMachine):
             if self.released:
                 assert c > self.released[-1], f"released {c} after {self.released[-1]}"
             self.released.append(c)
-        # model watermark: max over time of min(tick, open committing, waiting) - 1 and last released
+        # model watermark: max over time of min(tick, open committing, waiting - 1) and last released
         cands = [self.released[-1]] if self.released else []
         if self.tick_max is not None:
             bound = self.tick_max
@@ -203,8 +203,8 @@ class OrdererMachine(RuleBasedStateMachine):
                 bound = min(bound, o.committing)
             for t in self.txns.values():
                 if t.state == "committed" and t.csn is not None and t.csn not in set(self.released):
-                    bound = min(bound, t.csn)
-            cands.append(bound - 1)
+                    bound = min(bound, t.csn - 1)
+            cands.append(bound)
         if cands and (self.expected_wm is None or max(cands) > self.expected_wm):
             self.expected_wm = max(cands)
 
@@ -285,13 +285,30 @@ def test_watermark_unknown_until_a_tick() -> None:
     o.committing("a", 5)
     assert o.watermark is None
     o.tick(7)
-    assert o.watermark == 4  # min(7, committing 5) - 1
+    assert o.watermark == 5  # min(tick 7, committing 5): a ends with a csn > 5
     assert o.commit("a", 8) == ["a"]
     assert o.watermark == 8  # the last released csn: nothing at or below it can come any more
     o.tick(3)
     assert o.watermark == 8  # never decreases
     o.tick(20)
-    assert o.watermark == 19
+    assert o.watermark == 20  # a tick promises later csns greater than it
+    o._check()
+
+
+def test_a_tick_of_the_current_csn_passes_the_last_csn_handed_out() -> None:
+    """A GTM that does not advance while idle ticks its current CSN again and again.
+
+    Another node committed csn 12, the last before a quiet spell.  This
+    node, idle, gets `tick 12`: its watermark must reach 12, or the merge
+    would hold that transaction until the GTM hands out another CSN.
+    """
+    o: CsnOrderer[str] = CsnOrderer("dn2")
+    o.tick(11)
+    assert o.watermark == 11
+    o.tick(12)
+    assert o.watermark == 12
+    o.committing("a", 12)  # a commit after it still fits: its csn will be > 12
+    assert o.commit("a", 13) == ["a"]
     o._check()
 
 
@@ -336,7 +353,7 @@ def test_commit_without_committing_is_accepted() -> None:
             ["g-2", "csn 5", "g-1"],
         ),
         (lambda o: None, lambda o: o.abort("g-9"), ["g-9", "abort", "not committing"]),
-        (lambda o: o.tick(50), lambda o: o.commit("g-1", 40), ["g-1", "csn 40", "watermark 49"]),
+        (lambda o: o.tick(50), lambda o: o.commit("g-1", 40), ["g-1", "csn 40", "watermark 50"]),
     ],
 )
 def test_protocol_errors(setup, call, words) -> None:  # type: ignore[no-untyped-def]
