@@ -80,7 +80,7 @@ Key = str | int  # gid in GTM mode, top-level xid in single-node mode
 
 # Single-node mode's CSN is an LSN.  `int` itself, typed: `Csn(lsn)` would add a
 # Python-level call per transaction for what is the same number.
-_as_csn: Final[Callable[[Lsn], Csn]] = int  # type: ignore[assignment]
+_as_csn: Final[Callable[[int], Csn]] = int  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
