@@ -263,6 +263,19 @@ class Changefeed:
             assert rec is not None
             yield rec
 
+    def connect(self) -> None:
+        """Opens the first stream now instead of at the first next(); returns once the service answers.
+
+        Raises as next() would: ChangefeedUnavailable when nothing answers
+        within `connect_timeout`, ChangefeedUnauthenticated for a refused
+        token.  For a caller that times its own waits (an idle timeout):
+        time spent reaching nothing is not time spent idle.
+        """
+        if self._closed:
+            raise ChangefeedError(f"the changefeed to {self.address} is closed")
+        if self._call is None:
+            self._connect(None)
+
     def next(self, timeout: float | None = None) -> Record | None:
         """The next transaction; None when none arrived within `timeout` seconds."""
         if self._pending:

@@ -8,7 +8,10 @@ writes and a quiet stream line by line.  Reconnects are the client's
 (csnd.consumers.client): the output has no gap and no duplicate across a
 service restart.  Exit 0 after --limit lines or --idle-timeout seconds with
 nothing new, or when stdout is closed (`| head`); Ctrl-C 130; nothing
-reachable, refused or unauthenticated: one line on stderr, exit 1.
+reachable, refused or unauthenticated: one line on stderr, exit 1.  The idle
+clock starts once the service first answers: a subscriber that never
+reached it is not idle, and exiting 0 in silence would pass a mistyped
+address off as a quiet service.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         tls_ca=args.tls_ca,
     )
     try:
+        feed.connect()
         _print(feed, sys.stdout.buffer, args.limit, args.idle_timeout)
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly.  Python would try to

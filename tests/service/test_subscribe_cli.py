@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -97,6 +98,15 @@ def test_unreachable_target_is_one_line() -> None:
     line = one_error_line(subscribe(f"127.0.0.1:{port}", "--limit", "1"))
     assert f"127.0.0.1:{port} does not answer" in line
     assert "not HOST:PORT" in one_error_line(subscribe("nowhere", "--limit", "1"))
+
+
+def test_idle_timeout_does_not_hide_a_target_never_reached() -> None:
+    """Nothing listening: not an idle subscriber that exits 0 in silence, but one error line, exit 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed again: nothing accepts connections there)
+    line = one_error_line(subscribe(f"127.0.0.1:{port}", "--idle-timeout", "1"))
+    assert f"127.0.0.1:{port}" in line and "nothing accepts connections there" in line
 
 
 def test_closed_stdout_and_ctrl_c(service: tuple[RunningServer, Changelog, dict[int, bytes]]) -> None:
