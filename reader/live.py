@@ -169,7 +169,7 @@ class LiveSource:
         go of the slot, hence the retry while it is still active.
         """
         self.confirm(lsn)
-        if lsn <= self._reported:
+        if lsn <= self._reported or lsn <= 0:  # (0: nothing of this run is durable; 0/0 is no position)
             return
         deadline = time.monotonic() + timeout_s
         while True:
