@@ -37,7 +37,7 @@ from typing import Final
 import psycopg
 from psycopg import pq
 
-from csnd.core.errors import ConnectionLost, ProtocolError, SourceError
+from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceError
 from csnd.core.ids import PG_EPOCH_UNIX_US, lsn_from_str, lsn_to_str
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
@@ -54,6 +54,7 @@ from csnd.reader.reconnect import (
     Backoff,
     classify,
     connect_hint,
+    lost_slot,
     one_line,
     server_hint,
 )
@@ -362,7 +363,22 @@ class LiveSource:
         if res is None or res.status != pq.ExecStatus.COPY_BOTH:
             if res is None:
                 raise ConnectionLost("START_REPLICATION returned no result", node=self.node)
-            raise self._result_error(res, ["START_REPLICATION", f"slot {o.slot}"])
+            raise self._lost_slot(res) or self._result_error(res, ["START_REPLICATION", f"slot {o.slot}"])
+
+    def _lost_slot(self, res: pq.abc.PGresult) -> SlotLost | None:
+        """The slot checked (or streamed from) before is gone: a `SlotLost`, never a retry (`reader.reconnect`)."""
+        msg = one_line((res.error_message or b"").decode(errors="replace"))
+        state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() or None
+        detail = (res.error_field(pq.DiagnosticField.MESSAGE_DETAIL) or b"").decode(errors="replace")
+        return lost_slot(
+            state,
+            msg,
+            node=self.node,
+            slot=self.options.slot,
+            confirmed_lsn=self.confirmed_lsn,
+            started=True,
+            detail=detail,
+        )
 
     def _wait(self, pgconn: pq.abc.PGconn, read: bool, timeout: float = POLL_S) -> bool:
         if self._closed.is_set():
@@ -498,6 +514,8 @@ class LiveSource:
                 res = pgconn.get_result()
                 detail = ""
                 if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
+                    if lost := self._lost_slot(res):
+                        raise lost
                     detail = one_line((res.error_message or b"").decode(errors="replace"))
                     state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() or None
                     if classify(state, detail, connecting=False):  # e.g. the publication was dropped

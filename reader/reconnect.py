@@ -20,6 +20,15 @@ a server (tests/reader/test_reconnect.py):
   at once (a publication dropped under it used to be such a case) must not
   reset the wait to `first` and reconnect five times a second forever.
 
+* Is the slot itself gone (`lost_slot`)?  A slot dropped under a running
+  stream (`replication slot "x" does not exist` once the stream had started)
+  or invalidated by the server (`can no longer get changes from replication
+  slot "x"`: `max_slot_wal_keep_size` let the server remove its WAL) has
+  lost what committed after its confirmed position.  Retrying cannot bring
+  that back and a new slot would start after a gap, so it is a `SlotLost`
+  saying which transactions cannot be delivered and what to do -- never a
+  reconnect loop, and never the "pass --create-slot" of a slot that never was.
+
 The clock is injected, so the policy is a pure function of the events and
 the times it is given.
 """
@@ -28,6 +37,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Final
+
+from csnd.core.errors import SlotLost
+from csnd.core.ids import lsn_to_str
 
 # The first wait, its cap, and how long an outage may last before the source
 # fails.  A restart of PostgreSQL takes seconds; an outage of minutes is for
@@ -173,3 +185,49 @@ def server_hint(sqlstate: str | None, text: str) -> str:
     if sqlstate == "55000" and "wal_level" in t:
         return "set wal_level = logical in postgresql.conf and restart the server"
     return ""
+
+
+# The server's words for a slot whose WAL is gone (PostgreSQL 13 to 17): an
+# invalidated slot at START_REPLICATION (SQLSTATE 55000; PostgreSQL 15 says
+# "cannot read from logical replication slot" with this detail), or when
+# decoding starts.
+_INVALIDATED_TEXTS: Final = ("can no longer get changes from replication slot", "slot has been invalidated")
+
+
+def lost_slot(
+    sqlstate: str | None,
+    text: str,
+    *,
+    node: str,
+    slot: str,
+    confirmed_lsn: int,
+    started: bool,
+    detail: str = "",
+) -> SlotLost | None:
+    """The `SlotLost` a server error on START_REPLICATION (or in the stream) means, or None.
+
+    `text` is the server's message, `detail` its DETAIL field.  `started`:
+    the slot was there when this run began (checked or streamed from), so
+    its absence now means it was dropped, not mistyped.
+    """
+    t = f"{text} {detail}".lower()
+    if any(s in t for s in _INVALIDATED_TEXTS):
+        how = "was invalidated by the server (its WAL exceeded max_slot_wal_keep_size and was removed)"
+    elif started and sqlstate == "42704" and "replication slot" in t and "does not exist" in t:
+        how = "was dropped on the server"
+    else:
+        return None
+    return slot_lost_error(node, slot, how, text, confirmed_lsn)
+
+
+def slot_lost_error(node: str, slot: str, how: str, server_text: str, confirmed_lsn: int) -> SlotLost:
+    """The one line of a lost slot: which, how, from where nothing can be delivered, and what to do."""
+    at = lsn_to_str(confirmed_lsn)
+    said = f" ({server_text})" if server_text else ""
+    return SlotLost(
+        f"replication slot {slot} {how}{said}: its WAL is gone, so transactions committed after {at} "
+        "cannot be delivered; create a new slot and start with a new changelog directory "
+        "(or reload the tables from a snapshot)",
+        node=node,
+        lsn=confirmed_lsn,
+    )

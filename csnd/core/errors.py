@@ -20,7 +20,8 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   └── MarkerError        a csn marker in the wrong place, mode or transaction
     │       └── MalformedMarker  one that does not follow the marker grammar
     ├── SourceError            a live source failed (connection, slot, server)
-    │   └── ConnectionLost     the connection dropped; the reader may reconnect
+    │   ├── ConnectionLost     the connection dropped; the reader may reconnect
+    │   └── SlotLost           the slot is gone (dropped, or invalidated): its WAL cannot be read
     ├── WorkerError            a decoder worker died or failed
     ├── OutputError            the output could not be written (disk full, I/O error)
     ├── InternalError          a bug in csnd: an invariant broke, an exception nobody expected
@@ -210,6 +211,16 @@ class ConnectionLost(SourceError):
     """The replication connection dropped; the live reader reconnects with backoff."""
 
 
+class SlotLost(SourceError):
+    """The replication slot a node is read through is gone: dropped, or invalidated by the server.
+
+    The WAL after the slot's confirmed position may already be removed, so
+    no reconnect and no new slot can deliver what committed after it: the
+    source fails for good (never a silent gap, never a reconnect loop).
+    `lsn` is the last position confirmed to the slot.
+    """
+
+
 class WorkerError(CsndError):
     """A decoder worker process died or raised; the run stops."""
 
@@ -253,7 +264,7 @@ class ChangefeedRejected(ChangefeedError):
 
 
 class OutputError(CsndError):
-    """The output (a file, a pipe, the changelog) could not be written: disk full, I/O error."""
+    """The output (a file, a pipe, the changelog, a spill file) could not be written: disk full, I/O error."""
 
 
 class InternalError(CsndError):

@@ -19,10 +19,13 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from csnd.core.errors import SlotLost
+from csnd.core.ids import lsn_from_str
+from csnd.reader.reconnect import slot_lost_error
 from csnd.runtime.stats import NodeStats
 from csnd.service.status import NodeState
 
@@ -80,6 +83,50 @@ class SlotMonitor:
         while not self._stop.is_set():
             self.reading = self.read_once()
             self._stop.wait(self.interval_s)
+
+
+def check_slots_kept(slots: Iterable[tuple[str, str, str]], changelog: str, newest_csn: int) -> None:
+    """A changelog that holds transactions continues only from slots that still exist, WAL and all.
+
+    `slots` is (node, conninfo, slot) per live source.  When a slot is
+    missing, what its node committed after the changelog's last transaction
+    from it is gone with the slot's WAL: creating the slot anew
+    (`create_slot`) would start at the server's current position and skip
+    it silently.  So a missing slot is a `SlotLost` before anything starts.
+    A slot the server invalidated (`wal_status` lost) is one too, whatever
+    the changelog holds.  A server that cannot be reached is left to the
+    slot's own check, which says so.
+    """
+    import psycopg
+
+    for node, conninfo, slot in slots:
+        try:
+            with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+                row = conn.execute(
+                    "SELECT coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, '') "
+                    "FROM pg_replication_slots WHERE slot_name = %s",
+                    (slot,),
+                ).fetchone()
+        except psycopg.Error:
+            continue
+        if row is not None and row[0] == "lost":
+            raise slot_lost_error(
+                node,
+                slot,
+                "was invalidated by the server (its WAL exceeded max_slot_wal_keep_size and was removed)",
+                "wal_status lost",
+                lsn_from_str(str(row[1])) if row[1] else 0,
+            )
+        if row is None and newest_csn > 0:  # (an empty changelog: a new slot misses nothing it held)
+            raise SlotLost(
+                f"replication slot {slot} does not exist, but changelog {changelog} holds transactions "
+                f"up to csn {newest_csn}: the slot was dropped and its WAL is gone, so transactions this node "
+                "committed after the changelog's last one from it cannot be delivered (a new slot would skip "
+                "them); start with a new changelog directory (or reload the tables from a snapshot) -- or, "
+                f"if {node} is new to this changelog, create its slot first: "
+                f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')",
+                node=node,
+            )
 
 
 class NodeWatch:

@@ -51,7 +51,7 @@ from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.sources import SourceSpec, check_nodes, open_source
 from csnd.runtime.stopping import ignore_stop_signals
 from csnd.service.config import ServeConfig, ServedSource
-from csnd.service.nodes import NodeWatch, SlotMonitor
+from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
 from csnd.service.sink import ChangelogSink
 from csnd.service.status import NodeState
@@ -122,7 +122,9 @@ class Service:
                     remote.resume_after(resume_csn)
                 opened.append(remote)
             else:
-                live = dataclasses.replace(src.live, give_up_s=self.config.give_up_s)
+                # (slots are made before the ready line; a pipeline restart never makes one
+                # anew, which would skip silently what a dropped one held)
+                live = dataclasses.replace(src.live, give_up_s=self.config.give_up_s, create_slot=False)
                 opened.append(open_source(SourceSpec(src.name, src.target), live, i))
         check_nodes(opened)  # before any decoder starts
         resume = Csn(resume_csn) if resume_csn else None
@@ -291,6 +293,12 @@ class Service:
                 status=self.node_states,
                 subscriptions=subscriptions,
                 directory=os.path.abspath(cfg.changelog),
+            )
+            live = [(s.name or f"dn{i + 1}", s.target, s.live.slot or "") for i, s in enumerate(cfg.sources)]
+            check_slots_kept(
+                [n for n, s in zip(live, cfg.sources, strict=True) if s.is_live],
+                os.path.abspath(cfg.changelog),
+                self.log.durable_csn,
             )
             self._say(f"csnd serve: listening on {self.feed.address}")
             if cfg.http:

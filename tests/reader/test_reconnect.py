@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csnd.reader.reconnect import Backoff, classify, connect_hint, one_line, server_hint
+from csnd.core.errors import ConnectionLost, SlotLost
+from csnd.reader.reconnect import Backoff, classify, connect_hint, lost_slot, one_line, server_hint
 
 FIRST, CAP, GIVE_UP, STABLE = 0.25, 2.0, 10.0, 4.0
 
@@ -128,3 +131,35 @@ def test_hints_and_one_line() -> None:
         == "server closed the connection unexpectedly This probably means the server terminated abnormally "
         "before or while processing the request."
     )
+
+
+def _lost(sqlstate: str, text: str, detail: str = "", started: bool = True) -> SlotLost | None:
+    return lost_slot(
+        sqlstate, text, node="dn1", slot="s1", confirmed_lsn=0x1505F10, started=started, detail=detail
+    )
+
+
+def test_a_lost_slot_is_named_with_what_cannot_be_delivered() -> None:
+    """A dropped or invalidated slot is a SlotLost (terminal), never the --create-slot hint."""
+    dropped = _lost("42704", 'replication slot "s1" does not exist')
+    assert isinstance(dropped, SlotLost) and not isinstance(dropped, ConnectionLost)
+    assert str(dropped).startswith("node dn1: replication slot s1 was dropped on the server")
+    assert "after 0/1505F10 cannot be delivered" in str(dropped)
+    assert "new changelog directory" in str(dropped) and "--create-slot" not in str(dropped)
+    # PostgreSQL 15 at START_REPLICATION; 13, 14, 16 and 17 when decoding starts
+    pg15 = "This slot has been invalidated because it exceeded the maximum reserved size."
+    for text, detail in (
+        ('cannot read from logical replication slot "s1"', pg15),
+        ('can no longer get changes from replication slot "s1"', ""),
+    ):
+        lost = _lost("55000", text, detail)
+        assert lost is not None and "s1 was invalidated" in str(lost), lost
+        assert "max_slot_wal_keep_size" in str(lost)
+    # a slot never seen (the first connection's check says --create-slot), and other errors: not lost
+    assert _lost("42704", 'replication slot "s1" does not exist', started=False) is None
+    assert _lost("42704", 'publication "p" does not exist') is None
+    assert (
+        _lost("55000", 'cannot read from logical replication slot "s1"') is None
+    )  # (no detail: in use etc.)
+    assert _lost("57P01", "terminating connection due to administrator command") is None
+    assert pickle.loads(pickle.dumps(dropped)).message == dropped.message
