@@ -300,18 +300,22 @@ class Service:
                 os.path.abspath(cfg.changelog),
                 self.log.durable_csn,
             )
-            self._say(f"csnd serve: listening on {self.feed.address}")
-            if cfg.http:
-                from csnd.service.http import DashboardServer
-
-                self.http = DashboardServer(
-                    cfg.http, self.status_document, token=token, thresholds=thresholds
-                )
-                self.http.start()
-                self._say(f"csnd serve: dashboard on {self.http.url}")
             pipeline = threading.Thread(target=self._pipeline, name="csnd-pipeline", daemon=True)
-            pipeline.start()
-            self._wait()
+            try:  # (from the ready line on, a stop is the clean one, even at once)
+                self._say(f"csnd serve: listening on {self.feed.address}")
+                if cfg.http:
+                    from csnd.service.http import DashboardServer
+
+                    self.http = DashboardServer(
+                        cfg.http, self.status_document, token=token, thresholds=thresholds
+                    )
+                    self.http.start()
+                    self._say(f"csnd serve: dashboard on {self.http.url}")
+                pipeline.start()
+                self._wait()
+            except KeyboardInterrupt:
+                log.info("stopping: making what was written durable and confirming the slots")
+            self.stop()
             return self._finish(pipeline)
         finally:
             self._close()
@@ -320,18 +324,14 @@ class Service:
         print(line, file=self.stdout, flush=True)
 
     def _wait(self) -> None:
-        """Until a stop request (SIGTERM/Ctrl-C arrive as KeyboardInterrupt) or a pipeline failure."""
-        try:
-            while not self._stop.is_set():
-                if not self._done.is_set():
-                    self._done.wait(0.5)
-                elif self._failure is not None:
-                    return
-                else:  # the sources ended: serve what the changelog holds until told to stop
-                    self._stop.wait(0.5)
-        except KeyboardInterrupt:
-            log.info("stopping: making what was written durable and confirming the slots")
-        self.stop()
+        """Until a stop request (SIGTERM/Ctrl-C arrive as KeyboardInterrupt: `run()` takes them) or a failure."""
+        while not self._stop.is_set():
+            if not self._done.is_set():
+                self._done.wait(0.5)
+            elif self._failure is not None:
+                return
+            else:  # the sources ended: serve what the changelog holds until told to stop
+                self._stop.wait(0.5)
 
     def stop(self) -> None:
         """Stop taking input (any thread); `run()` then makes durable, confirms and returns 0."""
@@ -342,7 +342,8 @@ class Service:
 
     def _finish(self, pipeline: threading.Thread) -> int:
         ignore_stop_signals()  # while the last durable step and confirmations run
-        pipeline.join(timeout=60)
+        if pipeline.ident is not None:  # (a stop at the ready line may come before it began)
+            pipeline.join(timeout=60)
         if self._failure is not None and not isinstance(self._failure, KeyboardInterrupt):
             raise self._failure
         return 0
