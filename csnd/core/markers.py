@@ -49,6 +49,7 @@ TRANSACTIONAL: Final[dict[str, bool]] = {
 
 CSN_MAX: Final = (1 << 64) - 1
 CID_MAX: Final = (1 << 32) - 1
+_NUM_DIGITS: Final = len(str(CSN_MAX))  # 20: a number with more (leading zeros aside) is past any limit
 
 # Fields of each kind after the kind itself: whether it has a gid, whether a number.
 _FIELDS: Final[dict[str, tuple[bool, bool]]] = {
@@ -180,7 +181,11 @@ def parse_fields(
     value = None
     if limit:
         raw = parts[-1]
-        if not (raw.isascii() and raw.isdigit()) or (value := _as_csn(raw)) > limit:
+        if len(raw) > _NUM_DIGITS:
+            # (int() refuses more than 4300 digits with a ValueError of its
+            # own: no more than the limit's 20 reach it, leading zeros aside.)
+            raw = raw.lstrip("0") or "0"
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > _NUM_DIGITS or (value := _as_csn(raw)) > limit:
             raise _malformed(content, f"a number is decimal digits only, at most {limit}", node, lsn, xid)
     return kind, gid, value  # type: ignore[return-value]  # (kind is one of KINDS: _SHAPES said so)
 
