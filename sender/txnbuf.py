@@ -25,14 +25,15 @@ released one, frees the disk space.
 
 from __future__ import annotations
 
+import errno
 import struct
 import tempfile
 from collections.abc import Iterable
 from itertools import chain, repeat
 from typing import IO, Final
 
-from csnd.core.errors import CsndError
-from csnd.core.ids import Lsn
+from csnd.core.errors import SpillError as SpillError  # (its home is the error tree; re-exported)
+from csnd.core.ids import Lsn, lsn_to_str
 
 # Bytes of change bodies (plus per-change overhead) one transaction may hold in
 # memory before it spills to disk.  Higher: fewer transactions pay for disk
@@ -59,10 +60,6 @@ Change = tuple[int, int, str]
 """(cid, lsn, body), as `FinishedTxn.changes` yields them."""
 
 _NO_RUN: Final = -1  # no xid is negative: forces a new run on the first append
-
-
-class SpillError(CsndError):
-    """A spill file could not be written or read back (full disk, I/O error, truncation)."""
 
 
 class TxnBuffer:
@@ -122,14 +119,14 @@ class TxnBuffer:
             self.n_changes += 1
             self.mem_bytes += len(body) + CHANGE_OVERHEAD
             if self.mem_bytes > self.spill_bytes:
-                self._spill()
+                self._spill(lsn)
             return
         raw = body.encode("utf-8")
         try:
             self._file.write(_REC.pack(cid, lsn, subxid or 0, len(raw)))
             self._file.write(raw)
         except OSError as e:
-            raise self._io_error("write to", e) from e
+            raise self._io_error("write to", e, lsn) from e
         self.spilled_bytes += _REC.size + len(raw)
         self.n_changes += 1
         if subxid is not None:
@@ -151,7 +148,7 @@ class TxnBuffer:
         self.n_changes += len(bodies)
         self.mem_bytes += sum(map(len, bodies)) + CHANGE_OVERHEAD * len(bodies)
         if self.mem_bytes > self.spill_bytes:
-            self._spill()
+            self._spill(lsns[-1] if lsns else None)
 
     def abort_subxact(self, subxid: int) -> None:
         """Drop the changes of a rolled-back subtransaction (Stream Abort with subxid != xid)."""
@@ -222,14 +219,16 @@ class TxnBuffer:
         self._run_sub = _NO_RUN
         self.mem_bytes = 0
 
-    def _spill(self) -> None:
-        """Move everything in memory to a new temp file; later appends go straight there."""
+    def _spill(self, lsn: int | None) -> None:
+        """Move everything in memory to a new temp file; later appends go straight there.
+
+        `lsn`: the change that passed the bound (for an error's position)."""
         try:
             f = tempfile.TemporaryFile(  # noqa: SIM115 - lives until drained or closed
                 mode="w+b", buffering=SPILL_IO_BYTES, dir=self.spill_dir, prefix="csnd-spill-"
             )
         except OSError as e:
-            raise self._io_error("create", e) from e
+            raise self._io_error("create", e, lsn) from e
         self._file = f
         counts = self._counts
         pack = _REC.pack
@@ -246,17 +245,27 @@ class TxnBuffer:
                 if sub is not None and run:
                     counts[sub] = counts.get(sub, 0) + len(run)
         except OSError as e:
-            raise self._io_error("write to", e) from e
+            raise self._io_error("write to", e, lsn) from e
         self.spilled_bytes += written
         self._reset_memory()
 
-    def _io_error(self, what: str, e: OSError) -> SpillError:
+    def _io_error(self, what: str, e: OSError, lsn: int | None = None) -> SpillError:
+        """The one line of a failed spill: node, transaction, the change's LSN, the directory, what to do.
+
+        Nothing of the transaction was released, so nothing past it is
+        confirmed: its source re-sends it once the service runs again.
+        """
         where = self.spill_dir or tempfile.gettempdir()
+        code = errno.errorcode.get(e.errno or 0)
+        reason = f"{e.strerror or e}{f' ({code})' if code else ''}"
+        at = f" at {lsn_to_str(lsn)}" if lsn else ""
         return SpillError(
-            f"cannot {what} the spill file of transaction {self.xid} in {where}: {e}; "
-            "free disk space there, point spill_dir elsewhere, or raise spill_bytes",
+            f"cannot {what} the spill file of transaction {self.xid}{at} in {where}: {reason}; "
+            f"free space in {where}, or point [spill] dir elsewhere or raise [spill] bytes "
+            "(docs/service.md), and restart: the transaction is re-sent, nothing after it was confirmed",
             node=self.node or None,
             xid=self.xid,
+            lsn=lsn or None,
         )
 
 

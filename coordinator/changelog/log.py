@@ -30,7 +30,7 @@ from typing import Final
 from csnd.coordinator.changelog import record as rec
 from csnd.coordinator.changelog import segment as sg
 from csnd.core.durable import sync_directory
-from csnd.core.errors import ChangelogCorrupt, ConfigError, CsndError, CsnOutOfRange
+from csnd.core.errors import ChangelogCorrupt, ConfigError, CsndError, CsnOutOfRange, OutputError
 
 # A new segment starts once the active one has grown past this.  Larger:
 # fewer files and directory fsyncs; smaller: retention frees space in finer
@@ -264,14 +264,25 @@ class Changelog:
         # retried fsync may report success for pages the kernel dropped):
         # refuse everything from then on; a restart reopens at the last
         # durable record and the sources re-send the rest.
+        # A full disk (ENOSPC, EDQUOT) is the same: nothing is confirmed past
+        # durable_csn, and the service ends with this one line (docs/service.md).
         if self._failed is not None:
             raise self._failed
         try:
             step()
         except OSError as e:
-            self._failed = CsndError(
-                f"changelog {self.directory}: cannot write {e.filename or 'a segment'}: "
-                f"{e.strerror or e}; restart the service (the changelog reopens at its last durable record)"
+            code = errno.errorcode.get(e.errno or 0)
+            what = f"{e.strerror or e}{f' ({code})' if code else ''}"
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            todo = (
+                f"free space in {self.directory} (or give it more) and restart the service"
+                if full
+                else "restart the service"
+            )
+            self._failed = OutputError(
+                f"changelog {self.directory}: cannot write {e.filename or 'a segment'}: {what}; "
+                f"nothing after csn {self._durable_csn} is durable or confirmed to a slot; {todo}: "
+                "the changelog reopens at its last durable record and the sources re-send the rest"
             )
             raise self._failed from e
 
@@ -302,11 +313,18 @@ class Changelog:
     def _write(self, seg: sg.Segment, chunk: list[bytes], first_new_entry: int) -> None:
         data = b"".join(chunk)
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        entries = rec.encode_index_entries(seg.index_csns[first_new_entry:], seg.index_offs[first_new_entry:])
-        if entries:
-            os.write(self._index_fd, entries)
+        path = seg.path
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+            entries = rec.encode_index_entries(
+                seg.index_csns[first_new_entry:], seg.index_offs[first_new_entry:]
+            )
+            if entries:
+                path = seg.index_path
+                os.write(self._index_fd, entries)
+        except OSError as e:  # (os.write names no file: the error line does)
+            raise OSError(e.errno, e.strerror, path) from e
         if seg not in self._dirty:
             self._dirty.append(seg)
 

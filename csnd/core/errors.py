@@ -24,6 +24,7 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   └── SlotLost           the slot is gone (dropped, or invalidated): its WAL cannot be read
     ├── WorkerError            a decoder worker died or failed
     ├── OutputError            the output could not be written (disk full, I/O error)
+    │   └── SpillError         a big transaction's spill file (csnd.sender.txnbuf)
     ├── InternalError          a bug in csnd: an invariant broke, an exception nobody expected
     ├── ChangelogCorrupt       a changelog damaged before its tail (names file and offset)
     ├── CsnOutOfRange          a read from a CSN that retention has dropped
@@ -265,6 +266,10 @@ class ChangefeedRejected(ChangefeedError):
 
 class OutputError(CsndError):
     """The output (a file, a pipe, the changelog, a spill file) could not be written: disk full, I/O error."""
+
+
+class SpillError(OutputError):
+    """A spill file could not be written or read back (full disk, I/O error, truncation)."""
 
 
 class InternalError(CsndError):

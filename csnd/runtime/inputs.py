@@ -22,7 +22,7 @@ from csnd.decoder.change import DecodedRun
 from csnd.decoder.pool import BATCH_END, DecoderPool
 from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
 from csnd.runtime.stats import NodeStats
-from csnd.sender import NodeSender
+from csnd.sender import SPILL_BYTES, NodeSender
 
 # Lists of finished transactions (or watermarks) waiting per node between its
 # pipeline thread and the coordinator.  Small: the merge keeps its own bounded buffer.
@@ -63,7 +63,15 @@ class NodePipeline:
 
     releases_whole = True
 
-    def __init__(self, source: Any, decoders: int, resume_csn: Csn | None = None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        decoders: int,
+        resume_csn: Csn | None = None,
+        *,
+        spill_dir: str | None = None,
+        spill_bytes: int | None = None,
+    ) -> None:
         self.source = source
         self.node: str = source.node
         self.mode: str = source.mode
@@ -72,7 +80,15 @@ class NodePipeline:
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         # resume_csn: what the output already holds (a service restarting
         # over its changelog); the sender drops the re-sent transactions.
-        self.sender = NodeSender(self.node, source.mode, resume_csn=resume_csn)
+        # spill_dir / spill_bytes: where and beyond what a big transaction spills
+        # (None: the system's temp directory, `sender.SPILL_BYTES`)
+        self.sender = NodeSender(
+            self.node,
+            source.mode,
+            spill_bytes=spill_bytes or SPILL_BYTES,
+            spill_dir=spill_dir,
+            resume_csn=resume_csn,
+        )
         self.out = Outbox(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None
         self._stop = threading.Event()

@@ -15,6 +15,7 @@ the command line overrides the file's value.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -66,6 +67,8 @@ class ServeConfig:
     give_up_s: float = DEFAULT_GIVE_UP_S
     thresholds: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
+    spill_dir: str | None = None  # [spill] dir: big transactions' spill files (None: the temp directory)
+    spill_bytes: int | None = None  # [spill] bytes: one transaction's memory before it spills
 
 
 def _bool(value: object, what: str) -> bool:
@@ -140,7 +143,9 @@ _TOP_KEYS: Final = {
     "source",
     "dashboard",
     "defaults",
+    "spill",
 }
+_SPILL_KEYS: Final = {"dir", "bytes"}
 _SOURCE_KEYS: Final = {"name", "target", *_LIVE_PARAMS}
 
 
@@ -186,6 +191,7 @@ def build_config(file: dict[str, Any], flags: dict[str, Any], cli_sources: list[
     dashboard = file.get("dashboard", {})
     if not isinstance(dashboard, dict):
         raise ConfigError("--config: [dashboard] must be a table of thresholds")
+    spill_dir, spill_bytes = _spill(file.get("spill", {}))
     return ServeConfig(
         sources=tuple(sources),
         changelog=str(changelog),
@@ -200,7 +206,24 @@ def build_config(file: dict[str, Any], flags: dict[str, Any], cli_sources: list[
         give_up_s=float(pick("give_up", "give_up", DEFAULT_GIVE_UP_S)),
         thresholds=dict(dashboard),
         verbose=bool(flags.get("verbose")),
+        spill_dir=spill_dir,
+        spill_bytes=spill_bytes,
     )
+
+
+def _spill(table: Any) -> tuple[str | None, int | None]:
+    """`[spill]`: the directory of spill files (it must exist) and the memory bound in bytes."""
+    if not isinstance(table, dict):
+        raise ConfigError("--config: [spill] must be a table (dir, bytes)")
+    bad = sorted(set(table) - _SPILL_KEYS)
+    if bad:
+        raise ConfigError(
+            f"--config [spill]: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SPILL_KEYS))}"
+        )
+    directory = table.get("dir")
+    if directory is not None and not os.path.isdir(str(directory)):
+        raise ConfigError(f"--config [spill]: dir {directory!r} is not a directory")
+    return (None if directory is None else str(directory)), _opt_int(table.get("bytes"), "[spill] bytes")
 
 
 def _opt_int(value: Any, what: str) -> int | None:

@@ -129,7 +129,15 @@ class Service:
         check_nodes(opened)  # before any decoder starts
         resume = Csn(resume_csn) if resume_csn else None
         inputs: list[NodeInput] = [
-            s if src.is_agent else NodePipeline(s, self.config.decoders, resume_csn=resume)
+            s
+            if src.is_agent
+            else NodePipeline(
+                s,
+                self.config.decoders,
+                resume_csn=resume,
+                spill_dir=self.config.spill_dir,
+                spill_bytes=self.config.spill_bytes,
+            )
             for src, s in zip(self.config.sources, opened, strict=True)
         ]
         inputs.sort(key=lambda p: p.node)
