@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench lint proto proto-check clean
+.PHONY: install test faults demo bench lint proto proto-check clean
 
 install: $(STAMP)
 
@@ -30,6 +30,14 @@ lint: install
 test: install proto-check lint
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup tests
 
+# The fault-injection suite in full: every fault class CSND_FAULT_RUNS times
+# (20 unless set), one seed after another on one 3-server cluster.  `make
+# test` runs one seed of each; the table lands in faults-out/summary.md, a
+# failed run's evidence in faults-out/<fault>-<seed>.txt and its files under
+# faults-out/tmp.
+faults: install
+	CSND_FAULT_RUNS=$${CSND_FAULT_RUNS:-20} $(VENV)/bin/pytest -q --basetemp=faults-out/tmp tests/faults
+
 demo: install
 	$(VENV)/bin/csnd demo
 
@@ -37,4 +45,4 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache faults-out

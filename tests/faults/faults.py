@@ -1,0 +1,195 @@
+"""The fault classes: each strikes one fault into a running `harness.Run`, at a moment from its seed.
+
+Each function is called once the stream flows and returns when the fault has
+been dealt (and, where an operator would act -- a restarted process, `csnd
+gtm recover` -- that action taken); the harness then drains and checks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from csnd.gtm.writer import PAUSE_POINTS
+from csnd.testing.pgserver import PG_BIN
+from tests.faults.harness import Run, http_status, wait
+from tests.fixtures.procs import children
+
+# Steps of a writer's commit between its first PREPARE and its last COMMIT PREPARED.
+IN_DOUBT_STEPS: Final = PAUSE_POINTS[PAUSE_POINTS.index("prepared") :]
+# How long a server's shutdown may take (pg_ctl -t) before the run fails.
+STOP_S: Final = 30
+
+
+def service_kill(run: Run) -> None:
+    """kill -9 of `csnd serve` (its process group: decoders too), then the same command again."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    run.mark_fault(f"kill -9 after {d:.2f}s")
+    assert run.served is not None
+    run.served.kill()
+    run.restart_served()
+
+
+def _decoders(pid: int) -> list[int]:
+    servers = [p for p, cmd in children(pid) if "multiprocessing.forkserver" in cmd]
+    return sorted(p for s in servers for p, _ in children(s))
+
+
+def decoder_kill(run: Run) -> None:
+    """kill -9 of one decoder process of the service (a child of its fork server)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    assert run.served is not None
+    pid = run.served.proc.pid
+    decoders = wait(lambda: _decoders(pid), "decoder processes", run.diagnose, seconds=30)
+    victim = run.rng.choice(decoders)
+    run.mark_fault(f"kill -9 decoder {decoders.index(victim) + 1} of {len(decoders)} after {d:.2f}s")
+    os.kill(victim, signal.SIGKILL)
+    served = run.served
+    wait(lambda: int(http_status(served)["totals"]["restarts"]) >= 1, "the pipeline to restart", run.diagnose)
+
+
+def subscriber_kill(run: Run) -> None:
+    """kill -9 of one subscriber; restarted after its last line (unnamed) or its stored mark (named)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    sub = run.rng.choice(run.subs)
+    run.mark_fault(f"kill -9 subscriber {sub.name or '(unnamed)'} after {d:.2f}s")
+    sub.kill()
+    if sub.name is None:
+        kept = sub.cut_to(2**63)  # a torn last line goes; continue after the last whole one
+        sub.start("--from-csn", str(kept))
+        return
+    served = run.served
+    assert served is not None
+
+    def acked() -> int | None:
+        for c in http_status(served)["consumers"]:
+            if c.get("name") == sub.name and not c.get("connected"):
+                return int(c.get("acknowledged_csn", 0))
+        return None
+
+    # (a subscription that never connected is not listed: it has no mark, and printed nothing)
+    found = wait(
+        lambda: (acked(),) if acked() is not None else None,
+        "the named subscription",
+        run.diagnose,
+        5.0,
+        fail=False,
+    )
+    mark = found[0] if found else 0
+    kept = sub.cut_to(mark)
+    # Invariant 6: the mark is a line it printed (acknowledged only once written).
+    assert kept == mark, f"the stored mark {mark} is not a csn the subscriber printed (last kept {kept})"
+    sub.start()
+
+
+def pg_restart(run: Run) -> None:
+    """`pg_ctl restart -m fast|immediate` of one server while streaming; then `csnd gtm recover`.
+
+    A fast shutdown waits for each walsender to see its client confirm the end
+    of the WAL; one that does not finish within STOP_S is a failure (with the
+    server's log and the service's status as evidence); the server is then
+    stopped immediately and the run goes on, so the rest is checked too."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    node = run.rng.choice(list(run.urls))
+    mode = run.rng.choice(["fast", "immediate"])
+    run.mark_fault(f"restart -m {mode} {node} after {d:.2f}s")
+    server = run.cluster.server(node)
+    ctl = [os.path.join(PG_BIN, "pg_ctl"), "-D", server.data_dir, "-w", "-t", str(STOP_S)]
+    t0 = time.monotonic()
+    stopped = server._run(*ctl, "-m", mode, "stop", check=False)  # noqa: SLF001 (as the server's user)
+    if stopped.returncode != 0:
+        run.outcome.problems.append(
+            f"stalled: pg_ctl stop -m {mode} of {node} did not finish in {time.monotonic() - t0:.0f}s while "
+            f"csnd streamed ({stopped.stdout.strip()[-60:]} {stopped.stderr.strip()}); csnd status then: "
+            f"{run.diagnose()}; server log: {server.log_tail(6)}"
+        )
+        server._run(*ctl, "-m", "immediate", "stop", check=False)  # noqa: SLF001 (the run goes on)
+        run.outcome.detail += "; stopped -m immediate after the fast stop failed"
+    server.start()
+    if node == run.cluster.names[0]:  # the GTM's server: the ticker's session is gone
+        assert run.ticking is not None
+        run.ticking.renew()
+    time.sleep(0.5)
+    run.outcome.detail += "; " + run.recover(cli=True)
+
+
+def writer_kill_setup(run: Run) -> None:
+    """Writer 0 stops at a commit step between PREPARE and COMMIT PREPARED after some commits."""
+    step = run.rng.choice(IN_DOUBT_STEPS)
+    after = run.rng.randrange(5, 40)
+    run.writer_args[0] = [
+        "--pause",
+        step,
+        "--pause-after",
+        str(after),
+        "--pause-file",
+        str(run.tmp / "paused"),
+    ]
+
+
+def writer_kill(run: Run) -> None:
+    """kill -9 of a writer stopped inside its commit; `csnd gtm recover` finishes its transaction."""
+    flag = run.tmp / "paused"
+    run.wait_flowing()
+    wait(flag.exists, "the writer to reach its pause point", run.diagnose)
+    d = run.pause(0.0, 1.0)  # (the stream is held by its open `committing` meanwhile)
+    step = run.writer_args[0][1]
+    gid = flag.read_text()
+    run.mark_fault(f"kill -9 writer at {step} ({gid}) after {d:.2f}s")
+    run.writers[0].kill()
+    run.writers[0].join()
+    report = run.recover(cli=True)
+    run.outcome.detail += "; " + report
+    run.victim = (gid, step in ("decided", "committed-one"))
+
+
+def proxy_cut(run: Run) -> None:
+    """Every connection of one source's TCP path closed at once (the service reconnects)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    ((node, proxy),) = run.proxies.items()
+    run.mark_fault(f"cut {node}'s replication connection after {d:.2f}s")
+    assert proxy.cut() >= 1, "the proxy carried no connection"
+
+
+def proxy_stall(run: Run) -> None:
+    """One source's TCP path stops moving bytes for a while, then flows again (or is cut then)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    ((node, proxy),) = run.proxies.items()
+    hold = run.rng.uniform(0.5, 6.0)
+    then_cut = run.rng.random() < 0.3
+    run.mark_fault(
+        f"stall {node}'s replication connection {hold:.1f}s after {d:.2f}s"
+        + (", then cut" if then_cut else "")
+    )
+    proxy.stall()
+    time.sleep(hold)
+    if then_cut:
+        proxy.cut()
+    proxy.resume()
+
+
+FAULTS: Final[dict[str, Callable[[Run], None]]] = {
+    "service-kill": service_kill,
+    "decoder-kill": decoder_kill,
+    "subscriber-kill": subscriber_kill,
+    "pg-restart": pg_restart,
+    "writer-kill": writer_kill,
+    "replication-cut": proxy_cut,
+    "replication-stall": proxy_stall,
+}
+SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
+PROXIED: Final = frozenset({"replication-cut", "replication-stall"})
+
+
+def evidence_dir() -> Path:
+    return Path(os.environ.get("CSND_FAULT_OUT", "faults-out"))
