@@ -50,6 +50,30 @@ FLUSH_BYTES: Final = 1 << 20
 LOCK_NAME: Final = "LOCK"
 
 
+class SteadyWall:
+    """Wall-clock time that moves only as the monotonic clock does: the wall time at start plus time since.
+
+    Record times and retention by age (`retention_hours`) must be wall time:
+    they outlive the process.  Read from the system clock each time, a clock
+    set forward while the service runs would make every segment "old" at
+    once and drop what consumers have not read; one set back would hold
+    retention (and the disk) for as long, and stamp new records earlier
+    than old ones.  So the wall clock is read once, when the changelog
+    opens, and time is counted on from there with the monotonic clock; a
+    jump takes effect at the next start.
+    """
+
+    __slots__ = ("_wall0", "_mono0", "_mono")
+
+    def __init__(self, wall: Callable[[], float], monotonic: Callable[[], float]) -> None:
+        self._wall0 = wall()
+        self._mono = monotonic
+        self._mono0 = monotonic()
+
+    def __call__(self) -> float:
+        return self._wall0 + (self._mono() - self._mono0)
+
+
 @dataclass
 class SyncPoint:
     """What one fsync covers: begin_sync notes it, fsync makes it durable, finish_sync shows it."""
@@ -73,6 +97,7 @@ class Changelog:
         retention_hours: float | None = None,
         clock: Callable[[], float] = time.time,
         index_interval: int = DEFAULT_INDEX_INTERVAL,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if segment_bytes <= 0 or index_interval <= 0:
             raise ConfigError("changelog segment size and index interval must be positive")
@@ -80,7 +105,7 @@ class Changelog:
         self.segment_bytes = segment_bytes
         self.retention_bytes = retention_bytes
         self.retention_hours = retention_hours
-        self._clock = clock
+        self._clock = SteadyWall(clock, monotonic)
         self._interval = index_interval
         self._cond = threading.Condition(threading.Lock())
         self._rebuild_lock = threading.Lock()  # one reader at a time rebuilds a sealed segment's index

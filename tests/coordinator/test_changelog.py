@@ -208,7 +208,7 @@ def test_retention_by_age_and_never_the_active_segment(tmp_path: str) -> None:
     clock = FakeClock()
     t0 = clock.now
     records = [(c, b"w" * 150) for c in range(1, 41)]
-    log = Changelog(str(tmp_path), segment_bytes=1000, retention_hours=1.0, clock=clock)
+    log = Changelog(str(tmp_path), segment_bytes=1000, retention_hours=1.0, clock=clock, monotonic=clock)
     for c, line in records:  # four groups of ten, half an hour apart
         log.append(c, line)
         if c % 10 == 0:
@@ -235,7 +235,9 @@ def test_retention_by_age_and_never_the_active_segment(tmp_path: str) -> None:
 
 def test_retention_by_age_keeps_young_segments(tmp_path: str) -> None:
     clock = FakeClock()
-    with Changelog(str(tmp_path), segment_bytes=500, retention_hours=2.0, clock=clock) as log:
+    with Changelog(
+        str(tmp_path), segment_bytes=500, retention_hours=2.0, clock=clock, monotonic=clock
+    ) as log:
         for c in range(1, 31):
             log.append(c, b"v" * 200)
             log.sync()
