@@ -17,6 +17,7 @@ address off as a quiet service.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -69,24 +70,31 @@ def add_subscribe_parser(sub: Any) -> None:
     p.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) of a service that uses TLS")
 
 
-def _csn(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("a csn is >= 0")
+def _whole(text: str, least: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def _csn(text: str) -> int:
+    return _whole(text, 0, "a csn (a whole number >= 0)")
 
 
 def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
+    return _whole(text, 1, "a whole number >= 1")
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not value > 0:
-        raise argparse.ArgumentTypeError("must be > 0 seconds")
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
 
 

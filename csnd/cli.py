@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import sys
 import traceback
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from csnd import __version__
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
-from csnd.core.errors import ConfigError, CsndError, os_error_text
+from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
 from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
@@ -41,7 +42,12 @@ MAX_DECODERS = 4 * (os.cpu_count() or 1)
 
 
 def _decoders(text: str) -> int:
-    n = int(text)
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number from 1 to {MAX_DECODERS} (4 per core), got {text!r}"
+        ) from None
     if not 1 <= n <= MAX_DECODERS:
         raise argparse.ArgumentTypeError(f"must be 1 to {MAX_DECODERS} (4 per core), got {n}")
     return n
@@ -56,9 +62,12 @@ def _lsn(text: str) -> str:
 
 
 def _seconds(text: str) -> float:
-    s = float(text)
+    try:
+        s = float(text)
+    except ValueError:
+        s = math.nan
     if not s > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return s
 
 
@@ -257,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(COMMANDS[args.command](args))
     except CsndError as e:
         print(f"csnd {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1  # (2: called wrong, as argparse's usage errors)
     except OSError as e:
         # The net under the rest: the writers on the hot paths (recordings,
         # replay output) turn their own failures into errors naming node and

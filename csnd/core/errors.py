@@ -7,6 +7,7 @@ constructor argument is kept in `args` (`__reduce__` below).
 
     CsndError
     ├── ConfigError            bad command line or service configuration
+    │   └── UsageError         a flag or CSND_* variable of the wrong type (exit 2, as argparse)
     ├── StreamFormatError      a recorded stream file that cannot be read
     ├── ProtocolError          a message sequence that breaks the protocol
     │   ├── DecodeError        tuple data that cannot be turned into values
@@ -107,6 +108,14 @@ def _rebuild(
 
 class ConfigError(CsndError):
     """The command line or configuration cannot work; nothing was started."""
+
+
+class UsageError(ConfigError):
+    """The command was called wrong: a value of a flag or `CSND_*` variable it cannot take.
+
+    Found after argparse is done (an environment variable standing in for a
+    flag), it ends the command as argparse's own usage errors do: exit 2.
+    """
 
 
 class StreamFormatError(CsndError):

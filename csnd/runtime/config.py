@@ -4,7 +4,9 @@ The runtime never sees `argparse.Namespace`: the command line turns its
 arguments into these dataclasses (checking them on the way), and a service
 that embeds the runtime builds them the same way from its own configuration.
 `LiveSourceConfig.options` is the one place a live node's `LiveOptions` are
-made, for `replay`, `record` and `node` alike.
+made, for `replay`, `record` and `node` alike.  Each checks its values when
+it is made (a ConfigError naming the setting), so an embedding service that
+fills them from its own configuration gets the command line's checks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from csnd.core.errors import ConfigError
+from csnd.core.modes import MODES, Mode, is_mode
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveOptions
@@ -31,9 +34,15 @@ class LiveSourceConfig:
     create_slot: bool = False
     until_lsn: int | None = None  # end at the first transaction boundary at or after it
     binary: bool = True
-    mode: str = "single"
+    mode: Mode = "single"
     # how long a stream that was flowing is reconnected to before the run fails (--give-up)
     give_up_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not is_mode(self.mode):
+            raise ConfigError(f"mode: expected {' or '.join(MODES)}, got {self.mode!r}")
+        if not self.give_up_s > 0:
+            raise ConfigError(f"give_up: expected a number of seconds > 0, got {self.give_up_s!r}")
 
     def options(self, conninfo: str) -> LiveOptions:
         """The reader's options for the live node at `conninfo`; ConfigError if slot or publication is missing."""
@@ -63,6 +72,9 @@ class ReplayConfig:
     agent_give_up_s: float = AGENT_GIVE_UP_S
     verbose: bool = False
 
+    def __post_init__(self) -> None:
+        _check_decoders(self.decoders)
+
 
 @dataclass(frozen=True)
 class NodeAgentConfig:
@@ -72,3 +84,11 @@ class NodeAgentConfig:
     listen: str
     decoders: int = field(default_factory=lambda: os.cpu_count() or 1)
     live: LiveSourceConfig = field(default_factory=LiveSourceConfig)
+
+    def __post_init__(self) -> None:
+        _check_decoders(self.decoders)
+
+
+def _check_decoders(n: object) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"decoders: expected a whole number >= 1, got {n!r}")

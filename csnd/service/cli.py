@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from csnd.core.errors import ConfigError
-from csnd.core.ids import lsn_from_str
+from csnd.service import settings
+from csnd.service.settings import SETTINGS, flag_type
 
 SERVE_DESCRIPTION = """\
 Run csnd as a service: the pipeline over the sources, every merged transaction
@@ -29,35 +29,8 @@ Per-source live settings ride on the URL:
   dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
 (parameters slot, publication, mode, until_lsn, create_slot, text); the
 --slot/--publication/... flags are the default for every source. --config
-FILE holds the same settings as TOML (docs/service.md); flags override it.
+FILE holds the same settings as TOML (docs/service.md).
 """
-
-
-def _positive(convert: type[int] | type[float], noun: str) -> Any:
-    """An argparse type: a number above 0 (`convert` reads it; `noun` says what was expected)."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _positive(int, "a whole number")
-_positive_float = _positive(float, "a number")
-
-
-def _lsn(text: str) -> str:
-    try:
-        lsn_from_str(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an LSN like 0/16B3748") from None
-    return text
 
 
 def _csn(text: str) -> int:
@@ -75,6 +48,7 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "serve",
         help="run the service: durable changelog, gRPC changefeed, dashboard",
         description=SERVE_DESCRIPTION,
+        epilog=settings.environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -87,7 +61,10 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:7070; port 0: any)")
     p.add_argument("--http", metavar="HOST:PORT", help="serve the dashboard, /metrics and /api/status here")
     p.add_argument(
-        "--decoders", type=_positive_int, metavar="N", help="decoder processes per node (default 2)"
+        "--decoders",
+        type=flag_type(settings.WHOLE),
+        metavar="N",
+        help="decoder processes per node (default 2)",
     )
     p.add_argument(
         "--token-file", metavar="F", help="require 'authorization: Bearer <token in F>' on every call"
@@ -95,23 +72,33 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this certificate chain")
     p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
     p.add_argument(
-        "--retention-bytes", type=_positive_int, metavar="B", help="keep at most B bytes of changelog"
+        "--retention-bytes",
+        type=flag_type(settings.WHOLE),
+        metavar="B",
+        help="keep at most B bytes of changelog",
     )
     p.add_argument(
-        "--retention-hours", type=_positive_float, metavar="H", help="drop segments older than H hours"
+        "--retention-hours",
+        type=flag_type(settings.POSITIVE),
+        metavar="H",
+        help="drop segments older than H hours",
     )
     p.add_argument(
         "--give-up",
-        type=_positive_float,
+        type=flag_type(settings.POSITIVE),
         metavar="SECONDS",
         help="how long a live source or node agent that was flowing is reconnected to (default 300)",
     )
-    p.add_argument("--config", metavar="FILE", help="settings as TOML; flags override it")
+    p.add_argument(
+        "--config", metavar="FILE", help="settings as TOML; flags and CSND_* variables override it"
+    )
     g = p.add_argument_group("live sources (defaults for every postgresql:// source)")
     g.add_argument("--slot", help="logical replication slot (pgoutput)")
     g.add_argument("--publication", help="publication the slot streams")
     g.add_argument("--create-slot", action="store_const", const=True, help="create the slot if missing")
-    g.add_argument("--until-lsn", type=_lsn, metavar="LSN", help="end the source at this LSN")
+    g.add_argument(
+        "--until-lsn", type=flag_type(settings.LSN), metavar="LSN", help="end the source at this LSN"
+    )
     g.add_argument("--text", action="store_const", const=True, help="values in text form instead of binary")
     g.add_argument("--mode", choices=("single", "gtm"), help="CSN mode of the nodes (default single)")
 
@@ -132,32 +119,11 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from csnd.service.config import build_config, load_toml
+    from csnd.service.config import serve_config
     from csnd.service.serve import run_serve
 
-    file = load_toml(args.config) if args.config else {}
-    flags = {
-        "changelog": args.changelog,
-        "listen": args.listen,
-        "http": args.http,
-        "decoders": args.decoders,
-        "token_file": args.token_file,
-        "tls_cert": args.tls_cert,
-        "tls_key": args.tls_key,
-        "retention_bytes": args.retention_bytes,
-        "retention_hours": args.retention_hours,
-        "give_up": args.give_up,
-        "verbose": args.verbose,
-        "live": {
-            "slot": args.slot,
-            "publication": args.publication,
-            "create_slot": args.create_slot,
-            "until_lsn": args.until_lsn,
-            "text": args.text,
-            "mode": args.mode,
-        },
-    }
-    config = build_config(file, flags, list(args.sources))
+    flags = {s.key: getattr(args, s.key) for s in SETTINGS}
+    config = serve_config({**flags, "config": args.config, "verbose": args.verbose}, list(args.sources))
     for src in config.sources:
         if not (src.is_live or src.is_agent) and not os.path.exists(src.target):
             raise ConfigError(f"source {src.target!r}: no such file (a live node is postgresql://...)")

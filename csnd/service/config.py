@@ -1,4 +1,4 @@
-"""`csnd serve`'s settings: command-line flags over a TOML file over defaults.
+"""`csnd serve`'s settings: flags over CSND_* variables over a TOML file over defaults.
 
 Each source carries its own live settings (slot, publication, mode,
 until-LSN, ...): several live nodes need their own slot and publication.  On
@@ -9,30 +9,28 @@ csnd takes off before the URL reaches libpq::
 
 and the replay-style flags (`--slot`, `--publication`, `--mode`, ...) give
 the default for every source that does not say.  The TOML file says the same
-with one `[[source]]` table per source (see `docs/service.md`); a flag given on
-the command line overrides the file's value.
+with one `[[source]]` table per source (see `docs/service.md`).  What each
+setting takes, and the `CSND_<KEY>` environment variables for containers,
+are in `csnd.service.settings`.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from csnd.core.errors import ConfigError
-from csnd.core.ids import lsn_from_str
 from csnd.runtime.config import LiveSourceConfig
+from csnd.service.settings import CONFIG_ENV, LIVE_KEYS, check_file, live_values, read_environment
 
 DEFAULT_LISTEN: Final = "127.0.0.1:7070"
+DEFAULT_DECODERS: Final = 2
 # How long a live source that was flowing keeps reconnecting before the service gives up on it.
 DEFAULT_GIVE_UP_S: Final = 300.0
-
-# Query parameters of a postgresql:// source that are csnd's, not libpq's.
-_LIVE_PARAMS: Final = ("slot", "publication", "mode", "until_lsn", "create_slot", "text")
-_TRUE: Final = ("1", "true", "yes", "on")
-_FALSE: Final = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -71,36 +69,11 @@ class ServeConfig:
     spill_bytes: int | None = None  # [spill] bytes: one transaction's memory before it spills
 
 
-def _bool(value: object, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ConfigError(f"{what}: expected true or false, got {value!r}")
-
-
-def _live_from(values: dict[str, Any], base: LiveSourceConfig, where: str) -> LiveSourceConfig:
-    """`base` with the csnd live settings of `values` (from a URL's query or a [[source]] table)."""
-    changes: dict[str, Any] = {}
-    for key, value in values.items():
-        if key == "slot" or key == "publication":
-            changes[key] = str(value)
-        elif key == "mode":
-            if value not in ("single", "gtm"):
-                raise ConfigError(f"{where}: mode must be 'single' or 'gtm', got {value!r}")
-            changes["mode"] = value
-        elif key == "until_lsn":
-            try:
-                changes["until_lsn"] = lsn_from_str(str(value))
-            except ValueError:
-                raise ConfigError(f"{where}: until_lsn {value!r} is not an LSN like 0/16B3748") from None
-        elif key == "create_slot":
-            changes["create_slot"] = _bool(value, f"{where}: create_slot")
-        elif key == "text":
-            changes["binary"] = not _bool(value, f"{where}: text")
+def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceConfig:
+    """`base` with the typed live settings of `values` (`settings.live_values`)."""
+    changes = {k: v for k, v in values.items() if k != "text"}
+    if "text" in values:
+        changes["binary"] = not values["text"]
     return replace(base, **changes)
 
 
@@ -113,20 +86,34 @@ def split_source(spec: str, defaults: LiveSourceConfig) -> ServedSource:
     if not spec.startswith(("postgresql://", "postgres://")):
         return ServedSource(spec, name, defaults)
     url = urlsplit(spec)
-    ours = {k: v for k, v in parse_qsl(url.query, keep_blank_values=True) if k in _LIVE_PARAMS}
-    theirs = [(k, v) for k, v in parse_qsl(url.query, keep_blank_values=True) if k not in _LIVE_PARAMS]
+    ours = {k: v for k, v in parse_qsl(url.query, keep_blank_values=True) if k in LIVE_KEYS}
+    theirs = [(k, v) for k, v in parse_qsl(url.query, keep_blank_values=True) if k not in LIVE_KEYS]
     target = urlunsplit(url._replace(query=urlencode(theirs)))
-    return ServedSource(target, name, _live_from(ours, defaults, f"source {name or target}"))
+    live = live_values(ours, f"source {name or target}", text=True)
+    return ServedSource(target, name, _live_from(live, defaults))
 
 
-def load_toml(path: str) -> dict[str, Any]:
+def load_toml(path: str, what: str = "--config") -> dict[str, Any]:
+    """The TOML file at `path`, named `what` (the flag or variable that gave it) in errors."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except OSError as e:
-        raise ConfigError(f"--config {path}: {e.strerror or e}") from None
+        raise ConfigError(f"{what} {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid TOML: {e}") from None
+        raise ConfigError(f"{what} {path}: not valid TOML: {e}") from None
+
+
+def serve_config(
+    flags: Mapping[str, Any], cli_sources: list[str], environ: Mapping[str, str] | None = None
+) -> ServeConfig:
+    """`csnd serve`'s settings from its flags, the CSND_* variables and the file --config or CSND_CONFIG names."""
+    environ = os.environ if environ is None else environ
+    path, what = flags.get("config"), "--config"
+    if not path:
+        path, what = environ.get(CONFIG_ENV) or None, CONFIG_ENV
+    file = load_toml(path, what) if path else {}
+    return build_config(file, flags, cli_sources, environ=environ, where=f"{what} {path}")
 
 
 _TOP_KEYS: Final = {
@@ -146,35 +133,49 @@ _TOP_KEYS: Final = {
     "spill",
 }
 _SPILL_KEYS: Final = {"dir", "bytes"}
-_SOURCE_KEYS: Final = {"name", "target", *_LIVE_PARAMS}
+_SOURCE_KEYS: Final = {"name", "target", *LIVE_KEYS}
 
 
-def build_config(file: dict[str, Any], flags: dict[str, Any], cli_sources: list[str]) -> ServeConfig:
-    """The service's settings: `flags` (None = not given) over `file` (a parsed TOML) over defaults."""
+def build_config(
+    file: Mapping[str, Any],
+    flags: Mapping[str, Any],
+    cli_sources: list[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    where: str = "--config",
+) -> ServeConfig:
+    """The service's settings: `flags` over the CSND_* variables of `environ` over `file` over defaults.
+
+    `flags`: each setting by its key (`settings.SETTINGS`), as its flag type
+    made it, None when not given.  `environ`: default `os.environ`.  `file`:
+    a parsed TOML, called `where` in errors.
+    """
     unknown = sorted(set(file) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"--config: unknown setting {unknown[0]!r}; known: {', '.join(sorted(_TOP_KEYS))}")
+        raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(_TOP_KEYS))}")
+    file = check_file(file, where)
+    _, env = read_environment(os.environ if environ is None else environ)
+    file_defaults = file.get("defaults", {})
 
-    def pick(key: str, file_key: str | None = None, default: Any = None) -> Any:
-        value = flags.get(key)
-        return value if value is not None else file.get(file_key or key, default)
+    def pick(key: str, default: Any = None, file_layer: Mapping[str, Any] = file) -> Any:
+        for layer in (flags, env, file_layer):
+            value = layer.get(key)
+            if value is not None:
+                return value
+        return default
 
-    defaults = _live_from(dict(file.get("defaults", {})), LiveSourceConfig(), "--config [defaults]")
-    defaults = _live_from(
-        {k: v for k, v in flags.get("live", {}).items() if v is not None}, defaults, "flags"
-    )
+    given = {k: pick(k, file_layer=file_defaults) for k in LIVE_KEYS}
+    defaults = _live_from({k: v for k, v in given.items() if v is not None}, LiveSourceConfig())
     sources: list[ServedSource] = []
     for i, table in enumerate(file.get("source", [])):
-        where = f"--config [[source]] #{i + 1}"
+        at = f"{where}: [[source]] #{i + 1}"
         bad = sorted(set(table) - _SOURCE_KEYS)
         if bad:
-            raise ConfigError(
-                f"{where}: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SOURCE_KEYS))}"
-            )
+            raise ConfigError(f"{at}: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SOURCE_KEYS))}")
         if "target" not in table:
-            raise ConfigError(f"{where}: needs a target (a file, postgresql://... or grpc://...)")
-        src = split_source(str(table["target"]), defaults)
-        live = _live_from({k: v for k, v in table.items() if k in _LIVE_PARAMS}, src.live, where)
+            raise ConfigError(f"{at}: needs a target (a file, postgresql://... or grpc://...)")
+        src = split_source(table["target"], defaults)
+        live = _live_from({k: v for k, v in table.items() if k in LIVE_KEYS}, src.live)
         sources.append(ServedSource(src.target, table.get("name") or src.name, live))
     sources += [split_source(s, defaults) for s in cli_sources]
     if not sources:
@@ -182,28 +183,23 @@ def build_config(file: dict[str, Any], flags: dict[str, Any], cli_sources: list[
     changelog = pick("changelog")
     if not changelog:
         raise ConfigError("--changelog DIR is required (or `changelog = ...` in --config)")
-    decoders = int(pick("decoders", default=2))
-    if decoders < 1:
-        raise ConfigError(f"decoders must be at least 1, got {decoders}")
     cert, key = pick("tls_cert"), pick("tls_key")
     if bool(cert) != bool(key):
         raise ConfigError("TLS needs both --tls-cert and --tls-key")
     dashboard = file.get("dashboard", {})
-    if not isinstance(dashboard, dict):
-        raise ConfigError("--config: [dashboard] must be a table of thresholds")
     spill_dir, spill_bytes = _spill(file.get("spill", {}))
     return ServeConfig(
         sources=tuple(sources),
         changelog=str(changelog),
-        listen=str(pick("listen", default=DEFAULT_LISTEN)),
+        listen=pick("listen", default=DEFAULT_LISTEN),
         http=pick("http"),
-        decoders=decoders,
+        decoders=pick("decoders", default=DEFAULT_DECODERS),
         token_file=pick("token_file"),
         tls_cert=cert,
         tls_key=key,
-        retention_bytes=_opt_int(pick("retention_bytes"), "retention_bytes"),
-        retention_hours=_opt_float(pick("retention_hours"), "retention_hours"),
-        give_up_s=float(pick("give_up", "give_up", DEFAULT_GIVE_UP_S)),
+        retention_bytes=pick("retention_bytes"),
+        retention_hours=pick("retention_hours"),
+        give_up_s=pick("give_up", default=DEFAULT_GIVE_UP_S),
         thresholds=dict(dashboard),
         verbose=bool(flags.get("verbose")),
         spill_dir=spill_dir,
@@ -232,11 +228,3 @@ def _opt_int(value: Any, what: str) -> int | None:
     if int(value) <= 0:
         raise ConfigError(f"{what} must be positive, got {value}")
     return int(value)
-
-
-def _opt_float(value: Any, what: str) -> float | None:
-    if value is None:
-        return None
-    if float(value) <= 0:
-        raise ConfigError(f"{what} must be positive, got {value}")
-    return float(value)
