@@ -21,6 +21,12 @@ slot, database or publication, authentication, a role without REPLICATION,
 a slot of another output plugin, wal_level) fail at once with a
 `SourceError` saying what to do, and so does any failure of the very first
 connection: a wrong host or port is a typo to fix, not an outage to wait out.
+
+Ready.  A new slot streams only what commits after its consistent point,
+which the server reaches once every transaction running when the slot was
+asked for has ended.  A command that tells others it is ready (`csnd serve`,
+`csnd node`) calls `prepare()` first: the slot exists, at that point, before
+anyone can commit something it should capture.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ log = logging.getLogger("csnd.reader.live")
 # confirms WAL sooner (less pile-up on the server); longer costs a few more
 # packets.  Well under the server's wal_sender_timeout (60 s by default).
 STATUS_INTERVAL_S: Final = 5.0
+# A new slot that has not reached its consistent point after this long is
+# waiting for long transactions on the server: say so once (it may take as
+# long as they do; there is no limit, as the server has none).
+SLOT_CREATE_NOTICE_S: Final = 5.0
 # How long the first connection waits for a slot that is still active: the
 # walsender of a run that just ended may take a moment to let go of it.
 # Longer than that, another process is using the slot: an error.
@@ -219,6 +229,32 @@ class LiveSource:
             self._enums = [(int(a), int(b)) for a, b in rows]
         return self._enums
 
+    def prepare(self) -> None:
+        """Check the source and make its slot (`create_slot`) now, in the calling thread.
+
+        Returns once the slot exists at its consistent point: everything
+        committed afterwards will be streamed (see the module docstring).
+        An existing slot costs one connection and one query.  Nothing has
+        started yet, so every failure is a `SourceError` naming the node and
+        the slot, never a retry.  Ctrl-C (or `close()`) while the server
+        waits for the consistent point cancels the creation.
+        """
+        slot = self.options.slot
+        try:
+            pgconn = self._connect()
+            try:
+                self._check_source(pgconn)
+            finally:
+                self._drop_conn()
+        except _Closed:
+            return
+        except (SourceError, psycopg.Error, OSError) as e:
+            text = e.message if isinstance(e, SourceError) else one_line(str(e))
+            if f"slot {slot}" not in text and _quote_ident(slot) not in text:
+                what = "create" if self.options.create_slot else "check"
+                text = f"cannot {what} replication slot {slot}: {text}"
+            raise SourceError(text, node=self.node) from None
+
     def slot_position(self) -> int:
         """Where the slot resumes (its confirmed_flush_lsn), over an ordinary connection."""
         slot = self.options.slot
@@ -315,9 +351,7 @@ class LiveSource:
                     f"replication slot {o.slot} does not exist; pass --create-slot to create it",
                     node=self.node,
                 )
-            self._exec(
-                pgconn, f"CREATE_REPLICATION_SLOT {_quote_ident(o.slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
-            )
+            self._create_slot(pgconn)
             CREATED_SLOTS.append(CreatedSlot(self.node, o.slot, o.conninfo))
             log.info("node %s: created slot %s", self.node, o.slot)
         elif plugin != "pgoutput":
@@ -339,6 +373,42 @@ class LiveSource:
                 "or name the right one with --publication",
                 node=self.node,
             )
+
+    def _create_slot(self, pgconn: pq.abc.PGconn) -> None:
+        """CREATE_REPLICATION_SLOT, which returns once the slot is at its consistent point.
+
+        That waits for the transactions running on the server to end, so the
+        command is sent without blocking: `close()` and signals are noticed
+        meanwhile, and either cancels it (the server then drops the slot
+        being made; a closed socket alone would not stop its wait).
+        """
+        slot = self.options.slot
+        sql = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+        pgconn.send_query(sql.encode())
+        notice_at = time.monotonic() + SLOT_CREATE_NOTICE_S
+        try:
+            while pgconn.is_busy():
+                if self._wait(pgconn, read=True):
+                    self._consume(pgconn)
+                elif notice_at and time.monotonic() >= notice_at:
+                    notice_at = 0.0
+                    log.warning(
+                        "node %s: slot %s waits for the transactions running on the server to end "
+                        "(its consistent point)",
+                        self.node,
+                        slot,
+                    )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                pgconn.get_cancel().cancel()
+            raise
+        res = pgconn.get_result()
+        while pgconn.get_result() is not None:
+            pass
+        if res is None:
+            raise ConnectionLost(f"CREATE_REPLICATION_SLOT {slot} returned no result", node=self.node)
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            raise self._result_error(res, ["CREATE_REPLICATION_SLOT", _quote_ident(slot)])
 
     def _start(self, pgconn: pq.abc.PGconn) -> None:
         o = self.options

@@ -12,7 +12,9 @@ agent restart the window is empty; the pipeline re-reads its source (a file
 from the start, a live slot from its confirmed LSN, which is never past what
 the coordinator wrote) and the producer drops every batch at or before the
 coordinator's position.  A live slot is confirmed only to the LSN the
-coordinator sends in its acknowledgements.  The window itself is pure
+coordinator sends in its acknowledgements; a new one (`--create-slot`) is
+made before the ready line, so that it streams every transaction committed
+after the line (`LiveSource.prepare`).  The window itself is pure
 (`csnd.runtime.window.AckWindow`); this module adds the lock, the waiting
 and the gRPC service around it.
 """
@@ -237,19 +239,21 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     if spec.is_grpc:
         raise ConfigError("csnd node serves one database node or recorded file, not another agent")
     source = open_source(spec, config.live, 0)
-    pipeline = NodePipeline(source, config.decoders)
-    state = AgentState(pipeline, after_batch=after_batch)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
-    pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    health_servicer.set("csnd.v1.NodeAgent", health_pb2.HealthCheckResponse.SERVING)
     try:
-        port = server.add_insecure_port(config.listen)
+        port = server.add_insecure_port(config.listen)  # (first: a taken port makes no slot)
     except RuntimeError as e:
         raise ConfigError(f"cannot listen on {config.listen}: {e}") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
+    if spec.is_live:
+        source.prepare()  # the slot at its consistent point before the ready line
+    pipeline = NodePipeline(source, config.decoders)
+    state = AgentState(pipeline, after_batch=after_batch)
+    pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_servicer.set("csnd.v1.NodeAgent", health_pb2.HealthCheckResponse.SERVING)
     server.start()
     host = config.listen.rsplit(":", 1)[0]
     print(f"csnd node {pipeline.node}: listening on {host}:{port}", file=sys.stderr, flush=True)

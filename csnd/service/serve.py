@@ -8,7 +8,15 @@
 
 The main thread starts the changelog, the gRPC server and the dashboard,
 then runs the pipeline in a thread of its own and waits for it or for a stop
-request.  Consumers only ever read what the changelog has made durable, so
+request.
+
+Ready.  Before the ready line (and before gRPC health says SERVING) every
+live source's slot exists at its consistent point -- created now with
+`create_slot`, checked otherwise (`LiveSource.prepare`) -- so every
+transaction committed after the line is delivered; a new slot would miss
+what commits before that point.  A slot that cannot be made or used is one
+line naming node and slot, exit 1.  Restarts of the pipeline find the slots
+there.  Consumers only ever read what the changelog has made durable, so
 nothing they see can be lost by a crash, and the slots are confirmed only as
 far as that (invariant 7).
 
@@ -142,6 +150,12 @@ class Service:
         ]
         inputs.sort(key=lambda p: p.node)
         return inputs
+
+    def _prepare_slots(self) -> None:
+        """Every live source's slot at its consistent point (created if asked), one node after another."""
+        for i, src in enumerate(self.config.sources):
+            if src.is_live:
+                open_source(SourceSpec(src.name, src.target), src.live, i).prepare()
 
     def _watch(self, inputs: list[NodeInput], runtime: CoordinatorRuntime) -> None:
         for p in inputs:
@@ -301,6 +315,7 @@ class Service:
                 status=self.node_states,
                 subscriptions=subscriptions,
                 directory=os.path.abspath(cfg.changelog),
+                serving=False,
             )
             live = [(s.name or f"dn{i + 1}", s.target, s.live.slot or "") for i, s in enumerate(cfg.sources)]
             check_slots_kept(
@@ -308,6 +323,8 @@ class Service:
                 os.path.abspath(cfg.changelog),
                 self.log.durable_csn,
             )
+            self._prepare_slots()
+            self.feed.set_serving()
             pipeline = threading.Thread(target=self._pipeline, name="csnd-pipeline", daemon=True)
             try:  # (from the ready line on, a stop is the clean one, even at once)
                 self._say(f"csnd serve: listening on {self.feed.address}")

@@ -2,7 +2,8 @@
 
     start_changefeed(log) ─► grpc.server ─┬─ BearerTokenInterceptor (with a token)
                                          ├─ csnd.v1.Changefeed   (ChangefeedServicer)
-                                         ├─ grpc.health.v1.Health (SERVING once started)
+                                         ├─ grpc.health.v1.Health (SERVING once started,
+                                         │   or once `set_serving()` says so)
                                          └─ server reflection
 
 The caller owns the changelog (opens, appends, closes it); this module only
@@ -64,6 +65,11 @@ class RunningServer:
     _health: health.HealthServicer = field(repr=False)
     _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
 
+    def set_serving(self) -> None:
+        """Health says SERVING (a server started with `serving=False` is ready now)."""
+        for service in ("", SERVICE_NAME):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
     def stop(self, grace: float = 5.0) -> None:
         """Ends every stream cleanly, stores the named marks and shuts down (idempotent)."""
         if self._stopped.is_set():
@@ -93,8 +99,13 @@ def start_changefeed(
     subscriptions: SubscriptionStore | None = None,
     settings: FeedSettings | None = None,
     directory: str = "",
+    serving: bool = True,
 ) -> RunningServer:
-    """Serves `changelog` on `listen` (port 0: a free port, in `.port`) until `.stop()`."""
+    """Serves `changelog` on `listen` (port 0: a free port, in `.port`) until `.stop()`.
+
+    `serving=False`: health says NOT_SERVING until `set_serving()` (the
+    service has more to do before it is ready: its new slots).
+    """
     servicer = ChangefeedServicer(
         changelog, subscriptions=subscriptions, status=status, settings=settings, directory=directory
     )
@@ -121,8 +132,11 @@ def start_changefeed(
         raise ConfigError(f"cannot listen on {listen}: {e}") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {listen}: the address is in use or not valid here")
-    server.start()
     for service in ("", SERVICE_NAME):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    server.start()
     host = listen.rsplit(":", 1)[0]
-    return RunningServer(port, f"{host}:{port}", servicer, server, health_servicer)
+    running = RunningServer(port, f"{host}:{port}", servicer, server, health_servicer)
+    if serving:
+        running.set_serving()
+    return running
