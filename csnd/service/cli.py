@@ -17,10 +17,12 @@ health, reflection) on --listen and, with --http, the dashboard, /metrics and
 /api/status. Each live source's slot is confirmed exactly as far as the
 changelog is durable, also while the node is idle.
 
-Ready: prints 'csnd serve: listening on HOST:PORT' (and 'csnd serve:
-dashboard on http://HOST:PORT/'); port 0 picks a free port. Sources that end
-(files, until_lsn) leave it serving what it has. SIGTERM or Ctrl-C: stop
-taking input, make durable, confirm the slots, exit 0. A restart resumes from
+Ready: once every live source's slot exists (--create-slot makes it first)
+it prints 'csnd serve: listening on HOST:PORT' (and 'csnd serve: dashboard on
+http://HOST:PORT/'), and every transaction committed after that line is
+delivered; port 0 picks a free port. Sources that end (files, until_lsn)
+leave it serving what it has. SIGTERM or Ctrl-C: stop taking input, make
+durable, confirm the slots, exit 0. A restart resumes from
 the changelog: nothing lost, nothing twice. A dead decoder or a lost node
 agent restarts the pipeline with backoff (5 failures in 5 minutes: exit 1);
 a protocol error is one line naming node, LSN and xid, exit 1.
