@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from csnd import __version__
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
+from csnd.core.addresses import listen_address
 from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
@@ -51,6 +52,14 @@ def _decoders(text: str) -> int:
     if not 1 <= n <= MAX_DECODERS:
         raise argparse.ArgumentTypeError(f"must be 1 to {MAX_DECODERS} (4 per core), got {n}")
     return n
+
+
+def _listen(text: str) -> str:
+    """--listen as `--http` takes it (csnd.core.addresses): HOST:PORT, PORT 0 to 65535."""
+    try:
+        return listen_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _lsn(text: str) -> str:
@@ -190,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
     p.add_argument(
-        "--listen", required=True, metavar="HOST:PORT", help="address to serve on (port 0: any free port)"
+        "--listen",
+        required=True,
+        type=_listen,
+        metavar="HOST:PORT",
+        help="address to serve on (port 0: any free port; :PORT is 127.0.0.1:PORT)",
     )
     p.add_argument(
         "--decoders",

@@ -98,3 +98,37 @@ def test_the_conversion_raises_a_typed_error(us: int) -> None:
         pg_time_to_iso(us)
     assert pg_time_to_iso(PG_TIME_MAX_US).startswith("9999-12-31T23:59:59.999999")
     assert pg_time_to_iso(PG_TIME_MIN_US).startswith("0001-01-01T00:00:00")
+
+
+@pytest.mark.parametrize(
+    "address", ["localhost", "127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:http", "host:-1"]
+)
+@pytest.mark.parametrize("command", ["serve --listen", "serve --http", "node --listen"])
+def test_listen_addresses_are_checked_as_arguments(
+    small: Path, tmp_path: Path, command: str, address: str
+) -> None:
+    """--listen localhost listened on port 443, :99999 wrapped to 34463 after a gRPC warning."""
+    name, flag = command.split()
+    proc = _csnd(name, str(small), "--changelog", str(tmp_path / "log"), flag, address, "--decoders", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"csnd {name}: error: argument {flag}: expected HOST:PORT with PORT 0 to 65535 "
+        f"(0: any free port), got {address!r}"
+    )
+    assert not (tmp_path / "log").exists()
+
+
+def test_an_empty_listen_host_is_the_loopback(small: Path) -> None:
+    """`--listen :PORT` is 127.0.0.1:PORT, as `--http :PORT` always was (gRPC refused an empty host)."""
+    proc = subprocess.Popen(
+        [*CSND, "node", str(small), "--listen", ":0", "--decoders", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert line.startswith("csnd node dn1: listening on 127.0.0.1:"), line

@@ -60,8 +60,18 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="[NAME=]FILE.pgstream, [NAME=]postgresql://...?slot=S&publication=P, or grpc://HOST:PORT",
     )
     p.add_argument("--changelog", metavar="DIR", help="the changelog directory (created if missing)")
-    p.add_argument("--listen", metavar="HOST:PORT", help="gRPC address (default 127.0.0.1:7070; port 0: any)")
-    p.add_argument("--http", metavar="HOST:PORT", help="serve the dashboard, /metrics and /api/status here")
+    p.add_argument(
+        "--listen",
+        type=flag_type(settings.ADDRESS),
+        metavar="HOST:PORT",
+        help="gRPC address (default 127.0.0.1:7070; port 0: any; :PORT is 127.0.0.1:PORT)",
+    )
+    p.add_argument(
+        "--http",
+        type=flag_type(settings.ADDRESS),
+        metavar="HOST:PORT",
+        help="serve the dashboard, /metrics and /api/status here",
+    )
     p.add_argument(
         "--decoders",
         type=flag_type(settings.WHOLE),

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from csnd.core.addresses import split_host_port
 from csnd.core.errors import ConfigError
 from csnd.service.metrics import registry_for
 
@@ -205,10 +206,10 @@ class DashboardServer:
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--http {listen!r}: expected HOST:PORT (port 0: any free port)")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    try:
+        return split_host_port(listen)
+    except ValueError as e:
+        raise ConfigError(f"--http: {e}") from None
 
 
 def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
