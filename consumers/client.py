@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import socket
 import threading
 import time
 from collections import deque
@@ -81,6 +82,11 @@ CHANNEL_OPTIONS: Final = [
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
+# How long the look at what answers at an unreachable address may take.
+PROBE_TIMEOUT_S: Final = 2.0
+NOTHING_THERE: Final = "nothing accepts connections there"
+_HTTP1_PROBE: Final = b"HEAD / HTTP/1.0\r\n\r\n"
+
 Record = tuple[int, bytes]
 _ACK: Final = object()  # (request queue marker: send the newest acknowledgement)
 _CLOSE: Final = object()
@@ -88,11 +94,45 @@ _CLOSE: Final = object()
 
 def parse_target(target: str) -> str:
     """HOST:PORT (or grpc://HOST:PORT) -> HOST:PORT; ConfigError otherwise."""
+    scheme, sep, _ = target.partition("://")
+    if sep and scheme != "grpc":
+        tls = " (for TLS add --tls-ca)" if scheme == "https" else ""
+        raise ConfigError(
+            f"target {target!r}: csnd does not take {scheme}:// here; give HOST:PORT or grpc://HOST:PORT, "
+            f"the --listen address of csnd serve{tls}"
+        )
     address = target.removeprefix("grpc://").rstrip("/")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"target {target!r} is not HOST:PORT (for example 127.0.0.1:7000)")
     return address
+
+
+def why_unreachable(address: str, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """Why gRPC got no answer at `address`, in words: nothing listens there, or something else does.
+
+    gRPC itself only says "failed to connect" whatever answered, so this
+    opens a plain connection and asks `HEAD /` in HTTP/1.0 (which a gRPC
+    server, HTTP/2 only, does not answer so).  A reply that starts `HTTP/`
+    is an HTTP/1 server, most likely csnd serve's own dashboard (`--http`)
+    given instead of its changefeed (`--listen`).
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+            s.sendall(_HTTP1_PROBE)
+            head = s.recv(16)
+    except OSError:
+        return NOTHING_THERE
+    if head.startswith(b"HTTP/"):
+        return (
+            f"{address} answers HTTP, not csnd's changefeed "
+            "(is this the dashboard port? the changefeed is on the --listen port)"
+        )
+    return (
+        f"something at {address} accepts connections but does not answer as csnd's changefeed "
+        "(a service with TLS? then give its CA certificate)"
+    )
 
 
 def _channel(address: str, tls_ca: str | None) -> grpc.Channel:
@@ -347,7 +387,7 @@ class Changefeed:
             if limit is not None:  # (do not wait past the point of giving up)
                 wait = min(wait, self._lost_at + limit - time.monotonic())
             if not self._reachable(max(wait, 0.05)):
-                self._last_error = "nothing accepts connections there"
+                self._last_error = NOTHING_THERE
                 self._failed()
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
@@ -384,6 +424,10 @@ class Changefeed:
         limit = self.give_up if self._connected_once else self.connect_timeout
         if limit is not None and time.monotonic() - self._lost_at >= limit:
             self.close()
+            if self._last_error == NOTHING_THERE:
+                why = why_unreachable(self.address)
+                if why != NOTHING_THERE:  # (something answers, and it is not the changefeed: say so)
+                    raise ChangefeedUnavailable(why)
             what = "went away and did not come back" if self._connected_once else "does not answer"
             raise ChangefeedUnavailable(
                 f"the changefeed service at {self.address} {what} within {limit:g} s "

@@ -14,6 +14,7 @@ import pytest
 
 from csnd.coordinator.changelog import Changelog
 from csnd.service import RunningServer
+from csnd.service.http import DashboardServer
 from csnd.testing.pgserver import free_port
 from tests.service.feedkit import fill, serve, wait_for
 
@@ -98,6 +99,32 @@ def test_unreachable_target_is_one_line() -> None:
     line = one_error_line(subscribe(f"127.0.0.1:{port}", "--limit", "1"))
     assert f"127.0.0.1:{port} does not answer" in line
     assert "not HOST:PORT" in one_error_line(subscribe("nowhere", "--limit", "1"))
+
+
+@pytest.mark.parametrize("scheme", ["http", "https", "postgresql"])
+def test_a_url_scheme_csnd_does_not_take_says_so(scheme: str) -> None:
+    """`csnd subscribe http://HOST:PORT` said "nothing accepts connections there"."""
+    target = f"{scheme}://127.0.0.1:{free_port()}"
+    line = one_error_line(subscribe(target, "--limit", "1"))
+    assert line.startswith(
+        f"csnd subscribe: error: target {target!r}: csnd does not take {scheme}:// here; "
+        "give HOST:PORT or grpc://HOST:PORT"
+    ), line
+    assert ("--tls-ca" in line) is (scheme == "https") and "nothing accepts connections" not in line
+
+
+def test_the_dashboard_port_is_named_as_such() -> None:
+    """A subscriber pointed at serve's --http port: it answers HTTP, which is not the changefeed."""
+    dashboard = DashboardServer("127.0.0.1:0", lambda: {})
+    dashboard.start()
+    try:
+        line = one_error_line(subscribe(f"127.0.0.1:{dashboard.port}", "--idle-timeout", "1"))
+    finally:
+        dashboard.stop()
+    assert line == (
+        f"csnd subscribe: error: 127.0.0.1:{dashboard.port} answers HTTP, not csnd's changefeed "
+        "(is this the dashboard port? the changefeed is on the --listen port)"
+    )
 
 
 def test_idle_timeout_does_not_hide_a_target_never_reached() -> None:
