@@ -8,7 +8,12 @@ prints a summary on stderr instead.
 
 Opening a changelog takes its lock and cuts a torn tail, as the service does
 at start, so it refuses a directory a running service holds (ask the service
-with `csnd subscribe` or Fetch instead).
+with `csnd subscribe` or Fetch instead).  Opening would also make a LOCK in
+any directory at all, so a directory is first recognised as a changelog by
+its files, without writing: segment files, or (a service that has appended
+nothing yet) only the files a changelog keeps beside them.  Anything else --
+a mistyped path, the wrong volume -- is refused untouched, never reported as
+an empty changelog that is "ok".
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import sys
 from dataclasses import dataclass
 
 from csnd.coordinator.changelog import Changelog
+from csnd.coordinator.changelog.log import LOCK_NAME
+from csnd.coordinator.changelog.record import parse_segment_name, segment_name
+from csnd.coordinator.changelog.subscriptions import FILE_NAME as SUBSCRIPTIONS_NAME
 from csnd.core.errors import ConfigError
 
 
@@ -30,8 +38,7 @@ class ChangelogQuery:
 
 
 def run_changelog(q: ChangelogQuery) -> int:
-    if not os.path.isdir(q.directory):
-        raise ConfigError(f"changelog {q.directory}: no such directory")
+    check_is_changelog(q.directory)
     if q.until_csn is not None and q.until_csn < q.from_csn:
         raise ConfigError(f"--until-csn {q.until_csn} is before --from-csn {q.from_csn}")
     with Changelog(q.directory) as log:
@@ -55,6 +62,26 @@ def run_changelog(q: ChangelogQuery) -> int:
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             _quiet_stdout()
     return 0
+
+
+def check_is_changelog(directory: str) -> None:
+    """ConfigError unless `directory` holds a changelog; reads the directory only, writes nothing."""
+    if not os.path.exists(directory):
+        raise ConfigError(f"{directory}: no such directory")
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{directory}: not a directory")
+    names = os.listdir(directory)
+    if any(parse_segment_name(n) for n in names):
+        return
+    # No segment yet: a changelog a service opened and has appended nothing to holds its lock
+    # (and maybe its subscriptions), nothing else.
+    ours = {LOCK_NAME, SUBSCRIPTIONS_NAME, SUBSCRIPTIONS_NAME + ".tmp"}
+    if LOCK_NAME in names and set(names) <= ours:
+        return
+    raise ConfigError(
+        f"{directory} is not a changelog directory (no segment files like {segment_name(1, 1)}); "
+        "give the directory of csnd serve --changelog"
+    )
 
 
 def _quiet_stdout() -> None:
