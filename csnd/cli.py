@@ -18,6 +18,7 @@ from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
 from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
+from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers
 from csnd.service.cli import add_service_parsers, cmd_changelog, cmd_serve
@@ -213,16 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_live_options(p)
 
-    p = sub.add_parser(
-        "slot",
-        parents=[_VERBOSE],
-        help="list or drop replication slots on a live node",
-        description="csnd slot list URL: the server's replication slots and the WAL each holds. "
-        "csnd slot drop NAME URL: drop an inactive slot (an active one is refused: stop its reader first). "
-        "A slot keeps WAL until it is confirmed or dropped; drop the ones a trial run left behind.",
-    )
-    p.add_argument("action", choices=("list", "drop"))
-    p.add_argument("args", nargs="+", metavar="NAME URL | URL")
+    add_slot_parser(sub, _VERBOSE)
 
     p = sub.add_parser(
         "generate",
@@ -400,20 +392,6 @@ def cmd_node(args: argparse.Namespace) -> int:
     from csnd.runtime.agent import serve
 
     return serve(node_config(args))
-
-
-def cmd_slot(args: argparse.Namespace) -> int:
-    from csnd.reader.slots import drop_slot, list_slots
-
-    want = 1 if args.action == "list" else 2
-    if len(args.args) != want:
-        raise ConfigError("usage: csnd slot list URL | csnd slot drop NAME URL")
-    if args.action == "list":
-        list_slots(args.args[0], sys.stdout)
-    else:
-        drop_slot(*args.args)
-        print(f"dropped slot {args.args[0]}", file=sys.stderr)
-    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -65,5 +65,5 @@ def test_an_active_slot_is_not_dropped(pg: PgDatabase) -> None:
 
 
 def test_slot_usage_errors() -> None:
-    proc = _csnd("slot", "drop", "only-a-name")
-    assert proc.returncode == 1 and "usage: csnd slot list URL | csnd slot drop NAME URL" in proc.stderr
+    proc = _csnd("slot", "drop", "only_a_name")
+    assert proc.returncode == 2 and "usage: csnd slot drop [-h] [-v] NAME URL" in proc.stderr
