@@ -219,20 +219,56 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version", "totals")
+    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version", "totals", "snapshot")
     TIME_US_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CHANGELOG_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     time_us: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     changelog: ChangelogStatus
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStatus]
     version: str
     totals: Totals
-    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ...) -> None: ...
+    snapshot: SnapshotStatus
+    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotStatus, _Mapping]] = ...) -> None: ...
+
+class SnapshotStatus(_message.Message):
+    __slots__ = ("state", "first_csn", "last_csn", "tables")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_CSN_FIELD_NUMBER: _ClassVar[int]
+    LAST_CSN_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    first_csn: int
+    last_csn: int
+    tables: _containers.RepeatedCompositeFieldContainer[SnapshotTableStatus]
+    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ...) -> None: ...
+
+class SnapshotTableStatus(_message.Message):
+    __slots__ = ("node", "schema", "table", "state", "rows", "rows_estimated", "chunks_done", "chunks", "eta_seconds")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    schema: str
+    table: str
+    state: str
+    rows: int
+    rows_estimated: int
+    chunks_done: int
+    chunks: int
+    eta_seconds: float
+    def __init__(self, node: _Optional[str] = ..., schema: _Optional[str] = ..., table: _Optional[str] = ..., state: _Optional[str] = ..., rows: _Optional[int] = ..., rows_estimated: _Optional[int] = ..., chunks_done: _Optional[int] = ..., chunks: _Optional[int] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
 
 class Totals(_message.Message):
     __slots__ = ("transactions", "changes", "skipped", "restarts")

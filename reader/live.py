@@ -65,6 +65,7 @@ from csnd.reader.reconnect import (
     server_hint,
 )
 from csnd.reader.resume import Item, ResumeFilter
+from csnd.reader.shutdown import ShutdownProbe
 
 log = logging.getLogger("csnd.reader.live")
 
@@ -149,6 +150,8 @@ class LiveSource:
         self.reconnects = 0
         self.reconnecting = False  # the connection is down and being re-established (for status)
         self.backoff = Backoff(clock, give_up=options.reconnect_give_up_s)
+        # A stopping server waits for a confirmation we may not give yet: hang up then (reader.shutdown).
+        self.shutdown = ShutdownProbe(options.conninfo)
         self._started = False  # a START_REPLICATION has succeeded: later failures may be transient
         self.on_reconnect: Callable[[int], None] | None = None
         # called just before the final status update, so a sink can make its
@@ -229,7 +232,7 @@ class LiveSource:
             self._enums = [(int(a), int(b)) for a, b in rows]
         return self._enums
 
-    def prepare(self) -> None:
+    def prepare(self, snapshot: str = "never") -> ExportedSnapshot | None:
         """Check the source and make its slot (`create_slot`) now, in the calling thread.
 
         Returns once the slot exists at its consistent point: everything
@@ -238,16 +241,27 @@ class LiveSource:
         started yet, so every failure is a `SourceError` naming the node and
         the slot, never a retry.  Ctrl-C (or `close()`) while the server
         waits for the consistent point cancels the creation.
+
+        `snapshot` (DESIGN section 5, "Initial snapshot"): "initial" makes the
+        slot now, exporting the snapshot of its consistent point, and refuses
+        a slot that exists already (its consistent point is past: no snapshot
+        of it can be had); "when_needed" does so only when the slot does not
+        exist.  The snapshot is valid while the connection that made the slot
+        stays open and idle, so it is returned open: import it elsewhere
+        (`SET TRANSACTION SNAPSHOT`), then `release()` it.
         """
         slot = self.options.slot
         try:
             pgconn = self._connect()
+            exported: ExportedSnapshot | None = None
             try:
-                self._check_source(pgconn)
+                exported = self._check_source(pgconn, snapshot)
             finally:
-                self._drop_conn()
+                if exported is None:
+                    self._drop_conn()
+            return exported
         except _Closed:
-            return
+            return None
         except (SourceError, psycopg.Error, OSError) as e:
             text = e.message if isinstance(e, SourceError) else one_line(str(e))
             if f"slot {slot}" not in text and _quote_ident(slot) not in text:
@@ -321,7 +335,7 @@ class LiveSource:
             return SourceError(text, node=self.node)
         return _Transient(text, node=self.node, sqlstate=state)
 
-    def _check_source(self, pgconn: pq.abc.PGconn) -> None:
+    def _check_source(self, pgconn: pq.abc.PGconn, snapshot: str = "never") -> ExportedSnapshot | None:
         """Before the first START_REPLICATION: wal_level, the slot and the publication, each with what to do.
 
         The server reports a missing publication only when the first change
@@ -345,13 +359,25 @@ class LiveSource:
                 "in postgresql.conf and restart the server",
                 node=self.node,
             )
+        exported: ExportedSnapshot | None = None
+        if plugin and snapshot == "initial":
+            raise SourceError(
+                f"replication slot {o.slot} exists already, but an initial snapshot (snapshot=initial) needs "
+                "the slot made now, with the snapshot of its consistent point: drop it "
+                f"(csnd slot drop {o.slot} URL) and start again with an empty changelog directory, or use "
+                "snapshot=never (stream from the slot) or snapshot=when_needed",
+                node=self.node,
+            )
         if not plugin:
-            if not o.create_slot:
+            export = snapshot in ("initial", "when_needed")
+            if not o.create_slot and not export:
                 raise SourceError(
                     f"replication slot {o.slot} does not exist; pass --create-slot to create it",
                     node=self.node,
                 )
-            self._create_slot(pgconn)
+            if has_pub != "t":  # (before the slot is made: a snapshot needs the publication's tables)
+                raise self._no_publication(db)
+            exported = self._create_slot(pgconn, export=export)
             CREATED_SLOTS.append(CreatedSlot(self.node, o.slot, o.conninfo))
             log.info("node %s: created slot %s", self.node, o.slot)
         elif plugin != "pgoutput":
@@ -367,23 +393,31 @@ class LiveSource:
                 node=self.node,
             )
         if has_pub != "t":
-            raise SourceError(
-                f"publication {o.publication} does not exist in database {db}: create it "
-                f"(CREATE PUBLICATION {_quote_ident(o.publication)} FOR ALL TABLES) "
-                "or name the right one with --publication",
-                node=self.node,
-            )
+            raise self._no_publication(db)
+        return exported
 
-    def _create_slot(self, pgconn: pq.abc.PGconn) -> None:
+    def _no_publication(self, db: str) -> SourceError:
+        o = self.options
+        return SourceError(
+            f"publication {o.publication} does not exist in database {db}: create it "
+            f"(CREATE PUBLICATION {_quote_ident(o.publication)} FOR ALL TABLES) "
+            "or name the right one with --publication",
+            node=self.node,
+        )
+
+    def _create_slot(self, pgconn: pq.abc.PGconn, export: bool = False) -> ExportedSnapshot | None:
         """CREATE_REPLICATION_SLOT, which returns once the slot is at its consistent point.
 
         That waits for the transactions running on the server to end, so the
         command is sent without blocking: `close()` and signals are noticed
         meanwhile, and either cancels it (the server then drops the slot
-        being made; a closed socket alone would not stop its wait).
+        being made; a closed socket alone would not stop its wait).  With
+        `export`, the snapshot of the consistent point is exported and
+        returned, the connection left open (see `prepare`).
         """
         slot = self.options.slot
-        sql = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+        how = "(SNAPSHOT 'export')" if export else "NOEXPORT_SNAPSHOT"
+        sql = f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput {how}"
         pgconn.send_query(sql.encode())
         notice_at = time.monotonic() + SLOT_CREATE_NOTICE_S
         try:
@@ -409,6 +443,13 @@ class LiveSource:
             raise ConnectionLost(f"CREATE_REPLICATION_SLOT {slot} returned no result", node=self.node)
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
             raise self._result_error(res, ["CREATE_REPLICATION_SLOT", _quote_ident(slot)])
+        if not export:
+            return None
+        # (slot_name, consistent_point, snapshot_name, output_plugin)
+        point, name = ((res.get_value(0, i) or b"").decode() for i in (1, 2))
+        if not name:
+            raise SourceError(f"CREATE_REPLICATION_SLOT {slot} exported no snapshot", node=self.node)
+        return ExportedSnapshot(self.node, slot, name, lsn_from_str(point), _now_pg_us(), self._drop_conn)
 
     def _start(self, pgconn: pq.abc.PGconn) -> None:
         o = self.options
@@ -502,6 +543,7 @@ class LiveSource:
                     )
                     if self.on_reconnect:
                         self.on_reconnect(self.confirmed_lsn)
+                self.shutdown.reset()
                 self._start(pgconn)
                 first = False
                 self.reconnecting = False
@@ -579,6 +621,13 @@ class LiveSource:
                     self._consume(pgconn)
                 elif self.on_idle is not None:
                     self.on_idle()
+                if self.shutdown.stopping.is_set():
+                    raise ConnectionLost(
+                        "the server is shutting down and waits for a confirmation that must wait for "
+                        f"durable output (confirmed {lsn_to_str(self.confirmed_lsn)}); hanging up so it can stop",
+                        node=self.node,
+                        lsn=self._received,
+                    )
                 continue
             if nbytes < 0:
                 res = pgconn.get_result()
@@ -608,6 +657,8 @@ class LiveSource:
                 if frame.reply_requested:
                     self._send_status(pgconn, reply=False)
                     last_status = time.monotonic()
+                    if self.confirmed_lsn < self._received:  # (holding the slot back: a shutdown waits on us?)
+                        self.shutdown.maybe_probe()
                 yield frame.wal_end, frame, payload
             else:
                 assert isinstance(frame, XLogData)
@@ -695,6 +746,24 @@ class _Transient(ConnectionLost):
     def __init__(self, message: str, *, node: str | None = None, sqlstate: str | None = None) -> None:
         self.sqlstate = sqlstate
         super().__init__(message, node=node)
+
+
+@dataclass(frozen=True)
+class ExportedSnapshot:
+    """The snapshot a new slot exported at its consistent point (`LiveSource.prepare`).
+
+    Valid while the replication connection that made the slot stays open and
+    idle: other connections import it (`SET TRANSACTION SNAPSHOT 'name'` as the
+    first statement of a REPEATABLE READ transaction), then `release()`
+    closes that connection; their transactions keep the snapshot.
+    """
+
+    node: str
+    slot: str
+    name: str  # what SET TRANSACTION SNAPSHOT takes
+    consistent_lsn: int  # the slot's consistent point: streamed commits start at or after it
+    made_at: int  # when, in microseconds since 2000-01-01 UTC
+    release: Callable[[], None]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ constructor argument is kept in `args` (`__reduce__` below).
     │       └── MalformedMarker  one that does not follow the marker grammar
     ├── SourceError            a live source failed (connection, slot, server)
     │   ├── ConnectionLost     the connection dropped; the reader may reconnect
-    │   └── SlotLost           the slot is gone (dropped, or invalidated): its WAL cannot be read
+    │   ├── SlotLost           the slot is gone (dropped, or invalidated): its WAL cannot be read
+    │   └── SnapshotError      an initial snapshot cannot be taken, or one was cut short
     ├── WorkerError            a decoder worker died or failed
     ├── OutputError            the output could not be written (disk full, I/O error)
     │   └── SpillError         a big transaction's spill file (csnd.sender.txnbuf)
@@ -229,6 +230,29 @@ class SlotLost(SourceError):
     source fails for good (never a silent gap, never a reconnect loop).
     `lsn` is the last position confirmed to the slot.
     """
+
+
+class SnapshotError(SourceError):
+    """An initial snapshot (`csnd.snapshot`) could not be taken or completed, or a changelog holds one cut short.
+
+    Names the node and the table (`table`, "schema.table", when one is
+    concerned) and the LSN of the slot's consistent point.  Never retried: an
+    exported snapshot cannot be imported again once its connection is gone.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str | None = None,
+        lsn: int | None = None,
+        xid: int | None = None,
+        table: str | None = None,
+    ) -> None:
+        self.table = table
+        if table is not None and table not in message:
+            message = f"table {table}: {message}"
+        super().__init__(message, node=node, lsn=lsn, xid=xid)
 
 
 class WorkerError(CsndError):

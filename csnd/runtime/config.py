@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # How long the coordinator keeps trying to reach a node agent that went away.
 AGENT_GIVE_UP_S: Final = 30.0
+# A live source's initial snapshot in `csnd serve` (DESIGN section 5): none (today's
+# behaviour), on the first start, or on the first start when the slot is new.
+SNAPSHOT_MODES: Final = ("never", "initial", "when_needed")
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,14 @@ class LiveSourceConfig:
     mode: Mode = "single"
     # how long a stream that was flowing is reconnected to before the run fails (--give-up)
     give_up_s: float = 300.0
+    # `csnd serve` only: the initial snapshot (DESIGN section 5) -- never, initial or when_needed
+    snapshot: str = "never"
 
     def __post_init__(self) -> None:
         if not is_mode(self.mode):
             raise ConfigError(f"mode: expected {' or '.join(MODES)}, got {self.mode!r}")
+        if self.snapshot not in SNAPSHOT_MODES:
+            raise ConfigError(f"snapshot: expected {', '.join(SNAPSHOT_MODES)}, got {self.snapshot!r}")
         if not self.give_up_s > 0:
             raise ConfigError(f"give_up: expected a number of seconds > 0, got {self.give_up_s!r}")
 

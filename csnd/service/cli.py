@@ -29,7 +29,7 @@ a protocol error is one line naming node, LSN and xid, exit 1.
 
 Per-source live settings ride on the URL:
   dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
-(parameters slot, publication, mode, until_lsn, create_slot, text); the
+(parameters slot, publication, mode, until_lsn, create_slot, text, snapshot); the
 --slot/--publication/... flags are the default for every source. --config
 FILE holds the same settings as TOML (docs/service.md).
 """
@@ -113,6 +113,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     )
     g.add_argument("--text", action="store_const", const=True, help="values in text form instead of binary")
     g.add_argument("--mode", choices=("single", "gtm"), help="CSN mode of the nodes (default single)")
+    g.add_argument(
+        "--snapshot",
+        choices=("initial", "never", "when_needed"),
+        help="initial: on the first start (empty changelog) make the slot with an exported snapshot and "
+        "write the published tables into the changelog as reads before the first streamed transaction; "
+        "when_needed: the same, only when the slot does not exist yet; never (default): stream only",
+    )
 
     p = sub.add_parser(
         "changelog",

@@ -67,6 +67,9 @@ class ServeConfig:
     verbose: bool = False
     spill_dir: str | None = None  # [spill] dir: big transactions' spill files (None: the temp directory)
     spill_bytes: int | None = None  # [spill] bytes: one transaction's memory before it spills
+    # [snapshot] chunk_rows, readers: an initial snapshot's tunables (None: csnd.snapshot's defaults)
+    snapshot_chunk_rows: int | None = None
+    snapshot_readers: int | None = None
 
 
 def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceConfig:
@@ -131,8 +134,10 @@ _TOP_KEYS: Final = {
     "dashboard",
     "defaults",
     "spill",
+    "snapshot",
 }
 _SPILL_KEYS: Final = {"dir", "bytes"}
+_SNAPSHOT_KEYS: Final = {"chunk_rows", "readers"}
 _SOURCE_KEYS: Final = {"name", "target", *LIVE_KEYS}
 
 
@@ -188,6 +193,12 @@ def build_config(
         raise ConfigError("TLS needs both --tls-cert and --tls-key")
     dashboard = file.get("dashboard", {})
     spill_dir, spill_bytes = _spill(file.get("spill", {}))
+    snapshot = file.get("snapshot", {})
+    bad = sorted(set(snapshot) - _SNAPSHOT_KEYS)
+    if bad:
+        raise ConfigError(
+            f"{where}: [snapshot]: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SNAPSHOT_KEYS))}"
+        )
     return ServeConfig(
         sources=tuple(sources),
         changelog=str(changelog),
@@ -204,6 +215,8 @@ def build_config(
         verbose=bool(flags.get("verbose")),
         spill_dir=spill_dir,
         spill_bytes=spill_bytes,
+        snapshot_chunk_rows=snapshot.get("chunk_rows"),
+        snapshot_readers=snapshot.get("readers"),
     )
 
 

@@ -51,9 +51,10 @@ from typing import Any, Final, TextIO
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
-from csnd.core.errors import ConnectionLost, CsndError, WorkerError
+from csnd.core.errors import ConnectionLost, CsndError, SnapshotError, WorkerError
 from csnd.core.ids import Csn
 from csnd.core.tokens import read_token_file
+from csnd.proto import csnd_pb2 as pb
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.sources import SourceSpec, check_nodes, open_source
@@ -63,6 +64,7 @@ from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
 from csnd.service.sink import ChangelogSink
 from csnd.service.status import NodeState
+from csnd.snapshot import SnapshotProgress, snapshot_state
 
 log = logging.getLogger("csnd.serve")
 
@@ -114,6 +116,8 @@ class Service:
         self._done = threading.Event()  # the pipeline thread has finished (ended, failed or stopped)
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
+        self.snapshot_progress = SnapshotProgress()
+        self._snapshot: Any = None  # the initial snapshot to take first (csnd.snapshot.run.SnapshotRun)
 
     # --- setup --------------------------------------------------------------------------
 
@@ -152,10 +156,83 @@ class Service:
         return inputs
 
     def _prepare_slots(self) -> None:
-        """Every live source's slot at its consistent point (created if asked), one node after another."""
-        for i, src in enumerate(self.config.sources):
-            if src.is_live:
-                open_source(SourceSpec(src.name, src.target), src.live, i).prepare()
+        """Every live source's slot at its consistent point (created if asked), one node after another.
+
+        On a first start (an empty changelog) a source with `snapshot`
+        initial or when_needed gets its slot made with an exported snapshot,
+        which its snapshot readers import before the exporting connection is
+        let go (`csnd.snapshot`); the copy itself runs first thing in the
+        pipeline thread, after the ready line.
+        """
+        from csnd.snapshot.copier import NodeSnapshot, SnapshotSettings
+        from csnd.snapshot.run import SnapshotNode, SnapshotRun
+
+        assert self.log is not None
+        cfg = self.config
+        defaults = SnapshotSettings()
+        settings = SnapshotSettings(
+            cfg.snapshot_chunk_rows or defaults.chunk_rows, cfg.snapshot_readers or defaults.readers
+        )
+        first_start = self.log.newest_csn == 0
+        nodes: list[SnapshotNode] = []
+        try:
+            for i, src in enumerate(cfg.sources):
+                if not src.is_live:
+                    continue
+                source = open_source(SourceSpec(src.name, src.target), src.live, i)
+                wanted = src.live.snapshot if first_start else "never"
+                enums = source.enum_types() if wanted != "never" and source.binary else []
+                exported = source.prepare(wanted)
+                if exported is None:
+                    continue
+                try:
+                    reader = NodeSnapshot(
+                        source.node,
+                        source.options.conninfo,
+                        source.options.publication,
+                        exported.consistent_lsn,
+                        binary=source.binary,
+                        enums=enums,
+                        settings=settings,
+                    )
+                    reader.open(exported.name)
+                finally:
+                    exported.release()  # (the readers' transactions hold the snapshot from here on)
+                nodes.append(SnapshotNode(reader, source.mode, exported.made_at))
+        except BaseException:
+            for n in nodes:
+                n.reader.close()
+            raise
+        if nodes:
+            self._snapshot = SnapshotRun(nodes, self.snapshot_progress)
+
+    def _check_snapshot(self) -> None:
+        """A changelog whose newest record is a chunk of an initial snapshot was cut short: refuse it.
+
+        The exported snapshot died with the connection that made the slot, so
+        the rest of it cannot be read, and the slot's stream starts after it:
+        the only way on is a new slot and an empty changelog (DESIGN section 5).
+        """
+        assert self.log is not None
+        state = snapshot_state(_newest_record(self.log))
+        if state.state != "incomplete":
+            return
+        m = state.marker or {}
+        directory = os.path.abspath(self.config.changelog)
+        slots = ", ".join(
+            f"{s.live.slot} (csnd slot drop {s.live.slot} {_safe_target(s)})"
+            for s in self.config.sources
+            if s.is_live and s.live.slot
+        )
+        raise SnapshotError(
+            f"changelog {directory} holds an initial snapshot cut short (its newest record, csn {state.csn}, "
+            f"is chunk {m.get('chunk')} of {m.get('chunks')}, and no completion record follows): a snapshot "
+            "cannot be resumed, since it was exported by the connection that made the slot; start over: "
+            f"stop the consumers, empty {directory}, drop the slot{'s' if ',' in slots else ''} "
+            f"{slots or 'of the source'} and start the service again",
+            node=m.get("node") if isinstance(m.get("node"), str) else None,
+            table=f"{m.get('schema')}.{m.get('table')}" if m.get("table") else None,
+        )
 
     def _watch(self, inputs: list[NodeInput], runtime: CoordinatorRuntime) -> None:
         for p in inputs:
@@ -204,6 +281,14 @@ class Service:
         response.totals.changes = totals["changes"]
         response.totals.skipped = totals["skipped"]
         response.totals.restarts = totals["restarts"]
+        progress = self.snapshot_progress
+        if progress.state:
+            response.snapshot.state = progress.state
+            response.snapshot.first_csn = progress.first_csn
+            response.snapshot.last_csn = progress.last_csn
+            response.snapshot.tables.extend(
+                pb.SnapshotTableStatus(**dataclasses.asdict(t)) for t in progress.tables()
+            )
         document: dict[str, Any] = json_format.MessageToDict(
             response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )
@@ -217,6 +302,20 @@ class Service:
         failures: deque[float] = deque()
         backoff = RESTART_FIRST_S
         try:
+            snapshot = self._snapshot
+            if snapshot is not None:
+                try:
+                    end = snapshot.run(self.log)
+                except SnapshotError:
+                    if not self._stop.is_set():
+                        raise
+                    log.warning(
+                        "stopped in the middle of the initial snapshot: the changelog holds part of it, "
+                        "and the next start refuses it (empty the changelog directory and drop the slots)"
+                    )
+                    return
+                self._snapshot = None
+                log.info("initial snapshot complete: csn %d to %d", self.snapshot_progress.first_csn, end)
             while not self._stop.is_set():
                 try:
                     self._run_once()
@@ -260,8 +359,13 @@ class Service:
         log_ = self.log
         log_.sync()  # (what an earlier run appended is durable before anyone resumes after it)
         resume = log_.durable_csn
+        snapshot_csn = 0
+        if snapshot_state(_newest_record(log_)).state == "complete":
+            # Nothing streamed is held yet: the senders drop nothing, and the sink
+            # fails on a CSN the snapshot's records took (csnd.service.sink).
+            resume, snapshot_csn = 0, log_.durable_csn
         inputs = self._open_sources(resume)
-        sink = ChangelogSink(log_)
+        sink = ChangelogSink(log_, snapshot_csn=snapshot_csn)
         runtime = CoordinatorRuntime(inputs, sink, confirm_interval_s=DURABLE_INTERVAL_S, durable_always=True)
         with self._lock:
             if self.sink is not None and self.runtime is not None:
@@ -323,6 +427,7 @@ class Service:
                 os.path.abspath(cfg.changelog),
                 self.log.durable_csn,
             )
+            self._check_snapshot()
             self._prepare_slots()
             self.feed.set_serving()
             pipeline = threading.Thread(target=self._pipeline, name="csnd-pipeline", daemon=True)
@@ -361,6 +466,9 @@ class Service:
     def stop(self) -> None:
         """Stop taking input (any thread); `run()` then makes durable, confirms and returns 0."""
         self._stop.set()
+        snapshot = self._snapshot
+        if snapshot is not None:
+            snapshot.stop()
         runtime = self.runtime
         if runtime is not None:
             runtime.request_stop()
@@ -387,6 +495,14 @@ class Service:
             with contextlib.suppress(CsndError, OSError):
                 self.log.sync()
             self.log.close()
+
+
+def _newest_record(changelog: Changelog) -> tuple[int, bytes] | None:
+    """The changelog's newest durable record (csn, line), or None when it is empty."""
+    newest = changelog.durable_csn
+    if newest == 0:
+        return None
+    return next(iter(changelog.read(newest - 1)), None)
 
 
 def _pending_of(runtime: CoordinatorRuntime, node: str) -> Callable[[], int]:

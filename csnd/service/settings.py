@@ -33,6 +33,7 @@ from csnd.core import addresses
 from csnd.core.errors import ConfigError, UsageError
 from csnd.core.ids import lsn_from_str
 from csnd.core.modes import Mode, is_mode
+from csnd.runtime.config import SNAPSHOT_MODES
 
 # The variable naming the config file (--config).
 CONFIG_ENV: Final = "CSND_CONFIG"
@@ -131,6 +132,12 @@ def _mode(value: object) -> Mode:
     return value
 
 
+def _snapshot(value: object) -> str:
+    if value not in SNAPSHOT_MODES:
+        raise ValueError(value)
+    return str(value)
+
+
 def _lsn(value: object) -> int:
     if not isinstance(value, str):
         raise ValueError(value)
@@ -145,6 +152,7 @@ ADDRESS: Final = Kind(addresses.EXPECTED, _address)
 BOOLEAN: Final = Kind("true or false", _boolean)
 MODE: Final = Kind("single or gtm", _mode)
 LSN: Final = Kind("an LSN like 0/16B3748", _lsn)
+SNAPSHOT: Final = Kind("initial, never or when_needed", _snapshot)
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,7 @@ SETTINGS: Final = (
     Setting("until_lsn", LSN, "LSN", live=True),
     Setting("text", BOOLEAN, "true|false", live=True),
     Setting("mode", MODE, "single|gtm", live=True),
+    Setting("snapshot", SNAPSHOT, "WHEN", live=True),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
 # The live settings: a source URL's query parameters that are csnd's, not libpq's.
@@ -283,6 +292,14 @@ def check_file(file: Mapping[str, Any], where: str) -> dict[str, Any]:
             if key in table:
                 table[key] = _toml(kind, table[key], f"{where}: [spill]: {key}")
         typed["spill"] = table
+    if "snapshot" in file:
+        table = dict(
+            _table(file["snapshot"], f"{where}: snapshot", "a table ([snapshot]: chunk_rows, readers)")
+        )
+        for key in ("chunk_rows", "readers"):
+            if key in table:
+                table[key] = _toml(WHOLE, table[key], f"{where}: [snapshot]: {key}")
+        typed["snapshot"] = table
     return typed
 
 

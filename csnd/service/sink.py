@@ -21,6 +21,10 @@ and the senders drop what the changelog already holds (`resume_csn`).  The
 sink is the last guard: a transaction at or below the changelog's newest CSN
 at start is counted and skipped, never appended twice; one below what this
 run appended is a bug upstream and fails loudly (the changelog refuses it).
+Right after an initial snapshot, when the changelog holds nothing streamed
+yet, one at or below the snapshot's CSNs is no repeat but a collision with
+them (a GTM counter below the snapshot's size): a `SnapshotError`, never a
+silent skip.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from typing import Final
 
 from csnd.coordinator.changelog import Changelog
+from csnd.core.errors import SnapshotError
 
 # How often retention runs (from the sync thread, after a sync).
 RETENTION_INTERVAL_S: Final = 30.0
@@ -45,9 +50,13 @@ class ChangelogSink:
     done in the caller's thread.
     """
 
-    def __init__(self, log: Changelog, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, log: Changelog, *, snapshot_csn: int = 0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`snapshot_csn`: the changelog ends with a completed initial snapshot's record at this CSN."""
         self.log = log
         self.held_csn = log.newest_csn  # what the changelog held when this run started
+        self.snapshot_csn = snapshot_csn
         self.transactions = 0  # appended by this run
         self.bytes_out = 0
         self.skipped = 0  # re-sent after a restart and already held
@@ -72,6 +81,16 @@ class ChangelogSink:
         parts.append(tail)
         self._parts = []
         if csn <= self.held_csn:
+            if csn <= self.snapshot_csn and self.transactions == 0:
+                # Nothing streamed is held yet: this is no re-sent transaction but one the
+                # snapshot's reserved CSNs collide with (DESIGN section 5, "Initial snapshot").
+                raise SnapshotError(
+                    f"a transaction streamed after the initial snapshot has csn {csn}, at or below the "
+                    f"snapshot's last csn {self.snapshot_csn} (its records take the csns from 1 below the "
+                    "first streamed one): the GTM's counter must be above them; advance it, or take the "
+                    "snapshot in fewer chunks ([snapshot] chunk_rows), and start again with an empty "
+                    "changelog directory and new slots"
+                )
             self.skipped += 1
             return
         line = "".join(parts).encode("utf-8")

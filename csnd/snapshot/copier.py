@@ -1,0 +1,309 @@
+"""Reading an exported snapshot: connections that import it, the catalog, the chunks, in parallel.
+
+    LiveSource.prepare(snapshot=...) ── ExportedSnapshot (the slot's replication connection, held open)
+            │
+            ▼  NodeSnapshot.open(): 1 planner + READERS copier connections, each
+            │  BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '...'
+            ▼  then ExportedSnapshot.release(): the transactions keep the snapshot
+    planner: pg_publication_tables ─► TableInfo ─► chunk bounds ─► chunk queue ─┐
+    copier threads: COPY chunk ─► copyrows ─► RelationCache + row_change_body ─►│─► done queue ─► SnapshotRun
+                                                                                     (the service appends
+                                                                                      each chunk, csnd.snapshot.run)
+
+Every connection sees the database exactly as of the slot's consistent
+point: what committed before it is in the snapshot, what commits after it is
+streamed by the slot.  The planner plans one table at a time and hands its
+chunks on at once, so copying starts with the first table.  The copiers
+render rows with the stream's own decoder (`csnd.snapshot.copyrows`), so a
+read's values are a streamed insert's.
+
+Errors name the node, the table and the consistent point's LSN; a failed
+query ends the snapshot (`SnapshotError`), since a snapshot cannot be
+imported again once the exporting connection is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from csnd.core.errors import CsndError, SnapshotError
+from csnd.core.ids import Lsn
+from csnd.reader.reconnect import one_line
+from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
+from csnd.snapshot.lines import read_body
+from csnd.snapshot.plan import (
+    CHUNK_ROWS,
+    FIRST_NON_BUILTIN_OID,
+    Chunk,
+    ColumnInfo,
+    TableInfo,
+    TypeInfo,
+    boundaries_sql,
+    chunk_copy_sql,
+    chunks_of,
+)
+
+log = logging.getLogger("csnd.snapshot")
+
+# Copier connections per node, each with a thread.  More read and render
+# chunks in parallel (the server scans in parallel; rendering runs in Python
+# threads, so beyond ~3 the GIL is the limit), each is one more connection
+# and one more chunk in memory.  bench/snapshot.py measures it.
+READERS: Final = 3
+
+
+@dataclass(frozen=True)
+class SnapshotSettings:
+    """The tunables of a snapshot (`[snapshot]` in the service's config file)."""
+
+    chunk_rows: int = CHUNK_ROWS
+    readers: int = READERS
+
+
+@dataclass
+class ChunkResult:
+    chunk: Chunk
+    node: str
+    bodies: list[str]
+
+
+_TABLES_SQL: Final = """
+SELECT c.oid::int8, pt.schemaname::text, pt.tablename::text, c.relreplident::text, c.relkind::text,
+       greatest(c.reltuples, 0)::int8, pt.attnames::text[], pt.rowfilter
+FROM pg_publication_tables AS pt
+JOIN pg_namespace AS n ON n.nspname = pt.schemaname
+JOIN pg_class AS c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = %s
+ORDER BY pt.schemaname, pt.tablename
+"""
+
+_COLUMNS_SQL: Final = """
+SELECT a.attname::text, a.atttypid::int8, a.atttypmod, format_type(a.atttypid, a.atttypmod),
+       CASE c.relreplident
+         WHEN 'f' THEN true
+         WHEN 'd' THEN coalesce(a.attnum = ANY ((SELECT i.indkey FROM pg_index AS i
+                                                WHERE i.indrelid = c.oid AND i.indisprimary)::int2[]), false)
+         WHEN 'i' THEN coalesce(a.attnum = ANY ((SELECT i.indkey FROM pg_index AS i
+                                                WHERE i.indrelid = c.oid AND i.indisreplident)::int2[]), false)
+         ELSE false END
+FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+_KEY_SQL: Final = """
+SELECT a.attname::text
+FROM pg_index AS i, unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, pos), pg_attribute AS a
+WHERE i.indrelid = %s AND i.indisprimary AND a.attrelid = i.indrelid AND a.attnum = k.attnum
+ORDER BY k.pos
+"""
+
+# pgoutput's Type message names the base type of a domain (getBaseType), with its namespace.
+_BASE_TYPE_SQL: Final = """
+WITH RECURSIVE chain(oid, base, depth) AS (
+    SELECT t.oid, t.oid, 0 FROM pg_type AS t WHERE t.oid = %s
+  UNION ALL
+    SELECT chain.oid, t.typbasetype, chain.depth + 1
+    FROM chain JOIN pg_type AS t ON t.oid = chain.base WHERE t.typtype = 'd'
+)
+SELECT n.nspname::text, t.typname::text
+FROM chain JOIN pg_type AS t ON t.oid = chain.base JOIN pg_namespace AS n ON n.oid = t.typnamespace
+ORDER BY chain.depth DESC LIMIT 1
+"""
+
+
+class NodeSnapshot:
+    """One node's snapshot: its importing connections, its plan and its copier threads."""
+
+    def __init__(
+        self,
+        node: str,
+        conninfo: str,
+        publication: str,
+        consistent_lsn: int,
+        *,
+        binary: bool,
+        enums: list[tuple[int, int]],
+        settings: SnapshotSettings | None = None,
+    ) -> None:
+        self.node = node
+        self.conninfo = conninfo
+        self.publication = publication
+        self.consistent_lsn = consistent_lsn
+        self.binary = binary
+        self.enums = enums
+        self.settings = settings or SnapshotSettings()
+        self._conns: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._chunks: queue.Queue[Chunk | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self.tables: list[TableInfo] = []
+        # called (in a copier thread) as a chunk's COPY begins: progress counts the table's time from there
+        self.on_chunk_start: Callable[[Chunk], None] | None = None
+
+    def _error(self, message: str, table: str | None = None) -> SnapshotError:
+        return SnapshotError(message, node=self.node, lsn=self.consistent_lsn, table=table)
+
+    # --- while the export is alive ------------------------------------------------------
+
+    def open(self, snapshot_name: str) -> None:
+        """Connections that import `snapshot_name`: call while the exporting connection is open and idle."""
+        try:
+            for _ in range(1 + max(1, self.settings.readers)):
+                conn = psycopg.connect(self.conninfo, autocommit=False)
+                self._conns.append(conn)
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                conn.read_only = True
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        except psycopg.Error as e:
+            self.close()
+            raise self._error(
+                f"cannot import the slot's exported snapshot {snapshot_name}: {one_line(str(e))}"
+            ) from None
+
+    def close(self) -> None:
+        self._stop.set()
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.cancel_safe(timeout=2.0)  # (a copier blocked in a query ends now)
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._conns = []
+
+    # --- planning (the planner connection) ----------------------------------------------
+
+    def plan_tables(self) -> list[TableInfo]:
+        """The publication's tables, as of the snapshot (one query each for columns, key and types)."""
+        conn = self._conns[0]
+        try:
+            rows = conn.execute(_TABLES_SQL, (self.publication,)).fetchall()
+            tables = []
+            for relid, schema, name, replident, relkind, reltuples, attnames, rowfilter in rows:
+                published = set(attnames or [])
+                columns = tuple(
+                    ColumnInfo(str(n), int(oid), int(mod), str(sqltype), bool(ident))
+                    for n, oid, mod, sqltype, ident in conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
+                    if not published or n in published
+                )
+                key = tuple(str(r[0]) for r in conn.execute(_KEY_SQL, (relid,)).fetchall())
+                if not {c.name for c in columns}.issuperset(key):
+                    key = ()  # (a column list without the whole key: the table is one chunk)
+                types = []
+                for oid in sorted({c.type_oid for c in columns if c.type_oid >= FIRST_NON_BUILTIN_OID}):
+                    base = conn.execute(_BASE_TYPE_SQL, (oid,)).fetchone()
+                    if base is not None:
+                        types.append(TypeInfo(oid, str(base[0]), str(base[1])))
+                tables.append(
+                    TableInfo(
+                        int(relid),
+                        str(schema),
+                        str(name),
+                        str(replident),
+                        columns,
+                        key,
+                        str(rowfilter) if rowfilter else None,
+                        int(reltuples),
+                        relkind == "p",
+                        tuple(types),
+                    )
+                )
+        except psycopg.Error as e:
+            raise self._error(
+                f"cannot list the tables of publication {self.publication}: {one_line(str(e))}"
+            ) from None
+        self.tables = tables
+        return tables
+
+    def chunks(self, table: TableInfo) -> list[Chunk]:
+        """The table's chunks: one pass over its key inside the snapshot finds their bounds."""
+        if not table.key:
+            return chunks_of(table, [])
+        try:
+            bounds = self._conns[0].execute(boundaries_sql(table, self.settings.chunk_rows)).fetchall()
+        except psycopg.Error as e:
+            raise self._error(f"cannot cut it into key ranges: {one_line(str(e))}", table.label) from None
+        return chunks_of(table, [tuple(str(v) for v in b) for b in bounds])
+
+    # --- copying (one thread per copier connection) --------------------------------------
+
+    def start(self, done: Callable[[ChunkResult | BaseException], None]) -> None:
+        """Copier threads, reading the chunks `feed` gives until `feed(None)`; each result goes to `done`."""
+        for i, conn in enumerate(self._conns[1:]):
+            t = threading.Thread(
+                target=self._copier, args=(conn, done), name=f"csnd-snapshot-{self.node}-{i + 1}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
+    def feed(self, chunk: Chunk | None) -> None:
+        """A chunk for the copiers; None: no more (each copier ends once the queue is empty)."""
+        if chunk is None:
+            for _ in self._threads:
+                self._chunks.put(None)
+        else:
+            self._chunks.put(chunk)
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+
+    def _copier(
+        self, conn: psycopg.Connection[tuple[Any, ...]], done: Callable[[ChunkResult | BaseException], None]
+    ) -> None:
+        from csnd.decoder.rows import RelationCache
+
+        cache = RelationCache(binary=self.binary)
+        for oid, array in self.enums:
+            cache.declare_enum(oid, array)
+        known: set[int] = set()
+        while True:
+            chunk = self._chunks.get()
+            if chunk is None or self._stop.is_set():
+                return
+            try:
+                if chunk.table.relid not in known:
+                    for msg in chunk.table.relation_messages():
+                        cache.apply(msg, self.consistent_lsn)
+                    known.add(chunk.table.relid)
+                if self.on_chunk_start is not None:
+                    self.on_chunk_start(chunk)
+                done(ChunkResult(chunk, self.node, self._copy(conn, chunk, cache)))
+            except BaseException as e:  # noqa: BLE001 - handed to the run, which ends the snapshot
+                if isinstance(e, CsndError) and not isinstance(e, SnapshotError):
+                    e = self._error(e.message, chunk.table.label)
+                done(e)
+                return
+
+    def _copy(self, conn: psycopg.Connection[tuple[Any, ...]], chunk: Chunk, cache: Any) -> list[str]:
+        from csnd.decoder.rows import row_change_body
+
+        t = chunk.table
+        parser = BinaryCopyRows() if self.binary else TextCopyRows()
+        lsn = Lsn(self.consistent_lsn)
+        relid, binary = t.relid, self.binary
+        bodies: list[str] = []
+        append = bodies.append
+        try:
+            with conn.cursor() as cur, cur.copy(chunk_copy_sql(chunk, self.binary)) as copy:
+                for data in copy:
+                    if self._stop.is_set():
+                        raise self._error("stopped", t.label)
+                    for row in parser.feed(data):
+                        append(read_body(row_change_body("I", None, relid, row, lsn, cache, binary)))
+            parser.finish()
+        except psycopg.Error as e:
+            raise self._error(
+                f"cannot read chunk {chunk.index} of {chunk.count}: {one_line(str(e))}", t.label
+            ) from None
+        except CopyFormatError as e:
+            raise self._error(f"chunk {chunk.index} of {chunk.count}: {e}", t.label) from None
+        return bodies

@@ -1,0 +1,168 @@
+"""What an initial snapshot reads: the published tables, cut into key-range chunks, as SQL.
+
+    pg_publication_tables ─► TableInfo (columns, identity key flags, chunk key, row filter)
+                                 │  one pass over the chunk key: every CHUNK_ROWS-th key
+                                 ▼
+                             Chunk (table, i of n, (lo, hi] key range) ─► chunk_copy_sql
+
+A chunk is a half-open range of the table's primary key, `lo < key <= hi`
+(the first open below, the last open above), so the chunks of a table cover
+it exactly once whatever the key's values; a table without a primary key is
+one chunk.  The boundaries come from one ordered pass over the key (an
+index-only scan where the index allows it) inside the exported snapshot, so
+they are the snapshot's own keys.  Key values travel as their text with a
+cast to the column's type (COPY takes no parameters).
+
+The Relation (and Type) messages a table's rows are rendered with are made
+here as pgoutput would send them (`relation_messages`), so the decoder's
+`RelationCache` resolves each column exactly as it does for the stream.
+
+Pure: the queries are built here and run by `csnd.snapshot.copier`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from csnd.reader.pgoutput import Column, Relation, TypeMsg
+
+# Rows per chunk (one changelog transaction each).  Larger chunks mean fewer
+# queries and records, but more memory per chunk in flight (its rendered
+# rows are held until it is appended: ~300 bytes a narrow row, so 10,000 rows
+# is a few MB) and a coarser progress figure.  bench/snapshot.py measures it.
+CHUNK_ROWS: Final = 10_000
+
+# pgoutput sends a Type message for the column types from here on (FirstGenbkiObjectId).
+FIRST_NON_BUILTIN_OID: Final = 10_000
+PG_CATALOG: Final = "pg_catalog"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    """A SQL string literal of `text`, whatever standard_conforming_strings says."""
+    body = text.replace("'", "''")
+    if "\\" in body:
+        return "E'" + body.replace("\\", "\\\\") + "'"
+    return "'" + body + "'"
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    type_oid: int
+    typmod: int
+    type_sql: str  # format_type(atttypid, atttypmod): the type as SQL writes it
+    identity: bool  # part of the replica identity (pgoutput's key flag)
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    """A column type pgoutput announces with a Type message: the base type's namespace and name."""
+
+    type_oid: int
+    base_namespace: str
+    base_name: str
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    relid: int
+    schema: str
+    name: str
+    replident: str  # 'd', 'n', 'f' or 'i', as pg_class.relreplident
+    columns: tuple[ColumnInfo, ...]
+    key: tuple[str, ...]  # primary-key columns, in key order; () : no key, one chunk
+    row_filter: str | None = None  # the publication's row filter (pg_publication_tables.rowfilter)
+    estimated_rows: int = 0  # pg_class.reltuples, for progress (0: unknown)
+    partitioned: bool = False  # a partitioned table (publish_via_partition_root): read with its partitions
+    types: tuple[TypeInfo, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """`schema.table` as status and errors name it."""
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def sql_name(self) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+    def key_sql(self) -> str:
+        return ", ".join(quote_ident(k) for k in self.key)
+
+    def key_types(self) -> list[str]:
+        by_name = {c.name: c.type_sql for c in self.columns}
+        return [by_name[k] for k in self.key]
+
+    def relation_messages(self) -> list[Relation | TypeMsg]:
+        """The Type messages and the Relation message pgoutput sends for this table, in that order."""
+        msgs: list[Relation | TypeMsg] = []
+        for t in self.types:
+            namespace = "" if t.base_namespace == PG_CATALOG else t.base_namespace
+            msgs.append(TypeMsg(None, t.type_oid, namespace, t.base_name))
+        cols = tuple(Column(1 if c.identity else 0, c.name, c.type_oid, c.typmod) for c in self.columns)
+        msgs.append(Relation(None, self.relid, self.schema, self.name, self.replident, cols))
+        return msgs
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows `lo < key <= hi` of a table (None: unbounded on that side); chunk `index` of `count`, from 1."""
+
+    table: TableInfo
+    index: int
+    count: int
+    lo: tuple[str, ...] | None
+    hi: tuple[str, ...] | None
+
+
+def boundaries_sql(table: TableInfo, chunk_rows: int = CHUNK_ROWS) -> str:
+    """Every `chunk_rows`-th key of the table in key order, each column as text: the chunks' upper bounds."""
+    key = table.key_sql()
+    texts = ", ".join(f"{quote_ident(k)}::text" for k in table.key)
+    where = f" WHERE ({table.row_filter})" if table.row_filter else ""
+    return (
+        f"SELECT {texts} FROM (SELECT {key}, row_number() OVER (ORDER BY {key}) AS csnd_n "
+        f"FROM {_from(table)}{where}) AS k WHERE csnd_n % {int(chunk_rows)} = 0 ORDER BY csnd_n"
+    )
+
+
+def chunks_of(table: TableInfo, bounds: list[tuple[str, ...]]) -> list[Chunk]:
+    """The chunks of `table` given the upper bounds `boundaries_sql` found (none: one chunk)."""
+    if not table.key:
+        return [Chunk(table, 1, 1, None, None)]
+    edges: list[tuple[str, ...] | None] = [None, *bounds, None]
+    count = len(edges) - 1
+    return [Chunk(table, i + 1, count, edges[i], edges[i + 1]) for i in range(count)]
+
+
+def chunk_copy_sql(chunk: Chunk, binary: bool) -> str:
+    """The COPY that reads one chunk: binary (the send formats) or text (the output functions)."""
+    t = chunk.table
+    cols = ", ".join(quote_ident(c.name) for c in t.columns)
+    conds: list[str] = []
+    if t.key:
+        key = f"({t.key_sql()})"
+        types = t.key_types()
+        if chunk.lo is not None:
+            conds.append(f"{key} > ({_values(chunk.lo, types)})")
+        if chunk.hi is not None:
+            conds.append(f"{key} <= ({_values(chunk.hi, types)})")
+    if t.row_filter:
+        conds.append(f"({t.row_filter})")
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    order = f" ORDER BY {t.key_sql()}" if t.key else ""
+    fmt = " (FORMAT binary)" if binary else ""
+    return f"COPY (SELECT {cols} FROM {_from(t)}{where}{order}) TO STDOUT{fmt}"
+
+
+def _from(table: TableInfo) -> str:
+    # ONLY: a table's inheritance children are published (and streamed) as tables of their own
+    return table.sql_name if table.partitioned else f"ONLY {table.sql_name}"
+
+
+def _values(texts: tuple[str, ...], types: list[str]) -> str:
+    return ", ".join(f"{quote_literal(v)}::{t}" for v, t in zip(texts, types, strict=True))

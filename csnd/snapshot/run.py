@@ -1,0 +1,170 @@
+"""One initial snapshot, from the exported snapshots to the completion record in the changelog.
+
+    NodeSnapshot (per node) ── planner thread: tables ─► chunks ─► copier threads ─┐
+                                                                                   ▼ done queue (bounded)
+    SnapshotRun.run (the service's pipeline thread): csn 1, 2, ... ─► Changelog.append + sync per chunk
+                                                      then the completion record ─► sync
+
+CSNs (DESIGN section 5, "Initial snapshot"): the snapshot's records take
+CSNs 1, 2, ... in the order their chunks finish, the completion record the
+next one.  Every streamed transaction's CSN must be above them:
+
+- single mode: a CSN is a commit LSN, and every streamed commit starts at or
+  after the slot's consistent point, so the snapshot must stay below it --
+  it does by some millions (a consistent point is never below the first WAL
+  segment's end); a snapshot that would reach it is refused;
+- GTM mode: the GTM's counter is checked when the stream starts -- a
+  streamed transaction at or below the completion record's CSN ends the
+  service with one line (`csnd.service.sink`), never a silent skip.
+
+A chunk record is made durable before the next is appended, so a crash
+leaves a prefix of whole chunks and no completion record: the next start
+sees it (`lines.snapshot_state`) and refuses.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from csnd.core.errors import SnapshotError
+from csnd.snapshot.copier import ChunkResult, NodeSnapshot
+from csnd.snapshot.lines import chunk_line, done_line
+from csnd.snapshot.progress import SnapshotProgress
+
+if TYPE_CHECKING:
+    from csnd.coordinator.changelog import Changelog
+
+# How often a waiting step looks at the stop flag.
+POLL_S: Final = 0.5
+# Finished chunks waiting to be appended, per copier: a bound on the rendered
+# rows held in memory (each chunk up to CHUNK_ROWS rows).
+RESULTS_PER_READER: Final = 2
+
+
+@dataclass
+class SnapshotNode:
+    """One node to snapshot: its readers and what its exported snapshot said."""
+
+    reader: NodeSnapshot
+    mode: str  # "single" or "gtm"
+    made_at: int  # when the slot was made (µs since 2000-01-01): the records' commit_time
+
+
+class SnapshotRun:
+    """Copies every node's snapshot into the changelog; `run()` returns the completion record's CSN."""
+
+    def __init__(self, nodes: Sequence[SnapshotNode], progress: SnapshotProgress) -> None:
+        self.nodes = list(nodes)
+        self.progress = progress
+        self._stop = threading.Event()
+        size = max(1, sum(n.reader.settings.readers for n in self.nodes)) * RESULTS_PER_READER
+        self._results: queue.Queue[ChunkResult | BaseException | tuple[str, int]] = queue.Queue(size)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for n in self.nodes:
+            n.reader.close()
+
+    def _put(self, item: ChunkResult | BaseException | tuple[str, int]) -> None:
+        while not self._stop.is_set():
+            try:
+                self._results.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    def _plan(self, node: SnapshotNode) -> None:
+        """The node's planner thread: each table's chunks to the copiers as soon as it is cut."""
+        reader = node.reader
+        planned = 0
+        try:
+            for table in reader.plan_tables():
+                chunks = reader.chunks(table)
+                self.progress.add_table(
+                    reader.node, table.schema, table.name, table.estimated_rows, len(chunks)
+                )
+                for c in chunks:
+                    reader.feed(c)
+                planned += len(chunks)
+            self._put((reader.node, planned))  # (this node's chunk count: its planning is over)
+        except BaseException as e:  # noqa: BLE001 - ends the run in its thread
+            self._put(e)
+        finally:
+            reader.feed(None)
+
+    def run(self, log: Changelog) -> int:
+        progress = self.progress
+        progress.state = "running"
+        lsns = {n.reader.node: n.reader.consistent_lsn for n in self.nodes}
+        by_node = {n.reader.node: n for n in self.nodes}
+        limit = min((n.reader.consistent_lsn for n in self.nodes if n.mode == "single"), default=None)
+        next_csn = log.newest_csn + 1
+        progress.first_csn = next_csn
+        planned: dict[str, int] = {}
+        appended = rows = 0
+        try:
+            for n in self.nodes:
+                n.reader.on_chunk_start = lambda c, node=n.reader.node: progress.chunk_started(
+                    node, c.table.schema, c.table.name
+                )
+                n.reader.start(self._put)
+                threading.Thread(
+                    target=self._plan, args=(n,), name=f"csnd-snapshot-plan-{n.reader.node}", daemon=True
+                ).start()
+            while len(planned) < len(self.nodes) or appended < sum(planned.values()):
+                try:
+                    item = self._results.get(timeout=POLL_S)
+                except queue.Empty:
+                    if self._stop.is_set():
+                        raise SnapshotError("stopped before it was complete") from None
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, tuple):
+                    planned[item[0]] = item[1]
+                    continue
+                chunk, node = item.chunk, by_node[item.node]
+                if limit is not None and next_csn >= limit:
+                    raise SnapshotError(
+                        f"the snapshot needs csn {next_csn}, which is not below the slot's consistent point "
+                        "(the first csn the stream may use in single mode); use fewer, larger chunks "
+                        "([snapshot] chunk_rows)",
+                        node=item.node,
+                        lsn=limit,
+                    )
+                t = chunk.table
+                marker = {
+                    "node": item.node,
+                    "schema": t.schema,
+                    "table": t.name,
+                    "chunk": chunk.index,
+                    "chunks": chunk.count,
+                    "rows": len(item.bodies),
+                }
+                line = chunk_line(next_csn, item.node, lsns[item.node], node.made_at, item.bodies, marker)
+                log.append(next_csn, line.encode("utf-8"))
+                log.sync()
+                progress.chunk_done(item.node, t.schema, t.name, len(item.bodies))
+                progress.last_csn = next_csn
+                next_csn += 1
+                appended += 1
+                rows += len(item.bodies)
+            for n in self.nodes:
+                n.reader.join()
+            tables = sum(len(n.reader.tables) for n in self.nodes)
+            made_at = max(n.made_at for n in self.nodes)
+            marker = {"nodes": sorted(lsns), "tables": tables, "rows": rows, "first_csn": progress.first_csn}
+            log.append(next_csn, done_line(next_csn, lsns, made_at, marker).encode("utf-8"))
+            log.sync()
+            progress.last_csn = next_csn
+            progress.state = "complete"
+            return next_csn
+        except BaseException:
+            progress.state = "failed"
+            raise
+        finally:
+            self.stop()
