@@ -127,7 +127,7 @@ def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
     """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
 
     (A row change's tuple, `(lsn, kind, xid, relid, data)`, and a run of raw
-    change frames', `(lsn, "F", xid, in_stream, blob)`, are built inline on
+    change frames', `(lsn, "F", xid, (in_stream, head), blob)`, are built inline on
     the reader's hot path; `decoder.worker.decode_batch` reads all three.)
     """
     if isinstance(msg, Truncate):
@@ -268,7 +268,7 @@ class DecoderPool:
                         run_xid = msg.xid
                     if cls is ChangeFrames:
                         run_lsns += msg.lsns
-                        wire((lsn, "F", msg.xid, msg.in_stream, msg.blob))
+                        wire((lsn, "F", msg.xid, (msg.in_stream, msg.head), msg.blob))
                         pending += len(msg.lsns)
                         pending_bytes += len(msg.blob)
                     else:

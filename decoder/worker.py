@@ -37,8 +37,8 @@ def decode_batch(batch: list[tuple[Any, ...]], cache: RelationCache, binary: boo
     out: list[Any] = []
     append = out.append
     for lsn, kind, xid, a, b in batch:
-        if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is in_stream
-            for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, a):
+        if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is (in_stream, head)
+            for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, *a):
                 append(row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary))
         elif kind == "T":
             append([r.body for r in decode_change(Truncate(xid, a, b), lsn, cache, binary)])

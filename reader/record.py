@@ -83,6 +83,8 @@ class Continuation:
     filter: ResumeFilter
     frames: int
     cut: int  # bytes of a torn last frame cut off (0: none)
+    version: int  # the file's format, which appended frames keep
+    crc: int  # its last whole frame's CRC (format 2), which the next frame's continues
 
 
 def scan_recording(path: str, header: StreamHeader, slot_lsn: int) -> Continuation:
@@ -116,7 +118,7 @@ def scan_recording(path: str, header: StreamHeader, slot_lsn: int) -> Continuati
                     item = (frame.data_start, parser.parse(frame.payload), payload)
                 filt.feed(item)
                 durable = durable_after(item[0], item[1], filt.open_transactions, durable)
-                end = offset + 4 + len(payload)
+                end = offset + reader.frame_head + len(payload)
                 frames += 1
                 if frames % _PRUNE_FRAMES == 0:
                     filt.confirmed(slot_lsn)
@@ -136,7 +138,7 @@ def scan_recording(path: str, header: StreamHeader, slot_lsn: int) -> Continuati
             "will not be sent again: record to a new file"
         )
     filt.confirmed(slot_lsn)
-    return Continuation(end, durable, filt, frames, cut)
+    return Continuation(end, durable, filt, frames, cut, reader.version, reader.crc)
 
 
 @dataclass
@@ -164,6 +166,7 @@ def record(
     txns = 0
     durable_candidate = source.confirmed_lsn
     append_at = 0
+    chain: dict[str, int] = {}  # (appending: the file's format and CRC chain)
     first: list[Item] = []
     if how == "append" and is_regular(path) and os.path.exists(path):
         slot_lsn = source.slot_position()
@@ -174,9 +177,10 @@ def record(
                 f"{cont.end}) from {path}\n"
             )
         append_at, durable_candidate = cont.end, max(durable_candidate, cont.durable)
+        chain = {"version": cont.version, "crc": cont.crc}
         source.filter = cont.filter
         first = cont.filter.reconnected(slot_lsn)  # (a Stream Stop the file needs first)
-    with StreamWriter(path, header, how, append_at) as writer:
+    with StreamWriter(path, header, how, append_at, **chain) as writer:
         for _lsn, _msg, payload in first:
             writer.write_frame(payload)
 

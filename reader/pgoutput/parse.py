@@ -231,49 +231,62 @@ class ChangeFrames:
 
     What a recorded file's reader hands the decoder pool in place of one
     `Change` per frame: `blob` is the frames exactly as stored (`uint32
-    length | XLogData payload`, each an Insert, Update or Delete), one slice
-    of the file's buffer, so the serial reader thread only finds where the
-    run starts and ends and the decoder workers parse the frames
-    (`iter_change_frames`).  `lsns` are the frames' dataStarts; `xid` is as
-    in `Change` (the subtransaction inside a stream block, else None), and
-    `in_stream` says which of the two change layouts the frames have.
+    length | XLogData payload` in a format-1 file, `uint32 length | uint32
+    crc | XLogData payload` in a format-2 one: `head` is 4 or 8, the bytes
+    before each payload), each an Insert, Update or Delete, one slice of the
+    file's buffer, so the serial reader thread only finds where the run
+    starts and ends (and checks each frame's CRC) and the decoder workers
+    parse the frames (`iter_change_frames`).  `lsns` are the frames'
+    dataStarts; `xid` is as in `Change` (the subtransaction inside a stream
+    block, else None), and `in_stream` says which of the two change layouts
+    the frames have.
     """
 
-    __slots__ = ("blob", "in_stream", "xid", "lsns")
+    __slots__ = ("blob", "in_stream", "xid", "lsns", "head")
     tag = "changes"
 
-    def __init__(self, blob: bytes, in_stream: bool, xid: Xid | None, lsns: list[Lsn]) -> None:
+    def __init__(self, blob: bytes, in_stream: bool, xid: Xid | None, lsns: list[Lsn], head: int = 4) -> None:
         self.blob = blob
         self.in_stream = in_stream
         self.xid = xid
         self.lsns = lsns
+        self.head = head
 
     def __repr__(self) -> str:
         return f"ChangeFrames(n={len(self.lsns)}, xid={self.xid}, in_stream={self.in_stream})"
 
 
-# A change as `ChangeFrames.blob` holds it: the frame's length and 'w' before
-# the XLogData layouts above.  The head (through the tag) is what the reader
-# checks; the full layouts are what the workers unpack.
+# A change as `ChangeFrames.blob` holds it: the frame's length (and, with an
+# 8-byte head, its CRC) and 'w' before the XLogData layouts above.  The head
+# (through the tag) is what the reader checks; the full layouts are what the
+# workers unpack.
 FRAMED_CHANGE_HEAD: Final = struct.Struct("!IBQ16xB")  # walEnd and sendTime skipped: no ints made for them
 assert FRAMED_CHANGE_HEAD.size == struct.calcsize("!IB" + _PLAIN_CHANGE.format[1:-1])
-_FRAMED_STREAM_CHANGE: Final = struct.Struct("!IB" + _STREAM_CHANGE.format[1:])
-_FRAMED_PLAIN_CHANGE: Final = struct.Struct("!IB" + _PLAIN_CHANGE.format[1:])
+# (in_stream, head) -> the layout of a whole framed change up to its tuple data
+_FRAMED_CHANGES: Final = {
+    (in_stream, head): struct.Struct(
+        f"!I{head - 4}xB" + (_STREAM_CHANGE if in_stream else _PLAIN_CHANGE).format[1:]
+    )
+    for in_stream in (False, True)
+    for head in (4, 8)
+}
 
 
-def iter_change_frames(blob: bytes, in_stream: bool) -> Iterator[tuple[Lsn, str, Xid | None, int, bytes]]:
+def iter_change_frames(
+    blob: bytes, in_stream: bool, head: int = 4
+) -> Iterator[tuple[Lsn, str, Xid | None, int, bytes]]:
     """`(dataStart, kind, xid, relid, tuple data)` of each frame of a `ChangeFrames.blob`.
 
-    The reader checked each frame's length and tag before it put the frame
-    in the run, so this only unpacks: length, 'w', dataStart, walEnd,
-    sendTime, tag, [xid,] relid.
+    The reader checked each frame's length, tag and CRC before it put the
+    frame in the run, so this only unpacks: length, [crc,] 'w', dataStart,
+    walEnd, sendTime, tag, [xid,] relid.
     """
-    layout = _FRAMED_STREAM_CHANGE if in_stream else _FRAMED_PLAIN_CHANGE
+    layout = _FRAMED_CHANGES[in_stream, head]
     unpack, data_at = layout.unpack_from, layout.size
     pos, end = 0, len(blob)
     while pos < end:
         fields = unpack(blob, pos)
-        nxt = pos + 4 + fields[0]
+        nxt = pos + head + fields[0]
         xid = fields[6] if in_stream else None
         yield fields[2], _CHANGE_KINDS[fields[5]], xid, fields[-1], blob[pos + data_at : nxt]
         pos = nxt
