@@ -132,12 +132,20 @@ class StreamHeader:
             raise StreamFormatError(
                 f"header is not valid UTF-8 JSON: {e}", path=path, offset=len(MAGIC)
             ) from None
+        except RecursionError:  # (arrays nested thousands deep: the json module recurses)
+            raise StreamFormatError(
+                "header is JSON nested too deep to be a header", path=path, offset=len(MAGIC)
+            ) from None
         if not isinstance(doc, dict):
             raise StreamFormatError("header is not a JSON object", path=path, offset=len(MAGIC))
         node, mode = doc.pop("node", None), doc.pop("mode", "single")
         proto, binary = doc.pop("proto_version", 2), doc.pop("binary", True)
         if not isinstance(node, str) or not node:
             raise StreamFormatError('header has no "node" name', path=path, offset=len(MAGIC))
+        if not node.isprintable():  # (a control character, or a lone surrogate UTF-8 cannot write)
+            raise StreamFormatError(
+                f'header "node" {node[:40]!r} is not printable text', path=path, offset=len(MAGIC)
+            )
         if mode not in MODES:
             raise StreamFormatError(f'header "mode" is {mode!r}, expected "gtm" or "single"', path=path)
         if proto != 2:

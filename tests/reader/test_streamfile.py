@@ -123,6 +123,9 @@ def test_bad_magic(tmp_path: Path) -> None:
         (b'{"mode": "gtm"}', 'no "node"'),
         (b'{"node": "a", "mode": "weird"}', '"mode" is'),
         (b'{"node": "a", "proto_version": 3}', "protocol version 3"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deep"),  # (was a RecursionError)
+        (b'{"node": "d\\ud800"}', "not printable"),  # (was a UnicodeEncodeError writing the output)
+        (b'{"node": "d\\n1"}', "not printable"),
     ],
 )
 @pytest.mark.parametrize("version", [1, 2])
