@@ -39,6 +39,10 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_subscribers": "Connected changefeed consumers.",
     "csnd_subscriber_lag_transactions": "Durable transactions after the consumer's acknowledged CSN.",
     "csnd_subscriber_acknowledged_csn": "The consumer's acknowledged CSN.",
+    "csnd_snapshot_rows": "Rows of the table the initial snapshot has appended to the changelog.",
+    "csnd_snapshot_rows_estimated": "Rows the table is estimated to hold (pg_class.reltuples, raised to what was read).",
+    "csnd_snapshot_chunks_remaining": "Key-range chunks of the table not yet in the changelog.",
+    "csnd_snapshot_eta_seconds": "Seconds the table's copy is estimated to take still (-1: unknown, 0: done).",
 }
 
 
@@ -133,6 +137,22 @@ class StatusCollector(Collector):
             acked.add_metric([label], _int(c, "acknowledged_csn"))
         yield lag_tx
         yield acked
+
+        # The initial snapshot (DESIGN section 5), a gauge per table while this run takes one.
+        tables = s.get("snapshot", {}).get("tables", [])
+        per_table = {
+            "csnd_snapshot_rows": lambda t: _int(t, "rows"),
+            "csnd_snapshot_rows_estimated": lambda t: _int(t, "rows_estimated"),
+            "csnd_snapshot_chunks_remaining": lambda t: _int(t, "chunks") - _int(t, "chunks_done"),
+            "csnd_snapshot_eta_seconds": lambda t: float(t.get("eta_seconds", 0.0)),
+        }
+        for name, value in per_table.items():
+            g = GaugeMetricFamily(name, METRICS[name], labels=["node", "table"])
+            for t in tables:
+                g.add_metric(
+                    [str(t.get("node", "")), f"{t.get('schema', '')}.{t.get('table', '')}"], value(t)
+                )
+            yield g
 
 
 def registry_for(status: Callable[[], Mapping[str, Any]]) -> CollectorRegistry:

@@ -44,6 +44,24 @@ def _status(transactions: int = 10, dn2_state: str = "streaming") -> dict[str, A
             "fsync_seconds_total": 0.75,
             "last_fsync_seconds": 0.125,
         },
+        "snapshot": {
+            "state": "running",
+            "first_csn": "1",
+            "last_csn": "3",
+            "tables": [
+                {
+                    "node": "dn1",
+                    "schema": "public",
+                    "table": "acct",
+                    "state": "copying",
+                    "rows": "20000",
+                    "rows_estimated": "50000",
+                    "chunks_done": 2,
+                    "chunks": 5,
+                    "eta_seconds": 3.5,
+                }
+            ],
+        },
         "consumers": [
             {
                 "peer": "127.0.0.1:5555",
@@ -105,6 +123,11 @@ def test_metrics_expose_every_documented_name_with_the_status_values(served: Any
     assert samples[("csnd_changelog_last_fsync_seconds", ())] == 0.125
     assert samples[("csnd_subscribers", ())] == 1  # the named subscription "cache" is not connected
     assert samples[("csnd_subscriber_lag_transactions", (("subscriber", "cache"),))] == 96
+    acct = (("node", "dn1"), ("table", "public.acct"))
+    assert samples[("csnd_snapshot_rows", acct)] == 20000
+    assert samples[("csnd_snapshot_rows_estimated", acct)] == 50000
+    assert samples[("csnd_snapshot_chunks_remaining", acct)] == 3
+    assert samples[("csnd_snapshot_eta_seconds", acct)] == 3.5
 
 
 def test_api_status_is_the_status_snapshot(served: Any) -> None:
@@ -169,6 +192,7 @@ def test_dashboard_colours_nodes_and_consumers_by_the_thresholds(served: Any) ->
     assert _rows(dom, "node") == {"dn1": "ok", "dn2": "ok"}
     assert _rows(dom, "consumer") == {"lake": "ok", "cache": "ok"}
     assert "0/165EC15" in dom  # LSNs as PostgreSQL writes them
+    assert 'data-table="public.acct"' in dom and "2 / 5" in dom  # the initial snapshot's progress
 
     holder["status"] = _status(dn2_state="failed")
     holder["status"]["consumers"][1]["lag_transactions"] = "200000"

@@ -224,9 +224,12 @@ def test_killed_mid_snapshot_refuses_then_a_clean_redo_equals_the_table(
     source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&snapshot=initial&text=true"
     log_dir = str(tmp_path / "log")
     blocker = psycopg.connect(pg.dsn)
-    blocker.execute("LOCK TABLE loose IN ACCESS EXCLUSIVE MODE")  # (no xid: the slot is made all the same)
     try:
         served = start_serve([source], log_dir, "--config", str(config))
+        # The snapshot starts after the dashboard line; loose (no key: one chunk, planned without a
+        # query) is copied after acct's 7 chunks. (Not before start: an ACCESS EXCLUSIVE lock takes
+        # an xid, and the slot's consistent point would wait for it.)
+        blocker.execute("LOCK TABLE loose IN ACCESS EXCLUSIVE MODE")
         wait_for(
             lambda: any(
                 t["table"] == "acct" and t["state"] == "done"

@@ -101,6 +101,27 @@ function renderConsumers(consumers) {
   return overall;
 }
 
+function renderSnapshot(snapshot) {
+  // The initial snapshot's tables (--snapshot), shown only while a service run takes one.
+  const section = document.getElementById("snapshot-section");
+  section.hidden = !(snapshot && snapshot.state);
+  if (section.hidden) return;
+  document.getElementById("snapshot-state").textContent =
+    snapshot.state + " (CSN " + fmt(snapshot.first_csn) + " to " + fmt(snapshot.last_csn) + ")";
+  const body = document.querySelector("#snapshot tbody");
+  body.replaceChildren();
+  for (const t of snapshot.tables || []) {
+    const tr = document.createElement("tr");
+    tr.dataset.table = t.schema + "." + t.table;
+    const eta = num(t.eta_seconds);
+    tr.append(
+      cell(t.node), cell(t.schema + "." + t.table), cell(t.state || ""), cell(fmt(t.rows)), cell(fmt(t.rows_estimated)),
+      cell(fmt(t.chunks_done) + " / " + fmt(t.chunks)), cell(t.state === "done" ? "–" : eta >= 0 ? eta.toFixed(0) + " s" : "?"),
+    );
+    body.append(tr);
+  }
+}
+
 function rate(key) {
   if (samples.length < 2) return 0;
   const a = samples[Math.max(0, samples.length - 6)], b = samples[samples.length - 1];
@@ -143,6 +164,7 @@ function render(status) {
   });
   if (samples.length > MAX_SAMPLES) samples.shift();
   const overall = worse(renderNodes(nodes), renderConsumers(consumers));
+  renderSnapshot(status.snapshot);
   const badge = document.getElementById("overall");
   badge.className = "badge " + overall;
   badge.textContent = { ok: "all flowing", warn: "attention", bad: "action needed" }[overall];
