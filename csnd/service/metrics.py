@@ -140,7 +140,7 @@ class StatusCollector(Collector):
 
         # The initial snapshot (DESIGN section 5), a gauge per table while this run takes one.
         tables = s.get("snapshot", {}).get("tables", [])
-        per_table = {
+        per_table: dict[str, Callable[[Mapping[str, Any]], float]] = {
             "csnd_snapshot_rows": lambda t: _int(t, "rows"),
             "csnd_snapshot_rows_estimated": lambda t: _int(t, "rows_estimated"),
             "csnd_snapshot_chunks_remaining": lambda t: _int(t, "chunks") - _int(t, "chunks_done"),
