@@ -30,7 +30,8 @@ from csnd.reader.pgoutput import Column, Relation, TypeMsg
 # Rows per chunk (one changelog transaction each).  Larger chunks mean fewer
 # queries and records, but more memory per chunk in flight (its rendered
 # rows are held until it is appended: ~300 bytes a narrow row, so 10,000 rows
-# is a few MB) and a coarser progress figure.  bench/snapshot.py measures it.
+# is a few MB) and a coarser progress figure.  bench/snapshot_bench.py: 2,000
+# rows a chunk copied 36,000 rows/s, 10,000 and 50,000 about 42,500 (one reader).
 CHUNK_ROWS: Final = 10_000
 
 # pgoutput sends a Type message for the column types from here on (FirstGenbkiObjectId).
