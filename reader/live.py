@@ -657,7 +657,8 @@ class LiveSource:
                 if frame.reply_requested:
                     self._send_status(pgconn, reply=False)
                     last_status = time.monotonic()
-                    if self.confirmed_lsn < self._received:  # (holding the slot back: a shutdown waits on us?)
+                    # Holding the slot back: is a shutdown waiting on us?
+                    if self.confirmed_lsn < self._received:
                         self.shutdown.maybe_probe()
                 yield frame.wal_end, frame, payload
             else:
