@@ -1,4 +1,4 @@
-"""Changelog benchmarks (issue 17: the changelog's append rate with its fsync policy).
+"""Changelog benchmarks (the changelog's append rate with its fsync policy).
 
 * append rate of 1 KiB and 200-byte records, group-committed (one sync() for
   every 1 ms worth of appended records, as `csnd serve` syncs what piled up

@@ -8,8 +8,8 @@ same rows, flattened, are written once to a Parquet file.  Each round runs
 two streaming queries with Trigger.AvailableNow into the same foreachBatch
 (every column materialised by Spark's `noop` writer): one from the `csnd`
 source, one from the Parquet file (file source, same schema).  Rounds
-alternate the order; the ratio is best against best in this run (goal in
-issue 19: at least 0.75).  A third query in each round reads the same rows
+alternate the order; the ratio is best against best in this run (the goal
+is at least 0.75).  A third query in each round reads the same rows
 through the same Python data source machinery as the `csnd` source (a
 planner process, CSN-range partitions read by Python workers, Arrow batches
 to the JVM) but from the Parquet file, already columnar: the ceiling of a

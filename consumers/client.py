@@ -1,7 +1,7 @@
 """A Python client of the changefeed: transactions in CSN order, acknowledgements, reconnects.
 
     feed = Changefeed("host:7000", name="billing", tables=["public.acct"], token=...)
-    for csn, line in feed:          # line: the DESIGN section 7 JSON line (bytes)
+    for csn, line in feed:          # line: the docs/design.md section 7 JSON line (bytes)
         process(line)
         feed.ack(csn)               # named: the service stores it; a restart continues after it
     feed.close()

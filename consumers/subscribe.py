@@ -1,4 +1,4 @@
-"""`csnd subscribe HOST:PORT ...`: the changefeed as JSON lines on stdout (DESIGN section 8).
+"""`csnd subscribe HOST:PORT ...`: the changefeed as JSON lines on stdout (docs/design.md section 8).
 
 Each transaction's section 7 line is printed, and acknowledged once it is
 flushed to stdout -- never before, so a named subscription's stored mark
@@ -32,7 +32,7 @@ def add_subscribe_parser(sub: Any) -> None:
         "subscribe",
         help="print a csnd service's transactions as JSON lines, acknowledging them",
         description="Subscribe to the changefeed of a running `csnd serve` and print the transaction "
-        "JSON lines (DESIGN section 7) of every transaction with csn > X in CSN order, acknowledging "
+        "JSON lines (docs/design.md section 7) of every transaction with csn > X in CSN order, acknowledging "
         "each once it is written. Exit 0 after N transactions, after S seconds with nothing new, or "
         "when stdout is closed; without --limit and --idle-timeout it runs until Ctrl-C (exit 130). "
         "If the service goes away it reconnects with backoff and continues exactly after the last "

@@ -1,4 +1,4 @@
-"""coordinator: the global, CSN-ordered merge of the node streams (DESIGN section 4, seed 002 3.6).
+"""coordinator: the global, CSN-ordered merge of the node streams (docs/design.md section 4).
 
     node pipeline dn1 ─ NodeBatch, watermark, end ─┐
     node pipeline dn2 ─ NodeBatch, watermark, end ─┼─► CsnMerge ─► TxnStart, TxnPart..., TxnEnd
@@ -13,7 +13,7 @@ have no common commit order before anything starts.
     batch       NodeBatch (node -> merge contract), statistics
     merge       CsnMerge; its per-node state in mergestate, its output in events
     gids        naming transactions in errors, recent gids in bounded memory
-    txn         GlobalTxn, one per commit CSN; jsonlines writes it (DESIGN section 7)
+    txn         GlobalTxn, one per commit CSN; jsonlines writes it (docs/design.md section 7)
     alone       the merge's own checks for a node that skips the merge
     wire        NodeBatch and End <-> protobuf
 """

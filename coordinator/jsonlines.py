@@ -1,4 +1,4 @@
-"""The transaction JSON line of DESIGN section 7, written without re-serialising values.
+"""The transaction JSON line of docs/design.md section 7, written without re-serialising values.
 
 Other tools read and write this format byte for byte (the generator's
 `expected.jsonl`, `csnd replay` output, the changelog), so it must be exactly

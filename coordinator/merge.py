@@ -6,9 +6,9 @@
                                                         │  (or pop_events(): the same, streamed)
                                                         └─ wants_more(node): back-pressure
 
-Seed 002 section 3.6, DESIGN section 4.  Each node's sender releases its
-transactions in its own commit-CSN order; a transaction arrives here as one or
-more batches, each of one command id (cid), the last one flagged.  The merge
+GaussDB's distributed decoding, as docs/design.md section 4 restates and
+adapts it.  Each node's sender releases its transactions in its own
+commit-CSN order; a transaction arrives here as one or more batches, each of one command id (cid), the last one flagged.  The merge
 orders batches by `<commitcsn, cid, batch_id>`: CSN first (global commit
 order), cid next (statement order inside a distributed transaction: a delete
 on dn1 that precedes an insert on dn2 is replayed first, so unique keys never
@@ -48,7 +48,7 @@ new (csn, cid).  Ties in (csn, cid) between ready batches go to the lower
 batch_id, then the lower node index, so when every batch of a transaction is
 already here the output is in node order inside each cid (what the
 generator's expected.jsonl writes), and when a node is slow the others'
-ready batches rotate ahead of it.  DESIGN invariant 3 promises only cid order
+ready batches rotate ahead of it.  docs/design.md invariant 3 promises only cid order
 and each node's own order; the order of different nodes' changes inside one
 cid depends on arrival timing.
 

@@ -1,4 +1,4 @@
-"""Which sets of nodes have a common commit order at all (DESIGN section 2, CSN modes).
+"""Which sets of nodes have a common commit order at all (docs/design.md section 2, CSN modes).
 
 In GTM mode every node's commit CSN comes from one global sequencer, so CSNs
 of different nodes compare.  In single-node mode the "CSN" is the node's own

@@ -2,7 +2,7 @@
 
 A distributed transaction commits on several nodes with one CSN and one gid;
 each node has its own xid, commit LSN and commit time.  The merge joins the
-nodes' parts into ONE `GlobalTxn` (DESIGN section 4, invariant 2), so a consumer
+nodes' parts into ONE `GlobalTxn` (docs/design.md section 4, invariant 2), so a consumer
 never sees half of a distributed transaction.
 
 The changes are kept as the batches the nodes delivered, `parts` = a list of
@@ -39,7 +39,7 @@ class GlobalTxn:
     its `NodeCommit`, in the merge's node order (the order given to `CsnMerge`),
     so the output does not depend on which node happened to arrive first.
     `end_lsns` holds each node's commit end LSN: the position a live slot is
-    confirmed to once the transaction is durable (DESIGN section 9).
+    confirmed to once the transaction is durable (docs/design.md section 9).
     `commit_time` is the latest of the nodes' commit times.
     """
 
@@ -72,7 +72,7 @@ class GlobalTxn:
         return sum(len(chunk) for _, chunk in self.parts)
 
     def to_json_line(self) -> str:
-        """The transaction as one line of DESIGN section 7 (no trailing newline)."""
+        """The transaction as one line of docs/design.md section 7 (no trailing newline)."""
         return json_line(self)
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""The `csnd` command line (DESIGN section 8; other tools script against it)."""
+"""The `csnd` command line (docs/design.md section 8; other tools script against it)."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_VERBOSE],
         help="run the pipeline over sources and print transaction JSON lines in CSN order",
         description="Run the whole pipeline (reader, decoder processes, sender, coordinator) over "
-        "the sources and write the transaction JSON lines of DESIGN section 7 in global CSN order. "
+        "the sources and write the transaction JSON lines of docs/design.md section 7 in global CSN order. "
         "Exit 0 when every source has ended; on any error exit 1 with one line on stderr. "
         "With csnd -v (or when stderr is a terminal) a progress line every 2 s -- transactions and "
         "megabytes written, and per node how much of its recorded file was read, the changes "

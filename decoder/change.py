@@ -3,7 +3,7 @@
 A decoder worker turns each raw `reader.pgoutput.Change` / `Truncate` into one
 `DecodedChange` per affected table.  The change's user-facing fields are
 serialised *in the worker* (that is the CPU-heavy step we parallelise), as the
-JSON text that follows `"cid": N, ` in a change object of DESIGN section 7,
+JSON text that follows `"cid": N, ` in a change object of docs/design.md section 7,
 without its closing brace:
 
     '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 7}'

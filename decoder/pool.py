@@ -7,8 +7,8 @@
                            └─► in[k] ─► worker k ─► out[k] ─┘   rotation ─► sender
            skeletons (stream order) ───────────────────────────►  zip back in
 
-Decoding is ~70% of the work of logical decoding (seed 002, section 3.4), so it
-is what runs in parallel.  The reader cuts the stream into batches and hands
+Decoding is ~70% of the work of logical decoding (GaussDB's profile,
+docs/design.md section 1), so it is what runs in parallel.  The reader cuts the stream into batches and hands
 the *changes* of batch i to worker i mod N; everything else (Begin, Commit,
 stream control, messages) stays in the batch's skeleton in this process.  The
 collector reads results in the same rotation, so stream order comes back by
@@ -79,7 +79,7 @@ STOP_GRACE_S: Final = 0.5
 
 @dataclass
 class QueueStats:
-    """Depth and peak of one bounded queue (STYLE rule 10)."""
+    """Depth and peak of one bounded queue (every queue exposes both as metrics)."""
 
     name: str
     capacity: int

@@ -17,7 +17,7 @@ decoded.  Everything a change needs is looked up when its Relation arrives,
 not per change: the hot loop is a reader function compiled for the table
 (`_compile_row_reader`), one straight run of code per column.
 
-The body is the JSON text of a change object of DESIGN section 7 after
+The body is the JSON text of a change object of docs/design.md section 7 after
 `"cid": N, ` (the sender knows the cid, the coordinator the node), without
 the closing brace:
 
@@ -140,7 +140,7 @@ class RelationCache:
 
     `binary` says whether the stream is a binary one; if so, a Relation
     message with a column csnd cannot read in binary raises `DecodeError`
-    right away (DESIGN section 7), before any change of it.
+    right away (docs/design.md section 7), before any change of it.
     """
 
     __slots__ = ("binary", "_tables", "_type_names", "_enums", "_enum_arrays")

@@ -1,4 +1,4 @@
-"""Dates, times and intervals: binary send formats and ISO text -> DESIGN section 7 forms.
+"""Dates, times and intervals: binary send formats and ISO text -> docs/design.md section 7 forms.
 
 date -> `YYYY-MM-DD`; timestamp -> `datetime.isoformat()` without offset;
 timestamptz -> `isoformat()` in UTC (`+00:00`); +-infinity -> "infinity" /

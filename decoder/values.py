@@ -1,4 +1,4 @@
-"""Column values: PostgreSQL wire forms -> the JSON values of DESIGN section 7.
+"""Column values: PostgreSQL wire forms -> the JSON values of docs/design.md section 7.
 
 pgoutput sends each column either in the type's *binary send format* (`'b'`,
 binary streams) or as the type's *text output* (`'t'`, text streams -- and,

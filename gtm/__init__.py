@@ -13,7 +13,7 @@ log on a designated server; `recover_in_doubt` (recovery) finishes what dead
 writers left; `Ticker` (ticker) writes flushed watermarks; `csnd workload`
 (liveload, commands) runs concurrent writer processes.
 
-Both writers follow the same commit protocol (DESIGN section 2): `committing`
+Both writers follow the same commit protocol (docs/design.md section 2): `committing`
 with the GTM's current CSN on every node, then a new CSN from the GTM, then the
 transactional `commit` marker and the commit on every node; `abort` when a
 transaction that logged `committing` fails; `tick` watermarks.  The marker

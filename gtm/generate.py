@@ -1,4 +1,4 @@
-"""The synthetic GaussDB-style cluster (DESIGN section 2.3): `csnd generate`.
+"""The synthetic GaussDB-style cluster (docs/design.md section 2.3): `csnd generate`.
 
     generate_cluster(out_dir, nodes=K, transactions=N, seed=S)
         │

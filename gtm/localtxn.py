@@ -2,7 +2,7 @@
 
 `NodePart` is where a change is decided once and written twice: as a WAL
 record handed to the node's emulated walsender (`gtm.walsender`, which makes
-the frames) and as a change object of the expected output (DESIGN section 7).
+the frames) and as a change object of the expected output (docs/design.md section 7).
 Its `view` holds its uncommitted writes on top of the committed rows; a
 savepoint (`SubXact`) keeps an undo log of the view and the index of its first
 expected change, so ROLLBACK TO SAVEPOINT restores both, and PostgreSQL's xid

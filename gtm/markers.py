@@ -1,4 +1,4 @@
-"""The `csn` markers the gtm writer side puts in the WAL (DESIGN section 2).
+"""The `csn` markers the gtm writer side puts in the WAL (docs/design.md section 2).
 
 The grammar -- formatting and the strict parser alike -- lives in
 `csnd.core.markers`, shared with the node sender that reads the markers, so

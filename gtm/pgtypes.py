@@ -10,7 +10,7 @@ a *cell*:
   (`"binary": false`), exactly as PostgreSQL 15 writes them with `DateStyle=ISO`
   and `TimeZone=UTC` (tests compare them with a real server's `*_send` and
   output functions);
-- `json` is the value as DESIGN section 7 renders it in the transaction JSON
+- `json` is the value as docs/design.md section 7 renders it in the transaction JSON
   lines -- the oracle's side, computed from the Python value, never from the
   wire bytes;
 - `size` is a mode-independent estimate of the value's size in the heap tuple.

@@ -2,7 +2,7 @@
 
 Every node holds the same six tables in schema `public`, chosen so that one
 workload exercises each replica identity and each old/new-tuple rule of
-pgoutput (DESIGN section 9):
+pgoutput (docs/design.md section 9):
 
     table      identity            what it exercises
     acct       DEFAULT (pk id)     'K' old key on deletes and key-changing updates, TOAST `doc`

@@ -1,7 +1,7 @@
 """The GTM: a global, monotonic commit sequence number (CSN) sequencer.
 
 In a GaussDB-style cluster one global transaction manager hands out the CSNs
-that order every commit of every node (DESIGN section 2, GTM mode).  The
+that order every commit of every node (docs/design.md section 2, GTM mode).  The
 protocol needs only two operations:
 
 - `current()`: the latest CSN handed out.  A writer logs it as the

@@ -8,18 +8,18 @@ every node from the shared GTM's side:
     every TICK_INTERVAL:  c = gtm.current()
                           for each node: tick c   (flushed: see below)
 
-Valid whenever written (DESIGN section 2): a transaction not yet committing
+Valid whenever written (docs/design.md section 2): a transaction not yet committing
 on a node logs `committing` there before it takes its commit CSN, so its
 `next()` starts after this `current()` returned and is greater.
 
 An idle cluster.  `tick c` promises every later commit on the node a CSN
-greater than c, so a node's watermark after it is c itself (DESIGN section
+greater than c, so a node's watermark after it is c itself (docs/design.md section
 3): ticking `current()` passes every CSN handed out, and the last
 transaction before a quiet spell is released at the next round.  The ticker
 spends no CSNs -- as a real GTM, which does not advance while idle.
 
 Flushing.  PostgreSQL 15 writes a non-transactional message to the WAL
-without flushing it (DESIGN section 9); on an idle node nothing else
+without flushing it (docs/design.md section 9); on an idle node nothing else
 flushes it, so it reaches the walsender only when the WAL writer does, every
 `wal_writer_delay` (200 ms by default).  bench/gtm_bench.py times a tick
 on an idle server from the emit call to its line at a logical replication

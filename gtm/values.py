@@ -1,7 +1,7 @@
 """Random column values with the edge cases decoders get wrong.
 
 Each generator draws from the one seeded `random.Random` of a run, so a seed
-fixes every value.  The distributions lean on what DESIGN section 9 lists as
+fixes every value.  The distributions lean on what docs/design.md section 9 lists as
 observed trouble: numeric scale and NaN, int8 beyond 2^53, timestamps before
 2000 and at +-infinity, zero fractions that `isoformat()` drops, float8 -0,
 5e-324, NaN and Infinity, unicode and escapes in text, jsonb and arrays,

@@ -20,7 +20,7 @@ order it would send them:
                                (xid, xid); not streamed: nothing at all
     PREPARE                    nothing (no two-phase decoding)
 
-Positions follow walsender.c / pgoutput.c (DESIGN section 9): a frame's
+Positions follow walsender.c / pgoutput.c (docs/design.md section 9): a frame's
 dataStart and walEnd are both the "write location" -- the change's or
 message's LSN, Begin at the txn's first record, Stream Start/Stop at the
 block's first/last change, Commit / Stream Commit / Stream Abort at the end

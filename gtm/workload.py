@@ -5,7 +5,7 @@ This is the generator's source of truth; the pieces are `gtm.tables`
 transaction's writes on one node).  Every change is decided here on
 Python values, then written twice: as a WAL record handed to the node's
 emulated walsender (`gtm.walsender`, which produces the frames) and as a
-change object of the expected output (DESIGN section 7).  The expected output
+change object of the expected output (docs/design.md section 7).  The expected output
 is therefore derived from the model, never by decoding the frames, so it can
 serve as the oracle of end-to-end tests.
 

@@ -1,7 +1,7 @@
 """Writer side of GTM mode: plain PostgreSQL servers as a GaussDB-style cluster.
 
 A `GlobalTransaction` runs statements on the nodes it touches and commits
-them with the protocol csnd's GTM mode reads (DESIGN section 2):
+them with the protocol csnd's GTM mode reads (docs/design.md section 2):
 
     per statement    BEGIN on first touch; `cid <n>` (transactional) before
                      statement n on a node, once the txn spans several nodes
@@ -69,8 +69,8 @@ from csnd.gtm.sequencer import Sequencer
 
 _GID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _EMIT = "SELECT pg_logical_emit_message(%s::boolean, %s::text, %s::text)"
-# A non-transactional marker is written to the WAL but not flushed (DESIGN
-# section 9): it would reach the walsender only at the next commit or WAL
+# A non-transactional marker is written to the WAL but not flushed
+# (docs/design.md section 9): it would reach the walsender only at the next commit or WAL
 # writer round (wal_writer_delay).  In a transaction that has an xid, the
 # commit record makes the commit flush the WAL up to it, marker included,
 # and wakes the walsenders.  pg_current_xact_id() is the cheapest way to get

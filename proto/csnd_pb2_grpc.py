@@ -33,7 +33,7 @@ class NodeAgentStub:
     position <csn, index of the batch in its transaction>, derived from the stream
     itself, so it is the same after an agent restart: the coordinator subscribes
     after the last position it received and the agent skips everything up to it
-    (exactly once across reconnects and restarts, DESIGN section 5).
+    (exactly once across reconnects and restarts, docs/design.md section 5).
 
     """
 
@@ -63,7 +63,7 @@ class NodeAgentServicer:
     position <csn, index of the batch in its transaction>, derived from the stream
     itself, so it is the same after an agent restart: the coordinator subscribes
     after the last position it received and the agent skips everything up to it
-    (exactly once across reconnects and restarts, DESIGN section 5).
+    (exactly once across reconnects and restarts, docs/design.md section 5).
 
     """
 
@@ -110,7 +110,7 @@ class NodeAgent:
     position <csn, index of the batch in its transaction>, derived from the stream
     itself, so it is the same after an agent restart: the coordinator subscribes
     after the last position it received and the agent skips everything up to it
-    (exactly once across reconnects and restarts, DESIGN section 5).
+    (exactly once across reconnects and restarts, docs/design.md section 5).
 
     """
 
@@ -170,10 +170,10 @@ class NodeAgent:
 
 
 class ChangefeedStub:
-    """---- the service: consumers read the durable changelog (DESIGN sections 5, 7, 8) ----
+    """---- the service: consumers read the durable changelog (docs/design.md sections 5, 7, 8) ----
 
     `csnd serve` appends every merged transaction, in CSN order, to its changelog
-    and serves it here.  A transaction travels as its CSN and its DESIGN section 7
+    and serves it here.  A transaction travels as its CSN and its docs/design.md section 7
     JSON line (UTF-8 bytes, no newline), so a consumer in any language reads it with
     a JSON parser.  Every call needs `authorization: Bearer <token>` metadata when
     the service has a token (UNAUTHENTICATED otherwise).
@@ -204,10 +204,10 @@ class ChangefeedStub:
 
 
 class ChangefeedServicer:
-    """---- the service: consumers read the durable changelog (DESIGN sections 5, 7, 8) ----
+    """---- the service: consumers read the durable changelog (docs/design.md sections 5, 7, 8) ----
 
     `csnd serve` appends every merged transaction, in CSN order, to its changelog
-    and serves it here.  A transaction travels as its CSN and its DESIGN section 7
+    and serves it here.  A transaction travels as its CSN and its docs/design.md section 7
     JSON line (UTF-8 bytes, no newline), so a consumer in any language reads it with
     a JSON parser.  Every call needs `authorization: Bearer <token>` metadata when
     the service has a token (UNAUTHENTICATED otherwise).
@@ -267,10 +267,10 @@ def add_ChangefeedServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Changefeed:
-    """---- the service: consumers read the durable changelog (DESIGN sections 5, 7, 8) ----
+    """---- the service: consumers read the durable changelog (docs/design.md sections 5, 7, 8) ----
 
     `csnd serve` appends every merged transaction, in CSN order, to its changelog
-    and serves it here.  A transaction travels as its CSN and its DESIGN section 7
+    and serves it here.  A transaction travels as its CSN and its docs/design.md section 7
     JSON line (UTF-8 bytes, no newline), so a consumer in any language reads it with
     a JSON parser.  Every call needs `authorization: Bearer <token>` metadata when
     the service has a token (UNAUTHENTICATED otherwise).

@@ -4,8 +4,8 @@
                                           ├─► frames ─► pgoutput messages ─► (lsn, message) events
     recorded *.pgstream file ─────────────┘
 
-Only cheap framing work happens here (seed 002, section 3.4): split the stream
-into messages and classify them.  Tuple data stays raw for the decoders.
+Only cheap framing work happens here (GaussDB's parallel decoding,
+docs/design.md section 1): split the stream into messages and classify them.  Tuple data stays raw for the decoders.
 """
 
 from csnd.reader.events import Event, iter_events

@@ -2,7 +2,7 @@
 
 `iter_events` turns a stream of CopyData payloads into `(lsn, message)` pairs,
 where `lsn` is the XLogData frame's dataStart (0/0 for Relation frames, see
-DESIGN section 9) or, for a keepalive, its walEnd.  Errors gain the node, the
+docs/design.md section 9) or, for a keepalive, its walEnd.  Errors gain the node, the
 position and -- for recorded files -- the path and byte offset.
 """
 

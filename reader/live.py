@@ -1,7 +1,7 @@
 """A live PostgreSQL node as a source: pgoutput over a replication connection.
 
 psycopg 3 has no replication API, so this drives the protocol at the pq level
-(DESIGN section 9): a `replication=database` connection, `START_REPLICATION
+(docs/design.md section 9): a `replication=database` connection, `START_REPLICATION
 SLOT ... LOGICAL` with `send_query`, then COPY_BOTH -- `get_copy_data` to read
 frames, `put_copy_data` to send standby status updates.  Only this module
 touches sockets; framing and resume logic are pure (`reader.pgoutput`,
@@ -242,7 +242,7 @@ class LiveSource:
         the slot, never a retry.  Ctrl-C (or `close()`) while the server
         waits for the consistent point cancels the creation.
 
-        `snapshot` (DESIGN section 5, "Initial snapshot"): "initial" makes the
+        `snapshot` (docs/design.md section 5, "Initial snapshot"): "initial" makes the
         slot now, exporting the snapshot of its consistent point, and refuses
         a slot that exists already (its consistent point is past: no snapshot
         of it can be had); "when_needed" does so only when the slot does not

@@ -1,4 +1,4 @@
-"""A recorded stream file as a source (DESIGN section 2, source 2)."""
+"""A recorded stream file as a source (docs/design.md section 2.2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Generates proto/*_pb2*.py from proto/*.proto; `--check` fails if they are stale.
 
-Generated code is never edited by hand (STYLE rule 12).  The check regenerates
+Generated code is never edited by hand.  The check regenerates
 into a temporary directory and compares, so CI catches a .proto edited without
 regenerating, or a grpcio-tools upgrade that changes the output.
 """

@@ -10,7 +10,7 @@
 subtransactions), reads the GTM `csn` markers (`csnd.core.markers`), and asks
 `CsnOrderer` when a committed transaction may go; `watermark` and
 `confirmable_lsn` are what the coordinator needs to merge nodes and to
-confirm the slot (DESIGN sections 3, 5).
+confirm the slot (docs/design.md sections 3, 5).
 """
 
 from csnd.core.modes import MODES

@@ -1,4 +1,4 @@
-"""How far one node's slot may be confirmed: the confirmable LSN (DESIGN section 5, invariant 7).
+"""How far one node's slot may be confirmed: the confirmable LSN (docs/design.md section 5, invariant 7).
 
 Why it is not simply the end LSN of the last released transaction.  Commit
 records reach the WAL out of CSN order, so the sender holds committed

@@ -1,4 +1,4 @@
-"""CSN order on one node: the committing / commit lists (DESIGN section 3, seed 002 section 3.5).
+"""CSN order on one node: the committing / commit lists (docs/design.md section 3).
 
 Why this is needed.  A transaction takes its commit CSN from the GTM *before*
 it writes its commit record, and nothing orders the commit records of

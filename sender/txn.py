@@ -21,7 +21,7 @@ class TxnHeader:
 
     `csn`: the commit CSN (gtm mode) or the commit LSN (single-node mode);
     `gid` the global transaction (None in single-node mode); `end_lsn` where
-    the node's slot may be confirmed once the transaction is durable (DESIGN
+    the node's slot may be confirmed once the transaction is durable (docs/design.md
     section 9); `commit_time` microseconds since 2000-01-01 UTC, as on the wire.
     """
 

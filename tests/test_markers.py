@@ -1,6 +1,6 @@
 """The csn marker grammar (csnd.core.markers): one strict reading for writers and the sender.
 
-Oracle: a marker is well formed exactly when it matches the DESIGN section 2
+Oracle: a marker is well formed exactly when it matches the docs/design.md section 2
 table read strictly -- ASCII, single spaces, a gid of visible characters, a
 number of decimal digits within range.  The regular expression below is that
 reading written independently of the parser; Hypothesis throws well-formed

@@ -41,7 +41,7 @@ def replay(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
-    """The run failed the way DESIGN section 8 says: exit 1, one clear line, no traceback."""
+    """The run failed the way docs/design.md section 8 says: exit 1, one clear line, no traceback."""
     assert proc.returncode == 1, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr

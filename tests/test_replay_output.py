@@ -1,4 +1,4 @@
-"""Where `csnd replay` writes, and what it refuses to write over (issue 16: data loss and destroyed files).
+"""Where `csnd replay` writes, and what it refuses to write over (no lost data, no destroyed files).
 
 The output must never destroy data: not an input, not a device, and -- for a
 live source, whose slot is confirmed as far as the output holds -- not an

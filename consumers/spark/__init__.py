@@ -10,7 +10,7 @@
     feed.py     the calls to the service (Status, Fetch, acknowledgements)
     source.py   the DataSource and its batch and stream readers
 
-Rows: SCHEMA_DDL (DESIGN section 8).  Needs the `spark` extra
+Rows: SCHEMA_DDL (docs/design.md section 8).  Needs the `spark` extra
 (pip install 'csnd[spark]'): pyspark, pyarrow and pandas.
 """
 

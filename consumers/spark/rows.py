@@ -1,4 +1,4 @@
-"""Transaction JSON lines (DESIGN section 7) flattened into Arrow columns: one row per change.
+"""Transaction JSON lines (docs/design.md section 7) flattened into Arrow columns: one row per change.
 
     (csn, line) ... ──► RowBuilder.add ──► column lists ──► RecordBatch (SCHEMA)
 
@@ -9,7 +9,7 @@ columns are the JSON text of the objects *as the line holds them*, byte for
 byte (re-dumping could change a float's text, which other tools compare),
 and slicing them out costs nothing beyond the scan that parsing needs anyway.
 
-The row schema is the documented contract of the Spark source (DESIGN
+The row schema is the documented contract of the Spark source (docs/design.md
 section 8): `seq` is the change's position in the line it came in (with a
 `tables` filter, among the changes kept), `xid` the transaction's xid on the
 change's node (from the line's `nodes` map), `unchanged` the columns left out
@@ -57,7 +57,7 @@ COLUMNS: Final = tuple(ARROW_SCHEMA.names)
 _scan: Final = json.JSONDecoder().raw_decode
 _loads: Final = json.loads
 _WS: Final = " \t\n\r"
-# A change's keys in the writer's order (DESIGN section 7).
+# A change's keys in the writer's order (docs/design.md section 7).
 _KEYS: Final = ("node", "cid", "lsn", "op", "schema", "table", "old", "new")
 _KEYS_UNCHANGED: Final = (*_KEYS, "unchanged")
 _RAW_KEYS: Final = frozenset(("old", "new"))  # (kept as text; every other field is parsed)

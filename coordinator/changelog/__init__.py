@@ -1,4 +1,4 @@
-"""changelog: the service's durable, CSN-ordered log of transactions (DESIGN section 5).
+"""changelog: the service's durable, CSN-ordered log of transactions (docs/design.md section 5).
 
     CsnMerge ─► json_line ─► Changelog.append(csn, line) ... sync() ─► durable_csn ─► confirm slots
                                       │
@@ -18,7 +18,7 @@ File format (record.py has the details, and why the CRC is not chained):
 a segment is a 40-byte header (b"CSNDCLOG", version 1, sequence, first CSN,
 the CSN before it, CRC) followed by records: a 28-byte head (mark, CRC-32 of
 the rest, payload length, CSN, append time in microseconds) and the payload,
-the DESIGN section 7 JSON line.  Its index `.idx` is b"CSNDIDX1" and
+the docs/design.md section 7 JSON line.  Its index `.idx` is b"CSNDIDX1" and
 (csn, offset) pairs, one per 4 KiB of segment.
 
 record.py        pure: frames, headers, names, index entries, tail scans

@@ -11,7 +11,7 @@ A record (one transaction) is a fixed 28-byte head and the payload:
            8   u32 length         payload bytes
           12   u64 csn            strictly increasing through the whole log
           20   u64 time_us        the changelog's clock at append (retention by age)
-          28   payload            the DESIGN section 7 JSON line, no newline
+          28   payload            the docs/design.md section 7 JSON line, no newline
 
 All integers big-endian.  The CRC is *not* chained from the previous record
 (etcd's WAL chains it): a reader seeks through the sparse index into the

@@ -207,7 +207,7 @@ class MarkerError(ProtocolError):
 
 
 class MalformedMarker(MarkerError, ValueError):
-    """A csn marker whose content does not follow the grammar of DESIGN section 2.
+    """A csn marker whose content does not follow the grammar of docs/design.md section 2.
 
     Also a ValueError: the marker helpers raised ValueError for bad text
     before the grammar had its own error, and callers may still catch that.

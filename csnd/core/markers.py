@@ -1,4 +1,4 @@
-"""The grammar of GTM mode's `csn` markers (DESIGN section 2), defined once.
+"""The grammar of GTM mode's `csn` markers (docs/design.md section 2), defined once.
 
 Writers put these ASCII texts in each node's WAL with
 `pg_logical_emit_message(transactional, 'csn', content)`:

@@ -1,4 +1,4 @@
-"""The two CSN modes of a node (DESIGN section 2), defined once.
+"""The two CSN modes of a node (docs/design.md section 2), defined once.
 
     gtm     a GaussDB-style cluster: commit CSNs come from a global sequencer,
             written into each node's WAL as `csn` markers (`csnd.core.markers`)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # How long the coordinator keeps trying to reach a node agent that went away.
 AGENT_GIVE_UP_S: Final = 30.0
-# A live source's initial snapshot in `csnd serve` (DESIGN section 5): none (today's
+# A live source's initial snapshot in `csnd serve` (docs/design.md section 5): none (today's
 # behaviour), on the first start, or on the first start when the slot is new.
 SNAPSHOT_MODES: Final = ("never", "initial", "when_needed")
 
@@ -40,7 +40,7 @@ class LiveSourceConfig:
     mode: Mode = "single"
     # how long a stream that was flowing is reconnected to before the run fails (--give-up)
     give_up_s: float = 300.0
-    # `csnd serve` only: the initial snapshot (DESIGN section 5) -- never, initial or when_needed
+    # `csnd serve` only: the initial snapshot (docs/design.md section 5) -- never, initial or when_needed
     snapshot: str = "never"
 
     def __post_init__(self) -> None:

@@ -47,7 +47,7 @@ class WatermarkItem:
     """The node's watermark moved; `confirmable` is its confirmable LSN then (None: unknown).
 
     An idle node releases nothing, yet its keepalives move the confirmable
-    LSN (DESIGN section 9): carried here, it lets a quiet slot advance.
+    LSN (docs/design.md section 9): carried here, it lets a quiet slot advance.
     """
 
     csn: Csn
@@ -77,7 +77,7 @@ class Outbox:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.peak = 0  # the most lists ever waiting (STYLE rule 10: depth and peak are metrics)
+        self.peak = 0  # the most lists ever waiting (every queue exposes its depth and peak as metrics)
         self._lists: queue.Queue[list[NodeItem]] = queue.Queue(capacity)
         self._taken: deque[NodeItem] = deque()  # the consumer's current list
 

@@ -44,7 +44,10 @@ def is_written_in_place(path: str) -> bool:
 
 
 class JsonLinesSink:
-    """DESIGN section 7 lines, one a transaction, to `path` (None: standard output, or the descriptor `fd`)."""
+    """Transaction lines (docs/design.md section 7), one a transaction, to `path`.
+
+    A `path` of None writes to standard output, or to the descriptor `fd`.
+    """
 
     def __init__(self, path: str | None, fd: int | None = None) -> None:
         self.path = path

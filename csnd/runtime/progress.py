@@ -3,7 +3,7 @@
 `csnd replay` of a big recording runs for minutes with nothing on stdout
 until lines appear in its output file; with `-v`, or when stderr is a
 terminal, it says every few seconds where it is.  Never otherwise: scripts
-read stderr for the one error line of DESIGN section 8.
+read stderr for the one error line of docs/design.md section 8.
 
 Per node it gives how much of a recorded file was read, how many changes
 the decoders have done and how full their inboxes are:

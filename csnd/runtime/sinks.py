@@ -4,7 +4,7 @@
                        ◄───────────── make_durable() returns ─────────┘
                        ── confirm(safe LSN) ──► each live node's slot
 
-A transaction reaches the sink as its DESIGN section 7 line: zero or more
+A transaction reaches the sink as its docs/design.md section 7 line: zero or more
 `write` calls with its leading parts (a big transaction's line is handed on
 part by part, so it is never held whole), then `end_transaction` with the
 rest and its csn.  A sink may write the parts through at once (JSON lines) or

@@ -1,4 +1,6 @@
-"""SOURCE arguments (DESIGN section 8): `[NAME=]PATH`, `[NAME=]postgresql://...` or `grpc://HOST:PORT`.
+"""SOURCE arguments (docs/design.md section 8).
+
+A SOURCE is `[NAME=]PATH`, `[NAME=]postgresql://...` or `grpc://HOST:PORT`.
 
 `parse_source` reads the text (no I/O beyond asking whether a file of that
 name exists); `open_source` makes the reader-side object for one: a live

@@ -1,4 +1,4 @@
-"""The service's gRPC side: the Changefeed over the durable changelog (DESIGN sections 5, 7, 8).
+"""The service's gRPC side: the Changefeed over the durable changelog (docs/design.md sections 5, 7, 8).
 
     Changelog (csnd.coordinator.changelog) ──► ChangefeedServicer ──► Subscribe / Fetch / Status
          SubscriptionStore (named marks) ◄──┘        │

@@ -1,4 +1,4 @@
-"""The Changefeed gRPC service over a durable changelog (DESIGN sections 5 and 7).
+"""The Changefeed gRPC service over a durable changelog (docs/design.md sections 5 and 7).
 
     client ── SubscribeStart ──►  Subscribe handler ── log.read(after) ─► TableFilter ─► BatchBuilder ─► batches
            ── acks, keepalives ─► request thread ─► ConsumerRegistry ─► SubscriptionStore (named marks)

@@ -1,7 +1,7 @@
 """`csnd changelog DIR`: a changelog's transactions as JSON lines, without a running service.
 
 For backfills, audits and "what did the service keep" at 3 a.m.: prints the
-DESIGN section 7 lines of every transaction with `--from-csn` < csn <=
+docs/design.md section 7 lines of every transaction with `--from-csn` < csn <=
 `--until-csn`, exactly what `csnd subscribe` would print for that range.
 `--check` reads every record of every segment (CRC, framing, CSN order) and
 prints a summary on stderr instead.

@@ -1,4 +1,4 @@
-"""The command-line side of the service: `csnd serve` and `csnd changelog` (DESIGN section 8)."""
+"""The command-line side of the service: `csnd serve` and `csnd changelog` (docs/design.md section 8)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p = sub.add_parser(
         "changelog",
         help="print or check a changelog directory without a running service",
-        description="Print the DESIGN section 7 JSON lines of the transactions of a changelog with "
+        description="Print the docs/design.md section 7 JSON lines of the transactions of a changelog with "
         "FROM < csn <= UNTIL, or with --check read every record (CRC, framing, CSN order) and print a "
         "summary. Opening the changelog cuts a torn tail, as the service does; a changelog a running "
         "service holds is refused (use csnd subscribe).",

@@ -1,6 +1,6 @@
 """Table filters: a subscriber's `schema.table` list applied to transaction lines.
 
-The changelog holds each transaction as its DESIGN section 7 JSON line.  A
+The changelog holds each transaction as its docs/design.md section 7 JSON line.  A
 filtered subscriber gets the same line with only the changes of its tables:
 csn, gid, commit_time and nodes stay as they are, and a transaction with no
 change left is not sent at all.  The line is cut, not re-serialised: the head

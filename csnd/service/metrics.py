@@ -1,4 +1,4 @@
-"""Prometheus metrics over the service's status (DESIGN section 8 names).
+"""Prometheus metrics over the service's status (docs/design.md section 8 names).
 
 The figures are read at scrape time from the same status snapshot that the
 gRPC `Status` call, `/api/status` and the dashboard show (a custom collector,
@@ -138,7 +138,7 @@ class StatusCollector(Collector):
         yield lag_tx
         yield acked
 
-        # The initial snapshot (DESIGN section 5), a gauge per table while this run takes one.
+        # The initial snapshot (docs/design.md section 5), a gauge per table while this run takes one.
         tables = s.get("snapshot", {}).get("tables", [])
         per_table: dict[str, Callable[[Mapping[str, Any]], float]] = {
             "csnd_snapshot_rows": lambda t: _int(t, "rows"),

@@ -211,7 +211,7 @@ class Service:
 
         The exported snapshot died with the connection that made the slot, so
         the rest of it cannot be read, and the slot's stream starts after it:
-        the only way on is a new slot and an empty changelog (DESIGN section 5).
+        the only way on is a new slot and an empty changelog (docs/design.md section 5).
         """
         assert self.log is not None
         state = snapshot_state(_newest_record(self.log))

@@ -17,7 +17,7 @@ from the deployment.  An empty variable counts as unset (what a template
 renders for a value it was not given).  A flag beats its variable, a
 variable the file, the file the defaults.  A variable csnd cannot take is a
 usage error, exit 2, as a flag's is; a bad file is a configuration error,
-exit 1 (DESIGN section 8).
+exit 1 (docs/design.md section 8).
 """
 
 from __future__ import annotations

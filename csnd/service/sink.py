@@ -5,7 +5,7 @@
                        ◄─ durable_ticket ───────────────────┘                               ─► durable_csn
                           consumers (changefeed) read only what is durable ◄──────────────────────┘
 
-A transaction is gathered into one record (its DESIGN section 7 line) and
+A transaction is gathered into one record (its docs/design.md section 7 line) and
 appended.  Durability is a group commit on a thread of its own: the runtime
 asks for it (`request_durable`, a ticket) and goes on appending while the
 sync thread writes what is pending and waits for fsync; one fsync covers
@@ -83,7 +83,7 @@ class ChangelogSink:
         if csn <= self.held_csn:
             if csn <= self.snapshot_csn and self.transactions == 0:
                 # Nothing streamed is held yet: this is no re-sent transaction but one the
-                # snapshot's reserved CSNs collide with (DESIGN section 5, "Initial snapshot").
+                # snapshot's reserved CSNs collide with (docs/design.md section 5, "Initial snapshot").
                 raise SnapshotError(
                     f"a transaction streamed after the initial snapshot has csn {csn}, at or below the "
                     f"snapshot's last csn {self.snapshot_csn} (its records take the csns from 1 below the "

@@ -4,7 +4,7 @@
         └► NodeSnapshot (copier): connections import it ─► plan: tables ─► key-range chunks
               └► COPY each chunk ─► copyrows ─► the decoder's rendering ─► "op": "read" changes
     SnapshotRun: each chunk one changelog record (csn 1, 2, ...), then a completion record,
-                 all below the first streamed transaction's CSN; then the stream (DESIGN section 5)
+                 all below the first streamed transaction's CSN; then the stream (docs/design.md section 5)
 
 A consumer reading the changelog from 0 sees every published table as of the
 consistent point, then every transaction committed after it: nothing missing,

@@ -7,7 +7,7 @@ TupleData is the same with a kind byte before each field (`n` NULL, `b`
 binary, `t` text).  So a snapshot row becomes the data of an Insert message
 (`N` + TupleData) and goes through `decoder.rows.row_change_body`, the very
 code that renders the stream: a read's values equal a streamed insert's,
-type for type (DESIGN invariant 5).
+type for type (docs/design.md invariant 5).
 
 A text COPY (the default format) row is its fields' output-function text,
 tab-separated, `\\N` for NULL, with backslash escapes; unescaped, each field

@@ -1,6 +1,6 @@
 """The changelog records of an initial snapshot: one per chunk, then one completion record.
 
-A chunk is a transaction line of DESIGN section 7 whose changes are reads
+A chunk is a transaction line of docs/design.md section 7 whose changes are reads
 (`"op": "read"`, `old` null, `new` the row), followed by an additive
 `snapshot` key that says what it is::
 

@@ -5,7 +5,7 @@
     SnapshotRun.run (the service's pipeline thread): csn 1, 2, ... ─► Changelog.append + sync per chunk
                                                       then the completion record ─► sync
 
-CSNs (DESIGN section 5, "Initial snapshot"): the snapshot's records take
+CSNs (docs/design.md section 5, "Initial snapshot"): the snapshot's records take
 CSNs 1, 2, ... in the order their chunks finish, the completion record the
 next one.  Every streamed transaction's CSN must be above them:
 

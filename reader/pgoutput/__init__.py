@@ -9,8 +9,8 @@ and pgoutput protocol version 2 puts one message in each XLogData.  This
 package only *frames and classifies*: it reads the fixed header fields of
 each message (xid, relation id, positions) and leaves tuple data as raw
 bytes, because turning tuple data into typed values is the CPU-heavy part
-and belongs to the decoder processes (seed 002, section 3.4).  No sockets,
-files or clocks here.
+and belongs to the decoder processes (GaussDB's parallel decoding,
+docs/design.md section 1).  No sockets, files or clocks here.
 
     layouts   the struct layouts of frames and messages, built once
     messages  one small slotted class per message kind

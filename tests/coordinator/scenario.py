@@ -273,7 +273,7 @@ def check_txn(sc: Scenario, g: GlobalTxn, t: Txn) -> None:
 
 
 def json_object(g: GlobalTxn) -> dict[str, Any]:
-    """The DESIGN section 7 object of a GlobalTxn, built independently of the writer."""
+    """The docs/design.md section 7 object of a GlobalTxn, built independently of the writer."""
     from csnd.core.ids import lsn_to_str, pg_time_to_iso
 
     return {

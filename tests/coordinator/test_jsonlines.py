@@ -1,4 +1,4 @@
-"""The transaction JSON line of DESIGN section 7, byte for byte.
+"""The transaction JSON line of docs/design.md section 7, byte for byte.
 
 Bodies are what a decoder worker writes: the change object after `"cid": N, `,
 its LSN included (`decoder.change`).

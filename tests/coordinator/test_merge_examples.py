@@ -84,7 +84,10 @@ def test_participant_owing_a_batch_holds_the_transaction() -> None:
 
 
 def test_batch_rotation_lets_ready_batches_of_other_nodes_go_first() -> None:
-    """dn1's next batch is late twice; dn2's ready batch then goes before dn1's (seed 3.6 batch_id)."""
+    """dn1's next batch is late twice; dn2's ready batch then goes before dn1's.
+
+    The batch_id bump of docs/design.md section 4.
+    """
     m = CsnMerge(["dn1", "dn2"])
     m.add_batch("dn2", batch(5, "g", tags=("b0",), last=False))
     m.add_batch("dn1", batch(5, "g", tags=("a1",), last=False))

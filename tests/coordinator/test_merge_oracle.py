@@ -1,4 +1,4 @@
-"""CsnMerge against the brute-force oracle of `scenario.py` (DESIGN section 6 invariants 1-3 and 8)."""
+"""CsnMerge against the brute-force oracle of `scenario.py` (docs/design.md invariants 1-3 and 8)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The end-to-end tests make a real PostgreSQL 15 write pgoutput messages
 (`pg_logical_slot_peek_binary_changes` gives the same messages a walsender
 streams), once with `binary 'true'` and once with `binary 'false'`, decode
-both, and compare each body with the one DESIGN section 7 prescribes, written
+both, and compare each body with the one docs/design.md section 7 prescribes, written
 out by hand.  The unit tests build messages with `reader.pgoutput`'s encoders.
 Last, the synthetic cluster's streams must decode to exactly the changes of
 its expected output, an oracle written independently of this decoder.

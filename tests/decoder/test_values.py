@@ -3,7 +3,7 @@
 pgoutput writes a column with the type's send function (binary streams) or
 its output function (text streams).  So for every test value the server
 itself produces both forms -- `<typsend>(x)` and `<typoutput>(x)` -- and both
-decoders must give the JSON value DESIGN section 7 prescribes, written out by
+decoders must give the JSON value docs/design.md section 7 prescribes, written out by
 hand here.  Values are compared as JSON text, so 1 and 1.0, -0.0 and 0.0,
 "1" and 1 all differ.
 

@@ -18,7 +18,7 @@ subscribers, writers; once the stream flows, a moment drawn from the seed,
 then the fault (the caller's function); the writers go on a little, stop;
 `csnd gtm recover` resolves whatever a dead writer left; everything drains
 within bounded waits (a stall is a failure that shows the service's Status);
-then every invariant of DESIGN section 6 is checked (`witness.check_*`).
+then every invariant of docs/design.md section 6 is checked (`witness.check_*`).
 Recovery time: from the fault to the moment the changelog and both
 subscribers hold a transaction committed after it struck.
 """

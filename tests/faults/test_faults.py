@@ -2,7 +2,7 @@
 
 Each run (tests/faults/harness.py) puts steady distributed writers on the
 cluster, serves it with `csnd serve` to two subscribers, strikes one fault at
-a moment drawn from the seed, drains, and checks DESIGN section 6 against the
+a moment drawn from the seed, drains, and checks docs/design.md section 6 against the
 test_decoding witness: nothing lost or doubled, strict CSN order, one
 transaction per gid holding every node's changes, no aborted data, values
 exact, slots never confirmed past the durable changelog and advancing again,

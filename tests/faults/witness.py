@@ -1,4 +1,6 @@
-"""What the nodes committed, read independently of csnd, and the checks of DESIGN section 6 against it.
+"""What the nodes committed, read independently of csnd, and the invariants checked against it.
+
+The invariants are those of docs/design.md section 6.
 
 The witness is a `test_decoding` slot per node, created beside csnd's slot
 before the writers start, so it sees the same WAL.  Each committed local
@@ -165,7 +167,7 @@ def _ours_change(ch: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_stream(who: str, lines: list[str], want: list[Txn], v: Verdict) -> None:
-    """One consumer's lines against the witness: DESIGN section 6, invariants 1 to 5."""
+    """One consumer's lines against the witness: docs/design.md section 6, invariants 1 to 5."""
     txns = [json.loads(x) for x in lines]
     seen: dict[str, int] = {}
     last = -1

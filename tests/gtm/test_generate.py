@@ -89,7 +89,7 @@ def _check_causality(view: NodeView) -> tuple[int, int]:
 
 
 def _sender_release_order(view: NodeView) -> list[int]:
-    """DESIGN section 3, equivalent form: release the smallest committed CSN while it is
+    """docs/design.md section 3, equivalent form: release the smallest committed CSN while it is
     <= the smallest committing CSN still open.  Correct streams make this CSN order."""
     open_committing: dict[str, int] = {}
     waiting: list[int] = []

@@ -44,7 +44,10 @@ class _T:
 
 
 class _SeedForm:
-    """Seed 002 section 3.5 literally, with plain lists (slow and obvious)."""
+    """GaussDB's two-list mechanism as docs/design.md section 3 restates it, literally.
+
+    Plain lists: slow and obvious.
+    """
 
     def __init__(self) -> None:
         self.committing_list: list[tuple[int, str]] = []  # toplevel_by_committing_csn

@@ -5,7 +5,7 @@ transaction, or beyond the transaction's commit LSN.  Legal: equal
 dataStarts (one multi-insert gives several rows one LSN), other
 transactions' changes in between at any position (streamed transactions
 interleave), and Relation frames at 0/0 anywhere, also inside stream blocks
-(DESIGN section 9) -- they are not changes.  The property test checks the
+(docs/design.md section 9) -- they are not changes.  The property test checks the
 rule against a brute-force oracle over random runs.
 """
 

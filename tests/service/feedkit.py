@@ -28,7 +28,7 @@ def change(i: int, schema: str, table: str, node: str = "dn1") -> dict[str, Any]
 
 
 def line(csn: int, tables: Sequence[tuple[str, str]], gid: str | None = None) -> bytes:
-    """A DESIGN section 7 line, written as json.dumps writes it (the format's definition)."""
+    """A docs/design.md section 7 line, written as json.dumps writes it (the format's definition)."""
     obj = {
         "csn": csn,
         "gid": gid,

@@ -1,4 +1,4 @@
-"""`csnd changelog DIR` as a user runs it: a subprocess on real directories (DESIGN section 8)."""
+"""`csnd changelog DIR` as a user runs it: a subprocess on real directories (docs/design.md section 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`csnd serve`'s settings as a user gives them: flags, CSND_* variables, a TOML file (DESIGN section 8).
+"""`csnd serve`'s settings as a user gives them: flags, CSND_* variables, a TOML file.
+
+The contract is docs/design.md section 8.
 
 Precedence is flags > environment > config file > defaults.  A value of the
 wrong type is one line naming the flag, variable or key and the type it

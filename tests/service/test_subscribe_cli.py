@@ -1,4 +1,4 @@
-"""`csnd subscribe` as a user runs it: a subprocess against a real service (DESIGN section 8)."""
+"""`csnd subscribe` as a user runs it: a subprocess against a real service (docs/design.md section 8)."""
 
 from __future__ import annotations
 
