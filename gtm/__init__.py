@@ -20,6 +20,7 @@ transaction that logged `committing` fails; `tick` watermarks.  The marker
 texts live in `gtm.markers`.
 """
 
+from csnd.core.errors import CommitIncomplete, CommitInDoubt
 from csnd.gtm.generate import generate_cluster
 from csnd.gtm.markers import Marker, parse_marker
 from csnd.gtm.options import GenerateOptions, GenerateSummary
@@ -27,7 +28,7 @@ from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.recovery import RecoveryReport, recover_in_doubt
 from csnd.gtm.sequencer import Gtm, Sequencer
 from csnd.gtm.ticker import Ticker
-from csnd.gtm.writer import CommitIncomplete, CommitInDoubt, GlobalTransaction, tick
+from csnd.gtm.writer import GlobalTransaction, tick
 
 __all__ = [
     "CommitInDoubt",

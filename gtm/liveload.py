@@ -42,11 +42,11 @@ from typing import Any, Final
 
 import psycopg
 
-from csnd.core.errors import CsndError
+from csnd.core.errors import CommitIncomplete, CommitInDoubt, CsndError
 from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.recovery import RecoveryReport, recover_in_doubt
 from csnd.gtm.ticker import TICK_INTERVAL, Ticker
-from csnd.gtm.writer import PAUSE_POINTS, CommitIncomplete, CommitInDoubt, GlobalTransaction
+from csnd.gtm.writer import PAUSE_POINTS, GlobalTransaction
 
 SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS wl_accounts (id int PRIMARY KEY, balance bigint NOT NULL, node text NOT NULL)",

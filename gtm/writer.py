@@ -63,6 +63,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
+from csnd.core.errors import CommitIncomplete, CommitInDoubt
 from csnd.core.ids import Csn, lsn_from_str
 from csnd.gtm import markers
 from csnd.gtm.sequencer import Sequencer
@@ -95,47 +96,6 @@ PAUSE_POINTS: Final = (
 
 Connection = psycopg.Connection[Any]
 Pause = Callable[[str], None]
-
-
-class CommitInDoubt(Exception):
-    """Recording the commit decision failed: it may or may not be durable.
-
-    The txn is prepared on every node and left so; `csnd gtm recover`
-    commits it if the decision reached the GTM and rolls it back otherwise.
-    """
-
-    def __init__(self, gid: str, csn: int, reason: str) -> None:
-        self.gid = gid
-        self.csn = csn
-        self.reason = reason
-        super().__init__(
-            f"global transaction {gid} (csn {csn}) is in doubt: its commit decision may not have "
-            f"reached the gtm ({reason}); it stays prepared on every node until csnd gtm recover runs"
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (CommitInDoubt, (self.gid, self.csn, self.reason))
-
-
-class CommitIncomplete(Exception):
-    """COMMIT PREPARED failed on some nodes after it succeeded on others.
-
-    The txn is committed where `committed` says and still prepared (with its
-    commit marker) on `pending`; run `COMMIT PREPARED '<gid>@<node>'` there.
-    """
-
-    def __init__(self, gid: str, csn: int, committed: list[str], pending: list[str]) -> None:
-        self.gid = gid
-        self.csn = csn
-        self.committed = committed
-        self.pending = pending
-        super().__init__(
-            f"global transaction {gid} (csn {csn}) is committed on {committed or 'no node'} but still "
-            f"prepared on {pending}; run COMMIT PREPARED '{gid}@<node>' there"
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (CommitIncomplete, (self.gid, self.csn, self.committed, self.pending))
 
 
 def emit(conn: Connection, transactional: bool, content: str) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TextIO
 
-from csnd.core.errors import ConfigError, CsndError, StreamFormatError
+from csnd.core.errors import ConfigError, CsndError, StreamFormatError, TruncatedFrame
 from csnd.core.ids import lsn_to_str
 from csnd.reader.live import LiveSource
 from csnd.reader.pgoutput import (
@@ -42,7 +42,6 @@ from csnd.reader.streamfile import (
     StreamFileReader,
     StreamHeader,
     StreamWriter,
-    TruncatedFrame,
     check_new_recording,
     is_regular,
 )

@@ -63,7 +63,7 @@ from typing import Any, BinaryIO, Final
 from crc32c import crc32c
 
 from csnd.core.durable import sync_directory
-from csnd.core.errors import ConfigError, CsndError, StreamFormatError
+from csnd.core.errors import ConfigError, CsndError, StreamFormatError, TruncatedFrame
 from csnd.core.ids import Lsn, lsn_to_str
 from csnd.core.modes import MODES
 from csnd.reader.pgoutput import (
@@ -155,10 +155,6 @@ class StreamHeader:
         if not isinstance(binary, bool):
             raise StreamFormatError('header "binary" must be true or false', path=path)
         return cls(node=node, proto_version=proto, binary=binary, mode=mode, extra=doc)
-
-
-class TruncatedFrame(StreamFormatError):
-    """The file ends inside a frame (a torn last write), or a frame claims more than the file holds."""
 
 
 def is_regular(path: str) -> bool:

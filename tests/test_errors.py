@@ -99,3 +99,57 @@ def test_where_fills_in_only_what_is_missing() -> None:
     assert type(filled) is CsnOrderViolation
     assert (filled.node, filled.lsn, filled.xid) == ("dn2", 0x10, 9)
     assert str(filled) == "node dn2: csn 7 after csn 9 (xid 9) at 0/10"
+
+
+# The errors raised outside csnd.core.errors's own callers: each picklable, in the tree, with its fields.
+JOINED = [
+    (
+        E.TruncatedFrame(
+            "frame 7: truncated last frame", path="/x/dn1.pgstream", offset=96, node="dn1", lsn=0x16B3748
+        ),
+        E.StreamFormatError,
+        {"path": "/x/dn1.pgstream", "offset": 96},
+    ),
+    (
+        E.CommitInDoubt("g17", 4321, "server closed the connection"),
+        E.GlobalCommitError,
+        {"gid": "g17", "csn": 4321, "reason": "server closed the connection"},
+    ),
+    (
+        E.CommitIncomplete("g18", 4322, ["dn1"], ["dn2", "dn3"]),
+        E.GlobalCommitError,
+        {"gid": "g18", "csn": 4322, "committed": ["dn1"], "pending": ["dn2", "dn3"], "node": "dn2"},
+    ),
+    (
+        E.AckError("acknowledged csn 99, but the newest transaction sent is csn 3"),
+        ProtocolError,
+        {},
+    ),
+    (
+        E.IndexMismatch("no record of csn 12 where the index puts it", path="/cl/0001.log", offset=4096),
+        E.ChangelogCorrupt,
+        {"path": "/cl/0001.log", "offset": 4096},
+    ),
+]
+
+
+@pytest.mark.parametrize(("err", "parent", "fields"), JOINED, ids=lambda x: type(x).__name__)
+def test_joined_errors_pickle_with_their_fields(
+    err: CsndError, parent: type[CsndError], fields: dict[str, object]
+) -> None:
+    assert isinstance(err, parent) and isinstance(err, CsndError)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err) and str(back) == str(err)
+    assert (back.node, back.lsn, back.xid) == (err.node, err.lsn, err.xid)
+    for name, value in fields.items():
+        assert getattr(back, name) == value
+    assert type(from_wire(to_wire(err))) is type(err)
+
+
+def test_joined_errors_say_where() -> None:
+    assert str(E.CommitIncomplete("g18", 4322, ["dn1"], ["dn2"])).startswith(
+        "node dn2: global transaction g18"
+    )
+    assert str(E.IndexMismatch("no record of csn 12", path="/cl/0001.log", offset=4096)) == (
+        "/cl/0001.log: no record of csn 12 (at byte offset 4096)"
+    )

@@ -30,7 +30,14 @@ from typing import Final
 from csnd.coordinator.changelog import record as rec
 from csnd.coordinator.changelog import segment as sg
 from csnd.core.durable import sync_directory
-from csnd.core.errors import ChangelogCorrupt, ConfigError, CsndError, CsnOutOfRange, OutputError
+from csnd.core.errors import (
+    ChangelogCorrupt,
+    ConfigError,
+    CsndError,
+    CsnOutOfRange,
+    IndexMismatch,
+    OutputError,
+)
 
 # A new segment starts once the active one has grown past this.  Larger:
 # fewer files and directory fsyncs; smaller: retention frees space in finer
@@ -447,7 +454,7 @@ class Changelog:
                         csn=after_csn,
                         oldest_csn=self.oldest_csn,
                     ) from None
-                except sg.IndexMismatch:
+                except IndexMismatch:
                     if attempt or seg is self._segments[-1] or start == rec.SEGMENT_HEAD:
                         raise ChangelogCorrupt(
                             f"no record of csn {expect} where the index puts it", path=seg.path, offset=start

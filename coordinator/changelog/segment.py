@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from csnd.coordinator.changelog import record as rec
-from csnd.core.errors import ChangelogCorrupt
+from csnd.core.errors import ChangelogCorrupt, IndexMismatch
 
 log = logging.getLogger("csnd.changelog")
 
@@ -24,10 +24,6 @@ log = logging.getLogger("csnd.changelog")
 # call carries many records (pread and the Python call cost per chunk are
 # amortised), small enough that a reader of the tail holds little memory.
 READ_CHUNK: Final = 1 << 20
-
-
-class IndexMismatch(Exception):
-    """An index entry points at bytes that are not its record: rebuild the index and seek again."""
 
 
 class Segment:
@@ -108,6 +104,10 @@ def write_index(seg: Segment) -> None:
     with open(tmp, "wb") as f:
         f.write(rec.encode_index(seg.index_csns, seg.index_offs))
     os.replace(tmp, seg.index_path)
+
+
+def _mismatch(path: str, offset: int, csn: int) -> IndexMismatch:
+    return IndexMismatch(f"no record of csn {csn} where the index puts it", path=path, offset=offset)
 
 
 def _corrupt(path: str, offset: int, what: str) -> ChangelogCorrupt:
@@ -270,12 +270,12 @@ def read_records(
                             continue
                         status = rec.SHORT
                     if first:
-                        raise IndexMismatch
+                        raise _mismatch(path, off + pos, expect_csn)
                     what = "bad record" if status == rec.BAD else "record cut short"
                     raise _corrupt(path, off + pos, f"{what} inside the durable part of the changelog")
                 if first:
                     if csn != expect_csn:
-                        raise IndexMismatch
+                        raise _mismatch(path, off + pos, expect_csn)
                     first = False
                 if csn > after_csn:
                     if until_csn is not None and csn > until_csn:

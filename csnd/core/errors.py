@@ -9,6 +9,7 @@ constructor argument is kept in `args` (`__reduce__` below).
     ├── ConfigError            bad command line or service configuration
     │   └── UsageError         a flag or CSND_* variable of the wrong type (exit 2, as argparse)
     ├── StreamFormatError      a recorded stream file that cannot be read
+    │   └── TruncatedFrame     it ends inside a frame, or a frame claims more than it holds
     ├── ProtocolError          a message sequence that breaks the protocol
     │   ├── DecodeError        tuple data that cannot be turned into values
     │   ├── TimestampError     a commit time outside the dates the output can write
@@ -18,8 +19,9 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   ├── TruncatedStream    the stream ended inside a transaction or with one committing
     │   ├── LsnOrderViolation  positions that go backwards, or lie beyond their commit
     │   ├── CsnOrderViolation  csns that break the gtm's order (backwards, reused, two for a gid)
-    │   └── MarkerError        a csn marker in the wrong place, mode or transaction
-    │       └── MalformedMarker  one that does not follow the marker grammar
+    │   ├── MarkerError        a csn marker in the wrong place, mode or transaction
+    │   │   └── MalformedMarker  one that does not follow the marker grammar
+    │   └── AckError           a changefeed client acknowledged a csn it was never sent
     ├── SourceError            a live source failed (connection, slot, server)
     │   ├── ConnectionLost     the connection dropped; the reader may reconnect
     │   ├── SlotLost           the slot is gone (dropped, or invalidated): its WAL cannot be read
@@ -29,7 +31,11 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   └── SpillError         a big transaction's spill file (csnd.sender.txnbuf)
     ├── InternalError          a bug in csnd: an invariant broke, an exception nobody expected
     ├── ChangelogCorrupt       a changelog damaged before its tail (names file and offset)
+    │   └── IndexMismatch      an index entry that misses its record (the index is rebuilt)
     ├── CsnOutOfRange          a read from a CSN that retention has dropped
+    ├── GlobalCommitError      a global transaction the gtm writer could not see through (csnd.gtm.writer)
+    │   ├── CommitInDoubt      its commit decision may or may not have reached the gtm
+    │   └── CommitIncomplete   COMMIT PREPARED ran on some of its nodes but not on the others
     └── ChangefeedError        a changefeed consumer cannot go on (csnd.consumers.client)
         ├── ChangefeedUnavailable      nothing answers at the service's address
         ├── ChangefeedUnauthenticated  the service refused the token (or its absence)
@@ -44,6 +50,7 @@ Over gRPC (node agent -> coordinator) they travel as plain fields:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from csnd.core.ids import lsn_to_str
@@ -145,8 +152,12 @@ class StreamFormatError(CsndError):
         super().__init__(message, node=node, lsn=lsn, xid=xid)
 
 
+class TruncatedFrame(StreamFormatError):
+    """The file ends inside a frame (a torn last write), or a frame claims more than the file holds."""
+
+
 class ProtocolError(CsndError):
-    """The stream breaks the replication, pgoutput or csn marker protocol."""
+    """The stream breaks the replication, pgoutput or csn marker protocol (or a client the changefeed's)."""
 
 
 class DecodeError(ProtocolError):
@@ -214,6 +225,10 @@ class MalformedMarker(MarkerError, ValueError):
     """
 
 
+class AckError(ProtocolError):
+    """A changefeed client acknowledged a CSN it was never sent: a bug in the client (INVALID_ARGUMENT)."""
+
+
 class SourceError(CsndError):
     """A live source failed in a way a reconnect will not fix."""
 
@@ -272,6 +287,15 @@ class ChangelogCorrupt(CsndError):
         super().__init__(message)
 
 
+class IndexMismatch(ChangelogCorrupt):
+    """An index entry points at bytes that are not its record.
+
+    Caught inside the changelog, which rebuilds the segment's index from the
+    segment and seeks again; only a mismatch the rebuild does not cure reaches
+    a reader, as ChangelogCorrupt.
+    """
+
+
 class CsnOutOfRange(CsndError):
     """Records after the CSN asked for were dropped by retention (gRPC OUT_OF_RANGE)."""
 
@@ -279,6 +303,60 @@ class CsnOutOfRange(CsndError):
         self.csn = csn
         self.oldest_csn = oldest_csn
         super().__init__(message)
+
+
+class GlobalCommitError(CsndError):
+    """A global transaction the gtm writer side (`csnd.gtm.writer`) could not see through its commit.
+
+    Names the gid and its commit CSN; the transaction is left prepared for
+    `csnd gtm recover` or an operator, never half forgotten.
+    """
+
+    # (class defaults: an error rebuilt by `from_wire` has only the rendered message)
+    gid: str | None = None
+    csn: int | None = None
+
+
+class CommitInDoubt(GlobalCommitError):
+    """Recording the commit decision failed: it may or may not be durable.
+
+    The txn is prepared on every node and left so; `csnd gtm recover`
+    commits it if the decision reached the GTM and rolls it back otherwise.
+    """
+
+    reason: str = ""
+
+    def __init__(self, gid: str, csn: int, reason: str) -> None:
+        self.gid = gid
+        self.csn = csn
+        self.reason = reason
+        super().__init__(
+            f"global transaction {gid} (csn {csn}) is in doubt: its commit decision may not have "
+            f"reached the gtm ({reason}); it stays prepared on every node until csnd gtm recover runs"
+        )
+
+
+class CommitIncomplete(GlobalCommitError):
+    """COMMIT PREPARED failed on some nodes after it succeeded on others.
+
+    The txn is committed where `committed` says and still prepared (with its
+    commit marker) on `pending`; run `COMMIT PREPARED '<gid>@<node>'` there.
+    The error's node is the first of `pending`, where COMMIT PREPARED failed.
+    """
+
+    committed: Sequence[str] = ()
+    pending: Sequence[str] = ()
+
+    def __init__(self, gid: str, csn: int, committed: list[str], pending: list[str]) -> None:
+        self.gid = gid
+        self.csn = csn
+        self.committed = committed
+        self.pending = pending
+        super().__init__(
+            f"global transaction {gid} (csn {csn}) is committed on {committed or 'no node'} but still "
+            f"prepared on {pending}; run COMMIT PREPARED '{gid}@<node>' there",
+            node=pending[0] if pending else None,
+        )
 
 
 class ChangefeedError(CsndError):

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import grpc
 
 from csnd import __version__
-from csnd.core.errors import CsnOutOfRange
+from csnd.core.errors import AckError, CsnOutOfRange
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
 from csnd.service.filtering import TableFilter
-from csnd.service.registry import AckError, ConsumerRegistry
+from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:

@@ -22,9 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-
-class AckError(ValueError):
-    """A client acknowledged a CSN it was never sent: a bug in the client."""
+from csnd.core.errors import AckError
 
 
 @dataclass

@@ -34,7 +34,7 @@ import psycopg
 
 from csnd.core.errors import CsndError
 from csnd.gtm.pggtm import PgGtm
-from csnd.gtm.writer import CommitIncomplete, CommitInDoubt, GlobalTransaction
+from csnd.gtm.writer import GlobalTransaction
 
 ACCOUNTS: Final = 24  # per writer
 # Big enough to be stored out of line (the column's storage is EXTERNAL):
@@ -110,7 +110,7 @@ class Writer:
                 next_at = time.monotonic()
             try:
                 self.one()
-            except (psycopg.Error, CsndError, CommitInDoubt, CommitIncomplete):
+            except (psycopg.Error, CsndError):  # CommitInDoubt and CommitIncomplete too
                 self.drop()  # a server went away under us: start over on fresh connections
                 time.sleep(0.1)
         self.drop()

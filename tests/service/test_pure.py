@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from csnd.core.errors import AckError
 from csnd.service.batching import BatchBuilder, record_size
 from csnd.service.filtering import TableFilter, filter_line, parse_table
-from csnd.service.registry import AckError, ConsumerRegistry
+from csnd.service.registry import ConsumerRegistry
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
