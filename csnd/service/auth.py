@@ -3,14 +3,20 @@
 One check in front of every method instead of one in each handler (grpc's
 examples/python/auth): a call whose metadata lacks `authorization: Bearer
 <token>` never reaches the servicer and ends UNAUTHENTICATED.  The token is
-compared in constant time.  Health checking and reflection are behind it too:
-with a token configured, the service tells nothing to a caller without it.
+compared in constant time.
+
+Some services stay open: by default gRPC health checking
+(`grpc.health.v1.Health`), so a Kubernetes gRPC probe or `grpc_health_probe`
+-- which cannot send a token -- can ask whether the service is up.  Health
+tells only SERVING or NOT_SERVING, nothing of the data; `--health-needs-token`
+closes it too.  Reflection stays behind the token: it describes the API, and
+a tool that uses it (grpcurl) can send the token as it calls.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import grpc
@@ -18,7 +24,8 @@ import grpc
 from csnd.core.tokens import read_token_file
 
 AUTH_HEADER: Final = "authorization"
-__all__ = ["AUTH_HEADER", "BearerTokenInterceptor", "read_token_file"]
+HEALTH_SERVICE: Final = "grpc.health.v1.Health"
+__all__ = ["AUTH_HEADER", "HEALTH_SERVICE", "BearerTokenInterceptor", "read_token_file"]
 
 
 def _aborting(code: grpc.StatusCode, details: str) -> Callable[[Any, grpc.ServicerContext], Any]:
@@ -29,10 +36,16 @@ def _aborting(code: grpc.StatusCode, details: str) -> Callable[[Any, grpc.Servic
 
 
 class BearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
-    def __init__(self, token: str) -> None:
+    """Refuses every call without the token, except to the services named in `open_services`."""
+
+    def __init__(self, token: str, open_services: Iterable[str] = (HEALTH_SERVICE,)) -> None:
         self._expected = f"Bearer {token}".encode()
+        # A method arrives as "/package.Service/Method".
+        self._open = tuple(f"/{s}/" for s in open_services)
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        if self._open and str(details.method).startswith(self._open):
+            return continuation(details)
         got = next((v for k, v in details.invocation_metadata or () if k == AUTH_HEADER), None)
         if got is not None and hmac.compare_digest(got.encode(), self._expected):
             return continuation(details)

@@ -79,10 +79,19 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="decoder processes per node (default 2)",
     )
     p.add_argument(
-        "--token-file", metavar="F", help="require 'authorization: Bearer <token in F>' on every call"
+        "--token-file",
+        metavar="F",
+        help="require 'authorization: Bearer <token in F>' on every call (but health checks)",
     )
     p.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this certificate chain")
     p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
+    p.add_argument(
+        "--health-needs-token",
+        action="store_const",
+        const=True,
+        help="with --token-file, gRPC health checking needs the token too (default: open, for probes "
+        "that cannot send one; reflection and every other call always need it)",
+    )
     p.add_argument(
         "--retention-bytes",
         type=flag_type(settings.WHOLE),

@@ -60,6 +60,8 @@ class ServeConfig:
     token_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # With a token: gRPC health checking needs it too (default: open to probes).
+    health_needs_token: bool = False
     retention_bytes: int | None = None
     retention_hours: float | None = None
     give_up_s: float = DEFAULT_GIVE_UP_S
@@ -127,6 +129,7 @@ _TOP_KEYS: Final = {
     "token_file",
     "tls_cert",
     "tls_key",
+    "health_needs_token",
     "retention_bytes",
     "retention_hours",
     "give_up",
@@ -208,6 +211,7 @@ def build_config(
         token_file=pick("token_file"),
         tls_cert=cert,
         tls_key=key,
+        health_needs_token=bool(pick("health_needs_token", default=False)),
         retention_bytes=pick("retention_bytes"),
         retention_hours=pick("retention_hours"),
         give_up_s=pick("give_up", default=DEFAULT_GIVE_UP_S),

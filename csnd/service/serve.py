@@ -420,6 +420,7 @@ class Service:
                 subscriptions=subscriptions,
                 directory=os.path.abspath(cfg.changelog),
                 serving=False,
+                health_needs_token=cfg.health_needs_token,
             )
             live = [(s.name or f"dn{i + 1}", s.target, s.live.slot or "") for i, s in enumerate(cfg.sources)]
             check_slots_kept(

@@ -3,7 +3,8 @@
     start_changefeed(log) ─► grpc.server ─┬─ BearerTokenInterceptor (with a token)
                                          ├─ csnd.v1.Changefeed   (ChangefeedServicer)
                                          ├─ grpc.health.v1.Health (SERVING once started,
-                                         │   or once `set_serving()` says so)
+                                         │   or once `set_serving()` says so; open without
+                                         │   the token unless `health_needs_token`)
                                          └─ server reflection
 
 The caller owns the changelog (opens, appends, closes it); this module only
@@ -27,7 +28,7 @@ from grpc_reflection.v1alpha import reflection
 from csnd.core.errors import ConfigError
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.service.auth import BearerTokenInterceptor
+from csnd.service.auth import HEALTH_SERVICE, BearerTokenInterceptor
 from csnd.service.changefeed import WAIT_S, ChangefeedServicer, FeedSettings
 from csnd.service.status import NodeStatusSource
 
@@ -100,18 +101,25 @@ def start_changefeed(
     settings: FeedSettings | None = None,
     directory: str = "",
     serving: bool = True,
+    health_needs_token: bool = False,
 ) -> RunningServer:
     """Serves `changelog` on `listen` (port 0: a free port, in `.port`) until `.stop()`.
 
     `serving=False`: health says NOT_SERVING until `set_serving()` (the
-    service has more to do before it is ready: its new slots).
+    service has more to do before it is ready: its new slots).  With a
+    `token`, health checking is open to callers without it (probes cannot
+    send one) unless `health_needs_token`; every other service needs it.
     """
     servicer = ChangefeedServicer(
         changelog, subscriptions=subscriptions, status=status, settings=settings, directory=directory
     )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="csnd-feed"),
-        interceptors=[BearerTokenInterceptor(token)] if token is not None else [],
+        interceptors=(
+            [BearerTokenInterceptor(token, () if health_needs_token else (HEALTH_SERVICE,))]
+            if token is not None
+            else []
+        ),
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=MAX_WORKERS,
     )
@@ -119,7 +127,7 @@ def start_changefeed(
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        (SERVICE_NAME, HEALTH_SERVICE, reflection.SERVICE_NAME),
         server,
     )
     try:

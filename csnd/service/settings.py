@@ -185,6 +185,7 @@ SETTINGS: Final = (
     Setting("token_file", TEXT, "FILE"),
     Setting("tls_cert", TEXT, "PEM"),
     Setting("tls_key", TEXT, "PEM"),
+    Setting("health_needs_token", BOOLEAN, "true|false"),
     Setting("retention_bytes", WHOLE, "BYTES"),
     Setting("retention_hours", POSITIVE, "HOURS"),
     Setting("give_up", POSITIVE, "SECONDS"),

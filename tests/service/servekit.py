@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,9 +86,16 @@ class Served:
 
 
 def start_serve(
-    sources: Sequence[str], changelog: str, *extra: str, http: bool = True, cwd: str | None = None
+    sources: Sequence[str],
+    changelog: str,
+    *extra: str,
+    http: bool = True,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Served:
-    """Start `csnd serve` on free ports and wait for its 'listening on' (and dashboard) lines."""
+    """Start `csnd serve` on free ports and wait for its 'listening on' (and dashboard) lines.
+
+    `env`: variables added to this process's environment (CSND_* settings)."""
     cmd = [*CSND, "serve", *sources, "--changelog", changelog, "--listen", "127.0.0.1:0", "--decoders", "1"]
     if http:
         cmd += ["--http", "127.0.0.1:0"]
@@ -98,6 +105,7 @@ def start_serve(
         stderr=subprocess.PIPE,
         text=True,
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
         start_new_session=True,  # (its own process group: kill() reaches the decoders too)
     )
     assert proc.stdout is not None

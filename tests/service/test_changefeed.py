@@ -7,11 +7,12 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from csnd.consumers.client import Changefeed, fetch
@@ -278,7 +279,7 @@ def test_bearer_token(log: Changelog) -> None:
         with grpc.insecure_channel(srv.address) as ch:
             for call in (
                 lambda md: pb_grpc.ChangefeedStub(ch).Status(pb.StatusRequest(), metadata=md),
-                lambda md: health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), metadata=md),
+                lambda md: _reflected_services(ch, md),
             ):
                 with pytest.raises(grpc.RpcError) as rpc:
                     call(())
@@ -287,6 +288,55 @@ def test_bearer_token(log: Changelog) -> None:
         with Changefeed(srv.address, token="s3cret") as feed:
             assert [c for c, _ in drain(feed, 3)] == [1, 2, 3]
         assert [c for c, _ in fetch(srv.address, token="s3cret")] == [1, 2, 3]
+    finally:
+        srv.stop()
+
+
+def _reflected_services(channel: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=metadata, timeout=30
+    )
+    return {s.name for a in answers for s in a.list_services_response.service}
+
+
+@pytest.mark.parametrize("needs_token", [False, True])
+def test_health_is_open_to_probes_without_the_token_unless_told(log: Changelog, needs_token: bool) -> None:
+    """A Kubernetes gRPC probe or grpc_health_probe sends no token: health answers it; nothing else does."""
+    fill(log, range(1, 4))
+    srv = serve(log, token="s3cret", **({"health_needs_token": True} if needs_token else {}))
+    try:
+        with grpc.insecure_channel(srv.address) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            for service in ("", "csnd.v1.Changefeed"):
+                request = health_pb2.HealthCheckRequest(service=service)
+                if needs_token:
+                    with pytest.raises(grpc.RpcError) as rpc:
+                        health.Check(request, timeout=30)
+                    assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    with pytest.raises(grpc.RpcError) as rpc:
+                        next(health.Watch(request, timeout=30))
+                    assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                else:
+                    assert health.Check(request, timeout=30).status == health_pb2.HealthCheckResponse.SERVING
+                    watch = health.Watch(request, timeout=30)
+                    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+                    watch.cancel()
+            md = (("authorization", "Bearer s3cret"),)
+            assert health.Check(health_pb2.HealthCheckRequest(), metadata=md, timeout=30).status == (
+                health_pb2.HealthCheckResponse.SERVING
+            )
+            # reflection describes the API: it keeps needing the token, as every other call does
+            for call in (
+                lambda md: _reflected_services(ch, md),
+                lambda md: pb_grpc.ChangefeedStub(ch).Status(pb.StatusRequest(), metadata=md, timeout=30),
+            ):
+                with pytest.raises(grpc.RpcError) as rpc:
+                    call(())
+                assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "csnd.v1.Changefeed" in _reflected_services(ch, md)
+        with pytest.raises(ChangefeedUnauthenticated, match="needs a token"):
+            Changefeed(srv.address).next(timeout=30)
     finally:
         srv.stop()
 

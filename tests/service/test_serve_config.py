@@ -20,6 +20,7 @@ import pytest
 from csnd.core.errors import ConfigError, UsageError
 from csnd.service.config import build_config
 from csnd.service.settings import SETTINGS
+from tests.service.servekit import start_serve
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
@@ -196,3 +197,31 @@ def test_the_runtime_configs_check_their_values() -> None:
         ReplayConfig(sources=("x",), decoders=0)
     with pytest.raises(ConfigError, match="decoders: expected a whole number >= 1, got '2'"):
         NodeAgentConfig(source="x", listen="127.0.0.1:0", decoders="2")  # type: ignore[arg-type]
+
+
+def test_health_needs_the_token_only_when_told(dn1: str, tmp_path: Path) -> None:
+    """With a token, a probe without it gets health; CSND_HEALTH_NEEDS_TOKEN (or the flag) closes it."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    for env in ({}, {"CSND_HEALTH_NEEDS_TOKEN": "true"}):
+        served = start_serve([dn1], str(tmp_path / f"log{len(env)}"), "--token-file", str(token), env=env)
+        try:
+            with grpc.insecure_channel(served.address) as channel:
+                check = health_pb2_grpc.HealthStub(channel).Check
+                if env:
+                    with pytest.raises(grpc.RpcError) as rpc:
+                        check(health_pb2.HealthCheckRequest(), timeout=30)
+                    assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                else:
+                    answer = check(health_pb2.HealthCheckRequest(service="csnd.v1.Changefeed"), timeout=30)
+                    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            code, err = served.terminate()
+        assert code == 0, err
+    config = tmp_path / "c.toml"
+    config.write_text("health_needs_token = 1\n")
+    proc = _csnd("serve", dn1, "--changelog", str(tmp_path / "log9"), "--config", str(config))
+    assert _one_line(proc, 1).endswith("health_needs_token: expected true or false, got 1")
