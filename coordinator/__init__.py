@@ -7,8 +7,8 @@
 
 `CsnMerge` is pure (no I/O, no threads, no clock): the I/O layer pushes what
 each node sends, pops what is safe to emit, and asks `wants_more(node)` before
-reading a node further (back-pressure).  `check_modes` refuses node sets that
-have no common commit order before anything starts.
+reading a node further (back-pressure).  `csnd.core.modes.check_modes`
+refuses node sets that have no common commit order before anything starts.
 
     batch       NodeBatch (node -> merge contract), statistics
     merge       CsnMerge; its per-node state in mergestate, its output in events
@@ -31,7 +31,6 @@ from csnd.coordinator.merge import (
     TxnPart,
     TxnStart,
 )
-from csnd.coordinator.modes import Mode, check_modes
 from csnd.coordinator.txn import GlobalTxn, NodeCommit
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "CsnMerge",
     "GlobalTxn",
     "MergeStatistics",
-    "Mode",
     "NodeBatch",
     "NodeCommit",
     "NodeStatistics",
@@ -51,7 +49,6 @@ __all__ = [
     "TxnEvent",
     "TxnPart",
     "TxnStart",
-    "check_modes",
     "json_changes",
     "json_head",
     "json_line",

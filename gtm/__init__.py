@@ -17,12 +17,11 @@ Both writers follow the same commit protocol (docs/design.md section 2): `commit
 with the GTM's current CSN on every node, then a new CSN from the GTM, then the
 transactional `commit` marker and the commit on every node; `abort` when a
 transaction that logged `committing` fails; `tick` watermarks.  The marker
-texts live in `gtm.markers`.
+texts and their grammar live in `csnd.core.markers`, shared with the reader.
 """
 
 from csnd.core.errors import CommitIncomplete, CommitInDoubt
 from csnd.gtm.generate import generate_cluster
-from csnd.gtm.markers import Marker, parse_marker
 from csnd.gtm.options import GenerateOptions, GenerateSummary
 from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.recovery import RecoveryReport, recover_in_doubt
@@ -37,13 +36,11 @@ __all__ = [
     "GenerateSummary",
     "GlobalTransaction",
     "Gtm",
-    "Marker",
     "PgGtm",
     "RecoveryReport",
     "Sequencer",
     "Ticker",
     "generate_cluster",
-    "parse_marker",
     "recover_in_doubt",
     "tick",
 ]

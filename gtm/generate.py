@@ -49,8 +49,8 @@ from collections.abc import Iterator
 from random import Random
 from typing import Any, Final
 
+from csnd.core import markers
 from csnd.core.ids import lsn_to_str, pg_time_to_iso
-from csnd.gtm import markers
 from csnd.gtm.localtxn import NodePart
 from csnd.gtm.options import GenerateOptions, GenerateSummary
 from csnd.gtm.schema import evolve_step, table_defs

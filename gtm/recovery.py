@@ -51,9 +51,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from csnd.core import markers
 from csnd.core.errors import CsndError
 from csnd.core.ids import lsn_from_str, lsn_to_str
-from csnd.gtm import markers
 from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.writer import emit_flushed
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from csnd.gtm.markers import PREFIX
+from csnd.core.markers import PREFIX
 from csnd.gtm.schema import Shape
 from csnd.reader.pgoutput import (
     encode_begin,

@@ -63,9 +63,9 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
+from csnd.core import markers
 from csnd.core.errors import CommitIncomplete, CommitInDoubt
 from csnd.core.ids import Csn, lsn_from_str
-from csnd.gtm import markers
 from csnd.gtm.sequencer import Sequencer
 
 _GID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")

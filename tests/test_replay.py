@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.core.markers import PREFIX, parse_marker
 from csnd.gtm import generate_cluster
-from csnd.gtm.markers import PREFIX, parse_marker
 from csnd.reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
 from csnd.reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
 from csnd.testing import pgworkload as workload

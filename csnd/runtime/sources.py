@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from csnd.coordinator import check_modes
 from csnd.core.errors import ConfigError
 from csnd.core.ids import lsn_from_str
+from csnd.core.modes import check_modes
 from csnd.runtime.config import LiveSourceConfig
 
 _NAME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")

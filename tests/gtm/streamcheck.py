@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from csnd.gtm.markers import PREFIX, parse_marker
+from csnd.core.markers import PREFIX, parse_marker
 from csnd.reader.events import iter_events
 from csnd.reader.pgoutput import (
     Begin,

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from csnd.gtm import markers
+from csnd.core import markers
 from csnd.gtm.sequencer import Gtm
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from csnd.coordinator import check_modes
 from csnd.core.errors import ConfigError
+from csnd.core.modes import check_modes
 
 
 def test_valid_sets() -> None:
