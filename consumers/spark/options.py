@@ -17,6 +17,7 @@ from typing import Final
 
 from csnd.consumers.client import parse_target
 from csnd.core.errors import ConfigError
+from csnd.core.tablespec import parse_table
 
 # Known options and what each takes (also the text of the error that lists them).
 KNOWN: Final = {
@@ -135,8 +136,6 @@ def parse_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptio
 
 def _check_table(spec: str) -> None:
     """SCHEMA.TABLE as the service's filter takes it (a part may be "double-quoted")."""
-    from csnd.service.filtering import parse_table  # (pure; the service owns the syntax)
-
     try:
         parse_table(spec)
     except ValueError as e:

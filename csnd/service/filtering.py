@@ -8,7 +8,8 @@ change left is not sent at all.  The line is cut, not re-serialised: the head
 from the stored line and the kept changes are joined with `", "`, exactly as
 the writer (`csnd.coordinator.jsonlines`) joins them.  Re-dumping parsed values
 could change them (a float4's shortest text, key order), and the format is one
-other tools compare byte for byte.
+other tools compare byte for byte.  The `schema.table` syntax itself is
+`csnd.core.tablespec`'s, shared with the consumers.
 
 Everything here is pure: no I/O, no clock.
 """
@@ -16,35 +17,13 @@ Everything here is pure: no I/O, no clock.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Final
 
-# A filter part: a plain name (no dot, no quote) or a "double-quoted" one in
-# which "" stands for one quote -- so a table named `a.b` can be asked for.
-_PART: Final = r'(?:[^."\s]+|"(?:[^"]|"")+")'
-_FILTER: Final = re.compile(rf"({_PART})\.({_PART})")
+from csnd.core.tablespec import parse_table
 
 _scan: Final = json.JSONDecoder().raw_decode
 _encode: Final = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def _unquote(part: str) -> str:
-    return part[1:-1].replace('""', '"') if part.startswith('"') else part
-
-
-def parse_table(spec: str) -> tuple[str, str | None]:
-    """`schema.table` -> (schema, table), `schema.*` -> (schema, None: every table of it).
-
-    ValueError with a message a person understands.  `"*"` quoted is a table named *.
-    """
-    m = _FILTER.fullmatch(spec)
-    if m is None or m.group(1) == "*":  # (no wildcard schema; a schema named * is written "*")
-        raise ValueError(
-            f"table filter {spec!r} is not SCHEMA.TABLE (for example public.accounts, or public.* for "
-            'every table of a schema; double-quote a name that holds a dot: public."a.b")'
-        )
-    return _unquote(m.group(1)), None if m.group(2) == "*" else _unquote(m.group(2))
 
 
 class TableFilter:

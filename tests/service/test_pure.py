@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from csnd.core.errors import AckError
 from csnd.service.batching import BatchBuilder, record_size
-from csnd.service.filtering import TableFilter, filter_line, parse_table
+from csnd.service.filtering import TableFilter, filter_line
 from csnd.service.registry import ConsumerRegistry
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,27 +117,6 @@ def test_filter_of_a_line_written_otherwise_keeps_its_bytes(
         assert got is line
     else:
         assert got == f'{head}, "changes": [{", ".join(p.rstrip() for p in kept)}] }}'.encode()
-
-
-@pytest.mark.parametrize(
-    ("spec", "expect"),
-    [
-        ("public.acct", ("public", "acct")),
-        ('public."a.b"', ("public", "a.b")),
-        ('"my ""s"".x".t', ('my "s".x', "t")),
-        ("ünï.çode", ("ünï", "çode")),
-        ("public.*", ("public", None)),
-        ('public."*"', ("public", "*")),
-    ],
-)
-def test_parse_table(spec: str, expect: tuple[str, str | None]) -> None:
-    assert parse_table(spec) == expect
-
-
-@pytest.mark.parametrize("spec", ["acct", "", ".acct", "public.", "a.b.c", 'a."b', "a b.c", "*.acct"])
-def test_parse_table_refuses(spec: str) -> None:
-    with pytest.raises(ValueError, match="is not SCHEMA.TABLE"):
-        parse_table(spec)
 
 
 # ---- batching ---------------------------------------------------------------------------------
