@@ -5,17 +5,29 @@ package under `csnd.` that holds it (`csnd.reader.live` -> reader; a module
 directly in csnd/, like `csnd.cli`, is its own unit).  Every edge is listed
 with the modules that make it, so an unwanted dependency names its culprit.
 
---check fails when an edge breaks the layering the project keeps:
+--check denies by default: every unit has its allowed imports listed in
+ALLOWED below, and fails on an edge that is not listed, on a unit that has
+no entry (a new package must say what it may import), and on an entry for a
+unit that no longer exists.  The layering it keeps:
 
     core                    imports nothing of ours
-    reader, decoder,        import core and the stages upstream of them
-    sender, coordinator     (reader -> decoder -> sender -> coordinator)
-    consumers, gtm          import core, proto and the stages
-    runtime                 wires the stages together (core, proto and the stages;
-                            never the command line, the demo or testing)
-    cli                     the thin shell on top: anything
-    testing                 imports core and what it writes recordings with
-                            (reader, gtm); imported by tests, the demo and bench only
+    proto                   the generated wire schema: nothing of ours
+    reader, decoder,        core and the stages upstream of them
+    sender, coordinator     (reader -> decoder -> sender -> coordinator; the
+                            coordinator also proto, for the node agent's wire)
+    gtm                     core and reader (it writes recorded streams)
+    consumers               core and proto: a consumer reaches the service only
+                            over the wire, never its code or the stages (Spark
+                            executors import it)
+    snapshot                core and the stages that render its rows
+    runtime                 wires the stages together: core, proto and the stages;
+                            never the service, the command line, the demo or testing
+    service                 core, proto, the stages, runtime and snapshot
+    testing                 core and what it writes recordings with (reader, gtm);
+                            imported by tests, the demo and bench only
+    demo                    core, gtm and testing (it starts its servers)
+    cli                     the thin shell on top: the commands' packages
+    csnd                    the package root (`csnd/__init__.py`): nothing
 """
 
 from __future__ import annotations
@@ -28,17 +40,25 @@ from collections import defaultdict
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The folders at the top of the repository that csnd/<name> links to.
 STAGES = ("reader", "decoder", "sender", "coordinator", "consumers", "gtm", "proto")
-# What each package may import (besides itself); missing: anything.
+# What each unit may import (besides itself).  Every unit is listed: a unit
+# missing here fails --check, so a new package states its place.
+STAGES_UP_TO_SENDER: set[str] = {"core", "reader", "decoder", "sender"}
 ALLOWED: dict[str, set[str]] = {
+    "csnd": set(),
     "core": set(),
     "proto": set(),
     "reader": {"core"},
     "decoder": {"core", "reader"},
     "sender": {"core", "reader", "decoder"},
-    "coordinator": {"core", "reader", "decoder", "sender", "proto"},
-    "gtm": {"core", "reader", "proto"},
-    "runtime": {"core", "reader", "decoder", "sender", "coordinator", "proto"},
+    "coordinator": STAGES_UP_TO_SENDER | {"proto"},
+    "gtm": {"core", "reader"},
+    "consumers": {"core", "proto"},
+    "snapshot": {"core", "reader", "decoder", "coordinator"},
+    "runtime": STAGES_UP_TO_SENDER | {"coordinator", "proto"},
+    "service": STAGES_UP_TO_SENDER | {"coordinator", "proto", "runtime", "snapshot"},
     "testing": {"core", "reader", "gtm"},
+    "demo": {"core", "gtm", "testing"},
+    "cli": {"core", "reader", "decoder", "gtm", "consumers", "runtime", "service", "demo"},
 }
 
 
@@ -90,17 +110,33 @@ def graph() -> dict[tuple[str, str], set[str]]:
     return edges
 
 
+def units(known: dict[str, str]) -> set[str]:
+    """Every unit the modules fall into (`csnd` itself for the package root)."""
+    return {package_of(name) or name for name in known}
+
+
 def main() -> int:
+    known = modules()
     edges = graph()
     bad = []
     for (src, dst), who in sorted(edges.items()):
         allowed = ALLOWED.get(src)
-        flag = "" if allowed is None or dst in allowed else "   <-- breaks the layering"
+        flag = "" if allowed is not None and dst in allowed else "   <-- breaks the layering"
         if flag:
             bad.append((src, dst))
         print(f"{src:>12} -> {dst:<12} {', '.join(sorted(who))}{flag}")
-    if "--check" in sys.argv[1:] and bad:
-        print(f"import_graph: {len(bad)} edge(s) break the layering", file=sys.stderr)
+    found = units(known)
+    problems = [f"import_graph: {src} -> {dst} is not in ALLOWED[{src!r}]" for src, dst in bad]
+    problems += [
+        f"import_graph: package {u} has no entry in ALLOWED: list what it may import"
+        for u in sorted(found - ALLOWED.keys())
+    ]
+    problems += [
+        f"import_graph: ALLOWED names {u}, which is no package of csnd (renamed or removed?)"
+        for u in sorted((ALLOWED.keys() | set().union(*ALLOWED.values())) - found)
+    ]
+    if "--check" in sys.argv[1:] and problems:
+        print("\n".join(problems), file=sys.stderr)
         return 1
     return 0
 
