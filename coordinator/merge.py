@@ -8,12 +8,13 @@
 
 GaussDB's distributed decoding, as docs/design.md section 4 restates and
 adapts it.  Each node's sender releases its transactions in its own
-commit-CSN order; a transaction arrives here as one or more batches, each of one command id (cid), the last one flagged.  The merge
-orders batches by `<commitcsn, cid, batch_id>`: CSN first (global commit
-order), cid next (statement order inside a distributed transaction: a delete
-on dn1 that precedes an insert on dn2 is replayed first, so unique keys never
-collide), batch_id last (within one CSN and cid, the ready batches of one node
-do not wait for another node's late batch).
+commit-CSN order; a transaction arrives here as one or more batches, each of
+one command id (cid), the last one flagged.  The merge orders batches by
+`<commitcsn, cid, batch_id>`: CSN first (global commit order), cid next
+(statement order inside a distributed transaction: a delete on dn1 that
+precedes an insert on dn2 is replayed first, so unique keys never collide),
+batch_id last (within one CSN and cid, the ready batches of one node do not
+wait for another node's late batch).
 
 One key per node.  The merge keeps exactly one key per node that has not
 ended in a SortedList of `(csn, cid, batch_id, node index)`:

@@ -8,11 +8,12 @@
            skeletons (stream order) ───────────────────────────►  zip back in
 
 Decoding is ~70% of the work of logical decoding (GaussDB's profile,
-docs/design.md section 1), so it is what runs in parallel.  The reader cuts the stream into batches and hands
-the *changes* of batch i to worker i mod N; everything else (Begin, Commit,
-stream control, messages) stays in the batch's skeleton in this process.  The
-collector reads results in the same rotation, so stream order comes back by
-construction, never by sorting -- as openGauss does.
+docs/design.md section 1), so it is what runs in parallel.  The reader cuts
+the stream into batches and hands the *changes* of batch i to worker i mod N;
+everything else (Begin, Commit, stream control, messages) stays in the
+batch's skeleton in this process.  The collector reads results in the same
+rotation, so stream order comes back by construction, never by sorting -- as
+openGauss does.
 
 Relation and Type messages end the current batch and are *broadcast* to every
 worker's queue in stream order: each worker's queue is FIFO, so every worker

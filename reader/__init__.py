@@ -5,7 +5,8 @@
     recorded *.pgstream file ─────────────┘
 
 Only cheap framing work happens here (GaussDB's parallel decoding,
-docs/design.md section 1): split the stream into messages and classify them.  Tuple data stays raw for the decoders.
+docs/design.md section 1): split the stream into messages and classify them.
+Tuple data stays raw for the decoders.
 """
 
 from csnd.reader.events import Event, iter_events
