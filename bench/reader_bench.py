@@ -20,7 +20,7 @@ from bench.common import best_of, out_path, pg_recvlogical_seconds
 from csnd.core.ids import lsn_from_str
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.pgoutput import ChangeFrames
-from csnd.reader.record import record
+from csnd.reader.record_cmd import record
 from csnd.reader.recorded import RecordedSource
 from csnd.testing.pgserver import start_server
 

@@ -75,8 +75,8 @@ def _ceiling_source() -> Any:
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-    from csnd.consumers.spark.plan import offset, offset_csn, split_range
-    from csnd.consumers.spark.rows import SCHEMA_DDL
+    from csnd.consumers.spark.columns import SCHEMA_DDL
+    from csnd.consumers.spark.ranges import offset, offset_csn, split_range
     from csnd.consumers.spark.source import CsnRange
 
     class CeilingReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -121,7 +121,7 @@ def _ceiling_source() -> Any:
 def run(transactions: int, rounds: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
-    from csnd.consumers.spark.rows import flatten
+    from csnd.consumers.spark.columns import flatten
     from csnd.consumers.spark.session import local_session
     from csnd.coordinator.changelog import Changelog, SubscriptionStore
     from csnd.service import start_changefeed

@@ -11,15 +11,16 @@ reading a node further (back-pressure).  `csnd.core.modes.check_modes`
 refuses node sets that have no common commit order before anything starts.
 
     batch       NodeBatch (node -> merge contract), statistics
-    merge       CsnMerge; its per-node state in mergestate, its output in events
+    merge       CsnMerge; its per-node state in mergestate, its output in txnevents
     gids        naming transactions in errors, recent gids in bounded memory
-    txn         GlobalTxn, one per commit CSN; jsonlines writes it (docs/design.md section 7)
+    globaltxn   GlobalTxn, one per commit CSN; jsonlines writes it (docs/design.md section 7)
     alone       the merge's own checks for a node that skips the merge
     wire        NodeBatch and End <-> protobuf
 """
 
 from csnd.coordinator.alone import AloneOrder
 from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
+from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
 from csnd.coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line
 from csnd.coordinator.merge import (
     DEFAULT_MAX_PENDING_BATCHES,
@@ -31,7 +32,6 @@ from csnd.coordinator.merge import (
     TxnPart,
     TxnStart,
 )
-from csnd.coordinator.txn import GlobalTxn, NodeCommit
 
 __all__ = [
     "DEFAULT_MAX_PENDING_BATCHES",

@@ -20,7 +20,7 @@ from csnd.coordinator.batch import change_body
 from csnd.core.ids import lsn_to_str, pg_time_to_iso
 
 if TYPE_CHECKING:
-    from csnd.coordinator.txn import GlobalTxn, NodeCommit
+    from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
 
 
 _encode: Final = json.JSONEncoder(ensure_ascii=False).encode

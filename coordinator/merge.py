@@ -77,14 +77,14 @@ from typing import Any, Final
 from sortedcontainers import SortedList
 
 from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
-from csnd.coordinator.events import TxnEnd as TxnEnd
-from csnd.coordinator.events import TxnEvent as TxnEvent
-from csnd.coordinator.events import TxnPart as TxnPart
-from csnd.coordinator.events import TxnStart as TxnStart
 from csnd.coordinator.gids import RecentGids as RecentGids
 from csnd.coordinator.gids import txn_name as txn_name
+from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit, Part
 from csnd.coordinator.mergestate import Assembly, Key, MergeNode
-from csnd.coordinator.txn import GlobalTxn, NodeCommit, Part
+from csnd.coordinator.txnevents import TxnEnd as TxnEnd
+from csnd.coordinator.txnevents import TxnEvent as TxnEvent
+from csnd.coordinator.txnevents import TxnPart as TxnPart
+from csnd.coordinator.txnevents import TxnStart as TxnStart
 from csnd.core.errors import (
     CsnOrderViolation,
     InternalError,

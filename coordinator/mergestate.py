@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from csnd.coordinator.batch import NodeBatch
-from csnd.coordinator.events import TxnStart
+from csnd.coordinator.txnevents import TxnStart
 from csnd.core.ids import Csn, Lsn, Xid
 
 Key = tuple[int, int, int, int]  # (csn, cid, batch_id, node index)

@@ -350,7 +350,7 @@ def node_config(args: argparse.Namespace) -> NodeAgentConfig:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from csnd.reader.live import LiveSource
-    from csnd.reader.record import record
+    from csnd.reader.record_cmd import record
 
     spec = parse_source(args.source)
     if not spec.is_live:

@@ -22,7 +22,7 @@ texts and their grammar live in `csnd.core.markers`, shared with the reader.
 
 from csnd.core.errors import CommitIncomplete, CommitInDoubt
 from csnd.gtm.generate import generate_cluster
-from csnd.gtm.options import GenerateOptions, GenerateSummary
+from csnd.gtm.generate_options import GenerateOptions, GenerateSummary
 from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.recovery import RecoveryReport, recover_in_doubt
 from csnd.gtm.sequencer import Gtm, Sequencer

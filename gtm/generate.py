@@ -51,12 +51,12 @@ from typing import Any, Final
 
 from csnd.core import markers
 from csnd.core.ids import lsn_to_str, pg_time_to_iso
+from csnd.gtm.generate_options import GenerateOptions, GenerateSummary
 from csnd.gtm.localtxn import NodePart
-from csnd.gtm.options import GenerateOptions, GenerateSummary
+from csnd.gtm.randvalues import Values
 from csnd.gtm.schema import evolve_step, table_defs
 from csnd.gtm.sequencer import Gtm
 from csnd.gtm.tables import TableState
-from csnd.gtm.values import Values
 from csnd.gtm.walsender import NodeStream
 from csnd.gtm.workload import Workload
 from csnd.reader.streamfile import StreamHeader, StreamWriter

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from csnd.core.ids import lsn_to_str
+from csnd.gtm.randvalues import TOAST_THRESHOLD
 from csnd.gtm.schema import SCHEMA, DdlStep, Shape
 from csnd.gtm.tables import Row, TableState
-from csnd.gtm.values import TOAST_THRESHOLD
 from csnd.gtm.walsender import (
     CHANGE_OVERHEAD,
     DELETE,

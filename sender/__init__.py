@@ -14,7 +14,7 @@ confirm the slot (docs/design.md sections 3, 5).
 """
 
 from csnd.core.modes import MODES
-from csnd.sender.confirm import ConfirmableLsn
+from csnd.sender.confirmable import ConfirmableLsn
 from csnd.sender.node import NodeSender, NodeSenderStatistics
 from csnd.sender.opentxn import OpenTxn
 from csnd.sender.ordering import CsnOrderer

@@ -11,7 +11,7 @@
                                        while no transaction is open
 
 Pure logic: the only I/O is a large transaction's spill file (`sender.txnbuf`).
-How far the slot may be confirmed is `sender.confirm`'s bookkeeping; an open
+How far the slot may be confirmed is `sender.confirmable`'s bookkeeping; an open
 transaction's state is `sender.opentxn`.
 
 CSNs.  GTM mode: a transaction's CSN is its `commit <gid> <csn>` marker, applied
@@ -70,7 +70,7 @@ from csnd.reader.pgoutput import (
     StreamStop,
     TypeMsg,
 )
-from csnd.sender.confirm import ConfirmableLsn
+from csnd.sender.confirmable import ConfirmableLsn
 from csnd.sender.opentxn import OpenTxn, open_at_end, position_error
 from csnd.sender.ordering import CsnOrderer
 from csnd.sender.txn import FinishedTxn
@@ -489,7 +489,7 @@ class NodeSender:
         """The LSN this node's slot may be confirmed to once everything released so far is durable.
 
         The largest `L` (0: none yet) such that a restart from `L` loses
-        nothing and breaks no ordering (`sender.confirm` says how).  It never
+        nothing and breaks no ordering (`sender.confirmable` says how).  It never
         decreases.  The caller confirms it only after every transaction
         released before it read this value is durable (and should restart
         with `resume_csn` = the last durable CSN).

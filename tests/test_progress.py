@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from csnd.reader.recorded import RecordedSource
-from csnd.runtime.progress import ReplayProgress
+from csnd.runtime.replay_progress import ReplayProgress
 from csnd.runtime.stats import NodeStats
 from csnd.testing.widestream import write_wide_stream
 

@@ -5,8 +5,8 @@
     df = spark.readStream.format("csnd").option("target", "HOST:PORT").load()
 
     options.py  the options, checked once when the query starts
-    plan.py     offsets (CSNs), micro-batch ends and partition cuts (pure)
-    rows.py     transaction lines -> Arrow rows, one per change (pure)
+    ranges.py   offsets (CSNs), micro-batch ends and partition cuts (pure)
+    columns.py  transaction lines -> Arrow rows, one per change (pure)
     feed.py     the calls to the service (Status, Fetch, acknowledgements)
     source.py   the DataSource and its batch and stream readers
 
@@ -14,7 +14,7 @@ Rows: SCHEMA_DDL (docs/design.md section 8).  Needs the `spark` extra
 (pip install 'csnd[spark]'): pyspark, pyarrow and pandas.
 """
 
-from csnd.consumers.spark.rows import ARROW_SCHEMA, SCHEMA_DDL, RowBuilder, flatten
+from csnd.consumers.spark.columns import ARROW_SCHEMA, SCHEMA_DDL, RowBuilder, flatten
 from csnd.consumers.spark.source import CsndBatchReader, CsndDataSource, CsndStreamReader, CsnRange
 
 __all__ = [

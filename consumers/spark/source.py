@@ -13,7 +13,7 @@
 
 The driver only plans CSN ranges; rows go straight from the service to the
 executors and reach Spark as Arrow record batches.  A micro-batch is the
-half-open range (previous end, end] of whole transactions (see plan.py).
+half-open range (previous end, end] of whole transactions (see ranges.py).
 Options are checked when the query starts (options.py): an unknown or
 malformed one fails the query with one line naming it.
 """
@@ -32,9 +32,9 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 from pyspark.sql.types import StructType
 
 from csnd.consumers.spark import feed
+from csnd.consumers.spark.columns import SCHEMA_DDL, RowBuilder
 from csnd.consumers.spark.options import SourceOptions, parse_options
-from csnd.consumers.spark.plan import end_after, offset, offset_csn, split_range
-from csnd.consumers.spark.rows import SCHEMA_DDL, RowBuilder
+from csnd.consumers.spark.ranges import end_after, offset, offset_csn, split_range
 from csnd.core.errors import ChangefeedError, ConfigError
 
 log = logging.getLogger("csnd.consumers.spark")

@@ -8,7 +8,7 @@
 `config` holds what a run is asked to do (built by the command line), `sources`
 turns SOURCE arguments into readers, `replay` wires one `csnd replay`, `agent`
 serves one node to a coordinator (its unacknowledged window: `window`),
-`progress` and `stopping` are the command line's manners while a run lasts.
+`replay_progress` and `stopping` are the command line's manners while a run lasts.
 
 Nothing is imported here: each command imports the modules it needs (the
 decoders' fork server starts loading while the command line imports these).

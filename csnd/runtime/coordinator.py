@@ -57,7 +57,7 @@ from csnd.runtime.items import (
     whole_list,
 )
 from csnd.runtime.jsonsink import OUTPUT_CHUNK_BYTES
-from csnd.runtime.progress import ReplayProgress
+from csnd.runtime.replay_progress import ReplayProgress
 from csnd.runtime.sinks import GroupCommitSink, Sink
 from csnd.sender import FinishedTxn
 

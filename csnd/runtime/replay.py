@@ -29,7 +29,7 @@ from csnd.runtime.config import ReplayConfig
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.jsonsink import JsonLinesSink, is_written_in_place
-from csnd.runtime.progress import ReplayProgress
+from csnd.runtime.replay_progress import ReplayProgress
 from csnd.runtime.sinks import OutputClosed, Sink
 from csnd.runtime.sources import SourceSpec, check_nodes, open_source, parse_source
 from csnd.runtime.stopping import ignore_stop_signals

@@ -29,8 +29,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+from csnd.coordinator.globaltxn import NodeCommit
 from csnd.coordinator.jsonlines import json_changes, json_head
-from csnd.coordinator.txn import NodeCommit
 from csnd.core.ids import Lsn, Xid
 
 _encode: Final = json.JSONEncoder(ensure_ascii=False).encode

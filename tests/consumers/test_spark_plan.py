@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csnd.consumers.spark.options import KNOWN, parse_options
-from csnd.consumers.spark.plan import end_after, offset, offset_csn, split_range
+from csnd.consumers.spark.ranges import end_after, offset, offset_csn, split_range
 from csnd.core.errors import ConfigError
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.consumers.spark.rows import _CHANGE_SEP, ARROW_SCHEMA, COLUMNS, RowBuilder, _fast, _walk, flatten
+from csnd.consumers.spark.columns import _CHANGE_SEP, ARROW_SCHEMA, COLUMNS, RowBuilder, _fast, _walk, flatten
 
 _enc = json.JSONEncoder(ensure_ascii=False).encode
 

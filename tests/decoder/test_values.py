@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from csnd.decoder import jsontext as J
 from csnd.decoder import values as V
 from csnd.gtm import pgtypes as T
-from csnd.gtm.values import Values
+from csnd.gtm.randvalues import Values
 from tests.fixtures.pg import PgServer
 
 Conn = psycopg.Connection[tuple[Any, ...]]

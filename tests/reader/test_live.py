@@ -15,7 +15,7 @@ import pytest
 from csnd.core.errors import StreamFormatError
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.reader.live import LiveOptions, LiveSource
-from csnd.reader.record import record
+from csnd.reader.record_cmd import record
 from csnd.reader.recorded import RecordedSource
 from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase

@@ -14,7 +14,7 @@ import pytest
 
 from csnd.core.errors import SourceError
 from csnd.reader.live import LiveOptions, LiveSource
-from csnd.reader.record import record
+from csnd.reader.record_cmd import record
 from csnd.reader.resume import Item
 from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase

@@ -11,7 +11,7 @@ import pytest
 
 from csnd.core.errors import ConnectionLost, CsndError
 from csnd.reader import pgoutput as pg
-from csnd.reader.record import record
+from csnd.reader.record_cmd import record
 
 
 class FakeSource:
@@ -99,7 +99,7 @@ class IdleSource(FakeSource):
 def test_a_lull_after_changes_is_synced_and_confirmed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from csnd.reader import record as record_module
+    from csnd.reader import record_cmd as record_module
 
     monkeypatch.setattr(record_module, "SYNC_INTERVAL_S", 3600.0)  # only the lulls sync
     src = IdleSource()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from csnd.coordinator.txn import NodeCommit
+from csnd.coordinator.globaltxn import NodeCommit
 from csnd.core.ids import Csn, Lsn
 
 
