@@ -19,13 +19,22 @@ changelog is durable, also while the node is idle.
 
 Ready: once every live source's slot exists (--create-slot makes it first)
 it prints 'csnd serve: listening on HOST:PORT' (and 'csnd serve: dashboard on
-http://HOST:PORT/'), and every transaction committed after that line is
+http://HOST:PORT/', https:// with --tls-cert), and every transaction committed after that line is
 delivered; port 0 picks a free port. Sources that end (files, until_lsn)
 leave it serving what it has. SIGTERM or Ctrl-C: stop taking input, make
 durable, confirm the slots, exit 0. A restart resumes from
 the changelog: nothing lost, nothing twice. A dead decoder or a lost node
 agent restarts the pipeline with backoff (5 failures in 5 minutes: exit 1);
 a protocol error is one line naming node, LSN and xid, exit 1.
+
+Probes (--http; open without the token, HEAD as GET): /healthz answers 200
+while the process is up, from before the ready line on. /readyz answers 200
+once it is ready (slots prepared, changelog open, pipeline running or its
+sources ended) and 503 with a one-line reason otherwise: still starting,
+stopping, the pipeline failed, a node failed, or a node reconnecting or
+restarting for longer than --readiness-grace. With --token-file the dashboard
+asks for the token in a form (never in the URL) and keeps a session cookie,
+Secure over TLS; scripts send 'Authorization: Bearer <token>'.
 
 Per-source live settings ride on the URL:
   dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
@@ -70,7 +79,7 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "--http",
         type=flag_type(settings.ADDRESS),
         metavar="HOST:PORT",
-        help="serve the dashboard, /metrics and /api/status here",
+        help="serve the dashboard, /metrics, /api/status, /healthz and /readyz here (HTTPS with --tls-cert)",
     )
     p.add_argument(
         "--decoders",
@@ -83,7 +92,9 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         metavar="F",
         help="require 'authorization: Bearer <token in F>' on every call (but health checks)",
     )
-    p.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this certificate chain")
+    p.add_argument(
+        "--tls-cert", metavar="PEM", help="serve gRPC and --http over TLS with this certificate chain"
+    )
     p.add_argument("--tls-key", metavar="PEM", help="... and this private key")
     p.add_argument(
         "--health-needs-token",
@@ -109,6 +120,12 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         type=flag_type(settings.POSITIVE),
         metavar="SECONDS",
         help="how long a live source or node agent that was flowing is reconnected to (default 300)",
+    )
+    p.add_argument(
+        "--readiness-grace",
+        type=flag_type(settings.NOT_NEGATIVE),
+        metavar="SECONDS",
+        help="how long a node may be reconnecting or restarting before /readyz answers 503 (default 30)",
     )
     p.add_argument(
         "--config", metavar="FILE", help="settings as TOML; flags and CSND_* variables override it"

@@ -31,6 +31,10 @@ DEFAULT_LISTEN: Final = "127.0.0.1:7070"
 DEFAULT_DECODERS: Final = 2
 # How long a live source that was flowing keeps reconnecting before the service gives up on it.
 DEFAULT_GIVE_UP_S: Final = 300.0
+# How long a node may be reconnecting or restarting before /readyz says 503.  A
+# PostgreSQL restart or a pipeline restart passes within seconds; longer, and a
+# load balancer should send consumers to a service that is flowing.
+DEFAULT_READINESS_GRACE_S: Final = 30.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class ServeConfig:
     retention_bytes: int | None = None
     retention_hours: float | None = None
     give_up_s: float = DEFAULT_GIVE_UP_S
+    readiness_grace_s: float = DEFAULT_READINESS_GRACE_S
     thresholds: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
     spill_dir: str | None = None  # [spill] dir: big transactions' spill files (None: the temp directory)
@@ -133,6 +138,7 @@ _TOP_KEYS: Final = {
     "retention_bytes",
     "retention_hours",
     "give_up",
+    "readiness_grace",
     "source",
     "dashboard",
     "defaults",
@@ -215,6 +221,7 @@ def build_config(
         retention_bytes=pick("retention_bytes"),
         retention_hours=pick("retention_hours"),
         give_up_s=pick("give_up", default=DEFAULT_GIVE_UP_S),
+        readiness_grace_s=pick("readiness_grace", default=DEFAULT_READINESS_GRACE_S),
         thresholds=dict(dashboard),
         verbose=bool(flags.get("verbose")),
         spill_dir=spill_dir,

@@ -149,6 +149,7 @@ class NodeWatch:
         self._caught_up_at = clock()
         self._watermark = -1
         self._watermark_moved_at = clock()
+        self._down_since: float | None = None  # first seen reconnecting or restarting
 
     def attach(self, node_input: Any, tracker: Any, waiting_merge: Callable[[], int]) -> None:
         self.input, self.tracker, self.waiting_merge = node_input, tracker, waiting_merge
@@ -178,6 +179,11 @@ class NodeWatch:
         state = self.state
         if state == "streaming" and st.reconnecting:
             state = "reconnecting"
+        if state in ("reconnecting", "restarting"):
+            if self._down_since is None:
+                self._down_since = now
+        else:
+            self._down_since = None
         return NodeState(
             name=self.name,
             mode=self.mode,
@@ -202,4 +208,5 @@ class NodeWatch:
             spill_bytes=st.spill_bytes,
             slot_wal_status=slot.wal_status,
             slot_safe_wal_size=-1 if slot.safe_wal_size is None else slot.safe_wal_size,
+            down_seconds=0.0 if self._down_since is None else round(now - self._down_since, 3),
         )

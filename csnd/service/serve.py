@@ -63,7 +63,7 @@ from csnd.service.config import ServeConfig, ServedSource
 from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
 from csnd.service.sink import ChangelogSink
-from csnd.service.status import NodeState
+from csnd.service.status import NodeState, unready_nodes
 from csnd.snapshot import SnapshotProgress, snapshot_state
 
 log = logging.getLogger("csnd.serve")
@@ -118,6 +118,8 @@ class Service:
         self._lock = threading.Lock()
         self.snapshot_progress = SnapshotProgress()
         self._snapshot: Any = None  # the initial snapshot to take first (csnd.snapshot.run.SnapshotRun)
+        # What the service is doing before it is ready (/readyz says it); "" once ready.
+        self._starting = "opening the changelog"
 
     # --- setup --------------------------------------------------------------------------
 
@@ -294,6 +296,32 @@ class Service:
         )
         return document
 
+    def readiness(self) -> tuple[bool, str]:
+        """`/readyz`: (ready, one line saying so or why not); cheap, from any thread.
+
+        Ready: the ready line is out (changelog open, slots prepared), the
+        pipeline is running or its sources ended, no node failed, and none
+        has been reconnecting or restarting for longer than
+        `readiness_grace_s`.
+        """
+        if self._stop.is_set():
+            return False, "stopping"
+        if self._starting:
+            return False, f"starting: {self._starting}"
+        if self._failure is not None:
+            return False, "the pipeline failed and the service is ending (its error is on stderr)"
+        if self._done.is_set():
+            return True, "ready: every source ended; serving the changelog"
+        if self._snapshot is not None:
+            return True, "ready: taking the initial snapshot (consumers read it as it is written)"
+        nodes = self.node_states()
+        if len(nodes) < len(self.config.sources):
+            return False, "starting: the pipeline is opening its sources"
+        why = unready_nodes(nodes, self.config.readiness_grace_s)
+        if why is not None:
+            return False, why
+        return True, "ready"
+
     # --- the pipeline -------------------------------------------------------------------
 
     def _pipeline(self) -> None:
@@ -410,6 +438,7 @@ class Service:
             cfg.changelog, retention_bytes=cfg.retention_bytes, retention_hours=cfg.retention_hours
         )
         try:
+            self._starting = "starting the changefeed"
             subscriptions = SubscriptionStore(cfg.changelog)
             self.feed = start_changefeed(
                 self.log,
@@ -422,6 +451,21 @@ class Service:
                 serving=False,
                 health_needs_token=cfg.health_needs_token,
             )
+            if cfg.http:
+                # Up before the slots are prepared (which may wait long for a new slot's
+                # consistent point): /healthz answers, /readyz says what it waits for.
+                from csnd.service.http import DashboardServer
+
+                self.http = DashboardServer(
+                    cfg.http,
+                    self.status_document,
+                    token=token,
+                    thresholds=thresholds,
+                    ready=self.readiness,
+                    tls=tls,
+                )
+                self.http.start()
+            self._starting = "checking the slots and the changelog"
             live = [(s.name or f"dn{i + 1}", s.target, s.live.slot or "") for i, s in enumerate(cfg.sources)]
             check_slots_kept(
                 [n for n, s in zip(live, cfg.sources, strict=True) if s.is_live],
@@ -429,20 +473,16 @@ class Service:
                 self.log.durable_csn,
             )
             self._check_snapshot()
+            self._starting = "preparing the slots (a new slot waits for the transactions open on its server)"
             self._prepare_slots()
             self.feed.set_serving()
             pipeline = threading.Thread(target=self._pipeline, name="csnd-pipeline", daemon=True)
             try:  # (from the ready line on, a stop is the clean one, even at once)
                 self._say(f"csnd serve: listening on {self.feed.address}")
-                if cfg.http:
-                    from csnd.service.http import DashboardServer
-
-                    self.http = DashboardServer(
-                        cfg.http, self.status_document, token=token, thresholds=thresholds
-                    )
-                    self.http.start()
+                if self.http is not None:
                     self._say(f"csnd serve: dashboard on {self.http.url}")
                 pipeline.start()
+                self._starting = ""
                 self._wait()
             except KeyboardInterrupt:
                 log.info("stopping: making what was written durable and confirming the slots")

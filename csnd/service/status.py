@@ -47,6 +47,9 @@ class NodeState:
     spill_bytes: int = 0
     slot_wal_status: str = ""
     slot_safe_wal_size: int = -1  # -1: unknown or unlimited
+    # Seconds it has been reconnecting or restarting (0 otherwise), counted from
+    # when the service first saw it so (not in the protobuf: for /readyz).
+    down_seconds: float = 0.0
 
     def to_pb(self) -> pb.NodeStatus:
         return pb.NodeStatus(
@@ -78,3 +81,24 @@ class NodeState:
 
 # What `csnd serve` passes as `status=`: the nodes now, in a stable order.
 NodeStatusSource = Callable[[], Iterable[NodeState]]
+
+
+def unready_nodes(nodes: Iterable[NodeState], grace_s: float) -> str | None:
+    """Why the nodes make the service not ready (`/readyz`), or None when none does.
+
+    A failed node does at once; one reconnecting or restarting does once it
+    has been so for longer than `grace_s` (a server restart or a pipeline
+    restart is expected to pass within it).  A stuck watermark does not: the
+    changelog still serves what it has.  The reason names the node and its
+    state, not its error, since `/readyz` is open without the token (the
+    error is in Status).
+    """
+    reasons = []
+    for n in nodes:
+        if n.state == "failed":
+            reasons.append(f"node {n.name} failed")
+        elif n.state in ("reconnecting", "restarting") and n.down_seconds > grace_s:
+            reasons.append(f"node {n.name} has been {n.state} for {n.down_seconds:.0f}s (over {grace_s:g}s)")
+    if not reasons:
+        return None
+    return "; ".join(reasons) + " (its error is in /api/status)"

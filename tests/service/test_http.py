@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import socket
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from csnd.core.errors import ConfigError
 from csnd.service.http import DashboardServer, Thresholds
 from csnd.service.metrics import METRICS
+from csnd.service.server import TlsFiles
 from tests.fixtures.browser import dump_dom
+from tests.fixtures.tls import self_signed, trusting
 
 
 def _status(transactions: int = 10, dn2_state: str = "streaming") -> dict[str, Any]:
@@ -132,8 +139,6 @@ def test_metrics_expose_every_documented_name_with_the_status_values(served: Any
 
 def test_api_status_is_the_status_snapshot(served: Any) -> None:
     server, holder = served
-    import json
-
     code, text = _get(server.url + "api/status")
     assert code == 200 and json.loads(text) == holder["status"]
 
@@ -145,8 +150,150 @@ def test_a_token_is_required_when_configured() -> None:
         assert _get(server.url + "metrics")[0] == 401
         assert _get(server.url + "api/status", {"Authorization": "Bearer wrong"})[0] == 401
         assert _get(server.url + "api/status", {"Authorization": "Bearer s3cret"})[0] == 200
-        assert _get(server.url + "?token=s3cret")[0] == 200
-        assert _get(server.url + "api/config", {"Cookie": "csnd_token=s3cret"})[0] == 200
+        assert _get(server.url + "api/config", {"Authorization": "Bearer s3cret"})[0] == 200
+    finally:
+        server.stop()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kw: Any) -> None:
+        return None
+
+
+def _login(url: str, token: str, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str]]:
+    """POSTs the dashboard's login form; the status and headers of the answer (not followed)."""
+    opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
+    request = urllib.request.Request(url + "login", data=urllib.parse.urlencode({"token": token}).encode())
+    try:
+        with opener.open(request, timeout=30) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers)
+
+
+def test_the_token_never_rides_in_a_url_and_the_cookie_is_not_the_token() -> None:
+    """A browser logs in with a form POST; the session cookie is an HMAC of the token, HttpOnly, Strict."""
+    server = DashboardServer("127.0.0.1:0", _status, token="s3cret")
+    server.start()
+    try:
+        # the old ways: the token in the query string, or itself in a cookie
+        code, body = _get(server.url + "api/status?token=s3cret")
+        assert code == 401 and "not taken" in body
+        assert _get(server.url + "api/status", {"Cookie": "csnd_token=s3cret"})[0] == 401
+        # the page holds no figures: open, and it sets no cookie
+        with urllib.request.urlopen(server.url + "?token=s3cret", timeout=30) as r:
+            assert r.status == 200 and r.headers.get("Set-Cookie") is None
+
+        code, headers = _login(server.url, "wrong")
+        assert code == 303 and headers["Location"] == "./#refused" and "Set-Cookie" not in headers
+        code, headers = _login(server.url, "s3cret")
+        assert code == 303 and headers["Location"] == "./"
+        cookie = headers["Set-Cookie"]
+        attributes = {a.strip() for a in cookie.split(";")[1:]}
+        assert attributes == {"HttpOnly", "SameSite=Strict", "Path=/"}, cookie  # (not Secure: plain HTTP)
+        session = cookie.split(";")[0]
+        assert "s3cret" not in session
+        assert _get(server.url + "api/status", {"Cookie": session})[0] == 200
+        assert _get(server.url + "api/status", {"Cookie": session[:-1] + "0"})[0] == 401
+        # the session opens the dashboard, not the changefeed: it is not the token
+        assert (
+            _get(server.url + "api/status", {"Authorization": "Bearer " + session.split("=", 1)[1]})[0] == 401
+        )
+    finally:
+        server.stop()
+
+
+def _request(
+    url: str, method: str, context: ssl.SSLContext | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    parts = urllib.parse.urlsplit(url)
+    conn = (
+        http.client.HTTPSConnection(parts.hostname or "", parts.port, context=context, timeout=30)
+        if parts.scheme == "https"
+        else http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    )
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""))
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def test_head_is_answered_as_get_without_a_body(served: Any) -> None:
+    server, _ = served
+    for path in ("", "dashboard.js", "metrics", "api/status", "api/history", "healthz", "readyz", "nosuch"):
+        got = _request(server.url + path, "GET")
+        head = _request(server.url + path, "HEAD")
+        assert head[0] == got[0], path
+        assert head[1]["content-type"] == got[1]["content-type"], path
+        assert head[1]["content-length"] == str(len(got[2])), path
+        assert head[2] == b"", path
+
+
+def test_healthz_and_readyz_are_open_and_readyz_says_why() -> None:
+    state = {"ready": (False, "starting: preparing the slots")}
+    server = DashboardServer("127.0.0.1:0", _status, token="s3cret", ready=lambda: state["ready"])
+    server.start()
+    try:
+        assert _get(server.url + "healthz") == (200, "ok\n")
+        assert _get(server.url + "readyz") == (503, "not ready: starting: preparing the slots\n")
+        state["ready"] = (True, "ready")
+        assert _get(server.url + "readyz") == (200, "ready\n")
+        state["ready"] = (False, "node dn2 has been reconnecting for 45s (over 30s)")
+        assert _get(server.url + "readyz")[0] == 503
+        assert _request(server.url + "readyz", "HEAD")[:1] == (503,)
+        assert _get(server.url + "api/status")[0] == 401  # (the figures still need the token)
+    finally:
+        server.stop()
+
+
+def test_the_dashboard_over_tls(tmp_path: Path) -> None:
+    cert, key = self_signed(str(tmp_path))
+    server = DashboardServer("127.0.0.1:0", _status, token="s3cret", tls=TlsFiles(cert, key))
+    server.start()
+    ctx = trusting(cert)
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        # a client that connects and says nothing does not hold the others up (the handshake
+        # runs in the connection's thread), nor does a plain HTTP one
+        with socket.create_connection(("127.0.0.1", server.port)) as idle:
+            assert _request(server.url + "healthz", "GET", ctx)[::2] == (200, b"ok\n")
+            with pytest.raises((http.client.HTTPException, OSError)):
+                _request(server.url.replace("https:", "http:") + "healthz", "GET")
+            assert _request(server.url + "readyz", "HEAD", ctx)[0] == 200
+            assert idle.fileno() >= 0
+        code, headers = _login(server.url, "s3cret", ctx)
+        assert code == 303
+        cookie = headers["Set-Cookie"]
+        assert "Secure" in {a.strip() for a in cookie.split(";")}, cookie
+        request = urllib.request.Request(server.url + "api/status", headers={"Cookie": cookie.split(";")[0]})
+        with urllib.request.urlopen(request, context=ctx, timeout=30) as r:
+            assert json.load(r) == _status()
+        with pytest.raises(urllib.error.URLError):  # (not trusted without the certificate)
+            urllib.request.urlopen(server.url + "healthz", timeout=30)
+    finally:
+        server.stop()
+
+
+def test_unreadable_tls_files_are_one_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the TLS certificate or key"):
+        DashboardServer(
+            "127.0.0.1:0", _status, tls=TlsFiles(str(tmp_path / "no.pem"), str(tmp_path / "no.key"))
+        )
+
+
+def test_the_page_asks_for_the_token_in_a_form(tmp_path: Path) -> None:
+    server = DashboardServer("127.0.0.1:0", _status, token="s3cret")
+    server.start()
+    try:
+        dom = dump_dom(server.url)
+        form = re.search(r"<form id=\"login\"[^>]*>", dom)
+        assert form is not None and "hidden" not in form.group(0), dom[:2000]
+        assert 'name="token"' in dom and "token needed" in dom
+        assert 'data-node="dn1"' not in dom  # (no figures without the token)
+        dom = dump_dom(server.url + "#refused")
+        assert re.search(r'<p id="login-refused" class="error">', dom), "a refused token is not said"
     finally:
         server.stop()
 

@@ -1,11 +1,12 @@
 // The csnd dashboard: polls /api/status (the gRPC Status content) once a second,
 // /api/history once at load for the last minutes.  No library, nothing from the
 // network but this service: it must work on a machine with no internet.
+//
+// With a token configured the API answers 401 until the browser holds the
+// session cookie: the page then shows its login form, which POSTs the token to
+// /login (never in a URL); the cookie is HttpOnly, so no script here sees it.
 "use strict";
 
-const params = new URLSearchParams(location.search);
-const token = params.get("token");
-const headers = token ? { Authorization: "Bearer " + token } : {};
 let thresholds = null;
 let samples = [];          // {t, transactions, lag_seconds: {node: s}, ...}
 const MAX_SAMPLES = 600;
@@ -181,10 +182,25 @@ function render(status) {
   renderPlots();
 }
 
+class Unauthorized extends Error {}
+
 async function get(path) {
-  const r = await fetch(path, { headers, cache: "no-store" });
+  const r = await fetch(path, { cache: "no-store", credentials: "same-origin" });
+  if (r.status === 401) throw new Unauthorized(path);
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
+}
+
+// The API wants the token: show the form (a refused one comes back to "#refused").
+function askForToken() {
+  const form = document.getElementById("login");
+  form.hidden = false;
+  document.getElementById("login-refused").hidden = location.hash !== "#refused";
+  const badge = document.getElementById("overall");
+  badge.className = "badge";
+  badge.textContent = "token needed";
+  document.querySelector("main").hidden = true;
+  form.querySelector("input").focus();
 }
 
 async function tick() {
@@ -193,6 +209,10 @@ async function tick() {
     render(await get("api/status"));
     err.hidden = true;
   } catch (e) {
+    if (e instanceof Unauthorized) {
+      askForToken();
+      return;
+    }
     err.hidden = false;
     err.textContent = "cannot reach the service: " + e.message;
     const badge = document.getElementById("overall");
@@ -200,6 +220,8 @@ async function tick() {
     badge.textContent = "unreachable";
   }
 }
+
+let timer = null;
 
 async function start() {
   try {
@@ -213,11 +235,16 @@ async function start() {
     const hist = await get("api/history");
     samples = hist.samples.map((s) => ({ t: s.t, transactions: s.transactions, lag_seconds: s.lag_seconds }));
   } catch (e) {
+    if (e instanceof Unauthorized) {
+      askForToken();
+      return;
+    }
     thresholds = thresholds || { lag_seconds_amber: 10, lag_seconds_red: 60, retained_wal_bytes_amber: 2 ** 30,
       retained_wal_bytes_red: 8 * 2 ** 30, consumer_lag_amber: 10000, consumer_lag_red: 100000 };
   }
+  if (location.hash) history.replaceState(null, "", location.pathname);
   await tick();
-  setInterval(tick, 1000);
+  timer = timer || setInterval(tick, 1000);
 }
 
 start();
