@@ -3,12 +3,18 @@
 Ratios (live capture vs pg_recvlogical, 2 decoders vs 1) are measured inside
 this one run, so the noise of this shared machine mostly cancels; absolute
 rates are what this run saw.  Raw figures go to bench-out/results.json.
+
+`python -m bench NAME [options]` runs one of the benchmarks kept out of that
+run (`BY_NAME`: they take many minutes and print a table of their own):
+`load`, the service's memory and latency under slow, stopped and many
+subscribers, a 1 GB transaction and an idle node (bench/load_bench.py).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from bench import (
@@ -16,6 +22,7 @@ from bench import (
     changelog_bench,
     decode_bench,
     gtm_bench,
+    load_bench,
     merge_bench,
     reader_bench,
     serve_bench,
@@ -23,6 +30,8 @@ from bench import (
 from bench.common import out_path
 
 BIG_TXN_MB = 1024
+# Run alone by name, each with its own options and table.
+BY_NAME: dict[str, Callable[[list[str]], Any]] = {"load": load_bench.main}
 
 
 def _f(x: Any, digits: int = 0) -> str:
@@ -171,4 +180,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1:
+        if sys.argv[1] not in BY_NAME:
+            raise SystemExit(f"python -m bench: no benchmark {sys.argv[1]!r}; one of {', '.join(BY_NAME)}")
+        BY_NAME[sys.argv[1]](sys.argv[2:])
+    else:
+        main()
