@@ -476,6 +476,14 @@ class Run:
                 "every slot confirmed past its node's last commit",
                 self.diagnose,
             )
+            # (the sampler takes its readings every 50 ms: let it see the state the waits just saw)
+            wait(
+                lambda: self.recovered_at is not None,
+                "the sampler to see the recovery",
+                self.diagnose,
+                5.0,
+                fail=False,
+            )
             o.recovered = self.fault_at is not None and self.recovered_at is not None
             if self.fault_at is not None and self.recovered_at is not None:
                 o.recovery_s = round(self.recovered_at - self.fault_at, 2)
