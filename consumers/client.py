@@ -14,12 +14,14 @@
 
 A lost connection (service restarted, network cut, the service dropped us
 for silence) is not an error: the client opens a new stream after the last
-transaction it handed out, with exponential backoff, so the caller sees no
-gap and no duplicate.  Errors that a reconnect cannot fix raise at once: a
-refused token (ChangefeedUnauthenticated), a malformed request
-(ChangefeedRejected), a start older than the retained changelog
-(CsnOutOfRange), or nothing reachable -- within `connect_timeout` at the
-first connect, within `give_up` after a loss (ChangefeedUnavailable).
+transaction it handed out, with exponential backoff and jitter
+(`csnd.core.backoff`: the consumers of a restarted service do not all come
+back in the same instant), so the caller sees no gap and no duplicate.
+Errors that a reconnect cannot fix raise at once: a refused token
+(ChangefeedUnauthenticated), a malformed request (ChangefeedRejected), a
+start older than the retained changelog (CsnOutOfRange), or nothing
+reachable -- within `connect_timeout` at the first connect, within
+`give_up` after a loss (ChangefeedUnavailable).
 
 The response thread answers keepalives while the caller works, but it stops
 reading when the inbox is full: a caller that does not iterate for longer
@@ -42,6 +44,7 @@ from typing import Final
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from csnd.core.backoff import Backoff
 from csnd.core.errors import (
     ChangefeedError,
     ChangefeedRejected,
@@ -61,7 +64,10 @@ CONNECT_TIMEOUT_S: Final = 5.0
 # After a lost connection, how long to keep trying before giving up.
 # None: for ever (a consumer that should outlive a long service outage).
 GIVE_UP_S: Final = 300.0
-# Reconnect backoff: first wait, growth, ceiling.
+# Reconnect backoff (csnd.core.backoff): the first wait's ceiling, doubling up to
+# the cap.  A short first wait finds a quickly restarted service at once; the cap
+# bounds how long a consumer waits past the moment the service is back.  The
+# ceiling is also how long each attempt waits for the service to answer.
 BACKOFF_FIRST_S: Final = 0.1
 BACKOFF_MAX_S: Final = 5.0
 # Batches received but not yet handed out (each up to the server's batch bound).
@@ -284,9 +290,12 @@ class Changefeed:
         self._call: _Call | None = None
         self._pending: deque[Record] = deque()
         self._connected_once = False
-        self._lost_at: float | None = None  # since when no stream has worked
         self._retry_at = 0.0
-        self._backoff = BACKOFF_FIRST_S
+        # The reconnect schedule; its outage (`down_since`) is since when no stream has
+        # worked, its give-up the connect timeout until the first stream, then `give_up`.
+        self.backoff = Backoff(
+            time.monotonic, first=BACKOFF_FIRST_S, cap=BACKOFF_MAX_S, give_up=connect_timeout
+        )
         self._last_error = ""
         self._ack_lock = threading.Lock()
         self._acked = 0  # the newest acknowledgement asked for
@@ -343,14 +352,13 @@ class Changefeed:
                 continue  # (left over from an abandoned stream)
             if isinstance(item, list):
                 self._pending.extend(item)
-                self._lost_at = None
-                self._backoff = BACKOFF_FIRST_S
+                self.backoff.flowing()
                 if self._pending:
                     return self._hand_out()
             elif isinstance(item, pb.Subscribed):
                 self._connected_once = True
-                self._lost_at = None
-                self._backoff = BACKOFF_FIRST_S
+                self.backoff.give_up = self.give_up
+                self.backoff.flowing()
                 if self.last_csn is None:
                     self.last_csn = item.after_csn
                 self._after = item.after_csn if self._after is None else self._after
@@ -372,8 +380,7 @@ class Changefeed:
         """Opens a stream after the last transaction handed out; False if `deadline` passed first."""
         while True:
             now = time.monotonic()
-            if self._lost_at is None:
-                self._lost_at = now
+            self.backoff.lost()  # (the outage starts with the first attempt, or began with the lost stream)
             if now < self._retry_at:  # (backing off after a failed stream)
                 if deadline is not None and deadline <= self._retry_at:
                     time.sleep(max(0.0, deadline - now))
@@ -382,10 +389,10 @@ class Changefeed:
             if self._channel is None:
                 self._channel = _channel(self.address, self._tls_ca)
                 self._stub = pb_grpc.ChangefeedStub(self._channel)
-            wait = self._backoff
-            limit = self.give_up if self._connected_once else self.connect_timeout
-            if limit is not None:  # (do not wait past the point of giving up)
-                wait = min(wait, self._lost_at + limit - time.monotonic())
+            wait = self.backoff.ceiling
+            left = self.backoff.left()
+            if left is not None:  # (do not wait past the point of giving up)
+                wait = min(wait, left)
             if not self._reachable(max(wait, 0.05)):
                 self._last_error = NOTHING_THERE
                 self._failed()
@@ -420,9 +427,9 @@ class Changefeed:
 
     def _failed(self) -> None:
         """A connection attempt or a stream failed: back off, or give up when it lasted too long."""
-        assert self._lost_at is not None
-        limit = self.give_up if self._connected_once else self.connect_timeout
-        if limit is not None and time.monotonic() - self._lost_at >= limit:
+        limit = self.backoff.give_up
+        wait = self.backoff.failed()
+        if wait is None:
             self.close()
             if self._last_error == NOTHING_THERE:
                 why = why_unreachable(self.address)
@@ -433,8 +440,7 @@ class Changefeed:
                 f"the changefeed service at {self.address} {what} within {limit:g} s "
                 f"({self._last_error}); check the address and that csnd serve is running"
             )
-        self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        self._retry_at = time.monotonic() + wait
 
     def _lost(self, call: _Call, item: object) -> None:
         """The stream ended: raise if reconnecting cannot help, else reconnect at the next look."""
@@ -451,8 +457,7 @@ class Changefeed:
         self.reconnects += 1
         log.info("changefeed %s: %s; reconnecting after csn %s", self.address, self._last_error, self._after)
         self._channel_reset()
-        if self._lost_at is None:
-            self._lost_at = time.monotonic()
+        self.backoff.lost()
         self._failed()
 
     def _channel_reset(self) -> None:

@@ -12,13 +12,16 @@ a server (tests/reader/test_reconnect.py):
   slot still held by the walsender of the connection we just lost -- may
   pass by itself.
 
-* How long to wait before the next attempt, and when to stop (`Backoff`).
-  The wait doubles from `first` up to `cap`; the attempts stop once the
-  source has been down for `give_up` seconds.  An outage ends only when a
-  new connection has *flowed* -- delivered data, or stayed up for `stable`
-  seconds -- not when it merely connected: a stream that connects and dies
-  at once (a publication dropped under it used to be such a case) must not
-  reset the wait to `first` and reconnect five times a second forever.
+* How long to wait before the next attempt, and when to stop (`Backoff`:
+  `csnd.core.backoff`'s policy with the reader's settings).  The wait is
+  drawn below a ceiling that doubles from `first` up to `cap` (full jitter:
+  the nodes of a cluster that lost their network together do not all come
+  back in the same instant); the attempts stop once the source has been
+  down for `give_up` seconds.  An outage ends only when a new connection has
+  *flowed* -- delivered data, or stayed up for `stable` seconds -- not when
+  it merely connected: a stream that connects and dies at once (a
+  publication dropped under it used to be such a case) must not reset the
+  wait to `first` and reconnect five times a second forever.
 
 * Is the slot itself gone (`lost_slot`)?  A slot dropped under a running
   stream (`replication slot "x" does not exist` once the stream had started)
@@ -35,13 +38,15 @@ the times it is given.
 
 from __future__ import annotations
 
+import random as _random
 from collections.abc import Callable
 from typing import Final
 
+from csnd.core import backoff
 from csnd.core.errors import SlotLost
 from csnd.core.ids import lsn_to_str
 
-# The first wait, its cap, and how long an outage may last before the source
+# The first wait's ceiling, the cap, and how long an outage may last before the source
 # fails.  A restart of PostgreSQL takes seconds; an outage of minutes is for
 # the operator to see as an error (`--give-up SECONDS`).
 RECONNECT_FIRST_S: Final = 0.2
@@ -85,11 +90,11 @@ def classify(sqlstate: str | None, message: str, *, connecting: bool) -> bool:
     return False
 
 
-class Backoff:
-    """The reconnect schedule of one source; see the module docstring.
+class Backoff(backoff.Backoff):
+    """The reconnect schedule of one source: `csnd.core.backoff.Backoff` with the reader's settings.
 
     `failed()` returns how long to wait before the next attempt, or None
-    when the outage has lasted longer than `give_up` (the source fails).
+    when the outage has lasted `give_up` seconds (the source fails).
     `connected()` and `flowing()` report a new connection and data on it.
     """
 
@@ -100,49 +105,9 @@ class Backoff:
         cap: float = RECONNECT_MAX_S,
         give_up: float = RECONNECT_GIVE_UP_S,
         stable: float = RECONNECT_STABLE_S,
+        random: Callable[[], float] = _random.random,
     ) -> None:
-        if not 0 < first <= cap or give_up < 0 or stable < 0:
-            raise ValueError("backoff needs 0 < first <= cap, give_up >= 0 and stable >= 0")
-        self.clock = clock
-        self.first, self.cap, self.give_up, self.stable = first, cap, give_up, stable
-        self.down_since: float | None = None  # start of the current outage
-        self.delay = first  # the next wait
-        self._connected_at: float | None = None
-        self._flowed = False
-
-    def connected(self) -> None:
-        self._connected_at = self.clock()
-        self._flowed = False
-
-    def flowing(self) -> None:
-        """The connection delivered data: the outage (if any) is over."""
-        if not self._flowed:
-            self._flowed = True
-            self._reset()
-
-    def failed(self) -> float | None:
-        now = self.clock()
-        if self._connected_at is not None and now - self._connected_at >= self.stable:
-            self._reset()  # it stayed up: an idle stream flows too
-        self._connected_at = None
-        self._flowed = False
-        if self.down_since is None:
-            self.down_since = now
-        if now - self.down_since > self.give_up:
-            return None
-        wait = self.delay
-        self.delay = min(self.delay * 2, self.cap)
-        return wait
-
-    def _reset(self) -> None:
-        self.down_since = None
-        self.delay = self.first
-
-    def _check(self) -> None:
-        assert self.first <= self.delay <= self.cap
-        assert self._connected_at is not None or not self._flowed
-        if self.down_since is None:
-            assert self.delay == self.first
+        super().__init__(clock, first=first, cap=cap, give_up=give_up, stable=stable, random=random)
 
 
 def one_line(text: str) -> str:

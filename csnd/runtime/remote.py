@@ -4,9 +4,11 @@
 its `Outbox` of batches (already cut by the agent), watermarks and the end.  One thread holds the Stream
 RPC; it subscribes after the last position it received, acknowledges what
 arrived (with the LSN the merge says is durable, for the agent's slot), and
-on a lost connection reconnects with backoff -- the agent re-sends exactly
-what follows that position -- until `give_up_s` without the agent, when the
-run fails naming the node and address.
+on a lost connection reconnects with backoff (`csnd.core.backoff`: jittered,
+so the coordinators of many agents cut off together do not all come back in
+the same instant) -- the agent re-sends exactly what follows that position --
+until `give_up_s` without the agent, when the run fails naming the node and
+address.  Any message from the agent ends an outage.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Final
 import grpc
 
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, end_from_pb, position_to_pb
+from csnd.core.backoff import Backoff
 from csnd.core.errors import ConfigError, ConnectionLost, CsndError
 from csnd.core.ids import Csn
 from csnd.proto import csnd_pb2 as pb
@@ -29,6 +32,10 @@ from csnd.runtime.items import BatchItem, EndItem, NodeItem, Outbox, WatermarkIt
 from csnd.runtime.stats import NodeStats
 
 ACK_INTERVAL_S: Final = 0.5
+# Reconnect backoff: the first wait's ceiling, doubling up to the cap.  An agent
+# restarts in a second or two; the cap bounds how long the merge waits past that.
+BACKOFF_FIRST_S: Final = 0.2
+BACKOFF_MAX_S: Final = 2.0
 # Also acknowledge after this many batches (a quarter of the agent's window).
 ACK_EVERY_BATCHES: Final = 64
 # An agent sends a keepalive every second when idle; this much silence is a dead agent.
@@ -54,6 +61,8 @@ class RemoteNode:
     def __init__(self, address: str, name: str | None = None, give_up_s: float = AGENT_GIVE_UP_S) -> None:
         self.address = address
         self.give_up_s = give_up_s
+        # The reconnect schedule, for the first Describe and then the stream.
+        self.backoff = Backoff(time.monotonic, first=BACKOFF_FIRST_S, cap=BACKOFF_MAX_S, give_up=give_up_s)
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.NodeAgentStub(self.channel)
         hello = self._describe()
@@ -77,19 +86,22 @@ class RemoteNode:
         self.position = (csn, 0xFFFFFFFF)  # (index is a uint32 on the wire: past any batch of that csn)
 
     def _describe(self) -> pb.Hello:
-        deadline = time.monotonic() + self.give_up_s
+        backoff = self.backoff
+        backoff.lost()  # (give_up_s counts from the first attempt)
         while True:
             try:
                 hello: pb.Hello = self.stub.Describe(pb.DescribeRequest(), timeout=5)
+                backoff.flowing()
                 return hello
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise ConfigError(f"{self.address} is not a csnd node agent: {_rpc_text(e)}") from None
-                if time.monotonic() >= deadline:
+                wait = backoff.failed()
+                if wait is None:
                     raise ConfigError(
                         f"node agent at {self.address} does not answer: {_rpc_text(e)}"
                     ) from None
-                time.sleep(0.5)
+                time.sleep(wait)
 
     # --- confirmation -----------------------------------------------------------------
 
@@ -150,8 +162,7 @@ class RemoteNode:
         return pb.CoordinatorMessage(ack=pb.Ack(received=received, confirm_lsn=self._confirm, final=final))
 
     def _run(self) -> None:
-        down_since: float | None = None
-        backoff = 0.2
+        backoff = self.backoff
         ended = False
         while not self._stop.is_set():
             outbox: queue.Queue[pb.CoordinatorMessage | None] = queue.Queue()
@@ -162,7 +173,7 @@ class RemoteNode:
             try:
                 for msg in call:
                     self._last_msg = time.monotonic()
-                    down_since, backoff = None, 0.2
+                    backoff.flowing()
                     kind = msg.WhichOneof("body")
                     if kind == "batch":
                         batch, pos, confirmable = batch_from_pb(msg.batch)
@@ -198,9 +209,8 @@ class RemoteNode:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # refused, not lost: do not retry
                     self._put(EndItem(CsndError(f"node agent at {self.address}: {e.details()}")))
                     return
-                now = time.monotonic()
-                down_since = down_since or now
-                if now - down_since > self.give_up_s:
+                wait = backoff.failed()
+                if wait is None:
                     self._put(
                         EndItem(
                             ConnectionLost(
@@ -211,8 +221,7 @@ class RemoteNode:
                         )
                     )
                     return
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                self._stop.wait(wait)
             finally:
                 outbox.put(None)
 

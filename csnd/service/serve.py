@@ -26,7 +26,9 @@ and started again from the changelog's position after a backoff: each source
 resumes from its slot's confirmed LSN (or a recorded file from its start),
 and the senders drop what the changelog already holds (`resume_csn`), so
 nothing is lost and nothing is appended twice.  Consumers keep their streams
-meanwhile.  `RESTART_LIMIT` failures within `RESTART_WINDOW_S` end the service
+meanwhile.  The waits come from `csnd.core.backoff` (jittered, the ceiling
+doubling and never reset: a pipeline that keeps failing waits longer and
+longer); `RESTART_LIMIT` failures within `RESTART_WINDOW_S` end the service
 with exit 1.  A protocol error is not transient: one line naming node, LSN
 and xid, exit 1, the changelog intact so that a fixed configuration resumes.
 
@@ -51,6 +53,7 @@ from typing import Any, Final, TextIO
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
+from csnd.core.backoff import Backoff
 from csnd.core.errors import ConnectionLost, CsndError, SnapshotError, WorkerError
 from csnd.core.ids import Csn
 from csnd.core.tokens import read_token_file
@@ -68,8 +71,9 @@ from csnd.snapshot import SnapshotProgress, snapshot_state
 
 log = logging.getLogger("csnd.serve")
 
-# Restarts of a failed pipeline: the first after RESTART_FIRST_S, doubling up to
-# RESTART_MAX_S; this many failures inside the window end the service instead.
+# Restarts of a failed pipeline: the first within RESTART_FIRST_S, the ceiling doubling
+# up to RESTART_MAX_S (csnd.core.backoff); this many failures inside the window end
+# the service instead.
 RESTART_FIRST_S: Final = 0.5
 RESTART_MAX_S: Final = 30.0
 RESTART_LIMIT: Final = 5
@@ -118,6 +122,8 @@ class Service:
         self._lock = threading.Lock()
         self.snapshot_progress = SnapshotProgress()
         self._snapshot: Any = None  # the initial snapshot to take first (csnd.snapshot.run.SnapshotRun)
+        # The waits before restarting a failed pipeline (give-up: RESTART_LIMIT in the window).
+        self.restart_backoff = Backoff(time.monotonic, first=RESTART_FIRST_S, cap=RESTART_MAX_S, give_up=None)
         # What the service is doing before it is ready (/readyz says it); "" once ready.
         self._starting = "opening the changelog"
 
@@ -328,7 +334,6 @@ class Service:
         """Runs the pipeline until the sources end, a stop, or a failure restarts cannot mend."""
         assert self.log is not None
         failures: deque[float] = deque()
-        backoff = RESTART_FIRST_S
         try:
             snapshot = self._snapshot
             if snapshot is not None:
@@ -365,15 +370,16 @@ class Service:
                         if node is None or w.name == node:
                             w.state, w.error = "restarting", str(e)
                             w.restarts += 1
+                    wait = self.restart_backoff.failed()
+                    assert wait is not None  # (no give-up by time: the window above decides)
                     log.warning(
                         "pipeline failed: %s; restarting from CSN %d in %.1fs",
                         e,
                         self.log.durable_csn,
-                        backoff,
+                        wait,
                     )
-                    if self._stop.wait(backoff):
+                    if self._stop.wait(wait):
                         return
-                    backoff = min(backoff * 2, RESTART_MAX_S)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             self._failure = e
             for w in self.watches.values():

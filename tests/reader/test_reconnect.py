@@ -1,90 +1,57 @@
-"""The reconnect policy (sans-I/O): a Hypothesis run against a brute-force oracle, and the error classes."""
+"""The reconnect policy (sans-I/O): the reader's backoff settings and cases, and the error classes."""
 
 from __future__ import annotations
 
 import pickle
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
+from csnd.core import backoff
 from csnd.core.errors import ConnectionLost, SlotLost
-from csnd.reader.reconnect import Backoff, classify, connect_hint, lost_slot, one_line, server_hint
-
-FIRST, CAP, GIVE_UP, STABLE = 0.25, 2.0, 10.0, 4.0
-
-# (event, seconds the clock moves before it)
-steps = st.lists(
-    st.tuples(
-        st.sampled_from(["connected", "flowing", "failed"]), st.sampled_from([0.0, 0.1, 1.0, 3.0, 5.0])
-    ),
-    max_size=60,
+from csnd.reader.reconnect import (
+    RECONNECT_FIRST_S,
+    RECONNECT_GIVE_UP_S,
+    RECONNECT_MAX_S,
+    RECONNECT_STABLE_S,
+    Backoff,
+    classify,
+    connect_hint,
+    lost_slot,
+    one_line,
+    server_hint,
 )
 
 
-def oracle(history: list[tuple[str, float]], now: float) -> float | None:
-    """What `failed()` at `now` returns, from the whole history before it, recomputed from scratch."""
-    events = [*history, ("failed", now)]
-    # the outage starts at the first failure after the last reset: data on a
-    # connection, or a connection that lasted STABLE when it failed
-    start = 0
-    last_conn = None
-    for i, (ev, t) in enumerate(events):
-        if ev == "connected":
-            last_conn = t
-        elif ev == "flowing" and last_conn is not None:
-            start = i + 1
-        elif ev == "failed":
-            if last_conn is not None and t - last_conn >= STABLE:
-                start = i
-            last_conn = None
-    fails = [(i, t) for i, (ev, t) in enumerate(events) if ev == "failed" and i >= start]
-    down_since = fails[0][1]
-    if now - down_since > GIVE_UP:
-        return None
-    # waits handed out earlier in this outage (a failure past the give-up time hands out none)
-    handed = sum(1 for _, t in fails[:-1] if t - down_since <= GIVE_UP)
-    return min(FIRST * 2**handed, CAP)
-
-
-@given(steps)
-def test_backoff_matches_the_oracle(script: list[tuple[str, float]]) -> None:
-    now = [0.0]
-    b = Backoff(lambda: now[0], first=FIRST, cap=CAP, give_up=GIVE_UP, stable=STABLE)
-    history: list[tuple[str, float]] = []
-    for ev, dt in script:
-        now[0] += dt
-        if ev == "flowing" and not any(e == "connected" for e, _ in history[_last_fail(history) :]):
-            continue  # (data only comes on a connection)
-        if ev == "failed":
-            assert b.failed() == oracle(history, now[0]), history
-        else:
-            getattr(b, ev)()
-        history.append((ev, now[0]))
-        b._check()
-
-
-def _last_fail(history: list[tuple[str, float]]) -> int:
-    return max((i for i, (ev, _) in enumerate(history) if ev == "failed"), default=-1) + 1
+def test_the_reader_backoff_is_the_core_policy_with_the_readers_settings() -> None:
+    """The policy itself is tested against its oracle in tests/test_backoff.py."""
+    b = Backoff(lambda: 0.0)
+    assert isinstance(b, backoff.Backoff)
+    assert (b.first, b.cap, b.give_up, b.stable) == (
+        RECONNECT_FIRST_S,
+        RECONNECT_MAX_S,
+        RECONNECT_GIVE_UP_S,
+        RECONNECT_STABLE_S,
+    )
+    assert RECONNECT_STABLE_S >= 2 * RECONNECT_MAX_S  # (a connection dying on a schedule cannot reset it)
 
 
 def test_a_connection_that_dies_at_once_does_not_reset_the_wait() -> None:
     """A publication dropped under the stream used to reconnect every 0.2 s forever: connecting is not flowing."""
     now = [0.0]
-    b = Backoff(lambda: now[0], first=0.2, cap=5.0, give_up=300.0)
+    b = Backoff(lambda: now[0], first=0.2, cap=5.0, give_up=300.0, random=lambda: 1.0)  # (the ceilings)
     waits = []
     while (w := b.failed()) is not None:
         waits.append(w)
         now[0] += w
         b.connected()  # the connection comes up, the stream dies before any data
-    assert waits[:6] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0] and set(waits[6:]) == {5.0}
-    assert 300 <= now[0] <= 310  # it gave up after the give-up time (clock time, injected)
+    assert waits[:6] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0]) and set(waits[6:-1]) == {5.0}
+    assert now[0] == pytest.approx(300)  # it gave up at the give-up time (clock time, injected)
 
 
 def test_data_ends_the_outage() -> None:
     now = [0.0]
-    b = Backoff(lambda: now[0], first=0.2, cap=5.0, give_up=300.0)
-    assert [b.failed(), b.failed(), b.failed()] == [0.2, 0.4, 0.8]
+    b = Backoff(lambda: now[0], first=0.2, cap=5.0, give_up=300.0, random=lambda: 1.0)
+    assert [b.failed(), b.failed(), b.failed()] == pytest.approx([0.2, 0.4, 0.8])
     b.connected()
     b.flowing()
     assert b.failed() == 0.2
