@@ -90,7 +90,9 @@ def test_a_failed_fsync_reaches_the_writer_as_one_clear_error(tmp_path: Path) ->
     sink.start()
     try:
         sink.end_transaction(1, line(1))
-        with pytest.raises(CsndError, match=r"cannot write .*Input/output error \(EIO\); .*restart the service"):
+        with pytest.raises(
+            CsndError, match=r"cannot write .*Input/output error \(EIO\); .*restart the service"
+        ):
             sink.make_durable()
         with pytest.raises(CsndError, match="Input/output error"):  # (and every later request)
             sink.request_durable()
