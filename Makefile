@@ -36,6 +36,7 @@ test: install proto-check lint
 # failed run's evidence in faults-out/<fault>-<seed>.txt and its files under
 # faults-out/tmp.
 faults: install
+	mkdir -p faults-out
 	CSND_FAULT_RUNS=$${CSND_FAULT_RUNS:-20} $(VENV)/bin/pytest -q --basetemp=faults-out/tmp tests/faults
 
 demo: install
