@@ -6,7 +6,8 @@ serialised *in the worker* (that is the CPU-heavy step we parallelise), as the
 JSON text that follows `"cid": N, ` in a change object of docs/design.md section 7,
 without its closing brace:
 
-    '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 7}'
+    '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "key": ["id"], "old": null,
+     "new": {"id": 7}'
 
 (plus `, "unchanged": ["doc"]` when TOAST columns were left unchanged).  The
 coordinator only joins bodies with `}, {"node": .., "cid": .., ` -- it never

@@ -21,9 +21,13 @@ The body is the JSON text of a change object of docs/design.md section 7 after
 `"cid": N, ` (the sender knows the cid, the coordinator the node), without
 the closing brace:
 
-    "lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct",
+    "lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct", "key": ["id"],
     "old": {"id": 7}, "new": {"id": 8, "owner": "bo"}, "unchanged": ["doc"]
 
+`key` names the columns the Relation message flags as the replica identity's
+(flags bit 1), in column order: the primary key or the index of REPLICA
+IDENTITY DEFAULT / USING INDEX, every column for FULL, none for NOTHING.  It
+is part of the table's fixed text, so it costs a change only its bytes.
 `old` follows the old tuple pgoutput sent: a key tuple ('K') holds every
 column, the non-key ones null, and only the replica identity's key columns are
 shown; a full old row ('O', REPLICA IDENTITY FULL) is shown whole; no old
@@ -93,6 +97,7 @@ class Table:
         "name",
         "columns",
         "names",
+        "key",
         "json_columns",
         "json_key_columns",
         "name_of",
@@ -123,7 +128,13 @@ class Table:
         self.name_of = {key: name for name, (key, _, _) in zip(self.names, self.json_columns, strict=True)}
         self.type_labels = type_labels
         self.read_row = _compile_row_reader(self.json_columns, binary_first)
-        where = f'"schema": {J.quote(msg.namespace)}, "table": {J.quote(msg.name)}, "old": '
+        # The key list is rendered once here, into the fixed text every change of the
+        # table starts with: the per-change cost of `key` is the bytes it adds.
+        self.key = [c.name for c in msg.columns if c.is_key]
+        where = (
+            f'"schema": {J.quote(msg.namespace)}, "table": {J.quote(msg.name)}, '
+            f'"key": {J.encode_value(self.key)}, "old": '
+        )
         self.heads = {k: f'"op": "{op}", {where}' for k, op in _OPS.items()}
         self.truncate_body = f'"op": "truncate", {where}null, "new": null'
         self.unreadable = unreadable  # the error a binary stream of this table is

@@ -119,6 +119,7 @@ class NodePart:
             "op": op,
             "schema": SCHEMA,
             "table": ts.defn.name,
+            "key": ts.shape.key_names,
             "old": old,
             "new": new,
         }

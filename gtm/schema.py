@@ -45,7 +45,7 @@ class ColumnDef:
 class Shape:
     """The columns of a table as one Relation message describes them."""
 
-    __slots__ = ("table", "replident", "columns", "names", "key_pos", "flags", "version")
+    __slots__ = ("table", "replident", "columns", "names", "key_pos", "flags", "key_names", "version")
 
     def __init__(
         self, table: str, replident: str, columns: tuple[ColumnDef, ...], keys: tuple[str, ...], version: int
@@ -57,6 +57,8 @@ class Shape:
         self.key_pos = tuple(i for i, c in enumerate(columns) if c.name in keys)
         # pgoutput flags a column as part of the replica identity; FULL flags all.
         self.flags = tuple(1 if replident == "f" or c.name in keys else 0 for c in columns)
+        # a change's `key` (docs/design.md section 7): the flagged columns' names
+        self.key_names = [c.name for f, c in zip(self.flags, columns, strict=True) if f]
         self.version = version
 
     def relation_message(self, relid: int, xid: int | None) -> bytes:

@@ -6,7 +6,7 @@ A chunk is a transaction line of docs/design.md section 7 whose changes are read
 
     {"csn": 3, "gid": null, "commit_time": "...", "nodes": {"dn1": {"xid": 0, "commit_lsn": "0/1505F10"}},
      "changes": [{"node": "dn1", "cid": 0, "lsn": "0/1505F10", "op": "read", "schema": "public",
-                  "table": "item", "old": null, "new": {"id": 1, "v": "x"}}, ...],
+                  "table": "item", "key": ["id"], "old": null, "new": {"id": 1, "v": "x"}}, ...],
      "snapshot": {"node": "dn1", "schema": "public", "table": "item", "chunk": 2, "chunks": 5, "rows": 10000}}
 
 `xid` is 0 (no transaction wrote these rows: they are the table as of the

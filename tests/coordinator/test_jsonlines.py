@@ -14,18 +14,20 @@ from tests.coordinator.helpers import CLOCK
 DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...
 
 DELETE = (
-    '"lsn": "0/16B3600", "op": "delete", "schema": "public", "table": "acct", "old": {"id": 7}, "new": null'
+    '"lsn": "0/16B3600", "op": "delete", "schema": "public", "table": "acct", "key": ["id"], '
+    '"old": {"id": 7}, "new": null'
 )
 INSERT = (
-    '"lsn": "1/702900", "op": "insert", "schema": "public", "table": "acct", "old": null, '
+    '"lsn": "1/702900", "op": "insert", "schema": "public", "table": "acct", "key": ["id"], "old": null, '
     '"new": {"id": 7, "owner": "ann", "balance": "10.50", "doc": {"k": [1, 2]}}'
 )
 UPDATE = (
-    '"lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct", "old": null, '
+    '"lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct", "key": ["id"], "old": null, '
     '"new": {"id": 8, "owner": "bo", "balance": "3.00"}, "unchanged": ["doc"]'
 )
 TRUNCATE = (
-    '"lsn": "0/16B3710", "op": "truncate", "schema": "public", "table": "tmp", "old": null, "new": null'
+    '"lsn": "0/16B3710", "op": "truncate", "schema": "public", "table": "tmp", "key": [], '
+    '"old": null, "new": null'
 )
 
 
@@ -74,13 +76,13 @@ def test_distributed_transaction_line_is_exact() -> None:
         '"nodes": {"dn1": {"xid": 745, "commit_lsn": "0/16B3748"}, "dn2": {"xid": 733, "commit_lsn": "1/702A10"}}, '
         '"changes": ['
         '{"node": "dn1", "cid": 1, "lsn": "0/16B3600", "op": "delete", "schema": "public", "table": "acct", '
-        '"old": {"id": 7}, "new": null}, '
+        '"key": ["id"], "old": {"id": 7}, "new": null}, '
         '{"node": "dn2", "cid": 2, "lsn": "1/702900", "op": "insert", "schema": "public", "table": "acct", '
-        '"old": null, "new": {"id": 7, "owner": "ann", "balance": "10.50", "doc": {"k": [1, 2]}}}, '
+        '"key": ["id"], "old": null, "new": {"id": 7, "owner": "ann", "balance": "10.50", "doc": {"k": [1, 2]}}}, '
         '{"node": "dn1", "cid": 3, "lsn": "0/16B3700", "op": "update", "schema": "public", "table": "acct", '
-        '"old": null, "new": {"id": 8, "owner": "bo", "balance": "3.00"}, "unchanged": ["doc"]}, '
+        '"key": ["id"], "old": null, "new": {"id": 8, "owner": "bo", "balance": "3.00"}, "unchanged": ["doc"]}, '
         '{"node": "dn1", "cid": 3, "lsn": "0/16B3710", "op": "truncate", "schema": "public", "table": "tmp", '
-        '"old": null, "new": null}'
+        '"key": [], "old": null, "new": null}'
         "]}"
     )
     assert txn.to_json_line() == expected

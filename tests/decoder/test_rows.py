@@ -120,14 +120,14 @@ def test_every_type_in_both_forms(pg: PgDatabase) -> None:
     pg.execute("INSERT INTO acct (id, f8, ts, old_ts) VALUES (8, 'NaN', '-infinity', '0044-03-15 BC')")
     bodies = both_forms(pg, enums="'mood'")
     assert bodies == [
-        '"op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 7, "owner": "ann é", '
+        '"op": "insert", "schema": "public", "table": "acct", "key": ["id"], "old": null, "new": {"id": 7, "owner": "ann é", '
         '"balance": "10.50", "doc": {"k": [1, 2], "n": null}, "big": 9007199254740993, "f4": 0.1, "f8": -0.0, '
         '"ts": "1999-12-31T23:59:59.500000+00:00", "old_ts": "1969-07-20T20:17:40", "d": "infinity", '
         '"m": "happy", "ms": ["happy", null, "sad"], "pos": 5, "dm": "sad", "tags": ["a,b", null, "q\\"", "NULL"], '
         '"grid": [[1, null], [3, 4]], "b": "\\\\x00ff", "u": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", '
         '"ip": "::ffff:1.2.3.4", "iv": "-1 days +02:03:00", "t": "24:00:00", "bits": "101", "flag": true, '
         '"acl": "postgres=arwdDxt/postgres"}',
-        '"op": "insert", "schema": "public", "table": "acct", "old": null, "new": {"id": 8, "owner": null, '
+        '"op": "insert", "schema": "public", "table": "acct", "key": ["id"], "old": null, "new": {"id": 8, "owner": null, '
         '"balance": null, "doc": null, "big": null, "f4": null, "f8": "NaN", "ts": "-infinity", '
         '"old_ts": "-000043-03-15T00:00:00", "d": null, "m": null, "ms": null, "pos": null, "dm": null, '
         '"tags": null, "grid": null, "b": null, "u": null, "ip": null, "iv": null, "t": null, "bits": null, '
@@ -162,9 +162,9 @@ def test_replica_identities_and_truncate(pg: PgDatabase) -> None:
         "TRUNCATE full_t, idx_t",
     ]:
         pg.execute(sql)
-    acct = '"schema": "public", "table": "acct"'
-    full = '"schema": "public", "table": "full_t"'
-    idx = '"schema": "public", "table": "idx_t"'
+    acct = '"schema": "public", "table": "acct", "key": ["id"]'
+    full = '"schema": "public", "table": "full_t", "key": ["id", "note"]'  # FULL: every column
+    idx = '"schema": "public", "table": "idx_t", "key": ["a", "b"]'  # the index's, in column order
     assert both_forms(pg) == [
         f'"op": "insert", {acct}, "old": null, "new": {{"id": 7, "owner": "ann", "balance": "10.50"}}',
         f'"op": "update", {acct}, "old": null, "new": {{"id": 7, "owner": "ann", "balance": "3.00"}}',
@@ -204,7 +204,7 @@ def test_unchanged_toast(pg: PgDatabase) -> None:
     pg.execute("UPDATE big_full SET n = 1")
     bodies = both_forms(pg)
     assert len(bodies) == 5
-    head = '"op": "update", "schema": "public", "table": "big", "old": null, '
+    head = '"op": "update", "schema": "public", "table": "big", "key": ["id"], "old": null, '
     assert bodies[1] == head + '"new": {"id": 1, "n": 1}, "unchanged": ["payload", "doc"]'
     assert bodies[2] == head + '"new": {"id": 1, "payload": "short", "n": 2}, "unchanged": ["doc"]'
     last = json.loads("{" + bodies[4] + "}")
@@ -228,7 +228,7 @@ def test_ddl_mid_stream(pg: PgDatabase) -> None:
         pg.execute(sql)
     relations = [m for _, m in peek(pg, True) if isinstance(m, Relation)]
     assert [[c.type_oid for c in r.columns] for r in relations] == [[23, 25], [23, 1043], [23], [23, 1700]]
-    ddl = '"schema": "public", "table": "ddl"'
+    ddl = '"schema": "public", "table": "ddl", "key": ["id"]'
     assert both_forms(pg) == [
         f'"op": "insert", {ddl}, "old": null, "new": {{"id": 1, "v": "a"}}',
         f'"op": "insert", {ddl}, "old": null, "new": {{"id": 2, "v": "b"}}',
@@ -252,7 +252,7 @@ def test_unreadable_binary_type_fails_at_the_relation(pg: PgDatabase) -> None:
     with pytest.raises(DecodeError, match="cannot decode in binary form"):
         decode_stream(messages, True, RelationCache())
     assert decode_stream(peek(pg, False), False) == [
-        '"op": "insert", "schema": "public", "table": "price", "old": null, '
+        '"op": "insert", "schema": "public", "table": "price", "key": ["id"], "old": null, '
         '"new": {"id": 1, "amount": "$1.50", "r": "[1,5)"}'
     ]
 
@@ -269,7 +269,8 @@ def test_undeclared_user_types_are_text_only(pg: PgDatabase) -> None:
     assert 'column "m" has type user type public.mood' in str(info.value)
     assert 'column "pr" has type user type public.pair' in str(info.value)
     assert decode_stream(peek(pg, False), False) == [
-        '"op": "insert", "schema": "public", "table": "u", "old": null, "new": {"id": 1, "m": "happy", "pr": "(1,x)"}'
+        '"op": "insert", "schema": "public", "table": "u", "key": ["id"], "old": null, '
+        '"new": {"id": 1, "m": "happy", "pr": "(1,x)"}'
     ]
 
 
@@ -310,14 +311,15 @@ def test_bodies_and_decoded_change_fields() -> None:
         0x16B3600,
         745,
         "insert",
-        '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "old": null, '
+        '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "key": ["id"], "old": null, '
         '"new": {"id": 4611686018427387904, "owner": "é", "balance": null}',
     )
     upd = change(p.encode_update(16384, [I8, UNCHANGED, "1.50"], [I8, None, None], "K"))
     [got] = decode_change(upd, 1, cache, True)
     assert got.op == "update" and got.xid is None
     assert got.body == (
-        '"lsn": "0/1", "op": "update", "schema": "public", "table": "acct", "old": {"id": 4611686018427387904}, '
+        '"lsn": "0/1", "op": "update", "schema": "public", "table": "acct", "key": ["id"], '
+        '"old": {"id": 4611686018427387904}, '
         '"new": {"id": 4611686018427387904, "balance": "1.50"}, "unchanged": ["owner"]'
     )
     dele = change(p.encode_delete(16384, [I8, "x", None], "O"))
@@ -326,7 +328,8 @@ def test_bodies_and_decoded_change_fields() -> None:
     trunc = p.parse_message(p.encode_truncate([16384, 16384]), False)
     assert isinstance(trunc, Truncate)
     assert [c.body for c in decode_change(trunc, 3, cache, True)] == [
-        '"lsn": "0/3", "op": "truncate", "schema": "public", "table": "acct", "old": null, "new": null'
+        '"lsn": "0/3", "op": "truncate", "schema": "public", "table": "acct", "key": ["id"], "old": null, '
+        '"new": null'
     ] * 2
 
 
@@ -335,7 +338,7 @@ def test_a_later_relation_replaces_the_table() -> None:
     cache.apply(relation(16384, ("id", 20, True), ("owner", 1043, False), name="acct2"))
     [got] = decode_change(change(p.encode_insert(16384, [I8, "v"])), 0, cache, True)
     assert got.body.endswith(
-        '"table": "acct2", "old": null, "new": {"id": 4611686018427387904, "owner": "v"}'
+        '"table": "acct2", "key": ["id"], "old": null, "new": {"id": 4611686018427387904, "owner": "v"}'
     )
     assert len(cache) == 1 and 16384 in cache
 
@@ -533,6 +536,7 @@ def test_generated_cluster_decodes_to_its_expected_changes(tmp_path: Path, binar
                 "op",
                 "schema",
                 "table",
+                "key",
                 "old",
                 "new",
                 *(["unchanged"] if "unchanged" in c else []),

@@ -154,7 +154,7 @@ def test_expected_order(cluster3: Cluster) -> None:
         assert keys == sorted(keys), "changes by cid, then node order"
         for c in e["changes"]:
             assert c["node"] in e["nodes"]
-            assert list(c)[:8] == ["node", "cid", "lsn", "op", "schema", "table", "old", "new"]
+            assert list(c)[:9] == ["node", "cid", "lsn", "op", "schema", "table", "key", "old", "new"]
 
 
 def test_expected_format_is_exact(cluster3: Cluster) -> None:
