@@ -188,7 +188,7 @@ def _source_rows(urls: dict[str, str]) -> dict[str, Any]:
     for url in urls.values():
         with psycopg.connect(url, autocommit=True) as c:
             for id_, balance, node in c.execute("SELECT id, balance, node FROM wl_accounts"):
-                rows[json.dumps([node, id_])] = {"id": id_, "balance": balance, "node": node}
+                rows[json.dumps([id_])] = {"id": id_, "balance": balance, "node": node}  # (the stream's key)
     return rows
 
 
@@ -293,7 +293,7 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
         spark = procs.start(
             "spark",
             [sys.executable, "-m", "csnd.consumers.examples.current_state", "--target", address]
-            + ["--table", TABLE, "--key", "node,id", "--checkpoint", os.path.join(out, "spark-checkpoint")]
+            + ["--table", TABLE, "--checkpoint", os.path.join(out, "spark-checkpoint")]
             + ["--postgres", copy_dsn],
             env=env,
         )

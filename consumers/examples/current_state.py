@@ -1,14 +1,20 @@
 """Exactly-once current-state copy of one source table, from the changefeed through Spark.
 
     python -m csnd.consumers.examples.current_state --target HOST:PORT \\
-        --table public.acct --key id --checkpoint DIR \\
+        --table public.acct --checkpoint DIR [--key COLUMN,...] \\
         [--parquet DIR] [--postgres DSN] [--max-transactions N] [--available-now]
 
 A Structured Streaming query reads the `csnd` source (only the table's
 changes: option `tables`) and, in foreachBatch, applies each micro-batch's
 changes in (csn, seq) order -- inserts and updates upsert the row by its key,
 deletes remove it, a truncate empties the copy; an update's `unchanged`
-(TOAST) columns keep their previous values -- to one or both sinks:
+(TOAST) columns keep their previous values -- to one or both sinks.  The
+key is each change's own `key` column (the replica identity's columns the
+stream names, docs/design.md section 7), so a change of key columns by DDL
+is followed; `--key` overrides it, for a table whose stream names none
+(REPLICA IDENTITY NOTHING, or a changelog written before changes had keys)
+or whose primary key is narrower than what it names (FULL: every column).
+The sinks:
 
 - Parquet (DIR): `state-<batch>.parquet` (columns `key`, `row`: the key
   values and the row as JSON text) and `_progress.json` naming the last
@@ -38,7 +44,8 @@ from typing import Any
 
 from csnd.core.durable import sync_directory
 
-Change = tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[str]]  # op, old, new, unchanged
+# op, old, new, unchanged, key columns
+Change = tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[str], Sequence[str]]
 
 
 def row_key(row: dict[str, Any], key: Sequence[str]) -> str:
@@ -46,9 +53,9 @@ def row_key(row: dict[str, Any], key: Sequence[str]) -> str:
     return json.dumps([row.get(k) for k in key], ensure_ascii=False)
 
 
-def apply_changes(state: dict[str, dict[str, Any]], changes: Iterable[Change], key: Sequence[str]) -> None:
-    """Applies changes (in CSN, seq order) to `state` (key text -> row), in place."""
-    for op, old, new, unchanged in changes:
+def apply_changes(state: dict[str, dict[str, Any]], changes: Iterable[Change]) -> None:
+    """Applies changes (in CSN, seq order), each by its key columns, to `state` (key text -> row), in place."""
+    for op, old, new, unchanged, key in changes:
         if op == "truncate":
             state.clear()
         elif op == "insert" and new is not None:
@@ -64,12 +71,24 @@ def apply_changes(state: dict[str, dict[str, Any]], changes: Iterable[Change], k
             state.pop(row_key(old, key), None)
 
 
-def _changes(rows: Iterable[Any]) -> list[tuple[int, int, Change]]:
-    out = []
+def changes_of(rows: Iterable[Any], key: Sequence[str] | None = None) -> list[tuple[int, int, Change]]:
+    """The source's rows as (csn, seq, change), each keyed by `key`, else by the row's own `key` column.
+
+    ValueError for a row change without a key either way: applied by no key,
+    it would overwrite some other row or none.
+    """
+    out: list[tuple[int, int, Change]] = []
     for r in rows:
         old = json.loads(r["old"]) if r["old"] is not None else None
         new = json.loads(r["new"]) if r["new"] is not None else None
-        out.append((r["csn"], r["seq"], (r["op"], old, new, list(r["unchanged"] or []))))
+        columns = list(key or r["key"] or [])
+        if not columns and r["op"] != "truncate":
+            raise ValueError(
+                f"the {r['op']} at csn {r['csn']} (seq {r['seq']}) names no key columns: its table has "
+                "REPLICA IDENTITY NOTHING or no primary key, or the changelog was written before changes "
+                "carried their key; name them with --key"
+            )
+        out.append((r["csn"], r["seq"], (r["op"], old, new, list(r["unchanged"] or []), columns)))
     return out
 
 
@@ -108,9 +127,7 @@ def read_parquet_state(directory: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def apply_to_parquet(
-    directory: str, batch_id: int, changes: list[tuple[int, int, Change]], key: Sequence[str]
-) -> bool:
+def apply_to_parquet(directory: str, batch_id: int, changes: list[tuple[int, int, Change]]) -> bool:
     """Applies one micro-batch unless it already was; True when it was applied now."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -120,7 +137,7 @@ def apply_to_parquet(
     if batch_id <= progress["batch_id"]:
         return False  # (a re-run of a batch this sink already holds)
     state = read_parquet_state(directory)
-    apply_changes(state, (c for _, _, c in changes), key)
+    apply_changes(state, (c for _, _, c in changes))
     name = f"state-{batch_id:08d}.parquet"
     table = pa.table({"key": list(state), "row": [json.dumps(r, ensure_ascii=False) for r in state.values()]})
     sink = pa.BufferOutputStream()
@@ -159,9 +176,7 @@ def prepare_postgres(dsn: str, table: str) -> None:
         )
 
 
-def apply_to_postgres(
-    dsn: str, table: str, batch_id: int, changes: list[tuple[int, int, Change]], key: Sequence[str]
-) -> bool:
+def apply_to_postgres(dsn: str, table: str, batch_id: int, changes: list[tuple[int, int, Change]]) -> bool:
     """Applies one micro-batch and records its id in one transaction, unless it already was."""
     import psycopg
 
@@ -174,7 +189,7 @@ def apply_to_postgres(
         if batch_id <= done:
             return False
         upsert = f'INSERT INTO "{copy}" VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET row = EXCLUDED.row'
-        for csn, seq, (op, old, new, unchanged) in changes:
+        for csn, seq, (op, old, new, unchanged, key) in changes:
             if op == "truncate":
                 conn.execute(f'DELETE FROM "{copy}"')
             elif op == "insert" and new is not None:
@@ -207,14 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="current_state", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="HOST:PORT of csnd serve")
     p.add_argument("--table", required=True, help="SCHEMA.TABLE to copy")
-    p.add_argument("--key", required=True, help="comma-separated key columns")
+    p.add_argument(
+        "--key", help="comma-separated key columns (default: each change's own, as the stream names them)"
+    )
     p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
     p.add_argument("--parquet", help="directory of the Parquet copy")
     p.add_argument("--postgres", help="DSN of the PostgreSQL copy")
     p.add_argument("--max-transactions", type=int, help="maxTransactionsPerTrigger")
     p.add_argument("--available-now", action="store_true", help="read what is there now, then exit")
     args = p.parse_args(argv)
-    key = [k.strip() for k in args.key.split(",") if k.strip()]
+    key = [k.strip() for k in (args.key or "").split(",") if k.strip()] or None
     if not (args.parquet or args.postgres):
         p.error("give --parquet DIR, --postgres DSN or both")
 
@@ -230,12 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def each_batch(df: Any, batch_id: int) -> None:
         # One table's changes of a micro-batch, in CSN order: the order they must be applied in.
-        rows = df.select("csn", "seq", "op", "old", "new", "unchanged").orderBy("csn", "seq").collect()
-        changes = _changes(rows)
+        rows = df.select("csn", "seq", "op", "old", "new", "unchanged", "key").orderBy("csn", "seq").collect()
+        changes = changes_of(rows, key)
         if args.parquet:
-            apply_to_parquet(args.parquet, batch_id, changes, key)
+            apply_to_parquet(args.parquet, batch_id, changes)
         if args.postgres:
-            apply_to_postgres(args.postgres, args.table, batch_id, changes, key)
+            apply_to_postgres(args.postgres, args.table, batch_id, changes)
         print(f"current_state: batch {batch_id}: {len(changes)} changes", file=sys.stderr, flush=True)
 
     writer = reader.load().writeStream.foreachBatch(each_batch).option("checkpointLocation", args.checkpoint)

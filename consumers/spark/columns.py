@@ -13,7 +13,9 @@ The row schema is the documented contract of the Spark source (docs/design.md
 section 8): `seq` is the change's position in the line it came in (with a
 `tables` filter, among the changes kept), `xid` the transaction's xid on the
 change's node (from the line's `nodes` map), `unchanged` the columns left out
-of `new` as unchanged TOAST values (an empty array when there are none).
+of `new` as unchanged TOAST values (an empty array when there are none),
+`key` the change's key columns (null for a line written before changes had
+one: unknown, which is not the empty array of a table without a key).
 
 Pure: no I/O.  A line that is not a transaction object is a ValueError
 naming the csn and what is wrong (the caller adds where it came from).
@@ -31,7 +33,8 @@ import pyarrow as pa
 # The Spark schema, as DDL (DataSource.schema) and as Arrow (what `read` yields).
 SCHEMA_DDL: Final = (
     "csn long, gid string, commit_time timestamp, seq int, node string, xid long, cid int, "
-    "lsn string, op string, schema string, table string, old string, new string, unchanged array<string>"
+    "lsn string, op string, schema string, table string, old string, new string, unchanged array<string>, "
+    "key array<string>"
 )
 ARROW_SCHEMA: Final = pa.schema(
     [
@@ -50,6 +53,7 @@ ARROW_SCHEMA: Final = pa.schema(
         ("old", pa.string()),
         ("new", pa.string()),
         ("unchanged", pa.list_(pa.string())),
+        ("key", pa.list_(pa.string())),
     ]
 )
 COLUMNS: Final = tuple(ARROW_SCHEMA.names)
@@ -57,9 +61,11 @@ COLUMNS: Final = tuple(ARROW_SCHEMA.names)
 _scan: Final = json.JSONDecoder().raw_decode
 _loads: Final = json.loads
 _WS: Final = " \t\n\r"
-# A change's keys in the writer's order (docs/design.md section 7).
-_KEYS: Final = ("node", "cid", "lsn", "op", "schema", "table", "old", "new")
-_KEYS_UNCHANGED: Final = (*_KEYS, "unchanged")
+# A change's keys in the writer's order (docs/design.md section 7), and in its
+# first revision's (no `key`), which a changelog written then still holds.
+_KEYS: Final = ("node", "cid", "lsn", "op", "schema", "table", "key", "old", "new")
+_KEYS_V1: Final = ("node", "cid", "lsn", "op", "schema", "table", "old", "new")
+_AS_WRITTEN: Final = frozenset((_KEYS, (*_KEYS, "unchanged"), _KEYS_V1, (*_KEYS_V1, "unchanged")))
 _RAW_KEYS: Final = frozenset(("old", "new"))  # (kept as text; every other field is parsed)
 
 
@@ -108,7 +114,7 @@ class RowBuilder:
                 f"csn {csn}: change {names.index(bad)} is from node {bad!r}, which the nodes map does not list"
             ) from None
         # Column by column: a comprehension per column costs less than a
-        # Python loop appending to fourteen lists per change.
+        # Python loop appending to fifteen lists per change.
         (
             c_csn,
             c_gid,
@@ -124,6 +130,7 @@ class RowBuilder:
             c_old,
             c_new,
             c_unch,
+            c_key,
         ) = self._cols
         # Per transaction, not per row: take() repeats them (in C) over the rows.
         c_csn.append(csn)
@@ -145,6 +152,7 @@ class RowBuilder:
             c_unch.extend([ch.get("unchanged") or [] for ch in changes])
         elif c_unch:
             c_unch.extend([[]] * n)
+        c_key.extend([ch.get("key") for ch in changes])
         self.rows += len(changes)
 
     def take(self) -> pa.RecordBatch:
@@ -167,9 +175,9 @@ class RowBuilder:
             times.take(owner),
             pa.array(seq.astype(np.int32), pa.int32()),
         ]
-        for name, values in zip(COLUMNS[4:-1], cols[4:-1], strict=True):
+        for name, values in zip(COLUMNS[4:-2], cols[4:-2], strict=True):
             arrays.append(pa.array(values, ARROW_SCHEMA.field(name).type))
-        unchanged = cols[-1]
+        unchanged = cols[-2]
         if unchanged:
             arrays.append(pa.array(unchanged, ARROW_SCHEMA.field("unchanged").type))
         else:  # (the usual case: every row's list is empty, made without a Python list a row)
@@ -178,6 +186,7 @@ class RowBuilder:
                     pa.array(np.zeros(rows + 1, dtype=np.int32)), pa.array([], pa.string())
                 )
             )
+        arrays.append(pa.array(cols[-1], ARROW_SCHEMA.field("key").type))
         return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
@@ -203,7 +212,8 @@ def _fast(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
       a value holds it too (a jsonb array of objects keyed "node").  Exactly
       that many: the occurrences are the boundaries.
     * `"old": `: the first after a change's start is its key (the fields
-      before it are strings and numbers, in which a quote is escaped).
+      before it are strings, numbers and `key`'s array of strings, in which
+      a quote is escaped).
     * `, "new": ` ends `old`; a row with a column named "new" holds it
       twice, which is checked.  `new` runs to the change's end, or to
       `, "unchanged": [` (found from the end: column names are strings).
@@ -229,7 +239,7 @@ def _fast(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     start = i
     for k, ch in enumerate(changes):
         keys = tuple(ch)
-        if keys != _KEYS and keys != _KEYS_UNCHANGED:
+        if keys not in _AS_WRITTEN:
             raise ValueError("not a change as written")
         end = last if k == n - 1 else find(_CHANGE_SEP, start) + 1  # (just after the change's "}")
         o = find('"old": ', start, end) + 7
@@ -246,7 +256,7 @@ def _fast(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             ch["old"] = text[o:q]
             v = q + 9
         stop = end - 1
-        if len(keys) == 9:
+        if keys[-1] == "unchanged":
             stop = text.rfind(', "unchanged": [', v, stop)
             if stop < 0:
                 raise ValueError("unchanged")

@@ -5,6 +5,8 @@ changelog; it is killed with SIGKILL (the whole process group: the Python
 driver and its JVM) after some micro-batches, then restarted from its
 checkpoint with Trigger.AvailableNow.  Both sinks must then equal the table
 as the transaction lines leave it, with every change applied exactly once.
+The first job keys each change by the `key` the stream gives it; the second
+names it with `--key`, the override.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
-from csnd.consumers.examples.current_state import parquet_progress, pg_table, read_parquet_state
+from csnd.consumers.examples.current_state import (
+    apply_changes,
+    changes_of,
+    parquet_progress,
+    pg_table,
+    read_parquet_state,
+)
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.service import start_changefeed
 from csnd.testing.pgserver import free_port
@@ -62,7 +70,7 @@ def oracle(lines: list[tuple[int, bytes]]) -> tuple[dict[str, dict[str, Any]], l
 def job(target: str, tmp: Any, pg: PgDatabase, max_transactions: int, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "csnd.consumers.examples.current_state",
-        "--target", target, "--table", TABLE, "--key", ",".join(KEY),
+        "--target", target, "--table", TABLE,
         "--checkpoint", str(tmp / "ck"), "--parquet", str(tmp / "copy"), "--postgres", pg.dsn,
         "--max-transactions", str(max_transactions), *extra,
     ]  # fmt: skip
@@ -148,7 +156,7 @@ def test_kill_9_of_the_service_mid_stream_then_restart_is_exactly_once(
     # all of it durable first: --available-now reads what the changelog holds when the job starts
     wait_for(lambda: served.newest_csn() == cluster_lines[-1][0], "the cluster in the changelog")
     try:
-        first = job(f"127.0.0.1:{port}", tmp_path, pg, per_batch, "--available-now")
+        first = job(f"127.0.0.1:{port}", tmp_path, pg, per_batch, "--available-now", "--key", ",".join(KEY))
         _await_batches(first, pg, tmp_path, 1)  # (some batches applied, most still to come)
         served.kill()
         assert batches_done(pg) < len(cluster_lines) // per_batch - 2, "killed mid-stream"
@@ -156,7 +164,7 @@ def test_kill_9_of_the_service_mid_stream_then_restart_is_exactly_once(
         # The job either rides the restart out (its client reconnects) or fails; then it is
         # restarted from its checkpoint, as an operator would.
         if first.wait(900) != 0:
-            second = job(f"127.0.0.1:{port}", tmp_path, pg, 75, "--available-now")
+            second = job(f"127.0.0.1:{port}", tmp_path, pg, 75, "--available-now", "--key", ",".join(KEY))
             assert second.wait(900) == 0, (tmp_path / "job.log").read_text()[-3000:]
     finally:
         if first.poll() is None:
@@ -164,3 +172,30 @@ def test_kill_9_of_the_service_mid_stream_then_restart_is_exactly_once(
         code, err = served.terminate()
     assert code == 0, err
     _check_copies(tmp_path, pg, cluster_lines)
+
+
+def _row(csn: int, op: str, old: str | None, new: str | None, key: list[str] | None) -> dict[str, Any]:
+    return {"csn": csn, "seq": 0, "op": op, "old": old, "new": new, "unchanged": [], "key": key}
+
+
+def test_each_change_is_applied_by_its_own_key_unless_overridden() -> None:
+    rows = [
+        _row(1, "insert", None, '{"a": 1, "b": "x"}', ["a"]),
+        _row(2, "update", '{"a": 1}', '{"a": 2, "b": "y"}', ["a"]),  # the key itself changes
+        _row(3, "insert", None, '{"a": 3, "b": "y"}', ["a"]),
+        _row(4, "delete", '{"a": 3}', None, ["a"]),
+    ]
+    state: dict[str, dict[str, Any]] = {}
+    apply_changes(state, [c for _, _, c in changes_of(rows)])
+    assert state == {"[2]": {"a": 2, "b": "y"}}
+    # --key b wins over the stream's: the third row has the second's b and replaces it; the old
+    # keys of the update and the delete hold no b, so they find nothing (the override is the caller's)
+    state = {}
+    apply_changes(state, [c for _, _, c in changes_of(rows, ["b"])])
+    assert state == {'["x"]': {"a": 1, "b": "x"}, '["y"]': {"a": 3, "b": "y"}}
+    # a change whose stream names no key (REPLICA IDENTITY NOTHING, an old changelog) needs --key
+    with pytest.raises(ValueError, match="the insert at csn 5 .* names no key columns.*--key"):
+        changes_of([_row(5, "insert", None, '{"a": 1}', [])])
+    with pytest.raises(ValueError, match="names no key columns"):
+        changes_of([_row(5, "insert", None, '{"a": 1}', None)])
+    assert changes_of([_row(6, "truncate", None, None, [])])[0][2][4] == []

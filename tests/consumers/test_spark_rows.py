@@ -36,6 +36,7 @@ def brute(records: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
                     "old": None if ch["old"] is None else _enc(ch["old"]),
                     "new": None if ch["new"] is None else _enc(ch["new"]),
                     "unchanged": ch.get("unchanged", []),
+                    "key": ch.get("key"),  # (None: a revision-1 line, without it)
                 }
             )
     return rows
@@ -74,9 +75,11 @@ def txn_lines(draw: st.DrawFn, csn: int) -> bytes:
             "op": draw(st.sampled_from(["insert", "update", "delete", "truncate"])),
             "schema": draw(names),
             "table": draw(names),
-            "old": draw(st.none() | rowdicts),
-            "new": draw(st.none() | rowdicts),
         }
+        if draw(st.integers(0, 3)):  # (mostly as written now; sometimes a revision-1 line without `key`)
+            ch["key"] = draw(st.lists(names, max_size=3))
+        ch["old"] = draw(st.none() | rowdicts)
+        ch["new"] = draw(st.none() | rowdicts)
         if draw(st.booleans()):
             ch["unchanged"] = draw(st.lists(names, max_size=3))
         changes.append(ch)
@@ -185,11 +188,11 @@ def test_the_writers_lines_take_the_fast_path() -> None:
         '{"csn": 7, "gid": "g", "commit_time": "2026-11-22T10:00:00+00:00", "nodes": {"dn1": {"xid": 9, '
         '"commit_lsn": "0/2"}, "dn2": {"xid": 4, "commit_lsn": "0/3"}}, "changes": ['
         '{"node": "dn1", "cid": 0, "lsn": "0/1", "op": "insert", "schema": "s", "table": "t", '
-        '"old": null, "new": {"id": 1, "doc": {"a": [1, {"b": null}]}}}, '
+        '"key": ["id"], "old": null, "new": {"id": 1, "doc": {"a": [1, {"b": null}]}}}, '
         '{"node": "dn2", "cid": 1, "lsn": "0/9", "op": "update", "schema": "s", "table": "t", '
-        '"old": {"id": 1}, "new": {"id": 2}, "unchanged": ["doc", "blob"]}, '
+        '"key": ["id", "old"], "old": {"id": 1}, "new": {"id": 2}, "unchanged": ["doc", "blob"]}, '
         '{"node": "dn2", "cid": 2, "lsn": "0/A", "op": "delete", "schema": "s", "table": "t", '
-        '"old": {"id": 2}, "new": null}]}'
+        '"old": {"id": 2}, "new": null}]}'  # (a revision-1 change, without `key`, as an old changelog holds)
     )
     head, changes = _fast(line)
     assert head["csn"] == 7 and [c["new"] for c in changes] == [
@@ -199,7 +202,9 @@ def test_the_writers_lines_take_the_fast_path() -> None:
     ]
     assert [c["old"] for c in changes] == [None, '{"id": 1}', '{"id": 2}']
     assert changes[1]["unchanged"] == ["doc", "blob"]
+    assert [c.get("key") for c in changes] == [["id"], ["id", "old"], None]
     assert (head, changes) == _walk(line)
+    assert [r["key"] for r in flatten([(7, line.encode())]).to_pylist()] == [["id"], ["id", "old"], None]
 
 
 def test_old_and_new_are_the_lines_own_text() -> None:
