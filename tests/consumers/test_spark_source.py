@@ -35,6 +35,7 @@ COLS = [
     "old",
     "new",
     "unchanged",
+    "key",
 ]
 
 
