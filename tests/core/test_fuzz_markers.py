@@ -1,6 +1,6 @@
 """Fuzzing the csn marker parser (csnd.core.markers) with what a damaged or hostile WAL may hold.
 
-`tests/test_markers.py` checks the grammar against its table; this throws
+`tests/core/test_markers.py` checks the grammar against its table; this throws
 bytes at it -- long numbers, long gids, mutated markers, arbitrary bytes --
 and asks one thing: a `Marker` the table agrees with, or `MalformedMarker`
 naming the content, the node, the LSN and the xid.  Never another exception.
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from csnd.core.errors import MalformedMarker
 from csnd.core.markers import format_marker, parse_fields, parse_marker
-from tests.test_markers import _GRAMMAR, _oracle, good_markers
+from tests.core.test_markers import _GRAMMAR, _oracle, good_markers
 
 FUZZ = settings(max_examples=300, deadline=None)
 
@@ -24,7 +24,7 @@ long_numbers = st.integers(0, 6000).flatmap(
 
 
 def _table(text: str) -> object:
-    """`tests.test_markers._oracle`, for numbers too long for int() too: more than 20 digits is past any limit."""
+    """`tests.core.test_markers._oracle`, for numbers too long for int() too: more than 20 digits is past any limit."""
     m = _GRAMMAR.fullmatch(text)
     if m is not None and m.group(4) is None:  # (a marker with a number)
         head, number = text.rsplit(" ", 1)

@@ -27,7 +27,7 @@ from csnd.core.backoff import Backoff
 from csnd.core.errors import ChangefeedUnavailable
 
 EVENTS = ("connected", "flowing", "lost", "failed")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # (event, seconds the clock moves before it, the draw a failure gets)
 scripts = st.lists(
