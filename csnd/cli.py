@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from csnd import __version__
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
+from csnd.consumers.subscriptions_cmd import add_subscriptions_parser, cmd_subscriptions
 from csnd.core.addresses import listen_address
 from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
@@ -235,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_parser(sub)
     add_subscribe_parser(sub)
+    add_subscriptions_parser(sub)
     add_service_parsers(sub)
     from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers
 
@@ -425,6 +427,7 @@ COMMANDS = {
     "generate": cmd_generate,
     "demo": cmd_demo,
     "subscribe": cmd_subscribe,
+    "subscriptions": cmd_subscriptions,
     "serve": cmd_serve,
     "changelog": cmd_changelog,
 }

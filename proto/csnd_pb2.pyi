@@ -214,6 +214,50 @@ class FetchResponse(_message.Message):
     batch: TransactionBatch
     def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ...) -> None: ...
 
+class ListSubscriptionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSubscriptionsResponse(_message.Message):
+    __slots__ = ("subscriptions",)
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionInfo]
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionInfo, _Mapping]]] = ...) -> None: ...
+
+class ResetSubscriptionRequest(_message.Message):
+    __slots__ = ("name", "csn")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CSN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    csn: int
+    def __init__(self, name: _Optional[str] = ..., csn: _Optional[int] = ...) -> None: ...
+
+class DeleteSubscriptionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SubscriptionInfo(_message.Message):
+    __slots__ = ("name", "acknowledged_csn", "tables", "connected", "peer", "lag_transactions", "lag_at_least", "previous_csn")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_CSN_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    LAG_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    LAG_AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_CSN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    acknowledged_csn: int
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    connected: bool
+    peer: str
+    lag_transactions: int
+    lag_at_least: bool
+    previous_csn: int
+    def __init__(self, name: _Optional[str] = ..., acknowledged_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., connected: _Optional[bool] = ..., peer: _Optional[str] = ..., lag_transactions: _Optional[int] = ..., lag_at_least: _Optional[bool] = ..., previous_csn: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

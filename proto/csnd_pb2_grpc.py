@@ -201,6 +201,21 @@ class ChangefeedStub:
                 request_serializer=csnd_dot_proto_dot_csnd__pb2.StatusRequest.SerializeToString,
                 response_deserializer=csnd_dot_proto_dot_csnd__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ListSubscriptions = channel.unary_unary(
+                '/csnd.v1.Changefeed/ListSubscriptions',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.ResetSubscription = channel.unary_unary(
+                '/csnd.v1.Changefeed/ResetSubscription',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.ResetSubscriptionRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+                _registered_method=True)
+        self.DeleteSubscription = channel.unary_unary(
+                '/csnd.v1.Changefeed/DeleteSubscription',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+                _registered_method=True)
 
 
 class ChangefeedServicer:
@@ -240,6 +255,32 @@ class ChangefeedServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSubscriptions(self, request, context):
+        """The named subscriptions the service stores, each with its acknowledged CSN and table filter.
+        FAILED_PRECONDITION: the service keeps no named subscriptions (as for a named Subscribe).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetSubscription(self, request, context):
+        """Set a named subscription's acknowledged CSN (back: its consumer reads again from there;
+        forward: it skips), durably; its table filter stays.  NOT_FOUND: no such name.
+        FAILED_PRECONDITION: a stream holds the name now (stop its consumer first).
+        OUT_OF_RANGE: the CSN is past the newest durable one, or before what retention kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSubscription(self, request, context):
+        """Forget a named subscription, its CSN and filter, durably: Status and /metrics stop
+        listing it.  NOT_FOUND and FAILED_PRECONDITION as for ResetSubscription.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangefeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -257,6 +298,21 @@ def add_ChangefeedServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=csnd_dot_proto_dot_csnd__pb2.StatusRequest.FromString,
                     response_serializer=csnd_dot_proto_dot_csnd__pb2.StatusResponse.SerializeToString,
+            ),
+            'ListSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSubscriptions,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsResponse.SerializeToString,
+            ),
+            'ResetSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetSubscription,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.ResetSubscriptionRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.SerializeToString,
+            ),
+            'DeleteSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubscription,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,6 +404,87 @@ class Changefeed:
             '/csnd.v1.Changefeed/Status',
             csnd_dot_proto_dot_csnd__pb2.StatusRequest.SerializeToString,
             csnd_dot_proto_dot_csnd__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csnd.v1.Changefeed/ListSubscriptions',
+            csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csnd.v1.Changefeed/ResetSubscription',
+            csnd_dot_proto_dot_csnd__pb2.ResetSubscriptionRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csnd.v1.Changefeed/DeleteSubscription',
+            csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -305,6 +305,18 @@ class CsnOutOfRange(CsndError):
         super().__init__(message)
 
 
+class SubscriptionError(CsndError):
+    """A named subscription cannot be changed as asked."""
+
+
+class SubscriptionNotFound(SubscriptionError):
+    """The service stores no named subscription of that name (gRPC NOT_FOUND)."""
+
+
+class SubscriptionBusy(SubscriptionError):
+    """A stream holds the subscription now: its consumer must stop first (gRPC FAILED_PRECONDITION)."""
+
+
 class GlobalCommitError(CsndError):
     """A global transaction the gtm writer side (`csnd.gtm.writer`) could not see through its commit.
 

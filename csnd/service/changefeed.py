@@ -17,7 +17,14 @@ UNAVAILABLE, so a vanished consumer does not keep a thread and a name
 forever.  Acknowledgements of a named subscription are kept as a high-water
 mark and written to the SubscriptionStore at most every `store_interval_s`
 (each write is an fsync) and whenever a stream ends, so a consumer that acks
-and closes finds its mark stored.
+and closes finds its mark stored; a named stream's table filter is stored
+with it, and one that names no tables gets the name's.
+
+Operators manage the names (ListSubscriptions, ResetSubscription,
+DeleteSubscription: `csnd subscriptions`).  A reset or delete is refused
+while a stream holds the name, and is durable before it is answered; it
+holds the store's lock throughout, so a periodic store of the old mark
+cannot land after it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import grpc
 
 from csnd import __version__
-from csnd.core.errors import AckError, CsnOutOfRange
+from csnd.core.errors import AckError, CsnOutOfRange, SubscriptionBusy, SubscriptionNotFound
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
@@ -102,7 +109,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self.settings = settings or FeedSettings()
         self.directory = directory or getattr(log, "directory", "")
         self.lock = threading.Lock()
-        self.registry = ConsumerRegistry.from_store(subscriptions.all() if subscriptions else {})
+        self.registry = ConsumerRegistry.from_store(
+            subscriptions.all() if subscriptions else {}, subscriptions.tables() if subscriptions else {}
+        )
         self._store_lock = threading.Lock()
         self._last_store = time.monotonic()
         self._calls: dict[int, grpc.ServicerContext] = {}  # consumer id -> its call (for the watchdog)
@@ -129,7 +138,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         if first is None or not first.HasField("start"):
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a SubscribeStart")
         start = first.start
-        filt = _table_filter(start.tables, context)
+        _table_filter(start.tables, context)  # (a malformed filter fails before anything else)
         name = start.name
         if name and not NAME_RE.fullmatch(name):
             _abort(
@@ -149,9 +158,11 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 after = start.after_csn
             else:
                 after = self.registry.named.get(name, 0) if name else 0
+            tables = self.registry.tables_for(name, start.tables)
+        filt = _table_filter(tables, context)
         records = self._open(after, context)
         with self.lock:
-            consumer = self.registry.connect(context.peer(), name, start.tables, after, time.monotonic())
+            consumer = self.registry.connect(context.peer(), name, tables, after, time.monotonic())
         stream.cid = consumer.id
         stream.registered.set()
         with self.lock:
@@ -310,17 +321,95 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 context.cancel()
 
     def _store_marks(self) -> None:
-        """Writes the named marks that moved (one fsync each) to the SubscriptionStore."""
+        """Writes the named marks and filters that changed (one fsync each) to the SubscriptionStore."""
         if self.subscriptions is None:
             return
         with self._store_lock:
             self._last_store = time.monotonic()
             with self.lock:
                 todo = self.registry.unstored()
-            for name, csn in sorted(todo.items()):
-                self.subscriptions.set(name, csn)
+            for name, (csn, tables) in sorted(todo.items()):
+                self.subscriptions.set(name, csn, tables)
                 with self.lock:
-                    self.registry.stored(name, csn)
+                    self.registry.stored(name, csn, tables)
+
+    # --- managing named subscriptions ----------------------------------------------------
+
+    def ListSubscriptions(  # noqa: N802
+        self, request: pb.ListSubscriptionsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSubscriptionsResponse:
+        self._store_or_abort(context)
+        with self.lock:
+            names = sorted(self.registry.named)
+        infos = [info for name in names if (info := self._info(name)) is not None]
+        return pb.ListSubscriptionsResponse(subscriptions=infos)
+
+    def ResetSubscription(  # noqa: N802
+        self, request: pb.ResetSubscriptionRequest, context: grpc.ServicerContext
+    ) -> pb.SubscriptionInfo:
+        store = self._store_or_abort(context)
+        name, csn = request.name, request.csn
+        newest = self.log.durable_csn
+        if csn > newest:
+            _abort(
+                context,
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"cannot reset subscription {name!r} to csn {csn}: the newest durable csn is {newest}",
+            )
+        self._open(csn, context)  # (a start that retention dropped is refused here, OUT_OF_RANGE)
+        with self._store_lock:
+            with self.lock:
+                try:
+                    before = self.registry.reset(name, csn)
+                except (SubscriptionNotFound, SubscriptionBusy) as e:
+                    _refuse(context, e)
+                tables = self.registry.filters.get(name, ())
+            store.set(name, csn, tables)
+            with self.lock:
+                self.registry.stored(name, csn, tables)
+        info = self._info(name) or pb.SubscriptionInfo(name=name, acknowledged_csn=csn, tables=tables)
+        info.previous_csn = before
+        return info
+
+    def DeleteSubscription(  # noqa: N802
+        self, request: pb.DeleteSubscriptionRequest, context: grpc.ServicerContext
+    ) -> pb.SubscriptionInfo:
+        store = self._store_or_abort(context)
+        name = request.name
+        info = self._info(name)
+        with self._store_lock:
+            with self.lock:
+                try:
+                    csn, tables = self.registry.delete(name)
+                except (SubscriptionNotFound, SubscriptionBusy) as e:
+                    _refuse(context, e)
+            store.delete(name)
+        return info or pb.SubscriptionInfo(name=name, acknowledged_csn=csn, tables=tables)
+
+    def _store_or_abort(self, context: grpc.ServicerContext) -> SubscriptionStore:
+        if self.subscriptions is None:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "this service keeps no named subscriptions")
+        return self.subscriptions
+
+    def _info(self, name: str) -> pb.SubscriptionInfo | None:
+        """A named subscription as it is now (None: no such name)."""
+        with self.lock:
+            acked = self.registry.named.get(name)
+            if acked is None:
+                return None
+            tables = self.registry.filters.get(name, ())
+            holder = self.registry.holder(name)
+            peer = holder.peer if holder is not None else ""
+        lag, at_least = self._lag(acked)
+        return pb.SubscriptionInfo(
+            name=name,
+            acknowledged_csn=acked,
+            tables=tables,
+            connected=holder is not None,
+            peer=peer,
+            lag_transactions=lag,
+            lag_at_least=at_least,
+        )
 
     # --- Fetch ----------------------------------------------------------------------
 
@@ -368,7 +457,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 (c.peer, c.name, c.acked, c.sent, c.tables, c.transactions_sent, c.connected_since)
                 for c in self.registry.consumers.values()
             ]
-            idle = self.registry.idle_names()
+            idle = {
+                n: (csn, self.registry.filters.get(n, ())) for n, csn in self.registry.idle_names().items()
+            }
         consumers = []
         for peer, name, acked, sent, tables, count, since in live:
             lag, at_least = self._lag(acked)
@@ -386,11 +477,15 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     connected_since_us=int((wall - (mono - since)) * 1e6),
                 )
             )
-        for name, acked in sorted(idle.items()):
+        for name, (acked, tables) in sorted(idle.items()):
             lag, at_least = self._lag(acked)
             consumers.append(
                 pb.ConsumerStatus(
-                    name=name, acknowledged_csn=acked, lag_transactions=lag, lag_at_least=at_least
+                    name=name,
+                    acknowledged_csn=acked,
+                    lag_transactions=lag,
+                    lag_at_least=at_least,
+                    tables=tables,
                 )
             )
         return pb.StatusResponse(
@@ -434,6 +529,15 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
 def _chain(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
     yield first
     yield from rest
+
+
+def _refuse(context: grpc.ServicerContext, e: SubscriptionNotFound | SubscriptionBusy) -> NoReturn:
+    code = (
+        grpc.StatusCode.NOT_FOUND
+        if isinstance(e, SubscriptionNotFound)
+        else grpc.StatusCode.FAILED_PRECONDITION
+    )
+    _abort(context, code, str(e))
 
 
 def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -290,4 +292,30 @@ def test_subscription_store_survives_reopen(tmp_path: str) -> None:
         s2.set("c", -1)
     (tmp_path / "subscriptions.json").write_bytes(b"{not json")
     with pytest.raises(ChangelogCorrupt, match="subscriptions.json"):
+        SubscriptionStore(str(tmp_path))
+
+
+def test_subscription_store_keeps_filters_and_forgets_deleted_names(tmp_path: Path) -> None:
+    s = SubscriptionStore(str(tmp_path))
+    s.set("a", 10, ["public.acct", "s.*"])
+    s.set("b", 3)
+    s.set("a", 12)  # (None: the filter stays)
+    assert SubscriptionStore(str(tmp_path)).tables() == {"a": ("public.acct", "s.*")}
+    doc = json.loads((tmp_path / "subscriptions.json").read_bytes())
+    assert doc == {"subscriptions": {"a": 12, "b": 3}, "tables": {"a": ["public.acct", "s.*"]}, "version": 1}
+    s.set("a", 12, [])  # (empty: every table)
+    assert "tables" not in json.loads((tmp_path / "subscriptions.json").read_bytes())
+    s.set("b", 3, ["x.y"])
+    assert s.delete("b") and not s.delete("b")
+    s._check()
+    again = SubscriptionStore(str(tmp_path))
+    assert (again.all(), again.tables()) == ({"a": 12}, {})
+    # a file of the first format (no "tables") reads as names without filters
+    (tmp_path / "subscriptions.json").write_bytes(b'{"subscriptions": {"old": 5}, "version": 1}\n')
+    old = SubscriptionStore(str(tmp_path))
+    assert (old.all(), old.tables()) == ({"old": 5}, {})
+    (tmp_path / "subscriptions.json").write_bytes(
+        b'{"subscriptions": {}, "tables": {"x": ["a.b"]}, "version": 1}'
+    )
+    with pytest.raises(ChangelogCorrupt):  # (a filter of a name that has no csn)
         SubscriptionStore(str(tmp_path))

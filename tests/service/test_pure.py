@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from csnd.core.errors import AckError
+from csnd.core.errors import AckError, SubscriptionBusy, SubscriptionNotFound
 from csnd.service.batching import BatchBuilder, record_size
 from csnd.service.filtering import TableFilter, filter_line
 from csnd.service.registry import ConsumerRegistry
@@ -172,29 +172,63 @@ def test_batches_match_greedy_oracle(lengths: list[int], bound: int, flushes: se
 
 
 class RegistryMachine(RuleBasedStateMachine):
-    """The registry against a model: per stream (name, acked, sent), per name a high-water mark."""
+    """The registry against a model: per stream (name, acked, sent), per name a high-water mark and a filter."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.reg = ConsumerRegistry.from_store({"kept": 7})
+        self.reg = ConsumerRegistry.from_store({"kept": 7}, {"kept": ["public.acct"]})
         self.marks = {"kept": 7}  # model: name -> mark
-        self.stored = {"kept": 7}
+        self.filters = {"kept": ("public.acct",)}  # model: name -> its table filter (absent: every table)
+        self.stored: dict[str, tuple[int, tuple[str, ...]]] = {"kept": (7, ("public.acct",))}
         self.live: dict[int, list[object]] = {}  # id -> [name, acked, sent]
         self.holder: dict[str, int] = {}
         self.now = 0.0
 
-    @rule(name=st.sampled_from(["", "", "kept", "other"]), after=st.integers(0, 50))
-    def connect(self, name: str, after: int) -> None:
+    @rule(
+        name=st.sampled_from(["", "", "kept", "other"]),
+        after=st.integers(0, 50),
+        tables=st.sampled_from([(), ("public.acct",), ("s.*", "public.b")]),
+    )
+    def connect(self, name: str, after: int, tables: tuple[str, ...]) -> None:
         self.now += 1
-        c = self.reg.connect("peer", name, ("public.acct",), after, self.now)
+        effective = tables or (self.filters.get(name, ()) if name else ())
+        assert self.reg.tables_for(name, tables) == effective
+        c = self.reg.connect("peer", name, effective, after, self.now)
+        assert c.tables == effective
         if name:
             old = self.holder.get(name)
             if old is not None:
                 del self.live[old]  # taken over
             self.holder[name] = c.id
             self.marks.setdefault(name, 0)
+            if effective:
+                self.filters[name] = effective
         self.live[c.id] = [name, self.marks[name] if name else after, after]
         assert c.acked == self.live[c.id][1]
+
+    @rule(name=st.sampled_from(["kept", "other", "never"]), csn=st.integers(0, 120))
+    def reset(self, name: str, csn: int) -> None:
+        if name not in self.marks:
+            with pytest.raises(SubscriptionNotFound):
+                self.reg.reset(name, csn)
+        elif name in self.holder:
+            with pytest.raises(SubscriptionBusy, match="connected"):
+                self.reg.reset(name, csn)
+        else:
+            assert self.reg.reset(name, csn) == self.marks[name]
+            self.marks[name] = csn
+
+    @rule(name=st.sampled_from(["kept", "other", "never"]))
+    def delete(self, name: str) -> None:
+        if name not in self.marks:
+            with pytest.raises(SubscriptionNotFound):
+                self.reg.delete(name)
+        elif name in self.holder:
+            with pytest.raises(SubscriptionBusy):
+                self.reg.delete(name)
+        else:
+            assert self.reg.delete(name) == (self.marks.pop(name), self.filters.pop(name, ()))
+            self.stored.pop(name, None)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), step=st.integers(0, 20), count=st.integers(0, 3))
@@ -233,9 +267,9 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @rule()
     def store(self) -> None:
-        for name, csn in self.reg.unstored().items():
-            self.reg.stored(name, csn)
-            self.stored[name] = csn
+        for name, (csn, tables) in self.reg.unstored().items():
+            self.reg.stored(name, csn, tables)
+            self.stored[name] = (csn, tables)
 
     @invariant()
     def agrees(self) -> None:
@@ -245,7 +279,9 @@ class RegistryMachine(RuleBasedStateMachine):
         for cid, (name, acked, sent) in self.live.items():
             c = self.reg.consumers[cid]
             assert (c.name, c.acked, c.sent) == (name, acked, sent)
-        assert self.reg.unstored() == {n: m for n, m in self.marks.items() if self.stored.get(n) != m}
+        assert self.reg.filters == self.filters
+        now = {n: (m, self.filters.get(n, ())) for n, m in self.marks.items()}
+        assert self.reg.unstored() == {n: v for n, v in now.items() if self.stored.get(n) != v}
         assert self.reg.idle_names() == {n: m for n, m in self.marks.items() if n not in self.holder}
 
 
