@@ -1,4 +1,4 @@
-"""The decoder pool's plumbing (its decoding is tested end to end in tests/test_replay.py)."""
+"""The decoder pool's plumbing (its decoding is tested end to end in tests/runtime/test_replay.py)."""
 
 from __future__ import annotations
 

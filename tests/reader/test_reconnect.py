@@ -23,7 +23,7 @@ from csnd.reader.reconnect import (
 
 
 def test_the_reader_backoff_is_the_core_policy_with_the_readers_settings() -> None:
-    """The policy itself is tested against its oracle in tests/test_backoff.py."""
+    """The policy itself is tested against its oracle in tests/core/test_backoff.py."""
     b = Backoff(lambda: 0.0)
     assert isinstance(b, backoff.Backoff)
     assert (b.first, b.cap, b.give_up, b.stable) == (

@@ -118,7 +118,7 @@ def test_stdout_is_the_default_output(clusters: dict[str, Path]) -> None:
 
 
 def test_output_that_cannot_be_written_is_a_clear_error(clusters: dict[str, Path]) -> None:
-    """A full disk (a reader that goes away is no error: tests/test_replay_output.py)."""
+    """A full disk (a reader that goes away is no error: tests/runtime/test_replay_output.py)."""
     d = clusters["2t"]
     cmd = [*CSND, "replay", *streams(d)]
     with open("/dev/full", "w") as full:
