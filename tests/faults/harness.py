@@ -350,8 +350,18 @@ class Run:
         return int(http_status(self.served)["changelog"].get("newest_csn", 0))
 
     def wait_flowing(self) -> None:
-        """Until the changelog holds some transactions (a few, not one: the service is past its start)."""
-        wait(lambda: self.newest() > 0 and len(self.committed()) >= 20, "the stream to flow", self.diagnose)
+        """Until the changelog holds some transactions (a few, not one: the service is past its start)
+        and every subscriber has printed one: a subscriber that never reached the service exits 1 by
+        design (docs/design.md section 8), so a fault must not strike before each has connected."""
+        wait(
+            lambda: (
+                self.newest() > 0
+                and len(self.committed()) >= 20
+                and all(last_csn(s.out) > 0 for s in self.subs)
+            ),
+            "the stream to flow to every subscriber",
+            self.diagnose,
+        )
 
     def pause(self, low: float, high: float) -> float:
         d = self.rng.uniform(low, high)
