@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.coordinator.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt, ConfigError, CsndError, CsnOutOfRange
-from tests.coordinator.changelog_helpers import (
+from tests.coordinator.changelog.helpers import (
     FakeClock,
     Records,
     expected,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from csnd.coordinator.changelog import Changelog
 from csnd.coordinator.changelog import record as rec
-from tests.coordinator.changelog_helpers import FakeClock
+from tests.coordinator.changelog.helpers import FakeClock
 
 HOUR = 3600.0
 

@@ -1,6 +1,6 @@
 """Fuzzing the changelog reader (csnd.coordinator.changelog) with damaged segment and index files.
 
-`test_changelog_repair.py` flips bytes of records and cuts the last segment
+`test_repair.py` flips bytes of records and cuts the last segment
 at every byte.  This adds the rest of what can happen to a directory of
 files: an index entry changed, an index cut or gone, records duplicated,
 swapped, removed or with bytes inserted, in any segment, and reads that
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from csnd.coordinator.changelog import Changelog
 from csnd.coordinator.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt
-from tests.coordinator.changelog_helpers import (
+from tests.coordinator.changelog.helpers import (
     Records,
     expected,
     record_lists,
