@@ -78,6 +78,9 @@ _STATIC: Final = {
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
     "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+    # the plotting library, vendored (dashboard/uplot/README.md says which version)
+    "/uplot/uPlot.iife.min.js": ("uplot/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "/uplot/uPlot.min.css": ("uplot/uPlot.min.css", "text/css; charset=utf-8"),
 }
 
 
@@ -146,7 +149,7 @@ class History:
 
 
 def _read_static(name: str) -> bytes:
-    return resources.files("csnd.service").joinpath("dashboard", name).read_bytes()
+    return resources.files("csnd.service").joinpath("dashboard", *name.split("/")).read_bytes()
 
 
 def _always_ready() -> tuple[bool, str]:

@@ -151,6 +151,9 @@ def test_a_token_is_required_when_configured() -> None:
         assert _get(server.url + "api/status", {"Authorization": "Bearer wrong"})[0] == 401
         assert _get(server.url + "api/status", {"Authorization": "Bearer s3cret"})[0] == 200
         assert _get(server.url + "api/config", {"Authorization": "Bearer s3cret"})[0] == 200
+        # the page and its scripts hold no figures: open, so the page can ask for the token
+        for path in ("", "dashboard.js", "dashboard.css", "uplot/uPlot.iife.min.js", "uplot/uPlot.min.css"):
+            assert _get(server.url + path)[0] == 200, path
     finally:
         server.stop()
 
@@ -222,7 +225,8 @@ def _request(
 
 def test_head_is_answered_as_get_without_a_body(served: Any) -> None:
     server, _ = served
-    for path in ("", "dashboard.js", "metrics", "api/status", "api/history", "healthz", "readyz", "nosuch"):
+    paths = ("", "dashboard.js", "uplot/uPlot.iife.min.js", "uplot/uPlot.min.css", "metrics", "api/status")
+    for path in (*paths, "api/history", "healthz", "readyz", "nosuch"):
         got = _request(server.url + path, "GET")
         head = _request(server.url + path, "HEAD")
         assert head[0] == got[0], path
