@@ -130,11 +130,15 @@ class History:
 
     def add(self, now: float, status: Mapping[str, Any]) -> None:
         totals = status.get("totals", {})
+        nodes = status.get("nodes", [])
         sample = {
             "t": now,
             "transactions": int(totals.get("transactions", 0) or 0),
             "changes": int(totals.get("changes", 0) or 0),
-            "lag_seconds": {n["name"]: float(n.get("lag_seconds", 0.0)) for n in status.get("nodes", [])},
+            "changelog_bytes": int(status.get("changelog", {}).get("bytes", 0) or 0),
+            "lag_seconds": {n["name"]: float(n.get("lag_seconds", 0.0)) for n in nodes},
+            "lag_bytes": {n["name"]: int(n.get("lag_bytes", 0) or 0) for n in nodes},
+            "retained_wal_bytes": {n["name"]: int(n.get("retained_wal_bytes", 0) or 0) for n in nodes},
             "consumer_lag": {
                 str(c.get("name") or c.get("peer") or "anonymous"): int(c.get("lag_transactions", 0) or 0)
                 for c in status.get("consumers", [])

@@ -1,8 +1,10 @@
 """The dashboard in a real headless Chromium against a running `csnd serve` on a live node.
 
-The page must load, its figures must change while transactions flow, and a
-node whose server stops must turn red.  The screenshot it saves is the one
-the README shows (docs/dashboard.png) when CSND_SCREENSHOT names that path.
+The page must load, its figures must change while transactions flow, its
+plots must have a time axis, a value axis and a legend naming each series,
+and a node whose server stops must turn red.  The screenshot it saves (tall
+enough for the plots) is the one the README shows (docs/dashboard.png) when
+CSND_SCREENSHOT names that path.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.fixtures.browser import dump_dom, screenshot
+from tests.fixtures.browser import dump_dom, plots, screenshot
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import start_serve, wait_for
 
@@ -56,8 +58,17 @@ def test_dashboard_shows_flow_and_turns_a_stopped_node_red(pg: PgDatabase, tmp_p
         assert int(cells[8].replace(",", "")) > before, (
             "the page's figures did not change while transactions flowed"
         )
+        charts = plots(second)
+        assert len(charts) == 6, second[-3000:]
+        for name, chart in charts.items():
+            assert chart.axes >= 2 and chart.legend is not None, (name, chart)  # time and value axes
+        # per-node plots name the node; the newest values are in the legend, in the axis' unit
+        for name in ("chart-lag", "chart-lag-bytes", "chart-slot-wal"):
+            assert "dn1" in (charts[name].legend or {}), (name, charts[name])
+        assert re.fullmatch(r"[\d.]+ s", (charts["chart-lag"].legend or {})["dn1"]), charts["chart-lag"]
+        assert re.fullmatch(r"[\d,.]+/s", (charts["chart-rate"].legend or {})["transactions"]), charts
         shot = os.environ.get("CSND_SCREENSHOT") or str(tmp_path / "dashboard.png")
-        screenshot(served.http, shot)
+        screenshot(served.http, shot, size="1440,1040")
         assert Path(shot).stat().st_size > 10_000
 
         stop.set()

@@ -20,7 +20,7 @@ from csnd.core.errors import ConfigError
 from csnd.service.http import DashboardServer, Thresholds
 from csnd.service.metrics import METRICS
 from csnd.service.server import TlsFiles
-from tests.fixtures.browser import dump_dom
+from tests.fixtures.browser import dump_dom, plots
 from tests.fixtures.tls import self_signed, trusting
 
 
@@ -331,6 +331,38 @@ def test_history_keeps_a_bounded_ring_of_samples(served: Any) -> None:
     samples = server.history.samples()
     assert len(samples) == server.history._samples.maxlen
     assert samples[-1]["transactions"] == server.history._samples.maxlen + 4
+    # every figure the dashboard plots, per node and per consumer where it is
+    assert samples[-1]["changelog_bytes"] == 40960
+    assert samples[-1]["lag_seconds"] == {"dn1": 0.5, "dn2": 0.0}
+    assert samples[-1]["lag_bytes"] == {"dn1": 56789, "dn2": 0}
+    assert samples[-1]["retained_wal_bytes"] == {"dn1": 123456, "dn2": 0}
+    assert samples[-1]["consumer_lag"] == {"lake": 9, "cache": 96}
+
+
+def test_every_plot_has_a_time_axis_a_value_axis_and_a_legend(served: Any) -> None:
+    server, _ = served
+    dom = dump_dom(server.url)
+    charts = plots(dom)
+    assert set(charts) == {
+        "chart-rate",
+        "chart-lag",
+        "chart-lag-bytes",
+        "chart-slot-wal",
+        "chart-consumers",
+        "chart-changelog",
+    }, dom[-3000:]
+    for name, chart in charts.items():
+        assert chart.axes == 2, (name, chart)  # time, and the figure in its unit
+    # each legend names its series and shows the newest value, in its axis' unit
+    legends = {name: dict(chart.legend or {}) for name, chart in charts.items()}
+    for name, legend in legends.items():
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", legend.pop("time", "")), (name, legend)
+    assert set(legends["chart-rate"]) == {"transactions", "changes"}
+    assert legends["chart-lag"] == {"dn1": "0.5 s", "dn2": "0.0 s"}
+    assert legends["chart-lag-bytes"] == {"dn1": "55.5 KiB", "dn2": "0 B"}
+    assert legends["chart-slot-wal"] == {"dn1": "120.6 KiB", "dn2": "0 B"}
+    assert legends["chart-consumers"] == {"lake": "9", "cache": "96"}
+    assert legends["chart-changelog"] == {"changelog": "40 KiB"}
 
 
 def _rows(dom: str, attr: str) -> dict[str, str]:

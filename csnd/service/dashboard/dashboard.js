@@ -1,6 +1,8 @@
 // The csnd dashboard: polls /api/status (the gRPC Status content) once a second,
-// /api/history once at load for the last minutes.  No library, nothing from the
-// network but this service: it must work on a machine with no internet.
+// /api/history once at load for the last minutes.  Nothing from the network but
+// this service: it must work on a machine with no internet.  The plots draw with
+// uPlot (uplot/, vendored and served by the service: 51 kB, canvas, a time axis,
+// a value axis and a legend), one chart per figure, one series per node or consumer.
 //
 // With a token configured the API answers 401 until the browser holds the
 // session cookie: the page then shows its login form, which POSTs the token to
@@ -8,17 +10,17 @@
 "use strict";
 
 let thresholds = null;
-let samples = [];          // {t, transactions, lag_seconds: {node: s}, ...}
-const MAX_SAMPLES = 600;
+let samples = [];          // as /api/history's: {t, transactions, lag_seconds: {node: s}, ...}
+const MAX_SAMPLES = 600;   // ten minutes of one a second, as the service keeps
 
 const num = (v) => Number(v || 0);
 const fmt = (v) => num(v).toLocaleString("en-US");
 function bytes(v) {
   let n = num(v);
-  const units = ["B", "kB", "MB", "GB", "TB"];
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return (i ? n.toFixed(1) : n.toFixed(0)) + " " + units[i];
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1).replace(/\.0$/, "") : n.toFixed(0)) + " " + units[i];
 }
 function lsn(v) {
   const n = BigInt(v || 0);
@@ -129,40 +131,170 @@ function rate(key) {
   return b.t > a.t ? (num(b[key]) - num(a[key])) / (b.t - a.t) : 0;
 }
 
-function plot(svg, values, label) {
-  svg.replaceChildren();
-  const ns = "http://www.w3.org/2000/svg";
-  const max = Math.max(1, ...values);
-  if (values.length > 1) {
-    const pts = values.map((v, i) => `${(i / (values.length - 1)) * 600},${155 - (v / max) * 140}`).join(" ");
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("points", pts);
-    svg.append(line);
+// --- the plots --------------------------------------------------------------------
+//
+// Each chart is a spec: its value axis (label and unit) and a function from the
+// samples to its series.  A chart is built again when its series change (a node
+// or consumer comes or goes), else only given new data.  Where the pointer is not
+// on a chart, its legend shows the newest values.
+
+const PALETTE = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#e16f24", "#57606a"];
+const CHART_HEIGHT = 170;
+const AXIS_FONT = "11px system-ui, sans-serif";
+const pad2 = (n) => String(n).padStart(2, "0");
+function clock(t, seconds) {
+  const d = new Date(t * 1000);
+  return pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + (seconds ? ":" + pad2(d.getSeconds()) : "");
+}
+const trimmed = (v, digits) => Number(v.toFixed(digits)).toLocaleString("en-US");
+
+// How each unit labels its ticks and its legend values, and the steps its ticks take
+// (bytes in powers of two, so a tick is 256 MiB and never 244.1 MiB; counts in whole steps).
+const binarySteps = [];
+for (let k = 0; k <= 50; k += 10) for (let m = 1; m < 1024; m *= 2) binarySteps.push(m * 2 ** k);
+const wholeSteps = [];
+for (let e = 0; e <= 15; e++) for (const m of [1, 2, 5]) wholeSteps.push(m * 10 ** e);
+// (seconds; uPlot's own go from 1 to 5 minutes, too coarse for a ten-minute plot)
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400];
+const UNITS = {
+  rate: { tick: (v) => trimmed(v, 2), value: (v) => trimmed(v, 1) + "/s" },
+  seconds: { tick: (v) => trimmed(v, 2), value: (v) => v.toFixed(1) + " s" },
+  bytes: { tick: bytes, value: bytes, incrs: binarySteps },
+  transactions: { tick: (v) => trimmed(v, 0), value: (v) => fmt(v), incrs: wholeSteps },
+};
+
+// A value axis as wide as its longest tick label (uPlot's default is a fixed width).
+function axisSize(u, values, axisIdx, cycle) {
+  const axis = u.axes[axisIdx];
+  if (cycle > 1) return axis._size;
+  let size = axis.ticks.size + axis.gap + (axis.label ? axis.labelSize : 0);
+  const longest = (values || []).reduce((a, v) => (v.length > a.length ? v : a), "");
+  if (longest) {
+    u.ctx.font = axis.font[0];
+    size += u.ctx.measureText(longest).width / devicePixelRatio;
   }
-  const text = document.createElementNS(ns, "text");
-  text.setAttribute("x", "4"); text.setAttribute("y", "12");
-  text.textContent = `max ${max.toFixed(1)} ${label} · last ${Math.round(values.length)} s`;
-  svg.append(text);
+  return Math.ceil(size);
+}
+
+// Per-node (or per-consumer) series of one sample field, in order of first appearance.
+function perName(field) {
+  const names = [];
+  for (const s of samples) for (const k of Object.keys(s[field] || {})) if (!names.includes(k)) names.push(k);
+  return names.map((name) => ({
+    label: name,
+    values: samples.map((s) => (s[field] && name in s[field] ? num(s[field][name]) : null)),
+  }));
+}
+
+// A counter's rate between successive samples (none across a gap or a reset).
+function rates(field) {
+  return samples.map((s, i) => {
+    if (i === 0) return null;
+    const dt = s.t - samples[i - 1].t, d = num(s[field]) - num(samples[i - 1][field]);
+    return dt > 0 && d >= 0 ? d / dt : null;
+  });
+}
+
+const CHARTS = [
+  // (one axis for both: two scales would make the lines cross where the figures do not;
+  // dashed, the changes still show where every transaction is one change)
+  { id: "chart-rate", label: "per second", unit: "rate",
+    series: () => [{ label: "transactions", values: rates("transactions") },
+                   { label: "changes", values: rates("changes"), dash: [5, 3] }] },
+  { id: "chart-lag", label: "lag, seconds", unit: "seconds", series: () => perName("lag_seconds") },
+  { id: "chart-lag-bytes", label: "LSN lag, bytes", unit: "bytes", series: () => perName("lag_bytes") },
+  { id: "chart-slot-wal", label: "WAL held, bytes", unit: "bytes", series: () => perName("retained_wal_bytes") },
+  { id: "chart-consumers", label: "lag, transactions", unit: "transactions", series: () => perName("consumer_lag"),
+    empty: "no consumer in these minutes" },
+  { id: "chart-changelog", label: "size, bytes", unit: "bytes",
+    series: () => [{ label: "changelog", values: samples.map((s) => ("changelog_bytes" in s ? num(s.changelog_bytes) : null)) }] },
+];
+const charts = new Map();   // id -> {plot, key: its series' names}
+
+function showNewest(u) {
+  if (u.cursor.idx == null && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 }, false);
+}
+
+function buildChart(spec, el, series) {
+  const unit = UNITS[spec.unit];
+  const grid = { stroke: "#eaeef2", width: 1 }, ticks = { stroke: "#d0d7de", width: 1, size: 4 };
+  const opts = {
+    width: el.clientWidth || 400,
+    height: CHART_HEIGHT,
+    cursor: { points: { size: 6 } },
+    legend: { live: true, markers: { fill: (u, i) => u.series[i].stroke(u, i) } },
+    scales: {
+      x: { time: true },
+      // from zero up, with room above the highest value (a flat zero still shows 0 to 1)
+      y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] },
+    },
+    series: [
+      { label: "time", value: (u, t) => (t == null ? "–" : clock(t, true)) },
+      ...series.map((s, i) => ({
+        label: s.label,
+        stroke: PALETTE[i % PALETTE.length],
+        width: 1.5,
+        dash: s.dash,
+        spanGaps: false,
+        points: { show: false },
+        value: (u, v) => (v == null ? "–" : unit.value(v)),
+      })),
+    ],
+    axes: [
+      { stroke: "#636c76", font: AXIS_FONT, grid, ticks, size: 28, space: 45, incrs: TIME_STEPS,
+        values: (u, splits, ax, space, incr) => splits.map((t) => clock(t, incr < 60)) },
+      { stroke: "#636c76", font: AXIS_FONT, grid, ticks, size: axisSize, incrs: unit.incrs,
+        label: spec.label, labelSize: 18, labelFont: "12px system-ui, sans-serif",
+        values: (u, splits) => splits.map(unit.tick) },
+    ],
+    hooks: { setLegend: [showNewest] },
+  };
+  return new uPlot(opts, [samples.map((s) => s.t), ...series.map((s) => s.values)], el);
 }
 
 function renderPlots() {
-  const rates = [];
-  for (let i = 1; i < samples.length; i++) {
-    const dt = samples[i].t - samples[i - 1].t;
-    rates.push(dt > 0 ? Math.max(0, (samples[i].transactions - samples[i - 1].transactions) / dt) : 0);
+  if (typeof uPlot === "undefined") return;  // (the library did not load: the tables still work)
+  for (const spec of CHARTS) {
+    const el = document.getElementById(spec.id);
+    const series = spec.series();
+    const key = series.map((s) => s.label).join("\n");
+    let c = charts.get(spec.id);
+    if (c && c.key !== key) { c.plot.destroy(); c = null; }
+    if (!c) {
+      if (!charts.has(spec.id)) {  // (once per chart: it resizes whichever plot is there now)
+        new ResizeObserver(() => charts.get(spec.id).plot.setSize({ width: el.clientWidth, height: CHART_HEIGHT }))
+          .observe(el);
+      }
+      c = { plot: buildChart(spec, el, series), key };
+      charts.set(spec.id, c);
+      if (series.length || !spec.empty) delete el.dataset.empty;
+      else el.dataset.empty = spec.empty;
+    } else {
+      c.plot.setData([samples.map((s) => s.t), ...series.map((s) => s.values)]);
+    }
   }
-  plot(document.getElementById("plot-rate"), rates, "tx/s");
-  plot(document.getElementById("plot-lag"), samples.map((s) => Math.max(0, ...Object.values(s.lag_seconds || {}))), "s");
+}
+
+// One sample of the plots' figures, as the service's history keeps them (csnd/service/http.py History).
+function sampleOf(status) {
+  const nodes = status.nodes || [], byName = (f) => Object.fromEntries(nodes.map((n) => [n.name, num(n[f])]));
+  return {
+    t: num(status.time_us) / 1e6 || Date.now() / 1000,
+    transactions: num((status.totals || {}).transactions),
+    changes: num((status.totals || {}).changes),
+    changelog_bytes: num((status.changelog || {}).bytes),
+    lag_seconds: byName("lag_seconds"),
+    lag_bytes: byName("lag_bytes"),
+    retained_wal_bytes: byName("retained_wal_bytes"),
+    consumer_lag: Object.fromEntries((status.consumers || []).map(
+      (c) => [String(c.name || c.peer || "anonymous"), num(c.lag_transactions)])),
+  };
 }
 
 function render(status) {
   const nodes = status.nodes || [], consumers = status.consumers || [], log = status.changelog || {};
   const totals = status.totals || {};
-  samples.push({
-    t: num(status.time_us) / 1e6 || Date.now() / 1000,
-    transactions: num(totals.transactions),
-    lag_seconds: Object.fromEntries(nodes.map((n) => [n.name, num(n.lag_seconds)])),
-  });
+  samples.push(sampleOf(status));
   if (samples.length > MAX_SAMPLES) samples.shift();
   const overall = worse(renderNodes(nodes), renderConsumers(consumers));
   renderSnapshot(status.snapshot);
@@ -178,7 +310,7 @@ function render(status) {
   document.getElementById("worst-lag").textContent = worst ? num(worst.lag_seconds).toFixed(1) + " s" : "–";
   document.getElementById("worst-lag-node").textContent = worst ? "node " + worst.name : "";
   document.getElementById("wal-held").textContent = bytes(nodes.reduce((s, n) => s + num(n.retained_wal_bytes), 0));
-  document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  document.getElementById("updated").textContent = "updated " + clock(Date.now() / 1000, true);
   renderPlots();
 }
 
@@ -233,7 +365,7 @@ async function start() {
       `${bytes(t.retained_wal_bytes_red)} · consumer lag ${fmt(t.consumer_lag_amber)} / ${fmt(t.consumer_lag_red)} transactions; ` +
       `a node that is not flowing (reconnecting, restarting, failed) is red, a stuck watermark amber`;
     const hist = await get("api/history");
-    samples = hist.samples.map((s) => ({ t: s.t, transactions: s.transactions, lag_seconds: s.lag_seconds }));
+    samples = hist.samples.slice(-MAX_SAMPLES);
   } catch (e) {
     if (e instanceof Unauthorized) {
       askForToken();
