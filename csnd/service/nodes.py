@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 # A watermark that has not moved for this long while the merge waits on it is reported stuck.
 STUCK_AFTER_S: Final = 30.0
+# How many looks at a lagging node are kept to date its oldest unconfirmed data: a day of
+# once-a-second looks.  Beyond that the oldest are dropped and the lag reads lower than it is.
+BEHIND_SAMPLES: Final = 86_400
 # How often each live node's slot is read from pg_replication_slots.  The query is
 # cheap, but it is a connection per node: every few seconds is enough to see WAL grow.
 SLOT_POLL_S: Final = 5.0
@@ -147,6 +151,9 @@ class NodeWatch:
         self.waiting_merge: Callable[[], int] = lambda: 0
         self.restarts = 0
         self._caught_up_at = clock()
+        # (when, received LSN) since the node was last caught up: where each stretch of the stream not
+        # yet confirmed had arrived by.  The lag is the age of the oldest such stretch.
+        self._behind: deque[tuple[float, int]] = deque(maxlen=BEHIND_SAMPLES)
         self._watermark = -1
         self._watermark_moved_at = clock()
         self._down_since: float | None = None  # first seen reconnecting or restarting
@@ -164,6 +171,29 @@ class NodeWatch:
         own: NodeStats = inp.stats()
         return dataclasses.replace(own, waiting_merge=self.waiting_merge())
 
+    def _lag_since(self, now: float, received: int, confirmed: int) -> float:
+        """When the oldest data received but not yet confirmed had arrived (now: none is waiting).
+
+        Not "since the node was last caught up": under a steady flow a few
+        hundred bytes are always unconfirmed, and that age grew without end.
+        Each look records how far the stream had come; a confirmation past a
+        record drops it.  The first record of a stretch takes the moment the
+        node was last caught up (the data may be that old), later ones their
+        own time, so the figure is at most one look's interval too high.
+        """
+        behind = self._behind
+        if received <= confirmed or not getattr(self.input, "confirms", False):
+            self._caught_up_at = now
+            behind.clear()
+            return now
+        if not behind:
+            behind.append((self._caught_up_at, received))
+        elif received > behind[-1][1]:
+            behind.append((now, received))
+        while len(behind) > 1 and behind[0][1] <= confirmed:
+            behind.popleft()
+        return behind[0][0]
+
     def snapshot(self) -> NodeState:
         now = self.clock()
         st = self.stats()
@@ -172,8 +202,7 @@ class NodeWatch:
         watermark = st.watermark_csn
         if watermark != self._watermark:
             self._watermark, self._watermark_moved_at = watermark, now
-        if received <= confirmed or not getattr(self.input, "confirms", False):
-            self._caught_up_at = now
+        lag_since = self._lag_since(now, received, confirmed)
         slot = self.slot.reading if self.slot is not None else SlotReading()
         waiting = st.waiting_merge
         state = self.state
@@ -192,7 +221,7 @@ class NodeWatch:
             confirmed_lsn=confirmed,
             watermark_csn=watermark,
             lag_bytes=max(received - confirmed, 0),
-            lag_seconds=round(now - self._caught_up_at, 3),
+            lag_seconds=round(now - lag_since, 3),
             stuck=state == "streaming" and waiting > 0 and now - self._watermark_moved_at > STUCK_AFTER_S,
             error=self.error or slot.error,
             transactions=st.released,

@@ -31,7 +31,7 @@ class NodeState:
     confirmed_lsn: int = 0  # confirmed to its slot (never past the durable changelog)
     watermark_csn: int = 0
     lag_bytes: int = 0  # WAL between the node's end and what is confirmed
-    lag_seconds: float = 0.0  # age of the newest commit not yet in the changelog
+    lag_seconds: float = 0.0  # age of the oldest data received from the node not yet durable
     stuck: bool = False  # the watermark has not moved for longer than allowed
     error: str = ""  # the last error while reconnecting/restarting/failed
     transactions: int = 0

@@ -69,3 +69,24 @@ def test_a_watch_without_a_run_and_an_agent_input() -> None:
     watch.attach(agent, None, waiting_merge=lambda: 0)
     s = watch.snapshot()
     assert (s.transactions, s.confirmed_lsn, s.watermark_csn, s.lag_bytes) == (9, 640, 88, 0)
+
+
+def test_the_lag_under_a_steady_flow_stays_the_age_of_what_is_unconfirmed() -> None:
+    """Data arrives and is confirmed a little later, never all of it: the lag must not grow with time."""
+    clock = [100.0]
+    watch = NodeWatch("dn1", "gtm", "postgresql://h/db", clock=lambda: clock[0])
+    inp = _Input(NodeStats("dn1", "gtm", received_lsn=1_000))
+    tracker = _Tracker(safe=1_000)
+    watch.attach(inp, tracker, waiting_merge=lambda: 0)
+    assert watch.snapshot().lag_seconds == 0
+    for step in range(1, 61):  # a minute: every second 1,000 bytes more; confirmed one second behind
+        clock[0] = 100.0 + step
+        inp.now = NodeStats("dn1", "gtm", received_lsn=1_000 + 1_000 * step)
+        tracker.safe = 1_000 * step
+        lag = watch.snapshot().lag_seconds
+        assert lag <= 2.0, (step, lag)
+    # the confirmations stop: the lag grows from when the oldest unconfirmed data had arrived
+    clock[0] += 30
+    assert watch.snapshot().lag_seconds == 30.0  # (what is unconfirmed had arrived by the last look)
+    tracker.safe = 61_000
+    assert watch.snapshot().lag_seconds == 0
