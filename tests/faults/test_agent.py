@@ -30,6 +30,7 @@ from tests.faults import witness as wit
 from tests.faults.conftest import record, runs
 from tests.faults.harness import Outcome, Stall, http_status, wait
 from tests.fixtures.pg import PgDatabase
+from tests.fixtures.witness import Row, transactions
 from tests.service.servekit import CSND, Served, start_serve
 
 pytestmark = pytest.mark.xdist_group("faults")
@@ -68,18 +69,10 @@ def _witness(pg: PgDatabase) -> list[tuple[int, int, list[dict[str, Any]]]]:
         "SELECT lsn::text, xid::text, data FROM pg_logical_slot_peek_changes('witness', NULL, NULL)"
     )
     out: list[tuple[int, int, list[dict[str, Any]]]] = []
-    changes: list[dict[str, Any]] = []
-    for lsn, xid, data in rows:
-        text = str(data)
-        if text.startswith("BEGIN"):
-            changes = []
-        elif text.startswith("COMMIT"):
-            if changes:
-                out.append((int(str(xid)), lsn_from_str(str(lsn)), changes))
-        else:
-            m = wit._ROW.match(text)  # noqa: SLF001
-            assert m, text
-            changes.append(wit.parse_change(m.group(1), m.group(2), m.group(3)))
+    for t in transactions(rows)[0]:
+        assert t.end_lsn is not None and all(isinstance(e, Row) for e in t.events), t
+        if t.events:
+            out.append((t.xid, t.end_lsn, [wit.change(r) for r in t.rows]))
     return out
 
 

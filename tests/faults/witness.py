@@ -3,10 +3,10 @@
 The invariants are those of docs/design.md section 6.
 
 The witness is a `test_decoding` slot per node, created beside csnd's slot
-before the writers start, so it sees the same WAL.  Each committed local
-transaction becomes its xid, the end LSN of its commit record (what a slot
-confirmation is compared with), its gid and CSN (from the `commit` marker)
-and its row changes with every value, parsed from test_decoding's text:
+before the writers start, so it sees the same WAL; tests.fixtures.witness
+reads it.  Each committed local transaction becomes its xid, the end LSN of
+its commit record (what a slot confirmation is compared with), its gid and
+CSN (from the `commit` marker) and its row changes with every value:
 integers as numbers, text as strings, SQL NULL as None, an unchanged TOAST
 value as a name in `unchanged`.  Transactions of one gid on several nodes
 are joined into one, as the merge must join them.
@@ -18,19 +18,15 @@ problem found (not only the first), with the counts the suite's table shows.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from csnd.core.ids import lsn_from_str
+from tests.fixtures.witness import Row, consume, transactions, typed_values
 
 TABLES = ("fx_acct", "fx_ledger", "fx_full", "fx_poison")
-_MSG = re.compile(r"^message: transactional: ([01]) prefix: csn, sz: \d+ content:(.*)$")
-_ROW = re.compile(r"^table public\.(\w+): (INSERT|UPDATE|DELETE): (.*)$")
-_COL = re.compile(r"(\w+)\[([^\]]+)\]:('(?:[^']|'')*'|\S+)")
-_INTS = {"integer", "bigint", "smallint"}
 # test_decoding leaves NULL columns out of an old tuple; with REPLICA IDENTITY
 # FULL the old row has every column, so the missing ones are put back as None.
 FULL_COLUMNS = {"fx_full": ("id", "v")}
@@ -52,40 +48,18 @@ class Txn:
     nodes: dict[str, Local] = field(default_factory=dict)
 
 
-def _value(typ: str, text: str) -> Any:
-    if text == "null":
-        return None
-    if typ in _INTS:
-        return int(text)
-    assert text.startswith("'") and text.endswith("'"), (typ, text)
-    return text[1:-1].replace("''", "'")
-
-
-def _columns(text: str) -> tuple[dict[str, Any], list[str]]:
-    row: dict[str, Any] = {}
-    unchanged: list[str] = []
-    for name, typ, value in _COL.findall(text):
-        if value == "unchanged-toast-datum":
-            unchanged.append(name)
-        else:
-            row[name] = _value(typ, value)
-    return row, unchanged
-
-
-def parse_change(table: str, op: str, rest: str) -> dict[str, Any]:
+def change(row: Row) -> dict[str, Any]:
+    """A row change as the suite compares it: typed values, the unchanged TOAST columns by name."""
     old: dict[str, Any] | None = None
-    if op == "UPDATE" and rest.startswith("old-key: "):
-        old_text, new_text = rest[len("old-key: ") :].split(" new-tuple: ", 1)
-        old, _ = _columns(old_text)
-        new, unchanged = _columns(new_text)
-    elif op == "DELETE":
-        old, unchanged = _columns(rest)
-        new = None
-    else:
-        new, unchanged = _columns(rest)
-    if old is not None and table in FULL_COLUMNS:
-        old = {c: old.get(c) for c in FULL_COLUMNS[table]}
-    return {"table": table, "op": op.lower(), "new": new, "old": old, "unchanged": unchanged}
+    new: dict[str, Any] | None = None
+    unchanged: list[str] = []
+    if row.old is not None:
+        old, unchanged = typed_values(row.old)
+    if row.new is not None:
+        new, unchanged = typed_values(row.new)
+    if old is not None and row.table in FULL_COLUMNS:
+        old = {c: old.get(c) for c in FULL_COLUMNS[row.table]}
+    return {"table": row.table, "op": row.op, "new": new, "old": old, "unchanged": unchanged}
 
 
 def read_node(conn: psycopg.Connection[Any], slot: str) -> list[tuple[str, int, Local]]:
@@ -93,31 +67,14 @@ def read_node(conn: psycopg.Connection[Any], slot: str) -> list[tuple[str, int, 
 
     Commits without a gid (the ticker's, the GTM's own commit log) are left out,
     as are changes of tables that are not the suite's."""
-    conn.execute("BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT")
+    txns, _ = transactions(consume(conn, slot))
     out: list[tuple[str, int, Local]] = []
-    gid: str | None = None
-    csn = 0
-    changes: list[dict[str, Any]] = []
-    rows = conn.execute(
-        "SELECT lsn::text, xid::text, data FROM pg_logical_slot_get_changes(%s, NULL, NULL)", (slot,)
-    ).fetchall()
-    for lsn, xid, data in rows:
-        m = _MSG.match(data)
-        if m:
-            if m.group(1) == "1" and m.group(2).startswith("commit "):
-                _, gid, c = m.group(2).split(" ")
-                csn = int(c)
+    for t in txns:
+        marker = t.commit_marker()
+        if marker is None or t.end_lsn is None:
             continue
-        if data.startswith("BEGIN"):
-            gid, csn, changes = None, 0, []
-        elif data.startswith("COMMIT"):
-            if gid is not None:
-                out.append((gid, csn, Local(int(xid), lsn_from_str(lsn), changes)))
-            gid = None
-        else:
-            r = _ROW.match(data)
-            if r and r.group(1) in TABLES:
-                changes.append(parse_change(r.group(1), r.group(2), r.group(3)))
+        changes = [change(r) for r in t.rows if r.schema == "public" and r.table in TABLES]
+        out.append((*marker, Local(t.xid, t.end_lsn, changes)))
     return out
 
 

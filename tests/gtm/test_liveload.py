@@ -22,7 +22,7 @@ from csnd.gtm.liveload import TABLES, LoadOptions, setup
 from csnd.gtm.sequencer import Gtm
 from csnd.gtm.ticker import Ticker
 from csnd.testing.cluster import LocalCluster, start_cluster
-from tests.gtm.witness import create_slot, read_slot
+from tests.fixtures.witness import create_slot, read_slot
 
 
 @pytest.fixture(scope="module")

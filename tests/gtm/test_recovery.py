@@ -23,7 +23,7 @@ from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.recovery import recover_in_doubt
 from csnd.gtm.writer import PAUSE_POINTS, GlobalTransaction
 from tests.fixtures.pg import PgDatabase, PgServer
-from tests.gtm.witness import create_slot, read_slot
+from tests.fixtures.witness import create_slot, read_slot
 
 Conn = psycopg.Connection[Any]
 NODES = ("dn1", "dn2", "dn3")

@@ -18,8 +18,8 @@ from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.record_cmd import record
 from csnd.reader.recorded import RecordedSource
 from csnd.testing import pgworkload as workload
+from tests.fixtures import witness
 from tests.fixtures.pg import PgDatabase
-from tests.reader import witness
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
@@ -34,7 +34,7 @@ def _witness(pg: PgDatabase, upto: str) -> tuple[list[witness.WTxn], list[tuple[
         "SELECT lsn::text, xid::text::bigint, data FROM pg_logical_slot_get_changes("
         f"'witness', '{upto}', NULL, 'include-xids', '1', 'skip-empty-xacts', '1')"
     )
-    return witness.test_decoding_txns([(str(a), int(b), str(c)) for a, b, c in rows])  # type: ignore[call-overload]
+    return witness.text_txns(rows)
 
 
 def _ours(path: Path) -> tuple[list[witness.WTxn], list[tuple[str, str]]]:

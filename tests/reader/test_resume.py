@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from csnd.reader import pgoutput as p
 from csnd.reader.resume import Item, ResumeFilter
-from tests.reader.witness import assemble
+from tests.fixtures.witness import assemble
 
 REL = p.Column(1, "id", 25, -1)
 

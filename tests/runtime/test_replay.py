@@ -29,9 +29,9 @@ from csnd.gtm import generate_cluster
 from csnd.reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
 from csnd.reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
 from csnd.testing import pgworkload as workload
+from tests.fixtures import witness
 from tests.fixtures.pg import PgDatabase
 from tests.fixtures.procs import children, wait_until_gone
-from tests.reader import witness
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
@@ -410,7 +410,7 @@ def _witness_rows(pg: PgDatabase, upto: str) -> list[witness.WTxn]:
         "SELECT lsn::text, xid::text::bigint, data FROM pg_logical_slot_get_changes("
         f"'witness', '{upto}', NULL, 'include-xids', '1', 'skip-empty-xacts', '1')"
     )
-    txns, _ = witness.test_decoding_txns([(str(a), int(str(b)), str(c)) for a, b, c in rows])
+    txns, _ = witness.text_txns(rows)
     return [t for t in txns if any(c[1] != "message" for c in t.changes)]
 
 

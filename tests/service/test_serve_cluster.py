@@ -26,7 +26,7 @@ from csnd.gtm.liveload import TABLES, LoadOptions, setup
 from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.ticker import Ticker
 from csnd.testing.cluster import LocalCluster, start_cluster
-from tests.gtm.witness import create_slot, read_slot
+from tests.fixtures.witness import create_slot, read_slot
 from tests.service.servekit import CSND, start_serve, subscribe, wait_for
 
 
