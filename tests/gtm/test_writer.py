@@ -9,8 +9,6 @@ for a transaction whose PREPARE fails, `abort` and no data.
 
 from __future__ import annotations
 
-import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +17,10 @@ import pytest
 
 from csnd.gtm.sequencer import Gtm
 from csnd.gtm.writer import GlobalTransaction, tick
+from tests.fixtures import witness
 from tests.fixtures.pg import PgDatabase, PgServer
 
 Conn = psycopg.Connection[Any]
-_MSG = re.compile(r"^message: transactional: ([01]) prefix: csn, sz: \d+ content:(.*)$")
 
 
 @pytest.fixture
@@ -50,27 +48,16 @@ def two_nodes(pg: PgDatabase, pg_server: PgServer) -> Iterator[dict[str, Conn]]:
             admin.execute(f'DROP DATABASE IF EXISTS "{second}" WITH (FORCE)'.encode())
 
 
-def _scalar(conn: Conn, query: str, params: Any = None) -> Any:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return row[0]
-
-
 def _decoded(conn: Conn, slot: str) -> list[tuple[str, str | None]]:
     """The slot's output as (kind, text): ("msg0"/"msg1", marker), ("BEGIN"/"COMMIT", None), ("row", line)."""
-    # The test server runs with synchronous_commit=off and the SQL decoding
-    # functions stop at the flushed WAL: wait until everything written is flushed.
-    target = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
-    deadline = time.monotonic() + 10
-    while not _scalar(conn, "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", target):
-        assert time.monotonic() < deadline, "WAL was not flushed"
-        time.sleep(0.05)
+    # (the test server runs with synchronous_commit=off and the SQL decoding
+    # functions stop at the flushed WAL: `consume` waits until everything written is flushed)
     out: list[tuple[str, str | None]] = []
-    for (data,) in conn.execute("SELECT data FROM pg_logical_slot_get_changes(%s, NULL, NULL)", (slot,)):
-        m = _MSG.match(data)
-        if m:
-            out.append((f"msg{m.group(1)}", m.group(2)))
-        elif data.startswith(("BEGIN", "COMMIT")):
+    for lsn, _, data in witness.consume(conn, slot):
+        line = witness.parse_line(witness.lsn_from_text(lsn), data)
+        if isinstance(line, witness.Message) and line.prefix == "csn":
+            out.append((f"msg{int(line.transactional)}", line.content))
+        elif isinstance(line, (witness.Begin, witness.Commit)):
             out.append((data.split()[0], None))
         else:
             out.append(("row", data))

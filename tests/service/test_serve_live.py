@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import threading
 from typing import Any
 
 import psycopg
 
 from csnd.core.ids import lsn_from_str
+from tests.fixtures import witness
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import Served, start_serve, subscribe, wait_for
-
-_CHANGE = re.compile(r"^table public\.(\w+): (INSERT|UPDATE|DELETE): id\[integer\]:(\d+)")
 
 
 def _setup(pg: PgDatabase) -> None:
@@ -61,19 +59,16 @@ def _witness(pg: PgDatabase) -> list[tuple[int, list[tuple[str, str, int]]]]:
         "SELECT lsn::text, xid::text, data FROM pg_logical_slot_peek_changes('witness', NULL, NULL)"
     )
     txns: list[tuple[int, list[tuple[str, str, int]]]] = []
-    current: list[tuple[str, str, int]] = []
-    for lsn, _xid, data in rows:
-        text = str(data)
-        if text.startswith("BEGIN"):
-            current = []
-        elif text.startswith("COMMIT"):
-            if current:
-                txns.append((lsn_from_str(str(lsn)), current))
-        else:
-            m = _CHANGE.match(text)
-            assert m, text
-            current.append((m.group(1), m.group(2).lower(), int(m.group(3))))
+    for t in witness.transactions(rows)[0]:
+        assert t.end_lsn is not None and all(isinstance(e, witness.Row) for e in t.events), t
+        if t.rows:
+            txns.append((t.end_lsn, [(r.table, r.op, _id(r)) for r in t.rows]))
     return txns
+
+
+def _id(row: witness.Row) -> int:
+    cols = row.new if row.new is not None else row.old
+    return int(witness.text_values(cols or ())["id"])
 
 
 def _ours(lines: list[str]) -> list[tuple[int, list[tuple[str, str, int]]]]:
@@ -98,18 +93,10 @@ def _witness_commits(pg: PgDatabase) -> list[tuple[int, int]]:
     unless told to skip those, and it must not count as committed here.
     """
     rows = pg.execute(
-        "SELECT xid::text, lsn::text, data FROM pg_logical_slot_peek_changes("
+        "SELECT lsn::text, xid::text, data FROM pg_logical_slot_peek_changes("
         "'witness', NULL, NULL, 'skip-empty-xacts', '1')"
     )
-    changed: set[int] = set()
-    commits: list[tuple[int, int]] = []
-    for xid, end, data in rows:
-        text = str(data)
-        if _CHANGE.match(text):
-            changed.add(int(str(xid)))
-        elif text.startswith("COMMIT") and int(str(xid)) in changed:
-            commits.append((int(str(xid)), lsn_from_str(str(end))))
-    return commits
+    return [(t.xid, t.end_lsn) for t in witness.transactions(rows)[0] if t.rows and t.end_lsn is not None]
 
 
 def _changelog_xids(log_dir: str) -> list[int]:
