@@ -12,6 +12,13 @@
                  │                                       keepalive replies
                  └─────────────────────────────────────────────────────┘
 
+With `schemas=True` the iteration also yields relation lines
+(docs/design.md section 7: a table's column names and types), each a
+`RelationRecord` -- a (csn, line) too, told apart by its type -- before the
+first transaction it is in force with; never acknowledge one (its csn is
+that transaction's, still to come).  The versions in force at the start
+come first; after a reconnect the ones already handed out are not repeated.
+
 A lost connection (service restarted, network cut, the service dropped us
 for silence) is not an error: the client opens a new stream after the last
 transaction it handed out, with exponential backoff and jitter
@@ -39,7 +46,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -94,6 +101,19 @@ NOTHING_THERE: Final = "nothing accepts connections there"
 _HTTP1_PROBE: Final = b"HEAD / HTTP/1.0\r\n\r\n"
 
 Record = tuple[int, bytes]
+
+
+class RelationRecord(NamedTuple):
+    """A relation line (not a transaction): the version of a table in force from the transaction at `csn` on."""
+
+    csn: int
+    line: bytes
+
+
+class _Relations(list[RelationRecord]):
+    """(inbox item: a batch of relation lines)"""
+
+
 _ACK: Final = object()  # (request queue marker: send the newest acknowledgement)
 _CLOSE: Final = object()
 
@@ -238,6 +258,11 @@ class _Call:
                 if kind == "batch":
                     if not self._put([(t.csn, t.line) for t in msg.batch.transactions]):
                         return
+                elif kind == "relations":
+                    if not self._put(
+                        _Relations(RelationRecord(r.csn, r.line) for r in msg.relations.relations)
+                    ):
+                        return
                 elif kind == "keepalive":
                     if msg.keepalive.reply_requested:
                         reply = pb.FeedKeepalive(send_time_us=int(time.time() * 1e6))
@@ -261,7 +286,9 @@ class Changefeed:
 
     after_csn: deliver transactions with csn > after_csn (0: from the oldest
     retained).  None: for a named subscription, after its stored acknowledged
-    CSN; otherwise from the oldest retained.  tables: `schema.table` filters.
+    CSN; otherwise from the oldest retained.  tables: `schema.table` filters
+    (none, for a named subscription: the filter the name was last used with).
+    schemas: also yield relation lines, as `RelationRecord`s.
     """
 
     def __init__(
@@ -275,10 +302,13 @@ class Changefeed:
         tls_ca: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         give_up: float | None = GIVE_UP_S,
+        schemas: bool = False,
     ) -> None:
         self.address = parse_target(target)
         self.name = name or ""
         self.tables = tuple(tables)
+        self.schemas = schemas
+        self._relation_lines: set[bytes] = set()  # handed out (a reconnect sends those in force again)
         self.connect_timeout = connect_timeout
         self.give_up = give_up
         self._tls_ca = tls_ca
@@ -350,7 +380,15 @@ class Changefeed:
                 return None
             if owner is not call:
                 continue  # (left over from an abandoned stream)
-            if isinstance(item, list):
+            if isinstance(item, _Relations):
+                seen = self._relation_lines
+                for r in item:
+                    if r.line not in seen:
+                        seen.add(r.line)
+                        self._pending.append(r)
+                if self._pending:
+                    return self._hand_out()
+            elif isinstance(item, list):
                 self._pending.extend(item)
                 self.backoff.flowing()
                 if self._pending:
@@ -366,7 +404,10 @@ class Changefeed:
                 self._lost(call, item)
 
     def _hand_out(self) -> Record:
-        csn, line = self._pending.popleft()
+        rec = self._pending.popleft()
+        if type(rec) is RelationRecord:
+            return rec
+        csn, line = rec
         last = self.last_csn
         if last is not None and csn <= last:
             # The service sends each transaction once, in order; a repeat here
@@ -399,7 +440,7 @@ class Changefeed:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 continue
-            start = pb.SubscribeStart(name=self.name, tables=self.tables)
+            start = pb.SubscribeStart(name=self.name, tables=self.tables, schemas=self.schemas)
             if self._after is not None:
                 start.after_csn = self._after
             self._call = _Call(self, start)

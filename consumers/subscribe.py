@@ -11,7 +11,10 @@ nothing new, or when stdout is closed (`| head`); Ctrl-C 130; nothing
 reachable, refused or unauthenticated: one line on stderr, exit 1.  The idle
 clock starts once the service first answers: a subscriber that never
 reached it is not idle, and exiting 0 in silence would pass a mistyped
-address off as a quiet service.
+address off as a quiet service.  With --schemas a relation line (a table's
+column names and types) is printed before the first transaction each
+version of a table is in force with, the ones in force at the start first;
+it is neither counted by --limit nor acknowledged.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ def add_subscribe_parser(sub: Any) -> None:
         "--from-csn continues after it",
     )
     p.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) of a service that uses TLS")
+    p.add_argument(
+        "--schemas",
+        action="store_true",
+        help="also print relation lines: each table's column names and types, the versions in force at the "
+        "start first, then each new one before the first transaction it is in force with (docs/design.md "
+        "section 7)",
+    )
 
 
 def _whole(text: str, least: int, what: str) -> int:
@@ -110,6 +120,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         tables=args.table,
         token=token,
         tls_ca=args.tls_ca,
+        schemas=args.schemas,
     )
     try:
         feed.connect()
@@ -126,6 +137,8 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
+    from csnd.consumers.client import RelationRecord
+
     printed = 0
     unflushed: int | None = None  # csn of the newest line written but not yet flushed
     last_line_at = time.monotonic()
@@ -150,6 +163,8 @@ def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
         csn, line = rec
         out.write(line)
         out.write(b"\n")
+        if type(rec) is RelationRecord:
+            continue  # (not a transaction: neither counted nor acknowledged)
         printed += 1
         unflushed = csn
         last_line_at = time.monotonic()

@@ -21,7 +21,7 @@ refuses node sets that have no common commit order before anything starts.
 from csnd.coordinator.alone import AloneOrder
 from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
 from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
-from csnd.coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line
+from csnd.coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line, relation_line
 from csnd.coordinator.merge import (
     DEFAULT_MAX_PENDING_BATCHES,
     DEFAULT_MAX_PENDING_BYTES,
@@ -52,4 +52,5 @@ __all__ = [
     "json_changes",
     "json_head",
     "json_line",
+    "relation_line",
 ]

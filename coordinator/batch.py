@@ -32,12 +32,15 @@ class NodeBatch(TxnHeader):
     Every batch carries its transaction's header (the fields of `TxnHeader`
     first: `NodeBatch(csn, gid, xid, commit_lsn, end_lsn, commit_time, cid,
     changes, last_of_txn)`).  `changes` holds `(cid, lsn, body)`; the merge
-    keeps the list (no copy) until the transaction is emitted.
+    keeps the list (no copy) until the transaction is emitted.  The first
+    batch of a transaction carries its `relations` (`FinishedTxn.relations`:
+    the relation versions first in force with it), the others none.
     """
 
     cid: int
     changes: list[tuple[int, int, str]]
     last_of_txn: bool
+    relations: tuple[str, ...] = ()
 
 
 class NodeStatistics(NamedTuple):

@@ -14,6 +14,7 @@ the `(node, cid, lsn, body)` view.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from csnd.coordinator.jsonlines import json_line
@@ -40,10 +41,12 @@ class GlobalTxn:
     so the output does not depend on which node happened to arrive first.
     `end_lsns` holds each node's commit end LSN: the position a live slot is
     confirmed to once the transaction is durable (docs/design.md section 9).
-    `commit_time` is the latest of the nodes' commit times.
+    `commit_time` is the latest of the nodes' commit times.  `relations`:
+    `(node, body)` of the relation versions first in force with it
+    (`coordinator.txnevents.TxnStart`).
     """
 
-    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time", "parts")
+    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time", "parts", "relations")
 
     def __init__(
         self,
@@ -52,6 +55,7 @@ class GlobalTxn:
         nodes: dict[str, NodeCommit],
         end_lsns: dict[str, Lsn],
         parts: list[Part],
+        relations: Sequence[tuple[str, str]] = (),
     ) -> None:
         if not nodes:
             raise ValueError(f"global transaction csn {csn} has no node")
@@ -61,6 +65,7 @@ class GlobalTxn:
         self.end_lsns = end_lsns
         self.commit_time = max(c.commit_time for c in nodes.values())
         self.parts = parts
+        self.relations = relations
 
     @property
     def changes(self) -> list[tuple[str, int, int, str]]:

@@ -73,6 +73,15 @@ def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> s
 JSON_TAIL: Final = "]}"
 
 
+def relation_line(csn: int, node: str, body: str) -> str:
+    """A relation line of docs/design.md section 7 (no newline): `body` is `decoder.schema.relation_body`'s text.
+
+    `{"relation": {"csn": .., "node": .., "schema": .., "table": .., ...}}`: the
+    version of a node's table in force from the transaction at `csn` on.
+    """
+    return f'{{"relation": {{"csn": {csn}, "node": {_node_key(node)}, {body}}}}}'
+
+
 def json_line(txn: GlobalTxn) -> str:
     """`{"csn": .., "gid": .., "commit_time": .., "nodes": {..}, "changes": [..]}` (no newline)."""
     out = [json_head(txn.csn, txn.gid, txn.commit_time, txn.nodes)]

@@ -381,7 +381,9 @@ class CsnMerge:
                 assert self._whole is not None
                 start, parts = self._whole
                 self._whole = None
-                out.append(GlobalTxn(start.csn, start.gid, start.nodes, start.end_lsns, parts))
+                out.append(
+                    GlobalTxn(start.csn, start.gid, start.nodes, start.end_lsns, parts, start.relations)
+                )
         return out
 
     def pop_events(self) -> list[TxnEvent]:
@@ -457,12 +459,16 @@ class CsnMerge:
         csn = batch.csn
         commits = {first.index: (batch.xid, batch.commit_lsn, batch.commit_time, batch.end_lsn)}
         latest = batch.commit_time  # the line's commit time: the latest of the participants'
+        relations = {first.index: batch.relations} if batch.relations else None  # (each node's first batch)
         for m in self._nodes:
             if m is not first and m.queue:
                 b = m.queue[0][0]
                 if b.csn == csn:
                     commits[m.index] = (b.xid, b.commit_lsn, b.commit_time, b.end_lsn)
                     latest = max(latest, b.commit_time)
+                    if b.relations:
+                        relations = relations or {}
+                        relations[m.index] = b.relations
         order = sorted(commits)
         nodes = self._nodes
         start = TxnStart(
@@ -471,6 +477,7 @@ class CsnMerge:
             {nodes[i].name: NodeCommit(*commits[i][:3]) for i in order},
             {nodes[i].name: commits[i][3] for i in order},
             latest,
+            [(nodes[i].name, body) for i in sorted(relations) for body in relations[i]] if relations else (),
         )
         return Assembly(csn, batch.gid, commits, start)
 

@@ -11,6 +11,7 @@ want those.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from csnd.coordinator.globaltxn import NodeCommit
@@ -18,9 +19,14 @@ from csnd.core.ids import Csn, Lsn
 
 
 class TxnStart:
-    """A global transaction begins: everything its JSON line says before the changes."""
+    """A global transaction begins: everything its JSON line says before the changes.
 
-    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time")
+    `relations`: `(node, body)` of each relation version first in force with
+    it (`decoder.schema`), in node order: not part of its line, but written
+    before it where relation lines are wanted, and kept by the changelog.
+    """
+
+    __slots__ = ("csn", "gid", "nodes", "end_lsns", "commit_time", "relations")
 
     def __init__(
         self,
@@ -29,6 +35,7 @@ class TxnStart:
         nodes: dict[str, NodeCommit],
         end_lsns: dict[str, Lsn],
         commit_time: int,
+        relations: Sequence[tuple[str, str]] = (),
     ) -> None:
         """`commit_time`: the latest of the nodes' commit times (`CsnMerge._check` holds it to that)."""
         self.csn = csn
@@ -36,6 +43,7 @@ class TxnStart:
         self.nodes = nodes
         self.end_lsns = end_lsns
         self.commit_time = commit_time
+        self.relations = relations
 
 
 class TxnPart(NamedTuple):

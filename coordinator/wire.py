@@ -34,6 +34,7 @@ def batch_to_pb(batch: NodeBatch, index: int, confirmable_lsn: int | None) -> pb
         last_of_txn=batch.last_of_txn,
         changes=[pb.Change(cid=c, lsn=lsn, body=body) for c, lsn, body in batch.changes],
         confirmable_lsn=confirmable_lsn or 0,
+        relations=batch.relations,
     )
 
 
@@ -49,6 +50,7 @@ def batch_from_pb(msg: pb.NodeBatch) -> tuple[NodeBatch, Position, int | None]:
         msg.cid,
         [(c.cid, c.lsn, c.body) for c in msg.changes],
         msg.last_of_txn,
+        tuple(msg.relations),
     )
     index = msg.position.index
     return batch, (msg.position.csn, index), (msg.confirmable_lsn if index == 0 else None)

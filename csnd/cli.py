@@ -187,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to keep reconnecting to a grpc:// node agent that went away (default 30)",
     )
+    p.add_argument(
+        "--schemas",
+        action="store_true",
+        help="also write a relation line (a table's column names and types) before the first transaction "
+        "that uses each version of a table (docs/design.md section 7)",
+    )
 
     p = sub.add_parser(
         "node",
@@ -341,6 +347,7 @@ def replay_config(args: argparse.Namespace) -> ReplayConfig:
         live=live_config(args),
         agent_give_up_s=args.agent_give_up,
         verbose=args.verbose,
+        schemas=args.schemas,
     )
 
 

@@ -67,7 +67,7 @@ class AgentMessage(_message.Message):
     def __init__(self, batch: _Optional[_Union[NodeBatch, _Mapping]] = ..., watermark: _Optional[_Union[Watermark, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., keepalive: _Optional[_Union[Keepalive, _Mapping]] = ...) -> None: ...
 
 class NodeBatch(_message.Message):
-    __slots__ = ("position", "gid", "has_gid", "xid", "commit_lsn", "end_lsn", "commit_time_us", "cid", "last_of_txn", "changes", "confirmable_lsn")
+    __slots__ = ("position", "gid", "has_gid", "xid", "commit_lsn", "end_lsn", "commit_time_us", "cid", "last_of_txn", "changes", "confirmable_lsn", "relations")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     HAS_GID_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class NodeBatch(_message.Message):
     LAST_OF_TXN_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     CONFIRMABLE_LSN_FIELD_NUMBER: _ClassVar[int]
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
     position: Position
     gid: str
     has_gid: bool
@@ -90,7 +91,8 @@ class NodeBatch(_message.Message):
     last_of_txn: bool
     changes: _containers.RepeatedCompositeFieldContainer[Change]
     confirmable_lsn: int
-    def __init__(self, position: _Optional[_Union[Position, _Mapping]] = ..., gid: _Optional[str] = ..., has_gid: _Optional[bool] = ..., xid: _Optional[int] = ..., commit_lsn: _Optional[int] = ..., end_lsn: _Optional[int] = ..., commit_time_us: _Optional[int] = ..., cid: _Optional[int] = ..., last_of_txn: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., confirmable_lsn: _Optional[int] = ...) -> None: ...
+    relations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, position: _Optional[_Union[Position, _Mapping]] = ..., gid: _Optional[str] = ..., has_gid: _Optional[bool] = ..., xid: _Optional[int] = ..., commit_lsn: _Optional[int] = ..., end_lsn: _Optional[int] = ..., commit_time_us: _Optional[int] = ..., cid: _Optional[int] = ..., last_of_txn: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., confirmable_lsn: _Optional[int] = ..., relations: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("cid", "lsn", "body")
@@ -141,14 +143,16 @@ class SubscribeRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[SubscribeStart, _Mapping]] = ..., ack: _Optional[_Union[SubscribeAck, _Mapping]] = ..., keepalive: _Optional[_Union[FeedKeepalive, _Mapping]] = ...) -> None: ...
 
 class SubscribeStart(_message.Message):
-    __slots__ = ("after_csn", "name", "tables")
+    __slots__ = ("after_csn", "name", "tables", "schemas")
     AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     after_csn: int
     name: str
     tables: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, after_csn: _Optional[int] = ..., name: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
+    schemas: bool
+    def __init__(self, after_csn: _Optional[int] = ..., name: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., schemas: _Optional[bool] = ...) -> None: ...
 
 class SubscribeAck(_message.Message):
     __slots__ = ("csn",)
@@ -157,14 +161,30 @@ class SubscribeAck(_message.Message):
     def __init__(self, csn: _Optional[int] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ("batch", "keepalive", "subscribed")
+    __slots__ = ("batch", "keepalive", "subscribed", "relations")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     KEEPALIVE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
     batch: TransactionBatch
     keepalive: FeedKeepalive
     subscribed: Subscribed
-    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ..., keepalive: _Optional[_Union[FeedKeepalive, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ...) -> None: ...
+    relations: RelationBatch
+    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ..., keepalive: _Optional[_Union[FeedKeepalive, _Mapping]] = ..., subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., relations: _Optional[_Union[RelationBatch, _Mapping]] = ...) -> None: ...
+
+class RelationLine(_message.Message):
+    __slots__ = ("csn", "line")
+    CSN_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    csn: int
+    line: bytes
+    def __init__(self, csn: _Optional[int] = ..., line: _Optional[bytes] = ...) -> None: ...
+
+class RelationBatch(_message.Message):
+    __slots__ = ("relations",)
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
+    relations: _containers.RepeatedCompositeFieldContainer[RelationLine]
+    def __init__(self, relations: _Optional[_Iterable[_Union[RelationLine, _Mapping]]] = ...) -> None: ...
 
 class FeedKeepalive(_message.Message):
     __slots__ = ("send_time_us", "reply_requested")

@@ -35,6 +35,16 @@ marker there is nothing to deliver and nothing to order: it is skipped
 silently (in both modes).  A GTM transaction *with* a commit marker is always
 released, even with no changes -- a distributed transaction's coordinator
 needs every node's part (its xid and commit LSN) to assemble it.
+
+Relation versions.  Each Relation message whose rendering (`decoder.schema`,
+names from the Type messages before it) differs from the table's last one
+is a new version, first in force with the first transaction *released*
+among those that finish after it arrived: every change of the table after
+the message in the stream is of that version, and of those transactions the
+first released has the smallest CSN (release is in CSN order), while one
+that finished before the message -- released later or not -- wrote none of
+the new version.  A transaction skipped, dropped as already durable, or
+aborted passes the version on to the next one released.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from csnd.core.markers import PREFIX as MARKER_PREFIX
 from csnd.core.markers import TRANSACTIONAL, Marker, check_transactional, parse_fields
 from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import (
     Begin,
     Commit,
@@ -135,6 +146,12 @@ class NodeSender:
         self._ready: dict[Key, FinishedTxn] = {}  # committed, waiting in the orderer
         self._confirm = ConfirmableLsn()
         self._last_lsn = Lsn(0)
+        self._type_names: dict[int, tuple[str, str]] = {}  # Type messages: oid -> (namespace, name)
+        self._relation_bodies: dict[int, str] = {}  # relid -> its latest version's body
+        # New versions not yet given to a released transaction: (the finish count when
+        # they arrived, body); a transaction released with a `seq` at or past it takes them.
+        self._new_relations: list[tuple[int, str]] = []
+        self._finished = 0  # transactions finished so far (their `seq`)
         # statistics
         self.released = 0
         self.skipped_empty = 0
@@ -302,6 +319,27 @@ class NodeSender:
     def _ignore(self, lsn: Lsn, m: object) -> list[FinishedTxn]:
         return []
 
+    def _type(self, lsn: Lsn, m: TypeMsg) -> list[FinishedTxn]:
+        self._type_names[m.type_oid] = (m.namespace, m.name)
+        return []
+
+    def _relation(self, lsn: Lsn, m: Relation) -> list[FinishedTxn]:
+        body = relation_body(m, self._type_names)
+        if self._relation_bodies.get(m.relid) != body:  # (pgoutput sends it again unchanged, often)
+            self._relation_bodies[m.relid] = body
+            self._new_relations.append((self._finished, body))
+        return []
+
+    def _with_relations(self, txn: FinishedTxn) -> None:
+        """Give the released `txn` the new relation versions it is the first to be released with."""
+        new = self._new_relations
+        n = 0
+        while n < len(new) and new[n][0] <= txn.seq:
+            n += 1
+        if n:
+            txn.relations = tuple(body for _, body in new[:n])
+            del new[:n]
+
     # --- csn markers -------------------------------------------------------------------
 
     def _message(self, lsn: Lsn, m: LogicalMessage) -> list[FinishedTxn]:
@@ -380,6 +418,8 @@ class NodeSender:
         buf = txn.buf
         orderer = self._orderer
         gid = txn.gid
+        seq = self._finished
+        self._finished = seq + 1
         if self._gtm:
             if gid is None:
                 if buf.n_changes:
@@ -423,6 +463,7 @@ class NodeSender:
             self.spilled_bytes += buf.spilled_bytes
         n = buf.n_changes
         finished = FinishedTxn(self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n)
+        finished.seq = seq
         # Released at once, the common case: no round trip through `_ready`
         # and the confirmable LSN's holds (`_take` would leave both as they
         # are now, and the confirmable LSN where `passed` puts it).
@@ -437,6 +478,8 @@ class NodeSender:
         if gid is not None:
             confirm.resolved(gid)
         finished.confirmable = confirm.value
+        if self._new_relations:
+            self._with_relations(finished)
         self.released += 1
         return [finished]
 
@@ -462,6 +505,8 @@ class NodeSender:
                 confirm.resolved(key)
             confirm.update()
             txn.confirmable = confirm.value
+            if self._new_relations:
+                self._with_relations(txn)
             out.append(txn)
         self.released += len(out)
         return out
@@ -606,7 +651,7 @@ _HANDLERS: Final[dict[type, Callable[[NodeSender, Lsn, Any], list[FinishedTxn]]]
     StreamAbort: NodeSender._stream_abort,
     LogicalMessage: NodeSender._message,
     Keepalive: NodeSender._keepalive,
-    Relation: NodeSender._ignore,
-    TypeMsg: NodeSender._ignore,
+    Relation: NodeSender._relation,
+    TypeMsg: NodeSender._type,
     Origin: NodeSender._ignore,
 }

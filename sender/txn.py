@@ -46,12 +46,18 @@ class FinishedTxn(TxnHeader):
     and every one released before it are durable.  Set by the sender per
     transaction: when one event releases several, each gets its own value,
     never past the commit of a transaction released after it.
+
+    `relations`: the bodies of the relation versions (`decoder.schema`) first
+    in force with this transaction, set by the sender as it releases it;
+    `seq` counts the node's finished transactions, in stream order.
     """
 
     node: str
     changes: Iterable[tuple[int, int, str]]
     n_changes: int
     confirmable: Lsn
+    relations: tuple[str, ...]
+    seq: int
 
     def __init__(
         self,
@@ -75,3 +81,5 @@ class FinishedTxn(TxnHeader):
         self.changes = changes
         self.n_changes = n_changes
         self.confirmable = Lsn(0)
+        self.relations = ()
+        self.seq = 0

@@ -6,6 +6,7 @@
                   DIR/0000000000000002-00000000000003e8.log  (+ .idx)   ... the active one last
                   DIR/LOCK                                              one service per DIR (flock)
                   DIR/subscriptions.json                                SubscriptionStore
+                  DIR/relations.jsonl                                   RelationStore
                                       │
     Changelog.read(after_csn) ◄───────┘  bisect the segments' first CSNs, then the segment's index
 
@@ -25,9 +26,18 @@ record.py        pure: frames, headers, names, index entries, tail scans
 segment.py       one segment file: open and repair, verify, read records
 log.py           Changelog: append, group commit, read, retention, lock
 subscriptions.py SubscriptionStore: durable named offsets
+relations.py     RelationStore: every relation version (column names and types), durable
 """
 
 from csnd.coordinator.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
+from csnd.coordinator.changelog.relations import RelationEntry, RelationStore
 from csnd.coordinator.changelog.subscriptions import SubscriptionStore
 
-__all__ = ["DEFAULT_INDEX_INTERVAL", "DEFAULT_SEGMENT_BYTES", "Changelog", "SubscriptionStore"]
+__all__ = [
+    "DEFAULT_INDEX_INTERVAL",
+    "DEFAULT_SEGMENT_BYTES",
+    "Changelog",
+    "RelationEntry",
+    "RelationStore",
+    "SubscriptionStore",
+]

@@ -29,6 +29,7 @@ from typing import Final
 
 from csnd.coordinator.changelog import record as rec
 from csnd.coordinator.changelog import segment as sg
+from csnd.coordinator.changelog.relations import RelationStore
 from csnd.core.durable import sync_directory
 from csnd.core.errors import (
     ChangelogCorrupt,
@@ -120,6 +121,8 @@ class Changelog:
         self._failed: CsndError | None = None
         self._lock_fd = _take_lock(self.directory)
         try:
+            # The relation versions of its transactions (docs/design.md section 7), under the same lock.
+            self.relations = RelationStore(self.directory)
             self._segments = self._open_segments()
             if self._segments:
                 self._open_active(self._segments[-1])
@@ -523,6 +526,7 @@ class Changelog:
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()
+            self.relations.close()
             for fd in [*self._sealed_fds, self._fd, self._index_fd, self._lock_fd]:
                 if fd >= 0:
                     os.close(fd)

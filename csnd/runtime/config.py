@@ -78,6 +78,7 @@ class ReplayConfig:
     live: LiveSourceConfig = field(default_factory=LiveSourceConfig)
     agent_give_up_s: float = AGENT_GIVE_UP_S
     verbose: bool = False
+    schemas: bool = False  # relation lines before the transactions (docs/design.md section 7)
 
     def __post_init__(self) -> None:
         _check_decoders(self.decoders)

@@ -111,6 +111,10 @@ class CoordinatorRuntime:
         # The current transaction's text not yet handed to the sink, and whether its next part is its first.
         self._line: list[str] = []
         self._line_chars = 0
+        # A sink that keeps or writes relation versions takes them before their transaction.
+        self._relations: Callable[[int, Sequence[tuple[str, str]]], None] | None = getattr(
+            sink, "relations", None
+        )
         self._first_part = True
         self._last_confirm = clock()
 
@@ -265,6 +269,8 @@ class CoordinatorRuntime:
         line, line_chars, first_part = self._line, self._line_chars, self._first_part
         for ev in events:
             if isinstance(ev, TxnStart):
+                if ev.relations and self._relations is not None:
+                    self._relations(ev.csn, ev.relations)
                 line = [json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes)]
                 line_chars = 0
                 first_part = True
@@ -353,6 +359,10 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
     Returns how many changes it holds."""
     csn = txn.csn
     order.check(csn, txn.gid, txn.xid, txn.commit_lsn)
+    if txn.relations:
+        relations = getattr(sink, "relations", None)
+        if relations is not None:
+            relations(csn, [(txn.node, body) for body in txn.relations])
     head = json_head(
         csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
     )

@@ -136,6 +136,7 @@ def whole_batch(txn: FinishedTxn) -> NodeBatch | None:
             changes[0][0],
             changes,
             True,
+            txn.relations,
         )
     return None
 
@@ -155,12 +156,14 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     changes = txn.changes
     chunk: list[tuple[int, int, str]] = []
     cid = 0
+    relations = txn.relations  # (on the first batch only)
     for group_cid, group in groupby(changes, key=change_cid):
         while True:
             nxt = list(islice(group, MERGE_BATCH_CHANGES))  # noqa: B031 - consumed in slices on purpose
             if not nxt:
                 break
             if chunk:
-                yield NodeBatch(*head, cid, chunk, False)
+                yield NodeBatch(*head, cid, chunk, False, relations)
+                relations = ()
             chunk, cid = nxt, group_cid
-    yield NodeBatch(*head, cid, chunk, True)
+    yield NodeBatch(*head, cid, chunk, True, relations)

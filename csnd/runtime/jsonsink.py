@@ -21,8 +21,10 @@ import contextlib
 import os
 import stat
 import sys
+from collections.abc import Sequence
 from typing import Final
 
+from csnd.coordinator import relation_line
 from csnd.core.durable import Writeback, sync_directory
 from csnd.core.errors import ConfigError, CsndError
 from csnd.runtime.sinks import OutputClosed
@@ -47,10 +49,13 @@ class JsonLinesSink:
     """Transaction lines (docs/design.md section 7), one a transaction, to `path`.
 
     A `path` of None writes to standard output, or to the descriptor `fd`.
+    With `schemas`, a relation line goes before the first transaction that
+    uses each version of a table.
     """
 
-    def __init__(self, path: str | None, fd: int | None = None) -> None:
+    def __init__(self, path: str | None, fd: int | None = None, *, schemas: bool = False) -> None:
         self.path = path
+        self.schemas = schemas
         self.partial: str | None = None  # set when written as FILE.partial, renamed at the end
         self._writeback: Writeback | None = None
         self._close = False
@@ -95,6 +100,12 @@ class JsonLinesSink:
     def end_transaction(self, csn: int, tail: str) -> None:
         self.write(tail, _NEWLINE)
         self.transactions += 1
+
+    def relations(self, csn: int, entries: Sequence[tuple[str, str]]) -> None:
+        """The relation versions first in force with the transaction at `csn`, before its line."""
+        if self.schemas:
+            for node, body in entries:
+                self.write(relation_line(csn, node, body), _NEWLINE)
 
     def _drain(self) -> None:
         pending = self._pending

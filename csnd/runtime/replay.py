@@ -89,7 +89,7 @@ def run_replay(config: ReplayConfig) -> int:
     check_output(config.output, specs)
     opened = [open_node(spec, config, i) for i, spec in enumerate(specs)]
     check_nodes(opened)
-    sink = JsonLinesSink(config.output)  # before any decoder starts: a bad path fails at once
+    sink = JsonLinesSink(config.output, schemas=config.schemas)  # (before any decoder: a bad path fails now)
     try:
         inputs: list[NodeInput] = [
             s if spec.is_grpc else NodePipeline(s, config.decoders)

@@ -14,6 +14,11 @@ not care which.  The runtime confirms a node's slot only after
 `make_durable()` has returned: every transaction ended before that call is
 durable then, whatever "durable" means for the sink (fsynced, handed to a
 pipe, synced to the changelog).
+
+A sink may also have `relations(csn, [(node, body), ...])`, called before a
+transaction's first part with the relation versions first in force with it
+(docs/design.md section 7, relation lines): the changelog keeps them, JSON
+lines write them when asked to.  A sink without it is not told.
 """
 
 from __future__ import annotations

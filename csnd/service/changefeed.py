@@ -48,7 +48,7 @@ from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:
-    from csnd.coordinator.changelog import Changelog, SubscriptionStore
+    from csnd.coordinator.changelog import Changelog, RelationEntry, SubscriptionStore
 
 # Longest wait on the changelog before a stream looks at its stop conditions
 # again (server stopping, client gone or silent).  Smaller: a quicker stop;
@@ -174,7 +174,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     after_csn=after, oldest_csn=log.oldest_csn, newest_csn=log.durable_csn
                 )
             )
-            yield from self._stream(consumer.id, after, records, filt, stream, context)
+            yield from self._stream(consumer.id, after, records, filt, stream, context, start.schemas)
         finally:
             with self.lock:
                 self.registry.disconnect(consumer.id)
@@ -225,18 +225,35 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         filt: TableFilter,
         stream: _Stream,
         context: grpc.ServicerContext,
+        schemas: bool = False,
     ) -> Iterator[pb.SubscribeResponse]:
         s = self.settings
         log = self.log
         builder = BatchBuilder(s.max_batch_bytes)
         pos = after
         next_keepalive = time.monotonic() + s.keepalive_s
+        # Relation lines: the versions in force after the start, then each new one
+        # before the first transaction it is in force with (in its own message: a
+        # batch that holds transactions before it goes first).
+        relations = log.relations if schemas else None
+        if relations is not None:
+            first = relations.between(0, after, filt.matches)
+            if first:
+                yield _relations_response(first)
         while True:
             seen = 0
             try:
                 if records is None:
                     records = log.read(pos)
                 for csn, line in records:
+                    if relations is not None and relations.has_between(pos, csn):
+                        fresh = relations.between(pos, csn, filt.matches)
+                        if fresh:
+                            batch = builder.flush()
+                            if batch:
+                                self._sent(cid, batch[-1][0], len(batch))
+                                yield _batch_response(batch)
+                            yield _relations_response(fresh)
                     pos = csn
                     try:
                         kept = filt.keep(line)
@@ -553,6 +570,14 @@ def _batch(records: list[Record]) -> pb.TransactionBatch:
 
 def _batch_response(records: list[Record]) -> pb.SubscribeResponse:
     return pb.SubscribeResponse(batch=_batch(records))
+
+
+def _relations_response(entries: list[RelationEntry]) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(
+        relations=pb.RelationBatch(
+            relations=[pb.RelationLine(csn=e.csn, line=e.line.encode("utf-8")) for e in entries]
+        )
+    )
 
 
 def _keepalive() -> pb.SubscribeResponse:

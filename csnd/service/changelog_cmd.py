@@ -4,7 +4,10 @@ For backfills, audits and "what did the service keep" at 3 a.m.: prints the
 docs/design.md section 7 lines of every transaction with `--from-csn` < csn <=
 `--until-csn`, exactly what `csnd subscribe` would print for that range.
 `--check` reads every record of every segment (CRC, framing, CSN order) and
-prints a summary on stderr instead.
+prints a summary on stderr instead.  `--schemas` adds the relation lines
+from the changelog's relation store where `csnd subscribe --schemas` puts
+them: those in force after `--from-csn` first, then each new version before
+the first transaction it is in force with.
 
 Opening a changelog takes its lock and cuts a torn tail, as the service does
 at start, so it refuses a directory a running service holds (ask the service
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from csnd.coordinator.changelog import Changelog
 from csnd.coordinator.changelog.log import LOCK_NAME
 from csnd.coordinator.changelog.record import parse_segment_name, segment_name
+from csnd.coordinator.changelog.relations import FILE_NAME as RELATIONS_NAME
 from csnd.coordinator.changelog.subscriptions import FILE_NAME as SUBSCRIPTIONS_NAME
 from csnd.core.errors import ConfigError
 
@@ -35,6 +39,7 @@ class ChangelogQuery:
     from_csn: int = 0
     until_csn: int | None = None
     check: bool = False
+    schemas: bool = False
 
 
 def run_changelog(q: ChangelogQuery) -> int:
@@ -54,8 +59,17 @@ def run_changelog(q: ChangelogQuery) -> int:
             )
             return 0
         out = sys.stdout.buffer
+        relations = log.relations if q.schemas else None
+        pos = q.from_csn
         try:
-            for _csn, line in log.read(q.from_csn, q.until_csn):
+            if relations is not None:
+                for e in relations.between(0, pos):
+                    out.write(e.line.encode("utf-8") + b"\n")
+            for csn, line in log.read(q.from_csn, q.until_csn):
+                if relations is not None and relations.has_between(pos, csn):
+                    for e in relations.between(pos, csn):
+                        out.write(e.line.encode("utf-8") + b"\n")
+                pos = csn
                 out.write(line)
                 out.write(b"\n")
             out.flush()
@@ -75,7 +89,7 @@ def check_is_changelog(directory: str) -> None:
         return
     # No segment yet: a changelog a service opened and has appended nothing to holds its lock
     # (and maybe its subscriptions), nothing else.
-    ours = {LOCK_NAME, SUBSCRIPTIONS_NAME, SUBSCRIPTIONS_NAME + ".tmp"}
+    ours = {LOCK_NAME, SUBSCRIPTIONS_NAME, SUBSCRIPTIONS_NAME + ".tmp", RELATIONS_NAME}
     if LOCK_NAME in names and set(names) <= ours:
         return
     raise ConfigError(

@@ -161,6 +161,11 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     )
     p.add_argument("--until-csn", type=_csn, metavar="Y", help="up to and including this CSN")
     p.add_argument("--check", action="store_true", help="verify every record; print a summary on stderr")
+    p.add_argument(
+        "--schemas",
+        action="store_true",
+        help="also print relation lines (a table's column names and types) as csnd subscribe --schemas does",
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -182,4 +187,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_changelog(args: argparse.Namespace) -> int:
     from csnd.service.changelog_cmd import ChangelogQuery, run_changelog
 
-    return run_changelog(ChangelogQuery(args.directory, args.from_csn, args.until_csn, args.check))
+    return run_changelog(
+        ChangelogQuery(args.directory, args.from_csn, args.until_csn, args.check, args.schemas)
+    )

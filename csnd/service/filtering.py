@@ -46,6 +46,10 @@ class TableFilter:
     def __bool__(self) -> bool:
         return bool(self._needles)
 
+    def matches(self, schema: str, table: str) -> bool:
+        """Whether a change of `schema.table` is kept (a relation line of it sent)."""
+        return not self._needles or (schema, table) in self.tables or schema in self.schemas
+
     def keep(self, line: bytes) -> bytes | None:
         """The line with only the changes of our tables; None if no change is left."""
         if not self._needles:

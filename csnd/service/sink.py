@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from csnd.coordinator.changelog import Changelog
@@ -98,6 +98,15 @@ class ChangelogSink:
             self.log.append(csn, line)
         self.transactions += 1
         self.bytes_out += len(line)
+
+    def relations(self, csn: int, entries: Sequence[tuple[str, str]]) -> None:
+        """Keep the relation versions first in force at `csn` (fsynced), before its record is appended.
+
+        (A re-sent transaction's are kept already: the store finds them in force and adds nothing.)
+        """
+        store = self.log.relations
+        for node, body in entries:
+            store.add(csn, node, body)
 
     @property
     def ended(self) -> int:

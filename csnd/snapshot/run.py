@@ -19,7 +19,10 @@ next one.  Every streamed transaction's CSN must be above them:
 
 A chunk record is made durable before the next is appended, so a crash
 leaves a prefix of whole chunks and no completion record: the next start
-sees it (`lines.snapshot_state`) and refuses.
+sees it (`lines.snapshot_state`) and refuses.  The first chunk of each table
+has the table's relation version kept in the changelog first, from the
+Relation message its rows were rendered with, as a streamed transaction's
+is (docs/design.md section 7, relation lines).
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from csnd.core.errors import SnapshotError
+from csnd.decoder.schema import relation_body
+from csnd.reader.pgoutput import Relation, TypeMsg
 from csnd.snapshot.copier import ChunkResult, NodeSnapshot
 from csnd.snapshot.lines import chunk_line, done_line
+from csnd.snapshot.plan import TableInfo
 from csnd.snapshot.progress import SnapshotProgress
 
 if TYPE_CHECKING:
@@ -105,6 +111,7 @@ class SnapshotRun:
         next_csn = log.newest_csn + 1
         progress.first_csn = next_csn
         planned: dict[str, int] = {}
+        described: set[tuple[str, int]] = set()  # (node, relid) whose relation version is kept
         appended = rows = 0
         try:
             for n in self.nodes:
@@ -146,6 +153,9 @@ class SnapshotRun:
                     "rows": len(item.bodies),
                 }
                 line = chunk_line(next_csn, item.node, lsns[item.node], node.made_at, item.bodies, marker)
+                if (item.node, t.relid) not in described:
+                    log.relations.add(next_csn, item.node, table_relation_body(t))
+                    described.add((item.node, t.relid))
                 log.append(next_csn, line.encode("utf-8"))
                 log.sync()
                 progress.chunk_done(item.node, t.schema, t.name, len(item.bodies))
@@ -168,3 +178,15 @@ class SnapshotRun:
             raise
         finally:
             self.stop()
+
+
+def table_relation_body(table: TableInfo) -> str:
+    """The relation version a table's rows were rendered with (`decoder.schema.relation_body`)."""
+    names: dict[int, tuple[str, str]] = {}
+    body = ""
+    for msg in table.relation_messages():
+        if isinstance(msg, TypeMsg):
+            names[msg.type_oid] = (msg.namespace, msg.name)
+        elif isinstance(msg, Relation):
+            body = relation_body(msg, names)
+    return body

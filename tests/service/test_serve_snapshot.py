@@ -203,6 +203,16 @@ def test_initial_snapshot_then_the_stream_equals_the_table(pg: PgDatabase, tmp_p
     assert all(t["csn"] >= point for t in txns[len(marked) :])
     assert marked[-1]["snapshot"]["rows"] == sum(len(t["changes"]) for t in marked)
     assert len(txns) > len(marked) + 100  # (the writer's transactions after the consistent point)
+    # Each table's relation version is kept from its first chunk on, keyed as its reads are; the
+    # stream's own Relation messages, rendered the same, add no other version.
+    kept = [
+        json.loads(x)["relation"] for x in (tmp_path / "log" / "relations.jsonl").read_text().splitlines()
+    ]
+    assert sorted(r["table"] for r in kept) == ["acct", "loose"]
+    for r in kept:
+        first = next(t for t in marked[:-1] if t["snapshot"]["table"] == r["table"])
+        assert r["csn"] == first["csn"] and r["key"] == first["changes"][0]["key"]
+        assert [c["name"] for c in r["columns"]] == list(first["changes"][0]["new"])
     # a restart streams on from the slot, the snapshot is not taken again
     served = start_serve([source], str(tmp_path / "log"))
     try:
