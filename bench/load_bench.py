@@ -42,6 +42,7 @@ bench-out/load.md, the raw figures (every RSS sample) to bench-out/load.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -76,9 +77,15 @@ from bench.loadkit import (
 from csnd.core.ids import lsn_from_str
 from csnd.testing.pgserver import PG_BIN, PgServer, start_server
 
-# How often the slow-subscriber scenario reads /api/status (each read counts every
-# consumer's lag in the changelog, up to 10,000 records: not free for the service).
-STATUS_EVERY_S: Final = 2.0
+# How often the slow-subscriber scenario reads /api/status.  Each read counts every
+# lagging consumer's backlog in the changelog, up to 10,000 records: with two
+# consumers behind, a read took up to a second of the service's time.
+STATUS_EVERY_S: Final = 10.0
+# How long a `csnd subscribe --limit N` may take to exit after its last line (it
+# first waits up to 5 s for the service to store its acknowledgement).
+EXIT_WAIT_S: Final = 30.0
+# pgbench's clients (one thread): the steady load of the slow and fanout scenarios.
+PGBENCH_CLIENTS: Final = 2
 
 
 @dataclass(frozen=True)
@@ -126,19 +133,30 @@ def _table(server: PgServer, name: str) -> str:
 
 
 def _pgbench(
-    server: PgServer, work: str, table: str, chars: int, rate: int, seconds: float
+    server: PgServer, work: str, table: str, chars: int, rate: int, seconds: float, per_client: int = 0
 ) -> subprocess.Popen[str]:
-    """pgbench at `rate` one-row transactions a second for `seconds`, each row `chars` characters."""
+    """pgbench at `rate` one-row transactions a second for `seconds` (or `per_client` transactions
+    from each client), each row `chars` characters."""
     script = os.path.join(work, f"{table}.sql")
     with open(script, "w") as f:
         f.write(f"INSERT INTO {table} (v) VALUES (repeat(md5(random()::text), {max(1, chars // 32)}));\n")
     return subprocess.Popen(
         [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
-        + ["-c", "2", "-j", "1", "-R", str(rate), "-T", str(int(seconds)), "-f", script, "postgres"],
+        + ["-c", str(PGBENCH_CLIENTS), "-j", "1", "-R", str(rate)]
+        + (["-t", str(per_client)] if per_client else ["-T", str(int(seconds))])
+        + ["-f", script, "postgres"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _exits(p: subprocess.Popen[Any], seconds: float) -> bool:
+    try:
+        p.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _committed(load: subprocess.Popen[str]) -> int:
@@ -185,7 +203,9 @@ def slow(server: PgServer, work: str, scale: Scale) -> dict[str, Any]:
         procs.append(load)
         while True:
             done = load.poll() is not None
+            t_status = time.monotonic()
             doc = svc.status()
+            t_status = time.monotonic() - t_status
             appended = int(doc["totals"]["transactions"])
             samples.append(
                 {
@@ -195,12 +215,14 @@ def slow(server: PgServer, work: str, scale: Scale) -> dict[str, Any]:
                     "backlog_slow": appended - lines["slow"],
                     "backlog_stopped": appended - lines["stopped"],
                     "stopped_connected": bool(_consumer(doc, "stopped").get("connected")),
+                    "status_ms": round(t_status * 1000),
                     "serve_rss_mb": watch.procs[svc.proc.pid].rss_mb()[-1],
                 }
             )
             if done:
                 break
-            time.sleep(STATUS_EVERY_S)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                load.wait(STATUS_EVERY_S)
         committed = _committed(load)
     finally:
         end_all(procs)
@@ -220,11 +242,13 @@ def slow(server: PgServer, work: str, scale: Scale) -> dict[str, Any]:
         "procs": summarise(watch),
         "notes": {
             "csnd serve": (
-                f"{committed:,} one-row transactions at {scale.load_rate}/s over {scale.load_seconds:.0f} s; "
+                f"{committed:,} one-row transactions of {scale.row_chars:,} characters in "
+                f"{scale.load_seconds:.0f} s ({committed / scale.load_seconds:.0f}/s, asked {scale.load_rate}/s); "
                 f"backlog slow / stopped at half time {half['backlog_slow']:,} / {half['backlog_stopped']:,}, "
                 f"at the end {last['backlog_slow']:,} / {last['backlog_stopped']:,} transactions "
                 f"(changelog {last['changelog_mb']:.0f} MB); RSS peak in the first half "
-                f"{max(mid or [0]):.0f} MB, over the whole run {max(serve.rss_mb()):.0f} MB"
+                f"{max(mid or [0]):.0f} MB, over the whole run {max(serve.rss_mb()):.0f} MB; /api/status "
+                f"(every {STATUS_EVERY_S:.0f} s) took up to {max(x['status_ms'] for x in samples)} ms"
             ),
             "csnd subscribe (stopped)": (
                 "SIGSTOP once caught up; the service dropped it after "
@@ -239,60 +263,71 @@ def slow(server: PgServer, work: str, scale: Scale) -> dict[str, Any]:
 
 
 def fanout(server: PgServer, work: str, scale: Scale) -> dict[str, Any]:
+    """No Status calls while it runs: each counts every lagging consumer's backlog in the changelog."""
     svc = Service([_table(server, "load_fan")], work, "fanout", "--decoders", "2")
     watch = Watch(svc.proc.pid).start()
+    per_client = max(1, int(scale.load_rate * scale.fanout_seconds) // PGBENCH_CLIENTS)
+    total = per_client * PGBENCH_CLIENTS + 1  # (and the warm-up)
     names = [f"fan-{i:02d}" for i in range(scale.subscribers)]
-    subs = [subscribe(svc.address, "--name", n) for n in names]
-    for n, p in zip(names, subs, strict=True):
+    subs = [subscribe(svc.address, "--name", n, "--limit", str(total), stdout=subprocess.PIPE) for n in names]
+    lines = [0] * len(subs)
+    done_at: list[float] = [0.0] * len(subs)
+
+    def count(i: int, fd: int) -> None:
+        while chunk := os.read(fd, 1 << 16):
+            lines[i] += chunk.count(b"\n")
+            if lines[i] >= total and not done_at[i]:
+                done_at[i] = time.monotonic()  # (its exit comes later: it waits for its ack to be stored)
+        done_at[i] = done_at[i] or time.monotonic()  # (ended early: a failure, reported below)
+
+    for i, (n, p) in enumerate(zip(names, subs, strict=True)):
         watch.add(p.pid, f"csnd subscribe {n}")
+        assert p.stdout is not None
+        threading.Thread(target=count, args=(i, p.stdout.fileno()), daemon=True).start()
     try:
         with psycopg.connect(server.dsn(), autocommit=True) as c:
             c.execute("INSERT INTO load_fan (v) VALUES ('warm-up')")
-        wait_for(lambda: svc.newest_csn() > 0, "the first transaction")
-        newest = svc.newest_csn()
-
-        def all_at(csn: int) -> bool:
-            doc = svc.status()
-            got = [_consumer(doc, n) for n in names]
-            return all(c.get("connected") and int(c.get("acknowledged_csn", 0)) >= csn for c in got)
-
-        wait_for(lambda: all_at(newest), f"{len(names)} subscribers at the first transaction", every=1.0)
+        wait_for(lambda: all(lines), f"{len(names)} subscribers' first line")
         t0 = watch.mark_load_start()
         committed = _committed(
-            _pgbench(server, work, "load_fan", scale.row_chars, scale.load_rate, scale.fanout_seconds)
+            _pgbench(
+                server, work, "load_fan", scale.row_chars, scale.load_rate, scale.fanout_seconds, per_client
+            )
         )
         t1 = time.monotonic()
-        doc = svc.status()
-        behind = committed + 1 - int(doc["totals"]["transactions"])  # (the warm-up is one)
-        lag = {n: _consumer(doc, n) for n in names}
-        wait_for(
-            lambda: int(svc.status()["totals"]["transactions"]) > committed, "the service to append it all"
-        )
-        newest = svc.newest_csn()
-        caught_up = wait_for(lambda: all_at(newest), "every subscriber to catch up", seconds=600, every=1.0)
+        behind = sorted(total - n for n in lines)
+        wait_for(lambda: all(done_at), "every subscriber to print every transaction", seconds=900, every=0.5)
+        short = [n for i, n in enumerate(names) if lines[i] < total]
+        if short:
+            raise RuntimeError(f"subscribers {', '.join(short)} ended before printing {total} lines")
+        hung = [n for n, p in zip(names, subs, strict=True) if not _exits(p, EXIT_WAIT_S)]
     finally:
         end_all(subs)
         watch.stop()
         svc.stop()
     span = t1 - t0
+    caught = sorted(d - t1 for d in done_at)
     tree = watch.service_tree()
-    lags = sorted(int(c.get("lag_transactions", 0)) for c in lag.values())
-    sub_procs = watch.by_label("csnd subscribe")
     serve_cpu = watch.procs[svc.proc.pid].cpu_between(t0, t1) / span
     decoder_cpu = sum(p.cpu_between(t0, t1) for p in tree if p.label.startswith("decoder")) / span
-    sub_cpu = sum(p.cpu_between(t0, t1) for p in sub_procs) / span
+    sub_cpu = sum(p.cpu_between(t0, t1) for p in watch.by_label("csnd subscribe")) / span
     notes = {
         "csnd serve": (
-            f"{len(names)} subscribers, {committed:,} transactions at {scale.load_rate}/s over {span:.0f} s; "
+            f"{len(names)} subscribers, {committed:,} one-row transactions of {scale.row_chars:,} characters "
+            f"in {span:.0f} s ({committed / span:.0f}/s, asked {scale.load_rate}/s); "
             f"CPU {serve_cpu * 100:.0f}% of a core (decoders {decoder_cpu * 100:.0f}%, "
-            f"subscribers together {sub_cpu * 100:.0f}%); {behind:,} transactions not yet in the changelog "
-            "when the load stopped"
+            f"subscribers together {sub_cpu * 100:.0f}%)"
         ),
         "subscribers": (
-            f"lag when the load stopped (transactions after each one's last ack; `csnd subscribe` "
-            f"acks every 1,000 lines or when idle): min {lags[0]:,}, median {int(statistics.median(lags)):,}, "
-            f"max {lags[-1]:,}{'+' if any(c.get('lag_at_least') for c in lag.values()) else ''}; "
-            f"all caught up {caught_up - t1:.1f} s after it"
+            f"`csnd subscribe` processes; transactions committed but not yet printed when the load stopped: "
+            f"min {behind[0]:,}, median {int(statistics.median(behind)):,}, max {behind[-1]:,}; each had "
+            f"printed all {total:,} {caught[0]:.2f} s (first) to {caught[-1]:.2f} s (last) after it, "
+            f"median {statistics.median(caught):.2f} s"
+            + (
+                f"; {len(hung)} did not exit {EXIT_WAIT_S:.0f} s after their last line ({', '.join(hung)})"
+                if hung
+                else ""
+            )
         ),
     }
     return {
@@ -303,9 +338,9 @@ def fanout(server: PgServer, work: str, scale: Scale) -> dict[str, Any]:
         "serve_cpu_share": serve_cpu,
         "decoder_cpu_share": decoder_cpu,
         "subscriber_cpu_share": sub_cpu,
-        "lag_at_end": {n: int(c.get("lag_transactions", 0)) for n, c in lag.items()},
-        "caught_up_s": caught_up - t1,
-        "service_behind_at_end": behind,
+        "hung_at_exit": hung,
+        "behind_at_end": dict(zip(names, [total - n for n in lines], strict=True)),
+        "all_printed_after_s": caught,
         "procs": summarise(watch),
         "notes": notes,
     }
@@ -532,7 +567,7 @@ def table(results: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                     f"max {max(peaks):.0f}",
                     f"{statistics.median(p['start_mb'] for p in subs):.0f} / "
                     f"{statistics.median(p['end_mb'] for p in subs):.0f} (median)",
-                    notes["subscribers"] + f"; peaks sum to {sum(peaks):.0f} MB",
+                    notes.get("subscribers", "") + f"; peaks sum to {sum(peaks):.0f} MB",
                 )
             )
     return rows
