@@ -19,10 +19,13 @@ proto: install
 proto-check: install
 	$(PY) scripts/gen_proto.py --check
 
+# The tests are type-checked as strictly as csnd: a test that calls an API
+# with the wrong types (an int where an Lsn goes) fails here, before it runs.
 lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p csnd
+	$(VENV)/bin/mypy tests
 	$(PY) scripts/import_graph.py --check > /dev/null
 
 # Two workers: most of the slow tests wait on servers, Spark and subprocesses,

@@ -43,13 +43,13 @@ def brute(records: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
 
 
 def as_rows(batch: Any) -> list[dict[str, Any]]:
-    out = batch.to_pylist()
+    out: list[dict[str, Any]] = batch.to_pylist()
     for r in out:  # (compare times as the ISO text the line holds)
         r["commit_time"] = r["commit_time"].isoformat()
     return out
 
 
-names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8)
+names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=8)
 scalars = (
     st.none()
     | st.booleans()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from csnd.coordinator import NodeBatch
+from csnd.core.ids import Csn, Lsn, Xid
 
 CLOCK = 848_656_800_000_000  # 2026-11-22T10:00:00+00:00 in µs since 2000-01-01
 
@@ -21,7 +22,7 @@ def batch(
     """A batch of `csn` whose changes' bodies are `"tag": "<tag>"` (one change per tag)."""
     gid = f"g-{csn}" if gid is None else gid
     changes = [(cid, lsn + 0x10 * j, f'"tag": "{t}"') for j, t in enumerate(tags)]
-    return NodeBatch(csn, gid, xid, lsn + 0x100, lsn + 0x130, time, cid, changes, last)
+    return NodeBatch(Csn(csn), gid, Xid(xid), Lsn(lsn + 0x100), Lsn(lsn + 0x130), time, cid, changes, last)
 
 
 def tags(txn: object) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch
+from csnd.core.ids import Csn, Lsn, Xid
 
 CLOCK = 848_656_800_000_000  # 2026-11-22T10:00:00+00:00 in µs since 2000-01-01
 # "dn10" sorts before "dn2" by name: node order must follow the merge's list, not names.
@@ -133,7 +134,15 @@ def _split(draw: st.DrawFn, txn: Txn, p: Part) -> list[NodeBatch]:
         chunks.append((0, []))
     return [
         NodeBatch(
-            txn.csn, txn.gid, p.xid, p.commit_lsn, p.end_lsn, p.commit_time, cid, chunk, j == len(chunks) - 1
+            Csn(txn.csn),
+            txn.gid,
+            Xid(p.xid),
+            Lsn(p.commit_lsn),
+            Lsn(p.end_lsn),
+            p.commit_time,
+            cid,
+            chunk,
+            j == len(chunks) - 1,
         )
         for j, (cid, chunk) in enumerate(chunks)
     ]

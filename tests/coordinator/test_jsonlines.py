@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch, NodeCommit
+from csnd.core.ids import Csn, Lsn, Xid
 from tests.coordinator.helpers import CLOCK
 
 DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...
@@ -37,11 +38,11 @@ def test_distributed_transaction_line_is_exact() -> None:
     m.add_batch(
         "dn2",
         NodeBatch(
-            1042,
+            Csn(1042),
             "g-17",
-            733,
-            DN2 | 0x702A10,
-            DN2 | 0x702A40,
+            Xid(733),
+            Lsn(DN2 | 0x702A10),
+            Lsn(DN2 | 0x702A40),
             CLOCK + 100,
             2,
             [(2, DN2 | 0x702900, INSERT)],
@@ -51,17 +52,25 @@ def test_distributed_transaction_line_is_exact() -> None:
     m.add_batch(
         "dn1",
         NodeBatch(
-            1042, "g-17", 745, 0x16B3748, 0x16B3778, CLOCK + 123456, 1, [(1, 0x16B3600, DELETE)], False
+            Csn(1042),
+            "g-17",
+            Xid(745),
+            Lsn(0x16B3748),
+            Lsn(0x16B3778),
+            CLOCK + 123456,
+            1,
+            [(1, 0x16B3600, DELETE)],
+            False,
         ),
     )
     m.add_batch(
         "dn1",
         NodeBatch(
-            1042,
+            Csn(1042),
             "g-17",
-            745,
-            0x16B3748,
-            0x16B3778,
+            Xid(745),
+            Lsn(0x16B3748),
+            Lsn(0x16B3778),
             CLOCK + 123456,
             3,
             [(3, 0x16B3700, UPDATE), (3, 0x16B3710, TRUNCATE)],
@@ -92,7 +101,13 @@ def test_distributed_transaction_line_is_exact() -> None:
 
 
 def test_single_node_line_gid_null_whole_second_empty_changes_non_ascii() -> None:
-    txn = GlobalTxn(0x16B3748, None, {"nœud-1": NodeCommit(745, 0x16B3748, CLOCK)}, {"nœud-1": 0x16B3778}, [])
+    txn = GlobalTxn(
+        Csn(0x16B3748),
+        None,
+        {"nœud-1": NodeCommit(Xid(745), Lsn(0x16B3748), CLOCK)},
+        {"nœud-1": Lsn(0x16B3778)},
+        [],
+    )
     assert txn.to_json_line() == (
         '{"csn": 23803720, "gid": null, "commit_time": "2026-11-22T10:00:00+00:00", '
         '"nodes": {"nœud-1": {"xid": 745, "commit_lsn": "0/16B3748"}}, "changes": []}'
@@ -100,8 +115,10 @@ def test_single_node_line_gid_null_whole_second_empty_changes_non_ascii() -> Non
 
 
 def test_quotes_in_names_are_escaped() -> None:
-    nodes = {'d"n': NodeCommit(1, 2, CLOCK - 1)}
-    txn = GlobalTxn(5, 'g "€"', nodes, {'d"n': 3}, [('d"n', [(0, 16, '"lsn": "0/10", "op": "truncate"')])])
+    nodes = {'d"n': NodeCommit(Xid(1), Lsn(2), CLOCK - 1)}
+    txn = GlobalTxn(
+        Csn(5), 'g "€"', nodes, {'d"n': Lsn(3)}, [('d"n', [(0, 16, '"lsn": "0/10", "op": "truncate"')])]
+    )
     line = txn.to_json_line()
     assert line == (
         '{"csn": 5, "gid": "g \\"€\\"", "commit_time": "2026-11-22T09:59:59.999999+00:00", '

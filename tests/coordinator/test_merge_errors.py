@@ -8,6 +8,7 @@ import pytest
 
 from csnd.coordinator import CsnMerge
 from csnd.core.errors import ProtocolError
+from csnd.core.ids import Csn
 from tests.coordinator.helpers import batch
 
 
@@ -34,7 +35,7 @@ def test_same_gid_different_csn_while_both_buffered() -> None:
 def test_same_gid_different_csn_after_the_first_was_emitted() -> None:
     m = CsnMerge(["dn1", "dn2"])
     m.add_batch("dn1", batch(10, "g-17"))
-    m.add_watermark("dn2", 10)
+    m.add_watermark("dn2", Csn(10))
     assert [t.csn for t in m.pop_ready()] == [10]
     err = _raises(m.add_batch, "dn2", batch(12, "g-17"))
     for word in ("dn1", "dn2", "g-17", "csn 10", "csn 12"):
@@ -44,7 +45,7 @@ def test_same_gid_different_csn_after_the_first_was_emitted() -> None:
 def test_csn_at_or_below_the_nodes_watermark() -> None:
     for csn in (15, 20):
         m = CsnMerge(["dn1", "dn2"])
-        m.add_watermark("dn1", 20)
+        m.add_watermark("dn1", Csn(20))
         err = _raises(m.add_batch, "dn1", batch(csn, "g-3"))
         for word in ("dn1", "g-3", f"csn {csn}", "watermark 20"):
             assert word in str(err), str(err)
@@ -54,7 +55,7 @@ def test_csn_going_backwards_or_repeating_on_a_node() -> None:
     for csn in (15, 20):
         m = CsnMerge(["dn1"])
         m.add_batch("dn1", batch(20, "g-2"))
-        m.add_watermark("dn1", 5)
+        m.add_watermark("dn1", Csn(5))
         m.pop_ready()
         err = _raises(m.add_batch, "dn1", batch(csn, "g-1"))
         for word in ("dn1", "g-1", "g-2", f"csn {csn}", "csn 20"):
@@ -73,7 +74,7 @@ def test_same_csn_different_gids_on_a_third_node() -> None:
     m = CsnMerge(["dn1", "dn2", "dn3"])
     m.add_batch("dn1", batch(10, "g-1", cid=0, tags=("a",), last=False))
     m.add_batch("dn2", batch(10, "g-1", cid=1, tags=("b",), last=False))
-    m.add_watermark("dn3", 9)
+    m.add_watermark("dn3", Csn(9))
     assert m.pop_ready() == []
     # Watermark 9 leaves csn 10 open on dn3, so nothing of csn 10 may be taken yet: dn3 may still
     # join it at cid 0.  (Hence a clash can never hit a half-assembled transaction.)
@@ -123,7 +124,7 @@ def test_batch_after_the_end() -> None:
 def test_watermark_passing_a_transaction_still_arriving() -> None:
     m = CsnMerge(["dn1"])
     m.add_batch("dn1", batch(10, "g-1", last=False))
-    m.add_watermark("dn1", 9)  # fine: below the open transaction
+    m.add_watermark("dn1", Csn(9))  # fine: below the open transaction
     err = _raises(m.add_watermark, "dn1", 10)
     assert "g-1" in str(err) and "watermark 10" in str(err)
 
@@ -142,4 +143,4 @@ def test_misuse_is_not_a_protocol_error() -> None:
         CsnMerge(["dn1"], max_pending_batches=0)
     m = CsnMerge(["dn1"])
     with pytest.raises(KeyError, match="dn9"):
-        m.add_watermark("dn9", 1)
+        m.add_watermark("dn9", Csn(1))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from csnd.coordinator import CsnMerge, NodeCommit
+from csnd.core.ids import Csn, Lsn, Xid
 from tests.coordinator.helpers import CLOCK, batch, tags
 
 
-def csns(m: CsnMerge) -> list[int]:
+def csns(m: CsnMerge) -> list[Csn]:
     out = [t.csn for t in m.pop_ready()]
     m._check()
     return out
@@ -17,9 +18,9 @@ def test_idle_node_stalls_until_it_sends_a_watermark() -> None:
     m.add_batch("dn1", batch(10))
     m.add_batch("dn1", batch(20))
     assert csns(m) == []  # dn2 might still send csn 5
-    m.add_watermark("dn2", 12)
+    m.add_watermark("dn2", Csn(12))
     assert csns(m) == [10]
-    m.add_watermark("dn2", 25)
+    m.add_watermark("dn2", Csn(25))
     assert csns(m) == [20]
     assert not m.has_pending()
 
@@ -28,7 +29,7 @@ def test_slow_node_is_never_overtaken() -> None:
     m = CsnMerge(["dn1", "dn2"])
     for c in (10, 20, 30):
         m.add_batch("dn1", batch(c))
-    m.add_watermark("dn2", 9)
+    m.add_watermark("dn2", Csn(9))
     assert csns(m) == []
     m.add_batch("dn2", batch(15))  # the slow node's smaller csn still comes first
     assert csns(m) == [10, 15]
@@ -67,7 +68,7 @@ def test_distributed_transaction_is_one_transaction_in_cid_order() -> None:
     [t] = m.pop_ready()
     assert (t.csn, t.gid, t.commit_time) == (7, "g", CLOCK + 9)
     assert list(t.nodes) == ["dn1", "dn2"]  # merge order, not arrival order
-    assert t.nodes["dn1"] == NodeCommit(745, 0x16B3700, CLOCK + 5)
+    assert t.nodes["dn1"] == NodeCommit(Xid(745), Lsn(0x16B3700), CLOCK + 5)
     assert tags(t) == ["del-dn1", "ins-dn2", "x-dn1", "y-dn1", "upd-dn2"]
 
 
@@ -123,14 +124,14 @@ def test_late_batch_of_one_node_does_not_hold_back_the_others_same_cid() -> None
 def test_single_node_mode() -> None:
     m = CsnMerge(["pg"])
     m.add_batch("pg", batch(0x16B3748, gid="", tags=("a",)))
-    m.add_watermark("pg", 0x16B3748)
+    m.add_watermark("pg", Csn(0x16B3748))
     [t] = m.pop_ready()
     assert t.csn == 0x16B3748
     m2 = CsnMerge(["pg"])
     b = batch(100, tags=("a",))
     b.gid = None
     m2.add_batch("pg", b)
-    m2.add_batch("pg", batch(200).__class__(200, None, 1, 2, 3, CLOCK, 0, [], True))
+    m2.add_batch("pg", batch(200).__class__(Csn(200), None, Xid(1), Lsn(2), Lsn(3), CLOCK, 0, [], True))
     m2.node_ended("pg")
     got = m2.pop_ready()
     assert [(t.csn, t.gid) for t in got] == [(100, None), (200, None)]
@@ -145,7 +146,7 @@ def test_back_pressure_and_statistics() -> None:
     m.add_batch("dn1", batch(11))
     assert not m.wants_more("dn1") and m.wants_more("dn2")
     assert m.pending_batches("dn1") == 2 and m.pending_bytes("dn1") > 50
-    m.add_watermark("dn2", 10)
+    m.add_watermark("dn2", Csn(10))
     assert csns(m) == [10]
     assert m.wants_more("dn1")
     s = m.statistics()
@@ -162,7 +163,7 @@ def test_back_pressure_and_statistics() -> None:
 def test_smaller_watermark_is_ignored() -> None:
     m = CsnMerge(["dn1", "dn2"])
     m.add_batch("dn1", batch(10))
-    m.add_watermark("dn2", 12)
-    m.add_watermark("dn2", 3)
+    m.add_watermark("dn2", Csn(12))
+    m.add_watermark("dn2", Csn(3))
     assert csns(m) == [10]
     assert m.statistics().nodes["dn2"].watermark == 12

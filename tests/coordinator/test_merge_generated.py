@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch
+from csnd.core.ids import Csn, Lsn
 from csnd.gtm import generate_cluster
 
 NODES = ["dn1", "dn2", "dn3"]
@@ -69,8 +70,8 @@ def node_batches(lines: list[str], batch_size: int) -> dict[str, list[NodeBatch]
                         txn["csn"],
                         txn["gid"],
                         info["xid"],
-                        commit_lsn,
-                        commit_lsn + 0x30,
+                        Lsn(commit_lsn),
+                        Lsn(commit_lsn + 0x30),
                         time,
                         cid,
                         chunk,
@@ -116,7 +117,7 @@ def merge_all(
             pos[node] += 1
             nxt = seq[pos[node]].csn if pos[node] < len(seq) else None
             if rng is not None and b.last_of_txn and nxt is not None and rng.random() < 0.3:
-                m.add_watermark(node, rng.randint(b.csn, nxt - 1))  # valid: below its next csn
+                m.add_watermark(node, Csn(rng.randint(b.csn, nxt - 1)))  # valid: below its next csn
         if rng is None or rng.random() < 0.5:
             out.extend(m.pop_ready())
         m._check()

@@ -13,12 +13,13 @@ from csnd.coordinator import (
     json_line,
 )
 from csnd.coordinator.jsonlines import JSON_TAIL
+from csnd.core.ids import Csn
 from tests.coordinator.helpers import CLOCK, batch
 
 
 def test_a_huge_transaction_streams_with_nothing_held() -> None:
     merge = CsnMerge(["dn1", "dn2"])
-    merge.add_watermark("dn2", 10)  # dn2 is idle past the big transaction
+    merge.add_watermark("dn2", Csn(10))  # dn2 is idle past the big transaction
     seen_start = False
     parts = 0
     for i in range(500):

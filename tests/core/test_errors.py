@@ -58,9 +58,9 @@ def test_wire_round_trip_keeps_class_node_lsn_xid(cls: type[CsndError]) -> None:
     # and through the protobuf End message the node agent sends
     msg = pb.End.FromString(end_to_pb(err).SerializeToString())
     assert msg.error == str(err)
-    back = end_from_pb(msg)
-    assert type(back) is cls and str(back) == str(err)
-    assert (back.node, back.lsn, back.xid) == ("dn3", 0x1_0000_0010, 4_000_000_000)
+    wired = end_from_pb(msg)
+    assert type(wired) is cls and str(wired) == str(err)
+    assert (wired.node, wired.lsn, wired.xid) == ("dn3", 0x1_0000_0010, 4_000_000_000)
 
 
 def test_wire_without_position() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from csnd.core.errors import DecodeError, RemoteTraceback, WorkerError
+from csnd.core.ids import Lsn
 from csnd.decoder.change import DecodedRun
 from csnd.decoder.pool import PIPE_BYTES, DecoderPool
 from csnd.reader import pgoutput as p
@@ -170,7 +171,7 @@ def test_workers_start_with_ctrl_c_ignored_even_if_a_thread_started_the_fork_ser
     assert proc.stdout.strip() == "True", proc.stderr
 
 
-def _one_row_stream(path: Path, xids: tuple[int, ...]) -> list[tuple[int, Any]]:
+def _one_row_stream(path: Path, xids: tuple[int, ...]) -> list[tuple[Lsn, Any]]:
     with StreamWriter(str(path), StreamHeader(node="dn1", binary=True, mode="single")) as w:
         w.write_frame(
             p.encode_xlogdata(
@@ -198,12 +199,12 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
     resume = threading.Event()
     timed_out: list[bool] = []
 
-    def stream() -> Iterator[tuple[int, Any]]:
+    def stream() -> Iterator[tuple[Lsn, Any]]:
         yield from first
         if pause == "drained":
             pool.drained()  # (as LiveSource calls it: in the reader thread, between two events)
         else:
-            yield first[-1][0], p.Keepalive(first[-1][0], 0, False)
+            yield first[-1][0], p.Keepalive(Lsn(first[-1][0]), 0, False)
         if not resume.wait(30):
             timed_out.append(True)
         yield from second

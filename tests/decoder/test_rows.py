@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csnd.core.errors import DecodeError
-from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.core.ids import Lsn, Xid, lsn_from_str, lsn_to_str
 from csnd.decoder import DecodedChange, RelationCache, decode_change, rows
 from csnd.decoder.rows import row_change_body
 from csnd.gtm import GenerateOptions, generate_cluster
@@ -62,7 +62,7 @@ def decode_stream(
         if isinstance(msg, (Relation, TypeMsg)):
             cache.apply(msg, lsn)
         elif isinstance(msg, (Change, Truncate)):
-            for ch in decode_change(msg, lsn, cache, binary):
+            for ch in decode_change(msg, Lsn(lsn), cache, binary):
                 assert ch.lsn == lsn and ch.xid is None
                 out.append(without_lsn(ch))
     return out
@@ -306,16 +306,16 @@ def cache_with(*relations: Relation, binary: bool = True) -> RelationCache:
 def test_bodies_and_decoded_change_fields() -> None:
     cache = cache_with(ACCT)
     ins = change(p.encode_insert(16384, [I8, "é", None], xid=745), in_stream=True)
-    [got] = decode_change(ins, 0x16B3600, cache, True)
+    [got] = decode_change(ins, Lsn(0x16B3600), cache, True)
     assert got == DecodedChange(
-        0x16B3600,
-        745,
+        Lsn(0x16B3600),
+        Xid(745),
         "insert",
         '"lsn": "0/16B3600", "op": "insert", "schema": "public", "table": "acct", "key": ["id"], "old": null, '
         '"new": {"id": 4611686018427387904, "owner": "é", "balance": null}',
     )
     upd = change(p.encode_update(16384, [I8, UNCHANGED, "1.50"], [I8, None, None], "K"))
-    [got] = decode_change(upd, 1, cache, True)
+    [got] = decode_change(upd, Lsn(1), cache, True)
     assert got.op == "update" and got.xid is None
     assert got.body == (
         '"lsn": "0/1", "op": "update", "schema": "public", "table": "acct", "key": ["id"], '
@@ -323,11 +323,11 @@ def test_bodies_and_decoded_change_fields() -> None:
         '"new": {"id": 4611686018427387904, "balance": "1.50"}, "unchanged": ["owner"]'
     )
     dele = change(p.encode_delete(16384, [I8, "x", None], "O"))
-    [got] = decode_change(dele, 2, cache, True)
+    [got] = decode_change(dele, Lsn(2), cache, True)
     assert got.body.endswith('"old": {"id": 4611686018427387904, "owner": "x", "balance": null}, "new": null')
     trunc = p.parse_message(p.encode_truncate([16384, 16384]), False)
     assert isinstance(trunc, Truncate)
-    assert [c.body for c in decode_change(trunc, 3, cache, True)] == [
+    assert [c.body for c in decode_change(trunc, Lsn(3), cache, True)] == [
         '"lsn": "0/3", "op": "truncate", "schema": "public", "table": "acct", "key": ["id"], "old": null, '
         '"new": null'
     ] * 2
@@ -336,7 +336,7 @@ def test_bodies_and_decoded_change_fields() -> None:
 def test_a_later_relation_replaces_the_table() -> None:
     cache = cache_with(ACCT)
     cache.apply(relation(16384, ("id", 20, True), ("owner", 1043, False), name="acct2"))
-    [got] = decode_change(change(p.encode_insert(16384, [I8, "v"])), 0, cache, True)
+    [got] = decode_change(change(p.encode_insert(16384, [I8, "v"])), Lsn(0), cache, True)
     assert got.body.endswith(
         '"table": "acct2", "key": ["id"], "old": null, "new": {"id": 4611686018427387904, "owner": "v"}'
     )
@@ -355,25 +355,25 @@ def test_domains_resolve_through_type_messages() -> None:
     )
     array = b"\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x17\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x04\x00\x00\x00\x09"
     for values in ([b"\x00\x00\x00\x05", array, b"sad", b"happy"], ["5", "{9}", "sad", "happy"]):
-        [got] = decode_change(change(p.encode_insert(1, list(values))), 0, cache, True)
+        [got] = decode_change(change(p.encode_insert(1, list(values))), Lsn(0), cache, True)
         assert got.body.endswith('"new": {"p": 5, "ps": [9], "m": "sad", "dm": "happy"}')
 
 
 def test_types_sent_as_text_in_binary_streams_are_fine() -> None:
     cache = cache_with(relation(1, ("id", 23, True), ("acl", 1033, False), ("n", 19, False)), binary=True)
     values: list[p.TupleValue] = [b"\x00\x00\x00\x01", "a=r/b", "nm"]
-    [got] = decode_change(change(p.encode_insert(1, values)), 0, cache, True)
+    [got] = decode_change(change(p.encode_insert(1, values)), Lsn(0), cache, True)
     assert got.body.endswith('"new": {"id": 1, "acl": "a=r/b", "n": "nm"}')
     # and a binary value of a text-only type in a stream said to be text is refused
     text_cache = cache_with(relation(2, ("amount", 790, False)), binary=False)
     with pytest.raises(DecodeError, match='column "amount" of type money .* arrived in binary form'):
-        decode_change(change(p.encode_insert(2, [b"\x00" * 8])), 5, text_cache, False)
+        decode_change(change(p.encode_insert(2, [b"\x00" * 8])), Lsn(5), text_cache, False)
 
 
 def test_unknown_relation() -> None:
     with pytest.raises(DecodeError) as info:
         decode_change(
-            change(p.encode_insert(99, [None], xid=12), in_stream=True), 0x16B3748, RelationCache(), True
+            change(p.encode_insert(99, [None], xid=12), in_stream=True), Lsn(0x16B3748), RelationCache(), True
         )
     assert str(info.value) == (
         "change for unknown relation id 99: no Relation message for it came first; "
@@ -382,14 +382,14 @@ def test_unknown_relation() -> None:
     trunc = p.parse_message(p.encode_truncate([99]), False)
     assert isinstance(trunc, Truncate)
     with pytest.raises(DecodeError, match="truncate: change for unknown relation id 99"):
-        decode_change(trunc, 0, RelationCache(), True)
+        decode_change(trunc, Lsn(0), RelationCache(), True)
 
 
 def test_bad_values_name_the_column() -> None:
     cache = cache_with(ACCT)
     with pytest.raises(DecodeError) as info:
         decode_change(
-            change(p.encode_insert(16384, [b"\x00\x01", None, None], xid=9), True), 0x10, cache, True
+            change(p.encode_insert(16384, [b"\x00\x01", None, None], xid=9), True), Lsn(0x10), cache, True
         )
     err = info.value
     assert (err.lsn, err.xid) == (0x10, 9)
@@ -399,23 +399,23 @@ def test_bad_values_name_the_column() -> None:
     again = pickle.loads(pickle.dumps(err))  # errors cross process boundaries
     assert str(again) == str(err) and type(again) is DecodeError
     with pytest.raises(DecodeError, match='column "id" \\(int8, text value of 3 characters\\)'):
-        decode_change(change(p.encode_insert(16384, ["abc", None, None])), 0, cache, False)
+        decode_change(change(p.encode_insert(16384, ["abc", None, None])), Lsn(0), cache, False)
 
 
 def test_corrupt_changes() -> None:
     cache = cache_with(ACCT)
     with pytest.raises(DecodeError, match=r"tuple of 2 columns for public.acct \(relid 16384\) of 3 columns"):
-        decode_change(change(p.encode_insert(16384, [I8, None])), 0, cache, True)
+        decode_change(change(p.encode_insert(16384, [I8, None])), Lsn(0), cache, True)
     with pytest.raises(DecodeError, match=r"tuple of 1 columns"):
-        decode_change(change(p.encode_delete(16384, [I8], "K")), 0, cache, True)
+        decode_change(change(p.encode_delete(16384, [I8], "K")), Lsn(0), cache, True)
     with pytest.raises(DecodeError, match=r"update of public.acct \(relid 16384\): update data truncated"):
-        decode_change(Change("U", None, 16384, b"K\x00\x00"), 0x20, cache, True)
+        decode_change(Change("U", None, 16384, b"K\x00\x00"), Lsn(0x20), cache, True)
     with pytest.raises(DecodeError, match="old key of public.acct .* has an unchanged TOAST value"):
-        decode_change(change(p.encode_delete(16384, [UNCHANGED, None, None], "K")), 0, cache, True)
+        decode_change(change(p.encode_delete(16384, [UNCHANGED, None, None], "K")), Lsn(0), cache, True)
     with pytest.raises(DecodeError, match="old row of public.acct .* has unchanged TOAST values"):
-        decode_change(change(p.encode_delete(16384, [I8, UNCHANGED, None], "O")), 0, cache, True)
+        decode_change(change(p.encode_delete(16384, [I8, UNCHANGED, None], "O")), Lsn(0), cache, True)
     with pytest.raises(DecodeError, match="unknown change kind 'X'"):
-        decode_change(Change("X", None, 16384, b""), 0, cache, True)
+        decode_change(Change("X", None, 16384, b""), Lsn(0), cache, True)
 
 
 def _outcome(kind: str, data: bytes, cache: RelationCache, binary: bool) -> tuple[str, ...]:

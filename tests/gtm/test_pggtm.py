@@ -16,7 +16,7 @@ from tests.fixtures.pg import PgDatabase, PgServer
 def _hammer(dsn: str, rounds: int, published: Any, lock: Any, out: Any) -> None:
     """Log current() (as a writer logs committing), then take next(): it must exceed everything logged before."""
     with PgGtm(dsn) as gtm:
-        got = []
+        got: list[int] = []
         for _ in range(rounds):
             c = gtm.current()
             with lock:

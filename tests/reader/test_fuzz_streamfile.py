@@ -121,7 +121,7 @@ def test_a_damaged_format_1_recording_reads_or_is_one_csnd_error(
     path = tmp_path / "f.pgstream"
     _write(path, frames, version=1)
     path.write_bytes(data.draw(_damage(path.read_bytes(), _boundaries(1, frames))))
-    outcomes = []
+    outcomes: list[list[tuple[int, object]] | None] = []
     for raw_changes in (False, True):
         try:
             outcomes.append(_read(path, raw_changes, chunk))

@@ -11,7 +11,7 @@ from csnd.reader import pgoutput as p
 u32 = st.integers(0, 2**32 - 1)
 u64 = st.integers(0, 2**64 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)
-names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20)
+names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]), max_size=20)
 opt_xid = st.none() | u32
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -77,6 +77,8 @@ def test_a_disk_error_alone_is_the_error() -> None:
 class IdleSource(FakeSource):
     """Frames with quiet spells between them, as LiveSource reports them through on_idle."""
 
+    on_idle: Callable[[], None]  # (set by record(), as on a LiveSource)
+
     def __init__(self) -> None:
         super().__init__(StopIteration())
         self.finished = 0
@@ -134,7 +136,7 @@ def test_a_frame_cut_between_its_writes_never_reaches_the_disk(tmp_path: Path) -
             raise KeyboardInterrupt
         return real_write(data)
 
-    w._f.write = interrupted_after_the_head  # type: ignore[method-assign]
+    w._f.write = interrupted_after_the_head  # type: ignore[method-assign, assignment]
     with pytest.raises(KeyboardInterrupt):
         w.write_frame(begin)
     w._f.write = real_write  # type: ignore[method-assign]

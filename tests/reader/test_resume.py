@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from csnd.core.ids import Lsn
 from csnd.reader import pgoutput as p
 from csnd.reader.resume import Item, ResumeFilter
 from tests.fixtures.witness import assemble
@@ -17,7 +18,7 @@ REL = p.Column(1, "id", 25, -1)
 
 def _item(lsn: int, raw: bytes, in_stream: bool) -> Item:
     payload = p.encode_xlogdata(lsn, lsn, 0, raw)
-    return (lsn, p.parse_message(raw, in_stream), payload)
+    return (Lsn(lsn), p.parse_message(raw, in_stream), payload)
 
 
 @st.composite
@@ -37,7 +38,7 @@ def streams(draw: Any) -> tuple[list[Item], list[tuple[int, int]]]:
             items.append(_item(lsn, p.encode_message("app", b"m%d" % lsn, lsn, False), False))
             continue
         nchanges = draw(st.integers(1, 5))
-        change_lsns = []
+        change_lsns: list[int] = []
         for _ in range(nchanges):
             if not change_lsns or draw(st.booleans()):
                 lsn += 8  # sometimes several changes share one LSN (multi-insert)

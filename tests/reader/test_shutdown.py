@@ -138,9 +138,9 @@ def test_a_fast_shutdown_is_not_held_by_an_unconfirmed_stream_which_then_resumes
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("CREATE TABLE t (id int PRIMARY KEY)")
         c.execute("CREATE PUBLICATION p FOR TABLE t")
-        (created,) = c.execute(
-            "SELECT lsn FROM pg_create_logical_replication_slot('s', 'pgoutput')"
-        ).fetchone()
+        row = c.execute("SELECT lsn FROM pg_create_logical_replication_slot('s', 'pgoutput')").fetchone()
+        assert row is not None
+        (created,) = row
         c.execute("INSERT INTO t VALUES (1)")
     src = LiveSource("dn1", LiveOptions(url, "s", "p", binary=False))
     inserted: list[int] = []

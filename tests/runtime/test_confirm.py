@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from csnd.coordinator.wire import BEFORE_ALL, Position
-from csnd.core.ids import Csn
+from csnd.core.ids import Csn, Lsn, Xid
 from csnd.decoder.change import DecodedChange
 from csnd.reader.pgoutput import Begin, Commit, LogicalMessage
 from csnd.runtime.confirm import ConfirmTracker
@@ -266,11 +266,11 @@ class _Lines:
 def _gtm_txn(sender: NodeSender, xid: int, gid: str, csn: int, commit_lsn: int) -> list[FinishedTxn]:
     """Feed one GTM transaction with one change and its commit marker; what it released."""
     first = commit_lsn - 0x40
-    out = sender.feed(first, Begin(commit_lsn, xid * 10, xid))
-    out += sender.feed(first, DecodedChange(first, None, "insert", f'"x": {xid}'))
+    out = sender.feed(Lsn(first), Begin(Lsn(commit_lsn), xid * 10, Xid(xid)))
+    out += sender.feed(Lsn(first), DecodedChange(Lsn(first), None, "insert", f'"x": {xid}'))
     marker = f"commit {gid} {csn}".encode()
-    out += sender.feed(first + 0x10, LogicalMessage(None, True, first + 0x10, "csn", marker))
-    out += sender.feed(commit_lsn + 0x30, Commit(0, commit_lsn, commit_lsn + 0x30, xid * 10))
+    out += sender.feed(Lsn(first + 0x10), LogicalMessage(None, True, Lsn(first + 0x10), "csn", marker))
+    out += sender.feed(Lsn(commit_lsn + 0x30), Commit(0, Lsn(commit_lsn), Lsn(commit_lsn + 0x30), xid * 10))
     return out
 
 
@@ -282,7 +282,7 @@ def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merg
     commit at most: a restart from further on would never send g2 again.
     """
     sender = NodeSender("dn1", "gtm")
-    assert sender.feed(0x100, LogicalMessage(None, False, 0x100, "csn", b"committing g1 10")) == []
+    assert sender.feed(Lsn(0x100), LogicalMessage(None, False, Lsn(0x100), "csn", b"committing g1 10")) == []
     assert _gtm_txn(sender, 702, "g2", 12, 0x200) == []  # waits behind g1's committing csn 10
     assert _gtm_txn(sender, 703, "g3", 13, 0x300) == []
     group = _gtm_txn(sender, 701, "g1", 11, 0x400)
@@ -313,12 +313,12 @@ def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merg
 
 def test_an_abort_that_frees_several_gives_each_its_own_confirmable_lsn() -> None:
     sender = NodeSender("dn1", "gtm")
-    sender.feed(0x100, LogicalMessage(None, False, 0x100, "csn", b"committing g1 10"))
-    sender.feed(0x110, LogicalMessage(None, False, 0x110, "csn", b"committing g4 10"))
+    sender.feed(Lsn(0x100), LogicalMessage(None, False, Lsn(0x100), "csn", b"committing g1 10"))
+    sender.feed(Lsn(0x110), LogicalMessage(None, False, Lsn(0x110), "csn", b"committing g4 10"))
     assert _gtm_txn(sender, 702, "g2", 12, 0x200) == []
     assert _gtm_txn(sender, 703, "g3", 13, 0x300) == []
     assert _gtm_txn(sender, 701, "g1", 11, 0x400) == []  # g4 is still committing at 10
-    group = sender.feed(0x500, LogicalMessage(None, False, 0x500, "csn", b"abort g4"))
+    group = sender.feed(Lsn(0x500), LogicalMessage(None, False, Lsn(0x500), "csn", b"abort g4"))
     assert [t.gid for t in group] == ["g1", "g2", "g3"]
     for i, t in enumerate(group):
         assert all(t.confirmable <= later.commit_lsn for later in group[i + 1 :]), (i, hex(t.confirmable))

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from csnd.core.ids import Csn, Lsn, Xid
 from csnd.runtime import items as nodeitems
 from csnd.runtime.items import EndItem, Outbox, WatermarkItem
 from csnd.sender.txn import FinishedTxn
@@ -20,7 +21,7 @@ from csnd.sender.txn import FinishedTxn
 def test_items_come_out_one_by_one_in_the_order_the_lists_went_in(lists: list[list[int]]) -> None:
     box = Outbox(capacity=len(lists) + 1)
     for items in lists:
-        box.put_many([WatermarkItem(csn) for csn in items])
+        box.put_many([WatermarkItem(Csn(csn)) for csn in items])
     got = []
     while True:
         try:
@@ -34,14 +35,14 @@ def test_items_come_out_one_by_one_in_the_order_the_lists_went_in(lists: list[li
 
 def test_the_outbox_is_bounded_by_lists() -> None:
     box = Outbox(capacity=2)
-    box.put_many([WatermarkItem(1)])
-    box.put_many([WatermarkItem(2), WatermarkItem(3)])
+    box.put_many([WatermarkItem(Csn(1))])
+    box.put_many([WatermarkItem(Csn(2)), WatermarkItem(Csn(3))])
     with pytest.raises(queue.Full):
-        box.put_many([WatermarkItem(4)], timeout=0.01)
+        box.put_many([WatermarkItem(Csn(4))], timeout=0.01)
     assert (box.depth, box.peak, box.capacity) == (2, 2, 2)
-    assert box.get_nowait() == WatermarkItem(1)  # taking a list makes room for one
+    assert box.get_nowait() == WatermarkItem(Csn(1))  # taking a list makes room for one
     assert box.depth == 1
-    box.put_many([WatermarkItem(4)], timeout=0.01)
+    box.put_many([WatermarkItem(Csn(4))], timeout=0.01)
     assert (box.depth, box.peak) == (2, 2)
 
 
@@ -63,7 +64,15 @@ def test_cut_batches_one_cid_a_batch_bounded_in_order(
     cids = list(accumulate(cid_steps))  # never decreasing inside a transaction
     changes = [(cid, 0x100 + i, f"b{i}") for i, cid in enumerate(cids)]
     txn = FinishedTxn(
-        "dn1", 7, None, 700, 0x900, 0x910, 5, changes if as_list else iter(changes), len(changes)
+        "dn1",
+        Csn(7),
+        None,
+        Xid(700),
+        Lsn(0x900),
+        Lsn(0x910),
+        5,
+        changes if as_list else iter(changes),
+        len(changes),
     )
     with mock.patch.object(nodeitems, "MERGE_BATCH_CHANGES", bound):
         batches = list(nodeitems.cut_batches(txn))

@@ -15,6 +15,7 @@ from csnd.coordinator import AloneOrder, CsnMerge, json_line
 from csnd.coordinator.changelog import Changelog
 from csnd.coordinator.changelog.log import SyncPoint
 from csnd.core.errors import ProtocolError
+from csnd.core.ids import Csn, Lsn, Xid
 from csnd.runtime import items
 from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
 from csnd.runtime.items import EndItem, Outbox, TxnItem, cut_batches
@@ -41,11 +42,11 @@ def _txns(drawn: list[tuple[list[int], bool, str | None, int]]) -> list[Finished
         txns.append(
             FinishedTxn(
                 "dn1",
-                csn,
+                Csn(csn),
                 None if gid is None else f"{gid}-{k}",  # one gid, one transaction
-                700 + k,
-                0x900 + csn,
-                0x910 + csn,
+                Xid(700 + k),
+                Lsn(0x900 + csn),
+                Lsn(0x910 + csn),
                 commit_time,
                 changes if in_memory else iter(changes),
                 len(changes),
@@ -111,9 +112,9 @@ def test_a_gid_seen_again_is_a_protocol_error_alone_as_through_the_merge() -> No
     # the memory of gids is bounded, as the merge's is
     small = AloneOrder("dn1", recent_gids=2)
     for csn, gid in enumerate(["a", "b", "c", "a"], 1):
-        small.check(csn, gid, 700 + csn, 0x900 + csn)  # "a" was forgotten after "c"
+        small.check(Csn(csn), gid, Xid(700 + csn), Lsn(0x900 + csn))  # "a" was forgotten after "c"
     with pytest.raises(ProtocolError):
-        small.check(9, "c", 709, 0x909)
+        small.check(Csn(9), "c", Xid(709), Lsn(0x909))
 
 
 class _LiveLike:
@@ -154,7 +155,7 @@ def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed
     n = 3 * CsnMerge(["dn1"]).max_pending_batches
     txns = _txns([([0], True, None, 5)] * n)
     for k, txn in enumerate(txns):
-        txn.xid = 700 + k  # (the drawn list repeats one transaction)
+        txn.xid = Xid(700 + k)  # (the drawn list repeats one transaction)
     node = _LiveLike(tmp_path / "out.jsonl.partial", [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
     out = JsonLinesSink(str(tmp_path / "out.jsonl"))
     CoordinatorRuntime([node], out, confirm_interval_s=0.0).run()
@@ -231,7 +232,7 @@ def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp
     n = 3 * CsnMerge(["dn1"]).max_pending_batches
     txns = _txns([([0], True, None, 5)] * n)
     for k, txn in enumerate(txns):
-        txn.xid = 700 + k
+        txn.xid = Xid(700 + k)
     log = _SlowFsync(str(tmp_path / "changelog"))
     sink = ChangelogSink(log)
     sink.start()
@@ -243,6 +244,6 @@ def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp
     end_of = {t.csn: t.end_lsn for t in txns}
     assert len(node.confirms_seen) >= 2 and node.confirms_seen == sorted(node.confirms_seen)
     for lsn, durable in zip(node.confirms_seen, node.durable_then, strict=True):
-        assert lsn <= end_of.get(durable, 0), (lsn, durable)  # never past the durable changelog
+        assert lsn <= end_of.get(Csn(durable), 0), (lsn, durable)  # never past the durable changelog
     assert node.final == txns[-1].end_lsn and log.durable_csn == txns[-1].csn
     log.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from csnd.core.ids import lsn_from_str
+from csnd.core.ids import Csn, Lsn, Xid, lsn_from_str
 from csnd.gtm import generate_cluster
 from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
 from csnd.runtime.items import EndItem, Outbox, TxnItem
@@ -109,7 +109,7 @@ def test_a_reader_that_takes_three_lines_and_leaves_ends_the_run_quietly(cluster
     cmd = [*CSND, "replay", str(cluster / "dn1.pgstream"), "--decoders", "2"]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
         assert p.stdout is not None and p.stderr is not None
-        servers = []
+        servers: list[int] = []
         while not servers:  # (the decoders' fork server, to see its workers go)
             servers = [s for s, c in children(p.pid) if "multiprocessing.forkserver" in c]
             time.sleep(0.01)
@@ -162,7 +162,17 @@ class _Slot:
 
 def test_a_closed_output_confirms_nothing_past_what_was_written(tmp_path: Path) -> None:
     txns = [
-        FinishedTxn("dn1", 0x1000 * k, None, 700 + k, 0x1000 * k, 0x1000 * k + 8, 5, [(0, 1, '"x": 1')], 1)
+        FinishedTxn(
+            "dn1",
+            Csn(0x1000 * k),
+            None,
+            Xid(700 + k),
+            Lsn(0x1000 * k),
+            Lsn(0x1000 * k + 8),
+            5,
+            [(0, 1, '"x": 1')],
+            1,
+        )
         for k in range(1, 20_001)
     ]
     # The lines' lengths, from the same rendering into a file.

@@ -27,6 +27,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from csnd.core.ids import Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
@@ -128,7 +129,7 @@ class NodeMachine(RuleBasedStateMachine):
         return self.next_xid
 
     def _feed(self, lsn: int, item: object) -> None:
-        group = self.ns.feed(lsn, item)
+        group = self.ns.feed(Lsn(lsn), item)
         for txn in group:
             self._released(txn)
         # One event may release several: each carries the confirmable LSN as it stood once it was out,
@@ -171,15 +172,17 @@ class NodeMachine(RuleBasedStateMachine):
     def _message(self, text: str, transactional: bool, sub: int | None) -> tuple[int, LogicalMessage]:
         start = self._record(RECORD + len(text))
         end = start + RECORD + len(text)
-        return end, LogicalMessage(sub, transactional, end, "csn", text.encode("ascii"))
+        return end, LogicalMessage(
+            None if sub is None else Xid(sub), transactional, Lsn(end), "csn", text.encode("ascii")
+        )
 
     def _send_block(self, t: _Txn) -> None:
         """One stream block with everything the txn has buffered (the walsender's ReorderBufferStreamTXN)."""
         first = not t.streamed
         t.streamed = True
         lsn0 = t.pending[0][1] if t.pending else self.pos
-        self._feed(lsn0, StreamStart(t.xid, first))
-        self._feed(0, Relation(t.xid, REL.relid, "public", "t", "d", REL.columns))
+        self._feed(lsn0, StreamStart(Xid(t.xid), first))
+        self._feed(0, Relation(Xid(t.xid), REL.relid, "public", "t", "d", REL.columns))
         t.sent_subs.update(item[2] for item in t.pending if item[0] == "c")
         self._feed_items(t.pending, streamed=True)
         t.pending = []
@@ -225,7 +228,7 @@ class NodeMachine(RuleBasedStateMachine):
         t.changes = [c for c in t.changes if c[2] != sub]
         t.pending = [p for p in t.pending if p[2] != sub]
         if sub in t.sent_subs:
-            self._feed(self.pos, StreamAbort(t.xid, sub))
+            self._feed(self.pos, StreamAbort(Xid(t.xid), Xid(sub)))
 
     @precondition(lambda self: any(t.state == "active" for t in self.txns.values()))
     @rule(pick=st.integers(0, 10**6), n=st.integers(1, 4), stream=st.booleans(), rollback=st.booleans())
@@ -310,16 +313,16 @@ class NodeMachine(RuleBasedStateMachine):
             if t.pending:
                 self._send_block(t)
             if keepalive:
-                self._feed(end, Keepalive(end, 0, False))
-            self._feed(end, StreamCommit(t.xid, 0, t.commit_lsn, end, t.xid * 10))
+                self._feed(end, Keepalive(Lsn(end), 0, False))
+            self._feed(end, StreamCommit(Xid(t.xid), 0, Lsn(t.commit_lsn), Lsn(end), t.xid * 10))
         else:
             first = t.pending[0][1] if t.pending else t.commit_lsn
-            self._feed(first, Begin(t.commit_lsn, t.xid * 10, t.xid))
+            self._feed(first, Begin(Lsn(t.commit_lsn), t.xid * 10, Xid(t.xid)))
             self._feed_items(t.pending, streamed=False)
             t.pending = []
             if keepalive:
-                self._feed(end, Keepalive(end, 0, False))
-            self._feed(end, Commit(0, t.commit_lsn, end, t.xid * 10))
+                self._feed(end, Keepalive(Lsn(end), 0, False))
+            self._feed(end, Commit(0, Lsn(t.commit_lsn), Lsn(end), t.xid * 10))
         if not t.has_marker and not t.changes:
             t.released = True  # skipped: nothing to deliver
 
@@ -334,7 +337,7 @@ class NodeMachine(RuleBasedStateMachine):
         was = t.state
         t.state = "aborted"
         if t.streamed:
-            self._feed(self.pos, StreamAbort(t.xid, t.xid))
+            self._feed(self.pos, StreamAbort(Xid(t.xid), Xid(t.xid)))
         if was in ("committing", "csn"):
             lsn, msg = self._message(f"abort {t.gid}", False, None)
             self._feed(lsn, msg)
@@ -343,13 +346,13 @@ class NodeMachine(RuleBasedStateMachine):
     def background(self, kind: str) -> None:
         """What else reaches a node's stream: keepalives, ticks, other messages, other nodes' CSNs."""
         if kind == "keepalive":
-            self._feed(self.pos, Keepalive(self.pos, 0, False))
+            self._feed(self.pos, Keepalive(Lsn(self.pos), 0, False))
         elif kind == "tick" and self.gtm:
             lsn, msg = self._message(f"tick {self.g}", False, None)
             self._feed(lsn, msg)
         elif kind == "app":  # another prefix: neither a change nor a marker
             lsn = self._record()
-            self._feed(lsn, LogicalMessage(None, False, lsn, "app", b"hello"))
+            self._feed(lsn, LogicalMessage(None, False, Lsn(lsn), "app", b"hello"))
         else:
             self.g += 1
 
@@ -404,7 +407,7 @@ class NodeMachine(RuleBasedStateMachine):
                 assert t.released, f"{t.gid} never released"
         assert self.released == sorted(self.released)
         # once everything is out and the node idles, the slot may be confirmed up to the end
-        self._feed(self.pos, Keepalive(self.pos, 0, False))
+        self._feed(self.pos, Keepalive(Lsn(self.pos), 0, False))
         assert self.ns.confirmable_lsn == self.pos
 
 

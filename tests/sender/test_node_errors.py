@@ -18,6 +18,7 @@ from csnd.core.errors import (
     ProtocolError,
     TruncatedStream,
 )
+from csnd.core.ids import Csn, Lsn, Xid
 from csnd.decoder.change import DecodedChange
 from csnd.reader.pgoutput import (
     Begin,
@@ -34,28 +35,30 @@ from csnd.reader.pgoutput import (
 )
 from csnd.sender import FinishedTxn, NodeSender
 
-LSN = 0x16B3000
+LSN = Lsn(0x16B3000)
 
 
 def _m(text: str, transactional: bool = False, xid: int | None = None, lsn: int = LSN) -> LogicalMessage:
-    return LogicalMessage(xid, transactional, lsn, "csn", text.encode("ascii"))
+    return LogicalMessage(
+        None if xid is None else Xid(xid), transactional, Lsn(lsn), "csn", text.encode("ascii")
+    )
 
 
 def _ch(lsn: int, xid: int | None = None, body: str = '"op": "insert"') -> DecodedChange:
-    return DecodedChange(lsn, xid, "insert", body)
+    return DecodedChange(Lsn(lsn), None if xid is None else Xid(xid), "insert", body)
 
 
 def _feed(ns: NodeSender, *items: object) -> list[FinishedTxn]:
     out: list[FinishedTxn] = []
     for item in items:
         lsn = getattr(item, "lsn", 0) or getattr(item, "end_lsn", 0) or LSN
-        out.extend(ns.feed(lsn, item))
+        out.extend(ns.feed(Lsn(lsn), item))
         ns._check()
     return out
 
 
 def _plain(xid: int, commit_lsn: int, *middle: object) -> list[object]:
-    return [Begin(commit_lsn, 5, xid), *middle, Commit(0, commit_lsn, commit_lsn + 88, 5)]
+    return [Begin(Lsn(commit_lsn), 5, Xid(xid)), *middle, Commit(0, Lsn(commit_lsn), Lsn(commit_lsn + 88), 5)]
 
 
 def _raises(
@@ -77,7 +80,7 @@ def _raises(
 
 def test_stream_ends_inside_a_transaction() -> None:
     ns = NodeSender("dn2", "gtm")
-    _feed(ns, Begin(0x16B3748, 5, 745), _ch(0x16B3700))
+    _feed(ns, Begin(Lsn(0x16B3748), 5, Xid(745)), _ch(0x16B3700))
     with pytest.raises(TruncatedStream) as ei:
         ns.finish()
     msg = str(ei.value)
@@ -87,7 +90,7 @@ def test_stream_ends_inside_a_transaction() -> None:
 
 def test_stream_ends_inside_a_stream_block() -> None:
     ns = NodeSender("dn2", "gtm")
-    _feed(ns, StreamStart(746, True), _ch(0x16B3700, 746))
+    _feed(ns, StreamStart(Xid(746), True), _ch(0x16B3700, 746))
     with pytest.raises(
         TruncatedStream, match=r"node dn2: stream ended inside a stream block of transaction 746"
     ):
@@ -96,8 +99,8 @@ def test_stream_ends_inside_a_stream_block() -> None:
 
 def test_stream_ends_with_a_streamed_transaction_open() -> None:
     ns = NodeSender("dn2", "gtm")
-    _feed(ns, StreamStart(746, True), _ch(0x16B3700, 746), StreamStop())
-    _feed(ns, StreamStart(747, True), _ch(0x16B3800, 747), StreamStop())
+    _feed(ns, StreamStart(Xid(746), True), _ch(0x16B3700, 746), StreamStop())
+    _feed(ns, StreamStart(Xid(747), True), _ch(0x16B3800, 747), StreamStop())
     with pytest.raises(TruncatedStream) as ei:
         ns.finish()
     msg = str(ei.value)
@@ -136,26 +139,34 @@ def test_committed_changes_without_a_commit_marker() -> None:
 
 def test_streamed_changes_without_a_commit_marker() -> None:
     ns = NodeSender("dn2", "gtm")
-    _feed(ns, StreamStart(745, True), _ch(0x16B3700, 745), StreamStop())
-    _raises(ns, StreamCommit(745, 0, 0x16B3748, 0x16B37A0, 5), words=("transaction 745", "no commit marker"))
+    _feed(ns, StreamStart(Xid(745), True), _ch(0x16B3700, 745), StreamStop())
+    _raises(
+        ns,
+        StreamCommit(Xid(745), 0, Lsn(0x16B3748), Lsn(0x16B37A0), 5),
+        words=("transaction 745", "no commit marker"),
+    )
 
 
 def test_commit_marker_rolled_back_with_its_savepoint() -> None:
     """A marker in a rolled-back subtransaction does not count."""
     ns = NodeSender("dn2", "gtm")
-    _feed(ns, StreamStart(745, True), _ch(0x16B3700, 745), _m("commit g-1 5", True, 746), StreamStop())
-    _feed(ns, StreamAbort(745, 746))
-    _raises(ns, StreamCommit(745, 0, 0x16B3748, 0x16B37A0, 5), words=("transaction 745", "no commit marker"))
+    _feed(ns, StreamStart(Xid(745), True), _ch(0x16B3700, 745), _m("commit g-1 5", True, 746), StreamStop())
+    _feed(ns, StreamAbort(Xid(745), Xid(746)))
+    _raises(
+        ns,
+        StreamCommit(Xid(745), 0, Lsn(0x16B3748), Lsn(0x16B37A0), 5),
+        words=("transaction 745", "no commit marker"),
+    )
 
 
 def test_empty_transaction_without_marker_is_skipped() -> None:
     ns = NodeSender("dn2", "gtm")
-    other = LogicalMessage(None, True, LSN, "app", b"x")
+    other = LogicalMessage(None, True, Lsn(LSN), "app", b"x")
     assert _feed(ns, *_plain(745, 0x16B3748, other)) == []
     assert ns.skipped_empty == 1
     # and one whose changes were all rolled back
-    _feed(ns, StreamStart(746, True), _ch(0x16B3800, 747), StreamStop(), StreamAbort(746, 747))
-    assert _feed(ns, StreamCommit(746, 0, 0x16B3900, 0x16B3958, 5)) == []
+    _feed(ns, StreamStart(Xid(746), True), _ch(0x16B3800, 747), StreamStop(), StreamAbort(Xid(746), Xid(747)))
+    assert _feed(ns, StreamCommit(Xid(746), 0, Lsn(0x16B3900), Lsn(0x16B3958), 5)) == []
     assert ns.confirmable_lsn == 0x16B3958
     ns.finish()
 
@@ -214,7 +225,7 @@ def test_second_commit_marker() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
         ns,
-        Begin(0x16B3748, 5, 745),
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
         _m("commit g-1 5", True),
         _m("commit g-2 6", True),
         words=("transaction 745", "second commit marker", "g-2", "g-1"),
@@ -225,7 +236,7 @@ def test_cid_going_down() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
         ns,
-        Begin(0x16B3748, 5, 745),
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
         _m("cid 3", True),
         _m("cid 2", True),
         words=("transaction 745", "cid marker 2 after cid 3"),
@@ -250,7 +261,11 @@ def test_cid_going_down() -> None:
 def test_malformed_marker(text: str) -> None:
     ns = NodeSender("dn2", "gtm")
     err = _raises(
-        ns, Begin(0x16B3748, 5, 745), _m(text, True), words=("malformed csn marker",), cls=MalformedMarker
+        ns,
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
+        _m(text, True),
+        words=("malformed csn marker",),
+        cls=MalformedMarker,
     )
     assert repr(text.encode())[:-1] in str(err)  # the content is named
 
@@ -273,7 +288,9 @@ def test_non_ascii_marker() -> None:
 )
 def test_marker_with_wrong_transactionality(text: str, transactional: bool) -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, Begin(0x16B3748, 5, 745), _m(text, transactional), words=(repr(text), "transactional"))
+    _raises(
+        ns, Begin(Lsn(0x16B3748), 5, Xid(745)), _m(text, transactional), words=(repr(text), "transactional")
+    )
 
 
 def test_transactional_marker_outside_a_transaction() -> None:
@@ -284,7 +301,10 @@ def test_transactional_marker_outside_a_transaction() -> None:
 def test_markers_in_single_node_mode() -> None:
     ns = NodeSender("pg1", "single")
     _raises(
-        ns, Begin(0x16B3748, 5, 745), _m("commit g-1 5", True), words=("single-node mode", "gtm mode", "745")
+        ns,
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
+        _m("commit g-1 5", True),
+        words=("single-node mode", "gtm mode", "745"),
     )
 
 
@@ -304,18 +324,23 @@ def test_change_of_a_subtransaction_outside_a_block() -> None:
 
 def test_change_without_xid_inside_a_block() -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, StreamStart(745, True), _ch(0x16B3700), words=("stream block of transaction 745",))
+    _raises(ns, StreamStart(Xid(745), True), _ch(0x16B3700), words=("stream block of transaction 745",))
 
 
 def test_commit_without_begin() -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, Commit(0, 0x16B3748, 0x16B37A0, 5), words=("Commit", "without a Begin", "0/16B3748"))
+    _raises(
+        ns, Commit(0, Lsn(0x16B3748), Lsn(0x16B37A0), 5), words=("Commit", "without a Begin", "0/16B3748")
+    )
 
 
 def test_begin_inside_begin() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
-        ns, Begin(0x16B3748, 5, 745), Begin(0x16B3848, 5, 746), words=("transaction 746", "transaction 745")
+        ns,
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
+        Begin(Lsn(0x16B3848), 5, Xid(746)),
+        words=("transaction 746", "transaction 745"),
     )
 
 
@@ -323,29 +348,33 @@ def test_commit_lsn_differs_from_begin() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
         ns,
-        Begin(0x16B3748, 5, 745),
-        Commit(0, 0x16B3750, 0x16B37A0, 5),
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
+        Commit(0, Lsn(0x16B3750), Lsn(0x16B37A0), 5),
         words=("transaction 745", "0/16B3750", "0/16B3748"),
     )
 
 
 def test_stream_commit_of_unknown_transaction() -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, StreamCommit(745, 0, 0x16B3748, 0x16B37A0, 5), words=("transaction 745", "never streamed"))
+    _raises(
+        ns,
+        StreamCommit(Xid(745), 0, Lsn(0x16B3748), Lsn(0x16B37A0), 5),
+        words=("transaction 745", "never streamed"),
+    )
 
 
 def test_stream_block_continuing_an_unseen_transaction() -> None:
     ns = NodeSender("dn2", "gtm")
-    _raises(ns, StreamStart(745, False), words=("transaction 745", "first block was never seen"))
+    _raises(ns, StreamStart(Xid(745), False), words=("transaction 745", "first block was never seen"))
 
 
 def test_first_stream_block_twice() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
         ns,
-        StreamStart(745, True),
+        StreamStart(Xid(745), True),
         StreamStop(),
-        StreamStart(745, True),
+        StreamStart(Xid(745), True),
         words=("transaction 745", "already streaming"),
     )
 
@@ -353,7 +382,10 @@ def test_first_stream_block_twice() -> None:
 def test_stream_start_inside_a_transaction() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
-        ns, Begin(0x16B3748, 5, 745), StreamStart(746, True), words=("transaction 746", "transaction 745")
+        ns,
+        Begin(Lsn(0x16B3748), 5, Xid(745)),
+        StreamStart(Xid(746), True),
+        words=("transaction 746", "transaction 745"),
     )
 
 
@@ -366,8 +398,8 @@ def test_stream_commit_inside_a_block() -> None:
     ns = NodeSender("dn2", "gtm")
     _raises(
         ns,
-        StreamStart(745, True),
-        StreamCommit(746, 0, 0x16B3748, 0x16B37A0, 5),
+        StreamStart(Xid(745), True),
+        StreamCommit(Xid(746), 0, Lsn(0x16B3748), Lsn(0x16B37A0), 5),
         words=("Stream Commit of transaction 746", "block of transaction 745"),
     )
 
@@ -388,7 +420,12 @@ def test_unknown_mode() -> None:
 def test_ignored_items() -> None:
     ns = NodeSender("dn1", "gtm")
     assert (
-        _feed(ns, Origin(LSN, "o"), TypeMsg(None, 1, "s", "t"), LogicalMessage(None, False, LSN, "app", b""))
+        _feed(
+            ns,
+            Origin(Lsn(LSN), "o"),
+            TypeMsg(None, 1, "s", "t"),
+            LogicalMessage(None, False, Lsn(LSN), "app", b""),
+        )
         == []
     )
 
@@ -397,7 +434,7 @@ def test_cid_and_subtransactions_in_a_streamed_txn() -> None:
     ns = NodeSender("dn1", "gtm")
     out = _feed(
         ns,
-        StreamStart(745, True),
+        StreamStart(Xid(745), True),
         _ch(0x100, 745, "a"),
         _m("cid 1", True, 745),
         _ch(0x110, 746, "b"),  # savepoint 746, rolled back below
@@ -405,21 +442,21 @@ def test_cid_and_subtransactions_in_a_streamed_txn() -> None:
         StreamStop(),
         _m("committing g-745 10"),
         _m("committing g-800 10"),
-        Begin(0x300, 5, 800),  # a small txn in between: committed first, larger csn
+        Begin(Lsn(0x300), 5, Xid(800)),  # a small txn in between: committed first, larger csn
         _ch(0x200, None, "x"),
         _m("commit g-800 12", True),
-        Commit(0, 0x300, 0x358, 5),
-        StreamAbort(745, 746),
+        Commit(0, Lsn(0x300), Lsn(0x358), 5),
+        StreamAbort(Xid(745), Xid(746)),
     )
     assert out == []
     out = _feed(
         ns,
-        StreamStart(745, False),
+        StreamStart(Xid(745), False),
         _m("cid 2", True, 745),
         _ch(0x400, 745, "d"),
         _m("commit g-745 11", True, 745),
         StreamStop(),
-        StreamCommit(745, 0, 0x500, 0x558, 7),
+        StreamCommit(Xid(745), 0, Lsn(0x500), Lsn(0x558), 7),
     )
     t, t800 = out
     assert t800.gid == "g-800" and list(t800.changes) == [(0, 0x200, "x")]
@@ -441,7 +478,7 @@ def test_out_of_order_commits_and_confirmable_lsn() -> None:
     assert ns.watermark == 10 and ns.confirmable_lsn == 0
     assert _feed(ns, *_plain(2, 0x300, _ch(0x250), _m("commit g-2 12", True))) == []
     assert ns.confirmable_lsn == 0  # g-2 waits for g-1; g-1's committing marker is before 0x300
-    _feed(ns, Keepalive(0x400, 0, False))
+    _feed(ns, Keepalive(Lsn(0x400), 0, False))
     _feed(ns, _m("committing g-3 12", lsn=0x410))
     assert ns.confirmable_lsn == 0
     out = _feed(ns, *_plain(1, 0x500, _ch(0x450), _m("commit g-1 11", True)))
@@ -458,22 +495,22 @@ def test_out_of_order_commits_and_confirmable_lsn() -> None:
 def test_single_node_mode() -> None:
     ns = NodeSender("pg", "single")
     assert ns.watermark is None
-    _feed(ns, Keepalive(0x100, 0, False))
+    _feed(ns, Keepalive(Lsn(0x100), 0, False))
     assert ns.watermark == 0xFF and ns.confirmable_lsn == 0x100
     (t,) = _feed(ns, *_plain(745, 0x200, _ch(0x150)))
     assert (t.csn, t.gid, t.xid) == (0x200, None, 745)
     assert ns.watermark == 0x258 - 1 and ns.confirmable_lsn == 0x258  # end LSN 0x200 + 88
     # a keepalive while a transaction is open says nothing
-    _feed(ns, StreamStart(746, True), _ch(0x300, 746), StreamStop(), Keepalive(0x1000, 0, False))
+    _feed(ns, StreamStart(Xid(746), True), _ch(0x300, 746), StreamStop(), Keepalive(Lsn(0x1000), 0, False))
     assert ns.watermark == 0x257 and ns.confirmable_lsn == 0x258
-    (t,) = _feed(ns, StreamCommit(746, 0, 0x400, 0x458, 5))
+    (t,) = _feed(ns, StreamCommit(Xid(746), 0, Lsn(0x400), Lsn(0x458), 5))
     assert t.csn == 0x400
     ns.finish()
 
 
 def test_resume_drops_durable_transactions() -> None:
     """Restarted from a confirmed position: re-sent, already durable transactions are dropped."""
-    ns = NodeSender("dn1", "gtm", resume_csn=20)
+    ns = NodeSender("dn1", "gtm", resume_csn=Csn(20))
     _feed(ns, _m("abort g-0"))  # its committing lay before the restart position
     _feed(ns, _m("committing g-1 18"), _m("committing g-2 18"))
     assert _feed(ns, *_plain(2, 0x300, _ch(0x250), _m("commit g-2 21", True))) == []
@@ -485,9 +522,9 @@ def test_resume_drops_durable_transactions() -> None:
 
 def test_spilled_transaction_released_in_order(tmp_path: object) -> None:
     ns = NodeSender("dn1", "gtm", spill_bytes=1000, spill_dir=str(tmp_path))
-    items: list[object] = [_m("committing g-1 1"), Begin(0x100000, 5, 7)]
+    items: list[object] = [_m("committing g-1 1"), Begin(Lsn(0x100000), 5, Xid(7))]
     items += [_ch(0x1000 + i, None, f"row {i} " + "z" * 30) for i in range(500)]
-    items += [_m("commit g-1 2", True), Commit(0, 0x100000, 0x100058, 5)]
+    items += [_m("commit g-1 2", True), Commit(0, Lsn(0x100000), Lsn(0x100058), 5)]
     _feed(ns, *items[:-2])
     st = ns.statistics()
     assert (st.open_txns, st.committing, st.buffered_bytes) == (1, 1, 0)  # all on disk

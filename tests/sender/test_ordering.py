@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 )
 
 from csnd.core.errors import ProtocolError
+from csnd.core.ids import Csn, Lsn, Xid
 from csnd.sender import CsnOrderer
 
 
@@ -116,7 +117,7 @@ class OrdererMachine(RuleBasedStateMachine):
         self.n += 1
         t = _T(f"g-{self.n}", self.g)
         self.txns[t.gid] = t
-        self.o.committing(t.gid, t.committing)
+        self.o.committing(t.gid, Csn(t.committing))
         self.seed.committing(t.gid, t.committing)
         self._after([])
 
@@ -140,7 +141,7 @@ class OrdererMachine(RuleBasedStateMachine):
         assert t.csn is not None
         t.state = "committed"
         self.seed_released += self.seed.commit(t.gid, t.csn)
-        self._after(self.o.commit(t.gid, t.csn))
+        self._after(self.o.commit(t.gid, Csn(t.csn)))
 
     @precondition(lambda self: any(t.csn is not None for t in self._open()))
     @rule(pick=st.integers(0, 10**6), ahead=st.integers(0, 3), back=st.integers(0, 3))
@@ -153,7 +154,7 @@ class OrdererMachine(RuleBasedStateMachine):
         self.g += ahead  # the gtm moved on meanwhile (else the tick could add nothing to the release)
         tick = self.g - back
         self.seed_released += self.seed.commit(t.gid, t.csn)
-        released = self.o.commit(t.gid, t.csn, tick=tick)
+        released = self.o.commit(t.gid, Csn(t.csn), tick=Csn(tick))
         self.tick_max = tick if self.tick_max is None else max(self.tick_max, tick)
         self._after(released)
 
@@ -168,7 +169,7 @@ class OrdererMachine(RuleBasedStateMachine):
 
     @rule()
     def tick(self) -> None:
-        self.o.tick(self.g)
+        self.o.tick(Csn(self.g))
         self.tick_max = self.g if self.tick_max is None else max(self.tick_max, self.g)
         self._after([])
 
@@ -176,7 +177,7 @@ class OrdererMachine(RuleBasedStateMachine):
     def stale_tick(self, back: int) -> None:
         """A lower bound below the known one adds nothing (derived ticks may lag)."""
         t = self.g - back
-        self.o.tick(t)
+        self.o.tick(Csn(t))
         self.tick_max = t if self.tick_max is None else max(self.tick_max, t)
         self._after([])
 
@@ -243,7 +244,7 @@ class OrdererMachine(RuleBasedStateMachine):
             else:
                 t.state = "committed"
                 self.seed_released += self.seed.commit(t.gid, t.csn)
-                self._after(self.o.commit(t.gid, t.csn))
+                self._after(self.o.commit(t.gid, Csn(t.csn)))
             self.check()
         committed = sorted(t.csn for t in self.txns.values() if t.state == "committed" and t.csn is not None)
         assert self.released == committed
@@ -260,10 +261,10 @@ TestOrderer = OrdererMachine.TestCase
 def test_seed_example_out_of_order_commit() -> None:
     """T1 takes 10, T2 takes 11, T2's commit record comes first: T2 waits for T1."""
     o: CsnOrderer[str] = CsnOrderer("dn1")
-    o.committing("t1", 9)
-    o.committing("t2", 9)
-    assert o.commit("t2", 11) == []
-    assert o.commit("t1", 10) == ["t1", "t2"]
+    o.committing("t1", Csn(9))
+    o.committing("t2", Csn(9))
+    assert o.commit("t2", Csn(11)) == []
+    assert o.commit("t1", Csn(10)) == ["t1", "t2"]
     assert o.last_released == 11
     o._check()
 
@@ -271,29 +272,29 @@ def test_seed_example_out_of_order_commit() -> None:
 def test_release_head_equal_to_committing_floor() -> None:
     """A head equal to the smallest committing CSN goes: that txn ends strictly above it."""
     o: CsnOrderer[str] = CsnOrderer("dn1")
-    o.committing("a", 5)
-    o.committing("b", 7)
-    assert o.commit("b", 8) == []  # a may still end with 6 or 7
+    o.committing("a", Csn(5))
+    o.committing("b", Csn(7))
+    assert o.commit("b", Csn(8)) == []  # a may still end with 6 or 7
     assert o.abort("a") == ["b"]
-    o.committing("c", 8)
-    o.committing("d", 9)
-    assert o.commit("d", 10) == []
-    assert o.commit("c", 9) == ["c", "d"]
+    o.committing("c", Csn(8))
+    o.committing("d", Csn(9))
+    assert o.commit("d", Csn(10)) == []
+    assert o.commit("c", Csn(9)) == ["c", "d"]
     o._check()
 
 
 def test_watermark_unknown_until_a_tick() -> None:
     o: CsnOrderer[str] = CsnOrderer("dn1")
     assert o.watermark is None
-    o.committing("a", 5)
+    o.committing("a", Csn(5))
     assert o.watermark is None
-    o.tick(7)
+    o.tick(Csn(7))
     assert o.watermark == 5  # min(tick 7, committing 5): a ends with a csn > 5
-    assert o.commit("a", 8) == ["a"]
+    assert o.commit("a", Csn(8)) == ["a"]
     assert o.watermark == 8  # the last released csn: nothing at or below it can come any more
-    o.tick(3)
+    o.tick(Csn(3))
     assert o.watermark == 8  # never decreases
-    o.tick(20)
+    o.tick(Csn(20))
     assert o.watermark == 20  # a tick promises later csns greater than it
     o._check()
 
@@ -306,19 +307,19 @@ def test_a_tick_of_the_current_csn_passes_the_last_csn_handed_out() -> None:
     would hold that transaction until the GTM hands out another CSN.
     """
     o: CsnOrderer[str] = CsnOrderer("dn2")
-    o.tick(11)
+    o.tick(Csn(11))
     assert o.watermark == 11
-    o.tick(12)
+    o.tick(Csn(12))
     assert o.watermark == 12
-    o.committing("a", 12)  # a commit after it still fits: its csn will be > 12
-    assert o.commit("a", 13) == ["a"]
+    o.committing("a", Csn(12))  # a commit after it still fits: its csn will be > 12
+    assert o.commit("a", Csn(13)) == ["a"]
     o._check()
 
 
 def test_commit_without_committing_is_accepted() -> None:
     """A stream that starts after a committing marker was logged still orders the commit."""
     o: CsnOrderer[str] = CsnOrderer("dn1")
-    assert o.commit("a", 5) == ["a"]
+    assert o.commit("a", Csn(5)) == ["a"]
     assert o.watermark == 5
     o._check()
 
@@ -374,6 +375,6 @@ def test_protocol_errors(setup, call, words) -> None:  # type: ignore[no-untyped
 
 def test_xid_keys_are_named_as_transactions() -> None:
     o: CsnOrderer[int] = CsnOrderer("dn1")
-    o.commit(745, 100)
+    o.commit(745, Csn(100))
     with pytest.raises(ProtocolError, match="transaction 746 committed with csn 90"):
-        o.commit(746, 90, lsn=0x16B3748, xid=746)
+        o.commit(746, Csn(90), lsn=Lsn(0x16B3748), xid=Xid(746))

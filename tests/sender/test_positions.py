@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csnd.core.errors import LsnOrderViolation, ProtocolError
+from csnd.core.ids import Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
@@ -57,7 +58,7 @@ def _commit(final: int = COMMIT) -> tuple[int, Commit]:
 
 
 def _relation() -> tuple[int, Relation]:
-    return 0, Relation(None, 16384, "public", "t", "d", (Column(1, "id", 23, -1),))  # type: ignore[arg-type]
+    return 0, Relation(None, 16384, "public", "t", "d", (Column(1, "id", 23, -1),))
 
 
 def test_equal_positions_are_legal() -> None:
@@ -123,7 +124,7 @@ def test_interleaved_transactions_and_relations_at_zero_are_legal() -> None:
         (0x100, StreamStart(746, True)),  # type: ignore[arg-type]
         _relation(),
         _run([0x600, 0x700], 746),
-        (0, StreamStop()),  # type: ignore[arg-type]
+        (0, StreamStop()),
         _begin(745, 0x900),  # a transaction that began earlier, sent whole at its commit
         _relation(),
         _run([0x300, 0x800]),
@@ -132,7 +133,7 @@ def test_interleaved_transactions_and_relations_at_zero_are_legal() -> None:
         (0x100, StreamStart(746, False)),  # type: ignore[arg-type]
         _relation(),
         _run([0x700, 0xA00], 748),
-        (0, StreamStop()),  # type: ignore[arg-type]
+        (0, StreamStop()),
         (0xB30, StreamCommit(746, 0, 0xB00, 0xB30, 5)),  # type: ignore[arg-type]
     )
     assert [t.xid for t in out] == [745, 746]
@@ -156,16 +157,16 @@ def test_positions_against_the_oracle(lsns: list[int], cuts: list[int], streamed
         i += n
     ns = NodeSender("dn1", "single")
     xid = 746 if streamed else None
-    head = [(0x100, StreamStart(746, True))] if streamed else [_begin(745, bound)]
+    head = [(0x100, StreamStart(Xid(746), True))] if streamed else [_begin(745, bound)]
     tail = (
-        [(0, StreamStop()), (bound + 0x30, StreamCommit(746, 0, bound, bound + 0x30, 5))]
+        [(0, StreamStop()), (bound + 0x30, StreamCommit(Xid(746), 0, Lsn(bound), Lsn(bound + 0x30), 5))]
         if streamed
         else [_commit(bound)]
     )
     items = [*head, *(_run(r, xid) for r in runs), *tail]
     if ok:
-        (txn,) = _feed(ns, *items)  # type: ignore[arg-type]
+        (txn,) = _feed(ns, *items)
         assert [lsn for _, lsn, _ in txn.changes] == lsns
     else:
         with pytest.raises(LsnOrderViolation):
-            _feed(ns, *items)  # type: ignore[arg-type]
+            _feed(ns, *items)

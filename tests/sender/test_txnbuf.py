@@ -74,7 +74,7 @@ def test_unread_release_and_close_free_the_file(tmp_path: Path) -> None:
         a.append(0, i, None, "y" * 50)
         b.append(0, i, None, "y" * 50)
     assert _open_spill_fds() == fds + 2
-    it = a.drain()
+    it = iter(a.drain())
     next(it)
     del it  # released, read only in part, then dropped
     gc.collect()

@@ -31,7 +31,7 @@ def log(tmp_path: object) -> Iterator[Changelog]:
 
 
 def drain(feed: Changefeed, n: int, timeout: float = 60.0) -> list[tuple[int, bytes]]:
-    out = []
+    out: list[tuple[int, bytes]] = []
     for _ in range(n):
         rec = feed.next(timeout=timeout)
         assert rec is not None, f"only {len(out)} of {n} transactions arrived"

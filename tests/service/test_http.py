@@ -326,7 +326,7 @@ def test_bad_listen_addresses_and_thresholds_are_config_errors() -> None:
 
 def test_history_keeps_a_bounded_ring_of_samples(served: Any) -> None:
     server, _ = served
-    for i in range(server.history._samples.maxlen + 5):  # type: ignore[operator]
+    for i in range(server.history._samples.maxlen + 5):
         server.history.add(float(i), _status(transactions=i))
     samples = server.history.samples()
     assert len(samples) == server.history._samples.maxlen

@@ -178,7 +178,8 @@ class RegistryMachine(RuleBasedStateMachine):
         super().__init__()
         self.reg = ConsumerRegistry.from_store({"kept": 7}, {"kept": ["public.acct"]})
         self.marks = {"kept": 7}  # model: name -> mark
-        self.filters = {"kept": ("public.acct",)}  # model: name -> its table filter (absent: every table)
+        # model: name -> its table filter (absent: every table)
+        self.filters: dict[str, tuple[str, ...]] = {"kept": ("public.acct",)}
         self.stored: dict[str, tuple[int, tuple[str, ...]]] = {"kept": (7, ("public.acct",))}
         self.live: dict[int, list[object]] = {}  # id -> [name, acked, sent]
         self.holder: dict[str, int] = {}

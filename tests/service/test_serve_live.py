@@ -73,10 +73,10 @@ def _id(row: witness.Row) -> int:
 
 def _ours(lines: list[str]) -> list[tuple[int, list[tuple[str, str, int]]]]:
     """(commit LSN, [(table, op, id)]) of each transaction a consumer received."""
-    out = []
+    out: list[tuple[int, list[tuple[str, str, int]]]] = []
     for line in lines:
         txn = json.loads(line)
-        changes = []
+        changes: list[tuple[str, str, int]] = []
         for ch in txn["changes"]:
             row = ch["new"] if ch["new"] is not None else ch["old"]
             changes.append((ch["table"], ch["op"], int(row["id"])))
@@ -272,7 +272,11 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
     try:
         for _ in range(2):
             before = served.newest_csn()
-            wait_for(lambda s=served, b=before: s.newest_csn() > b + 500, "the service under way")
+
+            def under_way(s: Served = served, b: int = before) -> bool:
+                return s.newest_csn() > b + 500
+
+            wait_for(under_way, "the service under way")
             # A catalog-only transaction (what autovacuum's auto-ANALYZE of `other` commits
             # under this load, at a moment of its choosing): no row changes, so not held,
             # and it must not count as committed either.

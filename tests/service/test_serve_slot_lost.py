@@ -138,7 +138,7 @@ def test_invalidated_slot_ends_the_service(small_wal_server: PgServer, tmp_path:
                     c.execute("SELECT pg_switch_wal()")
                 c.execute("CHECKPOINT")
                 row = c.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
-                return (row.fetchone() or ("",))[0] == "lost"
+                return bool((row.fetchone() or ("",))[0] == "lost")
 
             wait_for(lost, "the slot's wal_status to become lost", seconds=60, every=0.5)
         os.kill(served.proc.pid, signal.SIGCONT)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from csnd.coordinator.changelog import Changelog
+from csnd.coordinator.changelog import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
 from csnd.coordinator.changelog.log import SyncPoint
 from csnd.core.errors import CsndError
 from csnd.service.sink import ChangelogSink
@@ -19,8 +19,13 @@ CEILING = 60.0  # seconds: a bound on waiting for a state, never a timing assert
 class SlowDisk(Changelog):
     """A changelog whose fsync waits until the test lets it go (a disk busy with someone else's writes)."""
 
-    def __init__(self, directory: str, **kw: int) -> None:
-        super().__init__(directory, **kw)
+    def __init__(
+        self,
+        directory: str,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        index_interval: int = DEFAULT_INDEX_INTERVAL,
+    ) -> None:
+        super().__init__(directory, segment_bytes=segment_bytes, index_interval=index_interval)
         self.in_fsync = threading.Event()
         self.release = threading.Event()
         self.fail_with: OSError | None = None
@@ -56,7 +61,11 @@ def test_appends_go_on_while_a_sync_waits_for_the_disk(tmp_path: Path) -> None:
         first = sink.request_durable()
         assert log.in_fsync.wait(CEILING)
 
-        appender = threading.Thread(target=lambda: [sink.end_transaction(c, line(c)) for c in range(2, 40)])
+        def append_more() -> None:
+            for c in range(2, 40):
+                sink.end_transaction(c, line(c))
+
+        appender = threading.Thread(target=append_more)
         appender.start()
         appender.join(CEILING)
         assert not appender.is_alive(), "an append waited for the fsync"

@@ -202,7 +202,10 @@ def test_service_killed_and_restarted_mid_stream(tmp_path: object) -> None:
     try:
         for k in (1, 2):
             # kill only once the subscriber is provably under way past this point
-            wait_for(lambda k=k: os.path.getsize(out_path) > k * 300_000, "the subscriber's output to grow")
+            def grown(k: int = k) -> bool:
+                return os.path.getsize(out_path) > k * 300_000
+
+            wait_for(grown, "the subscriber's output to grow")
             server.kill()
             server.wait()
             server, _ = start(port)

@@ -38,7 +38,7 @@ def probes(records: Records) -> list[int]:
     return sorted(x for x in out if x >= 0)
 
 
-def test_empty_log(tmp_path: str) -> None:
+def test_empty_log(tmp_path: Path) -> None:
     with Changelog(str(tmp_path)) as log:
         assert (log.durable_csn, log.oldest_csn, log.newest_csn, log.segment_count) == (0, 0, 0, 0)
         assert list(log.read(0)) == [] and list(log.read(5)) == []
@@ -47,7 +47,7 @@ def test_empty_log(tmp_path: str) -> None:
         log._check()
 
 
-def test_round_trip_and_reads_from_every_csn(tmp_path: str) -> None:
+def test_round_trip_and_reads_from_every_csn(tmp_path: Path) -> None:
     records = [(c, payload(c)) for c in range(10, 3000, 7)]
     log = write_log(str(tmp_path), records, segment_bytes=4096, index_interval=512)
     assert log.segment_count > 5
@@ -81,7 +81,7 @@ def test_reads_match_oracle(
         assert list(log.read(0)) == records
 
 
-def test_records_are_invisible_until_sync(tmp_path: str) -> None:
+def test_records_are_invisible_until_sync(tmp_path: Path) -> None:
     with Changelog(str(tmp_path)) as log:
         log.append(5, b"a")
         log.append(6, b"b")
@@ -95,7 +95,7 @@ def test_records_are_invisible_until_sync(tmp_path: str) -> None:
         log._check()
 
 
-def test_append_refuses_csns_not_increasing(tmp_path: str) -> None:
+def test_append_refuses_csns_not_increasing(tmp_path: Path) -> None:
     with Changelog(str(tmp_path)) as log:
         log.append(5, b"a")
         for bad in (5, 4, 0, -1):
@@ -106,7 +106,7 @@ def test_append_refuses_csns_not_increasing(tmp_path: str) -> None:
         log.append(5, b"again")
 
 
-def test_segment_rolls_and_names(tmp_path: str) -> None:
+def test_segment_rolls_and_names(tmp_path: Path) -> None:
     records = [(c, b"y" * 100) for c in range(1000, 1100)]
     with write_log(str(tmp_path), records, segment_bytes=1000) as log:
         names = segments(str(tmp_path))
@@ -123,7 +123,7 @@ def test_segment_rolls_and_names(tmp_path: str) -> None:
 
 
 @pytest.mark.parametrize("damage", ["delete", "garbage", "truncate", "wrong_entry", "empty"])
-def test_index_rebuilt_when_missing_or_damaged(tmp_path: str, damage: str) -> None:
+def test_index_rebuilt_when_missing_or_damaged(tmp_path: Path, damage: str) -> None:
     records = [(c, payload(c)) for c in range(1, 800)]
     write_log(str(tmp_path), records, sync_every=100, segment_bytes=8192, index_interval=256).close()
     names = segments(str(tmp_path))
@@ -151,14 +151,14 @@ def test_index_rebuilt_when_missing_or_damaged(tmp_path: str, damage: str) -> No
         log._check()
     with Changelog(str(tmp_path), segment_bytes=8192, index_interval=256) as log:
         for n in names:  # rebuilt on disk too: the next open reads it as is
-            got = rec.decode_index(
-                (tmp_path / (n[:-4] + ".idx")).read_bytes(), rec.parse_segment_name(n)[1], 10**9
-            )  # type: ignore[index]
+            name = rec.parse_segment_name(n)
+            assert name is not None
+            got = rec.decode_index((tmp_path / (n[:-4] + ".idx")).read_bytes(), name[1], 10**9)
             assert got is not None
         assert list(log.read(400)) == expected(records, 400)
 
 
-def test_read_seeks_with_the_index(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_seeks_with_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read from the middle starts at the index entry before its CSN, never at the start of the log."""
     from csnd.coordinator.changelog import segment as sg
 
@@ -182,7 +182,7 @@ def test_read_seeks_with_the_index(tmp_path: str, monkeypatch: pytest.MonkeyPatc
         assert skipped - (start - rec.SEGMENT_HEAD) < 1024 + rec.FRAME_HEAD + 200
 
 
-def test_retention_by_size(tmp_path: str) -> None:
+def test_retention_by_size(tmp_path: Path) -> None:
     records = [(c, b"z" * 200) for c in range(1, 301)]
     log = write_log(str(tmp_path), records, segment_bytes=2000, retention_bytes=5000)
     total_before, count_before = log.size_bytes, log.segment_count
@@ -206,7 +206,7 @@ def test_retention_by_size(tmp_path: str) -> None:
             log.read(1)
 
 
-def test_retention_by_age_and_never_the_active_segment(tmp_path: str) -> None:
+def test_retention_by_age_and_never_the_active_segment(tmp_path: Path) -> None:
     clock = FakeClock()
     t0 = clock.now
     records = [(c, b"w" * 150) for c in range(1, 41)]
@@ -235,7 +235,7 @@ def test_retention_by_age_and_never_the_active_segment(tmp_path: str) -> None:
     log.close()
 
 
-def test_retention_by_age_keeps_young_segments(tmp_path: str) -> None:
+def test_retention_by_age_keeps_young_segments(tmp_path: Path) -> None:
     clock = FakeClock()
     with Changelog(
         str(tmp_path), segment_bytes=500, retention_hours=2.0, clock=clock, monotonic=clock
@@ -255,7 +255,7 @@ def test_retention_by_age_keeps_young_segments(tmp_path: str) -> None:
         )  # whole segments only
 
 
-def test_second_open_is_refused(tmp_path: str) -> None:
+def test_second_open_is_refused(tmp_path: Path) -> None:
     with Changelog(str(tmp_path)), pytest.raises(ConfigError, match="in use by another csnd") as e:
         Changelog(str(tmp_path))
     assert str(os.getpid()) in str(e.value) and str(tmp_path) in str(e.value)
@@ -266,16 +266,16 @@ def test_second_open_is_refused(tmp_path: str) -> None:
         Changelog(str(tmp_path / "file"))
 
 
-def test_errors_are_csnd_errors_and_pickle(tmp_path: str) -> None:
+def test_errors_are_csnd_errors_and_pickle(tmp_path: Path) -> None:
     e = ChangelogCorrupt("bad record crc", path="/d/x.log", offset=1234)
     assert isinstance(e, CsndError) and str(e) == "/d/x.log: bad record crc (at byte offset 1234)"
     e2 = pickle.loads(pickle.dumps(e))
     assert str(e2) == str(e) and (e2.path, e2.offset) == ("/d/x.log", 1234)
     o = pickle.loads(pickle.dumps(CsnOutOfRange("gone", csn=3, oldest_csn=9)))
-    assert isinstance(o, CsndError) and (o.csn, o.oldest_csn) == (3, 9)
+    assert isinstance(o, CsnOutOfRange) and isinstance(o, CsndError) and (o.csn, o.oldest_csn) == (3, 9)
 
 
-def test_subscription_store_survives_reopen(tmp_path: str) -> None:
+def test_subscription_store_survives_reopen(tmp_path: Path) -> None:
     s = SubscriptionStore(str(tmp_path))
     assert s.get("a") is None and s.all() == {}
     s.set("a", 10)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from tests.coordinator.changelog.helpers import payload
 CEILING = 120.0  # seconds: a generous bound on waiting for a state, never a timing assertion
 
 
-def test_tailing_reader_sees_each_record_once_after_it_is_durable(tmp_path: str) -> None:
+def test_tailing_reader_sees_each_record_once_after_it_is_durable(tmp_path: Path) -> None:
     n = 3000
     log = Changelog(str(tmp_path), segment_bytes=8192, index_interval=512)
     seen: list[list[int]] = [[], []]
@@ -55,7 +56,7 @@ def test_tailing_reader_sees_each_record_once_after_it_is_durable(tmp_path: str)
     assert seen == [list(range(1, n + 1))] * 2  # each reader: every record, once, in order
 
 
-def test_wait_durable_wakes_on_sync_and_close(tmp_path: str) -> None:
+def test_wait_durable_wakes_on_sync_and_close(tmp_path: Path) -> None:
     log = Changelog(str(tmp_path))
     woke: list[bool] = []
     t = threading.Thread(target=lambda: woke.append(log.wait_durable(0, CEILING)))
@@ -90,7 +91,7 @@ _CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("rounds", [4])
-def test_kill_9_keeps_every_synced_record(tmp_path: str, rounds: int) -> None:
+def test_kill_9_keeps_every_synced_record(tmp_path: Path, rounds: int) -> None:
     """A child appends and syncs in a loop and is SIGKILLed once it has synced records (and again,
     after reopening): the log always holds every CSN the child reported synced, as a gapless prefix."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -146,7 +147,7 @@ _UNSYNCED_CHILD = textwrap.dedent(
 
 
 def test_reopening_after_kill_9_fsyncs_what_it_adopts_before_calling_it_durable(
-    tmp_path: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After kill -9 the unsynced writes survive in the page cache and a reopen adopts them: it must
     fsync them (and the directory entries of the segments they created) before counting them durable,

@@ -17,6 +17,7 @@ reads as a log without it; the strict xfail at the end records that.)
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,7 +128,7 @@ def test_a_damaged_changelog_reads_right_or_is_corrupt(
     reason="a changelog record does not name the record before it (record.py): a whole record cut "
     "out of a segment leaves CSNs that still increase, and CRCs that still match",
 )
-def test_a_record_removed_from_the_middle_of_a_segment_is_corruption(tmp_path: str) -> None:
+def test_a_record_removed_from_the_middle_of_a_segment_is_corruption(tmp_path: Path) -> None:
     records = [(1, b"a"), (2, b"b"), (3, b"c")]
     write_log(str(tmp_path), records).close()
     ((path, recs),) = _records_of(str(tmp_path), records).items()

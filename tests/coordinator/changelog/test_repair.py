@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -77,7 +78,7 @@ def test_cut_at_every_byte_of_the_last_segment(
     shutil.rmtree(base)
 
 
-def test_torn_tail_is_cut_and_logged(tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_tail_is_cut_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     records = [(c, payload(c)) for c in range(1, 20)]
     write_log(str(tmp_path), records).close()
     (name,) = segments(str(tmp_path))
@@ -94,7 +95,7 @@ def test_torn_tail_is_cut_and_logged(tmp_path: str, caplog: pytest.LogCaptureFix
 
 
 @pytest.mark.parametrize("tail", ["zeros", "bad_crc_last", "garbage"])
-def test_tails_that_are_torn_writes(tmp_path: str, tail: str) -> None:
+def test_tails_that_are_torn_writes(tmp_path: Path, tail: str) -> None:
     """Zero-filled preallocation, a last record whose CRC fails, garbage after the last record: all cut."""
     records = [(c, payload(c)) for c in range(1, 20)]
     write_log(str(tmp_path), records).close()
@@ -154,7 +155,7 @@ def test_flipped_byte_before_the_tail_is_corruption(
     assert f"{path}:" in str(e.value) and f"byte offset {off}" in str(e.value)
 
 
-def test_damaged_record_followed_by_intact_ones_in_the_last_segment(tmp_path: str) -> None:
+def test_damaged_record_followed_by_intact_ones_in_the_last_segment(tmp_path: Path) -> None:
     records = [(c, payload(c)) for c in range(1, 30)]
     write_log(str(tmp_path), records).close()
     path, off = record_offsets(str(tmp_path), records)[10]
@@ -167,7 +168,7 @@ def test_damaged_record_followed_by_intact_ones_in_the_last_segment(tmp_path: st
         Changelog(str(tmp_path))
 
 
-def test_sealed_segment_cut_short_or_missing(tmp_path: str) -> None:
+def test_sealed_segment_cut_short_or_missing(tmp_path: Path) -> None:
     records = [(c, payload(c)) for c in range(1, 120)]
     write_log(str(tmp_path), records, segment_bytes=2000).close()
     names = segments(str(tmp_path))
@@ -185,7 +186,7 @@ def test_sealed_segment_cut_short_or_missing(tmp_path: str) -> None:
     assert e.value.path == os.path.join(str(tmp_path), names[2])
 
 
-def test_torn_segment_header_removes_the_new_segment(tmp_path: str) -> None:
+def test_torn_segment_header_removes_the_new_segment(tmp_path: Path) -> None:
     """A crash while a new segment was being created leaves a torn header: that segment goes, the log reopens."""
     records = [(c, b"r" * 100) for c in range(1, 40)]
     write_log(str(tmp_path), records, segment_bytes=1000).close()
