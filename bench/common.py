@@ -51,7 +51,7 @@ def pg_recvlogical_command(port: int, slot: str, publication: str) -> list[str]:
     """`pg_recvlogical` streaming pgoutput slot `slot` with csnd's own options (protocol 2, binary, streaming)."""
     cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
     cmd += ["-d", "postgres", "--slot", slot, "--start", "--no-loop", "-o", "proto_version=2"]
-    return cmd + ["-o", f"publication_names={publication}", "-o", "binary=true", "-o", "streaming=on"]
+    return [*cmd, "-o", f"publication_names={publication}", "-o", "binary=true", "-o", "streaming=on"]
 
 
 def pg_recvlogical_seconds(port: int, slot: str, publication: str, end_lsn: int) -> float:
@@ -60,7 +60,7 @@ def pg_recvlogical_seconds(port: int, slot: str, publication: str, end_lsn: int)
     The options are csnd's own (protocol 2, binary, streaming), and the
     output goes to /dev/null, so this is what the walsender can send.
     """
-    cmd = pg_recvlogical_command(port, slot, publication) + ["-E", lsn_to_str(end_lsn), "-f", "/dev/null"]
+    cmd = [*pg_recvlogical_command(port, slot, publication), "-E", lsn_to_str(end_lsn), "-f", "/dev/null"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
     return time.perf_counter() - t0

@@ -177,8 +177,18 @@ class Service:
         self._err_path = os.path.join(work, f"serve-{name}.err")
         self._err = open(self._err_path, "w")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
-            [*CSND, "serve", *sources, "--changelog", self.changelog, "--listen", "127.0.0.1:0"]
-            + ["--http", "127.0.0.1:0", *extra],
+            [
+                *CSND,
+                "serve",
+                *sources,
+                "--changelog",
+                self.changelog,
+                "--listen",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+                *extra,
+            ],
             stdout=subprocess.PIPE,
             stderr=self._err,
             text=True,

@@ -100,7 +100,7 @@ def _rows_at(rev: str) -> ModuleType:
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its annotations look their module up)
-    exec(compile(source, f"{rev}:decoder/rows.py", "exec"), module.__dict__)  # noqa: S102 - our own file
+    exec(compile(source, f"{rev}:decoder/rows.py", "exec"), module.__dict__)  # (our own file)
     return module
 
 

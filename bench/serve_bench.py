@@ -67,8 +67,18 @@ def _current(c: psycopg.Connection[Any]) -> int:
 
 def _serve(url: str, slot: str, changelog: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [*CSND, "serve", f"dn1={url}?slot={slot}&publication=bench", "--changelog", changelog]
-        + ["--listen", "127.0.0.1:0", "--decoders", "2", *extra],
+        [
+            *CSND,
+            "serve",
+            f"dn1={url}?slot={slot}&publication=bench",
+            "--changelog",
+            changelog,
+            "--listen",
+            "127.0.0.1:0",
+            "--decoders",
+            "2",
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -170,7 +180,7 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
     done = threading.Event()
     consumer = _consumer(address, lambda _line: arrivals.append(time.perf_counter()), done)
     recv = subprocess.Popen(
-        pg_recvlogical_command(server.port, twin, "bench") + ["-f", "/dev/null"],
+        [*pg_recvlogical_command(server.port, twin, "bench"), "-f", "/dev/null"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -185,9 +195,27 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
             _wait(lambda: _sent_lsn(c, twin) >= _current(c), "pg_recvlogical streaming")
             t0 = time.perf_counter()
             load = subprocess.run(
-                [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port)]
-                + ["-U", "postgres", "-c", str(STEADY_CLIENTS), "-j", "2", "-M", "prepared"]
-                + ["-T", str(STEADY_SECONDS), "-f", script_path, "postgres"],
+                [
+                    os.path.join(PG_BIN, "pgbench"),
+                    "-n",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(server.port),
+                    "-U",
+                    "postgres",
+                    "-c",
+                    str(STEADY_CLIENTS),
+                    "-j",
+                    "2",
+                    "-M",
+                    "prepared",
+                    "-T",
+                    str(STEADY_SECONDS),
+                    "-f",
+                    script_path,
+                    "postgres",
+                ],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -330,8 +358,17 @@ def cluster_latency(work: str, seconds: float = 20.0, writers: int = 4) -> dict[
                 c.execute("SELECT pg_create_logical_replication_slot('ours', 'pgoutput')")
         sources = [f"{n}={u}?slot=ours&publication=bench&mode=gtm" for n, u in urls.items()]
         proc = subprocess.Popen(
-            [*CSND, "serve", *sources, "--changelog", os.path.join(work, "log-cluster"), "--decoders", "1"]
-            + ["--listen", "127.0.0.1:0"],
+            [
+                *CSND,
+                "serve",
+                *sources,
+                "--changelog",
+                os.path.join(work, "log-cluster"),
+                "--decoders",
+                "1",
+                "--listen",
+                "127.0.0.1:0",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -353,8 +390,11 @@ def cluster_latency(work: str, seconds: float = 20.0, writers: int = 4) -> dict[
                     *[f"{n}={u}" for n, u in urls.items()],
                     "--writers",
                     str(writers),
-                ]
-                + ["--duration", str(seconds), "--out", committed],
+                    "--duration",
+                    str(seconds),
+                    "--out",
+                    committed,
+                ],
                 check=True,
                 capture_output=True,
             )

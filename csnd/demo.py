@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -178,7 +179,7 @@ def _check_delivery(committed_path: str, subscribed_path: str) -> tuple[int, int
     once = sum(1 for g in committed if seen.get(g) == 1)
     lost = sum(1 for g in committed if g not in seen)
     doubled = sum(1 for n in seen.values() if n > 1)
-    return len(committed), once, lost, doubled, all(a < b for a, b in zip(csns, csns[1:], strict=False))
+    return len(committed), once, lost, doubled, all(a < b for a, b in itertools.pairwise(csns))
 
 
 def _source_rows(urls: dict[str, str]) -> dict[str, Any]:
@@ -215,7 +216,7 @@ def run_demo(args: argparse.Namespace) -> int:
             servers = os.path.join(out, "servers")
             os.makedirs(servers)
             cluster = start_cluster(args.nodes, base_dir=servers)
-        except Exception as e:  # noqa: BLE001 - any reason PostgreSQL cannot run here
+        except Exception as e:  # (any reason PostgreSQL cannot run here)
             _say(
                 f"PostgreSQL cannot start here ({str(e).splitlines()[0]}); serving a generated cluster instead"
             )
@@ -264,8 +265,11 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
                     "demo_pub",
                     "--mode",
                     "gtm",
-                ]
-                + ["--listen", "127.0.0.1:0", "--decoders", "1"],
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--decoders",
+                    "1",
+                ],
             )
             log = os.path.join(out, f"agent-{n}.log")
             _wait(lambda log=log: "listening on" in _read(log), f"node agent {n}", 120)
@@ -274,8 +278,19 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
             _say(f"node agent {n} (pid {agent.pid}) serves its pipeline on {address}")
     serve = procs.start(
         "serve",
-        [*CSND, "serve", *sources, "--changelog", os.path.join(out, "changelog"), "--decoders", "1"]
-        + ["--listen", "127.0.0.1:0", "--http", args.http],
+        [
+            *CSND,
+            "serve",
+            *sources,
+            "--changelog",
+            os.path.join(out, "changelog"),
+            "--decoders",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            args.http,
+        ],
         stdout=subprocess.PIPE,
     )
     address = _ready_line(serve, "csnd serve: listening on ")
@@ -292,9 +307,19 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
         spark = procs.start(
             "spark",
-            [sys.executable, "-m", "csnd.consumers.examples.current_state", "--target", address]
-            + ["--table", TABLE, "--checkpoint", os.path.join(out, "spark-checkpoint")]
-            + ["--postgres", copy_dsn],
+            [
+                sys.executable,
+                "-m",
+                "csnd.consumers.examples.current_state",
+                "--target",
+                address,
+                "--table",
+                TABLE,
+                "--checkpoint",
+                os.path.join(out, "spark-checkpoint"),
+                "--postgres",
+                copy_dsn,
+            ],
             env=env,
         )
         _say(
@@ -303,8 +328,20 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
     committed = os.path.join(out, "committed.jsonl")
     workload = procs.start(
         "workload",
-        [*CSND, "workload", "--nodes", *[f"{n}={u}" for n, u in urls.items()], "--writers", str(args.writers)]
-        + ["--rate", str(args.rate), "--duration", str(args.duration), "--out", committed],
+        [
+            *CSND,
+            "workload",
+            "--nodes",
+            *[f"{n}={u}" for n, u in urls.items()],
+            "--writers",
+            str(args.writers),
+            "--rate",
+            str(args.rate),
+            "--duration",
+            str(args.duration),
+            "--out",
+            committed,
+        ],
     )
     _say(
         f"{args.writers} writer processes commit distributed transactions for {args.duration:.0f}s (Ctrl-C ends early)"
@@ -374,8 +411,17 @@ def _generated(args: argparse.Namespace, out: str, procs: _Procs) -> int:
     files = [os.path.join(cluster, f"dn{i + 1}.pgstream") for i in range(args.nodes)]
     serve = procs.start(
         "serve",
-        [*CSND, "serve", *files, "--changelog", os.path.join(out, "changelog"), "--listen", "127.0.0.1:0"]
-        + ["--http", args.http],
+        [
+            *CSND,
+            "serve",
+            *files,
+            "--changelog",
+            os.path.join(out, "changelog"),
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            args.http,
+        ],
         stdout=subprocess.PIPE,
     )
     address = _ready_line(serve, "csnd serve: listening on ")

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from csnd.decoder import values as V
 
-__all__ = ["BinaryJson", "TextJson", "binary_json", "text_json", "encode_value"]
+__all__ = ["BinaryJson", "TextJson", "binary_json", "encode_value", "text_json"]
 
 BinaryJson = Callable[[bytes], str]
 TextJson = Callable[[str], str]
@@ -94,11 +94,8 @@ _DIGITS: Final = frozenset("0123456789")
 def _jsonb_text(text: str) -> str:
     """jsonb_out's text is already the JSON value: checked only at its two ends."""
     first, last = text[:1], text[-1:]
-    if (
-        _JSON_ENDS.get(first) == last
-        and len(text) > 1
-        or (first == "-" or first in _DIGITS)
-        and last in _DIGITS
+    if (_JSON_ENDS.get(first) == last and len(text) > 1) or (
+        (first == "-" or first in _DIGITS) and last in _DIGITS
     ):
         return text
     raise ValueError(f"jsonb text {text[:40]!r} is not one JSON value")

@@ -312,7 +312,7 @@ class DecoderPool:
                     ):
                         cut()
             cut()
-        except BaseException as e:  # noqa: BLE001 - handed to the collector
+        except BaseException as e:  # (handed to the collector)
             self._reader_error = e
         finally:
             # A source left mid-stream (a stop) ends here, in the thread that ran it:

@@ -341,7 +341,7 @@ def _row_wire(table: Table, data: bytes, pos: int) -> tuple[str, str, int] | Non
                 pos += 1
             else:
                 return None
-    except Exception:  # noqa: BLE001 - any failure: the checked path raises the precise error
+    except Exception:  # (any failure: the checked path raises the precise error)
         return None
     return "{" + ", ".join(parts) + "}", _unchanged_json(unchanged), pos
 
@@ -392,7 +392,7 @@ def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], bin
         namespace[f"binary{i}"] = binary
         namespace[f"text{i}"] = text
     namespace["ROW"] = "{" + ", ".join(key.replace("%", "%%") + "%s" for key, _, _ in columns) + "}"
-    exec(_row_reader_code(len(columns), binary_first), namespace)  # noqa: S102 - see above
+    exec(_row_reader_code(len(columns), binary_first), namespace)  # (see above)
     return namespace["read_row"]  # type: ignore[return-value]
 
 

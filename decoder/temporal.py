@@ -154,7 +154,7 @@ _INFINITIES: Final = frozenset(("infinity", "-infinity"))
 
 
 def date_text(text: str) -> str:
-    if len(text) == 10 and text[4] == "-" and text[7] == "-" or text in _INFINITIES:
+    if (len(text) == 10 and text[4] == "-" and text[7] == "-") or text in _INFINITIES:
         return text
     m = _DATE_TEXT.fullmatch(text)
     if m is None:

@@ -93,7 +93,7 @@ def worker_main(
         except CsndError as e:
             failed = e.where(node=node)
             reply = ("error", (failed, traceback.format_exc()))
-        except Exception as e:  # noqa: BLE001 - a bug: its traceback travels as the error's __cause__
+        except Exception as e:  # (a bug: its traceback travels as the error's __cause__)
             failed = InternalError(f"decoder worker {index} crashed: {e!r}", node=node)
             reply = ("error", (failed, traceback.format_exc()))
         try:

@@ -45,7 +45,7 @@ WORDS: Final = (
     "{braces}",
     " spaced ",
     "O'Brien",
-    "ℕ ⊆ ℤ",
+    "ℕ ⊆ ℤ",  # noqa: RUF001 (symbols that look like letters, on purpose)
     "e\u0301",  # combining accent
     "",
 )

@@ -100,7 +100,7 @@ class ShutdownProbe:
             if refuses_as_stopping(e):
                 self.stopping.set()
             return
-        except Exception:  # noqa: BLE001 - a probe says "stopping" or nothing
+        except Exception:  # (a probe says "stopping" or nothing)
             return
         with contextlib.suppress(Exception):  # (closing a probe connection)
             conn.close()

@@ -22,6 +22,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 
@@ -67,7 +68,7 @@ def split_range(
         k = min(parts, span)
         cuts = [lo + (span * i) // k for i in range(1, k)]
     bounds = [start, *sorted(set(c for c in cuts if start < c < end)), end]
-    return list(zip(bounds, bounds[1:], strict=False))
+    return list(itertools.pairwise(bounds))
 
 
 def end_after(start: int, csns: Sequence[int], limit: int | None, newest: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import threading
 import time
@@ -158,7 +159,7 @@ class Changelog:
             if parsed is not None:
                 found.append((*parsed, name))
         found.sort()
-        for (s1, _, _), (s2, _, n2) in zip(found, found[1:], strict=False):
+        for (s1, _, _), (s2, _, n2) in itertools.pairwise(found):
             if s2 != s1 + 1:
                 what = f"segments {s1 + 1} to {s2 - 1} are missing" if s2 > s1 else f"another segment is {s1}"
                 raise ChangelogCorrupt(
@@ -542,12 +543,12 @@ class Changelog:
         segs = self._segments
         for seg in segs:
             seg._check()
-        for a, b in zip(segs, segs[1:], strict=False):
+        for a, b in itertools.pairwise(segs):
             assert b.seq == a.seq + 1 and b.prev_csn == a.w_last_csn and b.first_csn > a.w_last_csn
             assert a.end == a.written or a in self._dirty
         view = self._view
         assert list(view) == [s for s in segs if s.last_csn][: len(view)]
-        assert self._durable_csn == (view[-1].last_csn if view else 0) or not view and not self._durable_csn
+        assert self._durable_csn == (view[-1].last_csn if view else 0) or (not view and not self._durable_csn)
         assert self._appended_csn >= self._durable_csn
         assert self._appended_csn == (
             self._pending_meta[-1][0] if self._pending_meta else segs[-1].w_last_csn if segs else 0

@@ -80,7 +80,7 @@ class Segment:
     def _check(self) -> None:
         assert rec.SEGMENT_HEAD <= self.end <= self.written
         assert self.prev_csn < self.first_csn <= self.w_last_csn or self.written == rec.SEGMENT_HEAD
-        assert self.last_csn <= self.w_last_csn and self.last_time <= self.w_last_time or not self.last_csn
+        assert (self.last_csn <= self.w_last_csn and self.last_time <= self.w_last_time) or not self.last_csn
         assert len(self.index_csns) == len(self.index_offs) and self.durable_n <= len(self.index_csns)
         if self.index_csns:
             assert self.index_csns[0] == self.first_csn and self.index_offs[0] == rec.SEGMENT_HEAD

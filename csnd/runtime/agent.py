@@ -106,7 +106,7 @@ class AgentState:
                         self.end = pb.AgentMessage(end=end_to_pb(item.error))
                         self.cond.notify_all()
                     return
-        except BaseException as e:  # noqa: BLE001 - reported to the coordinator
+        except BaseException as e:  # (reported to the coordinator)
             with self.cond:
                 self.end = pb.AgentMessage(end=end_to_pb(e))
                 self.cond.notify_all()
@@ -182,11 +182,11 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
     def __init__(self, state: AgentState) -> None:
         self.state = state
 
-    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.Hello:  # noqa: N802
+    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.Hello:
         pipe = self.state.pipeline
         return pb.Hello(node=pipe.node, mode=pipe.mode, binary=pipe.source.binary)
 
-    def Stream(  # noqa: N802
+    def Stream(
         self, request_iterator: Iterator[pb.CoordinatorMessage], context: grpc.ServicerContext
     ) -> Iterator[pb.AgentMessage]:
         state = self.state
@@ -221,7 +221,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
                         state.ack(got, a.confirm_lsn, a.final)
                         if a.final:
                             break
-            except Exception:  # noqa: BLE001, S110 - the stream broke: the subscriber is gone
+            except Exception:  # (the stream broke: the subscriber is gone)
                 pass
             finally:
                 active.clear()

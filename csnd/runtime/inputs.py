@@ -182,7 +182,7 @@ class NodePipeline:
             where = getattr(self.source, "path", None) or "its source"
             err = CsndError(f"cannot read {where}: {e.strerror or e}", node=self.node)
             self._put([*released, EndItem(err)])
-        except BaseException as e:  # noqa: BLE001 - handed to the coordinator thread
+        except BaseException as e:  # (handed to the coordinator thread)
             self._put([*released, EndItem(e)])
 
     def stop(self) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class OutputClosed(Exception):  # noqa: N818 - a stop, not an error
+class OutputClosed(Exception):  # (a stop, not an error)
     """The sink's reader went away (`csnd replay ... | head -3`): the run stops quietly, confirming nothing more."""
 
 

@@ -322,14 +322,14 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
                 self.request.do_handshake()  # (here, in this connection's thread)
             super().setup()
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: Any) -> None:  # (the base class's name)
             log.debug("http %s: " + format, self.address_string(), *args)
 
-        def do_HEAD(self) -> None:  # noqa: N802 - the base class's name
+        def do_HEAD(self) -> None:  # (the base class's name)
             self._head = True
             self.do_GET()
 
-        def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        def do_GET(self) -> None:  # (the base class's name)
             url = urlsplit(self.path)
             try:
                 if url.path == "/healthz":
@@ -361,7 +361,7 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
                 log.exception("http %s failed", url.path)
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, f"csnd: internal error: {e}\n".encode(), _TEXT)
 
-        def do_POST(self) -> None:  # noqa: N802 - the base class's name
+        def do_POST(self) -> None:  # (the base class's name)
             """`/login`: the dashboard's form posts the token; a good one gets the session cookie."""
             if urlsplit(self.path).path != "/login":
                 self._send(HTTPStatus.NOT_FOUND, b"csnd: no such page\n", _TEXT)

@@ -380,7 +380,7 @@ class Service:
                     )
                     if self._stop.wait(wait):
                         return
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:  # (reported by the main thread)
             self._failure = e
             for w in self.watches.values():
                 if getattr(e, "node", None) in (None, w.name):

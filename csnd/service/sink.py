@@ -166,7 +166,7 @@ class ChangelogSink:
         try:
             while self._sync_asked():
                 pass
-        except BaseException as e:  # noqa: BLE001 - raised in the runtime's thread
+        except BaseException as e:  # (raised in the runtime's thread)
             with self._changed:
                 self._fail(e)
 

@@ -279,7 +279,7 @@ class NodeSnapshot:
                 if self.on_chunk_start is not None:
                     self.on_chunk_start(chunk)
                 done(ChunkResult(chunk, self.node, self._copy(conn, chunk, cache)))
-            except BaseException as e:  # noqa: BLE001 - handed to the run, which ends the snapshot
+            except BaseException as e:  # (handed to the run, which ends the snapshot)
                 if isinstance(e, CsndError) and not isinstance(e, SnapshotError):
                     e = self._error(e.message, chunk.table.label)
                 done(e)

@@ -97,7 +97,7 @@ class SnapshotRun:
                     reader.feed(c)
                 planned += len(chunks)
             self._put((reader.node, planned))  # (this node's chunk count: its planning is over)
-        except BaseException as e:  # noqa: BLE001 - ends the run in its thread
+        except BaseException as e:  # (ends the run in its thread)
             self._put(e)
         finally:
             reader.feed(None)

@@ -76,7 +76,7 @@ def job(target: str, tmp: Any, pg: PgDatabase, max_transactions: int, *extra: st
     ]  # fmt: skip
     return subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "job.log", "ab"), start_new_session=True
-    )  # noqa: SIM115
+    )
 
 
 def batches_done(pg: PgDatabase) -> int:
@@ -194,7 +194,7 @@ def test_each_change_is_applied_by_its_own_key_unless_overridden() -> None:
     apply_changes(state, [c for _, _, c in changes_of(rows, ["b"])])
     assert state == {'["x"]': {"a": 1, "b": "x"}, '["y"]': {"a": 3, "b": "y"}}
     # a change whose stream names no key (REPLICA IDENTITY NOTHING, an old changelog) needs --key
-    with pytest.raises(ValueError, match="the insert at csn 5 .* names no key columns.*--key"):
+    with pytest.raises(ValueError, match=r"the insert at csn 5 .* names no key columns.*--key"):
         changes_of([_row(5, "insert", None, '{"a": 1}', [])])
     with pytest.raises(ValueError, match="names no key columns"):
         changes_of([_row(5, "insert", None, '{"a": 1}', None)])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ def test_split_covers_the_range_exactly(
             continue
         assert 1 <= len(ranges) <= parts
         assert ranges[0][0] == start and ranges[-1][1] == end
-        for (lo, hi), (lo2, _) in zip(ranges, ranges[1:], strict=False):
+        for (lo, hi), (lo2, _) in itertools.pairwise(ranges):
             assert lo < hi == lo2  # contiguous, none empty by CSN
         # Every transaction of the range lands in exactly one partition.
         for csn in txns:

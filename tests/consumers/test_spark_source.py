@@ -169,7 +169,7 @@ def test_stream_in_whole_transactions_resumes_from_its_checkpoint(
 def test_bad_options_and_unreachable_target_are_one_clear_error(spark: Any, served: Served) -> None:
     with pytest.raises(
         Exception,
-        match="(?i)unknown option 'maxTransactionPerTrigger'; the known options are: target, startingCsn",
+        match=r"(?i)unknown option 'maxTransactionPerTrigger'; the known options are: target, startingCsn",
     ):
         spark.readStream.format("csnd").option("target", served.target).option(
             "maxTransactionPerTrigger", "5"

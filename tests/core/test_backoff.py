@@ -150,7 +150,7 @@ def test_the_ceiling_doubles_to_the_cap_and_flowing_resets_it() -> None:
     assert [b.failed() for _ in range(7)] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
     b.flowing()
     assert b.down_since is None and b.failed() == 0.2
-    with pytest.raises(ValueError, match="random source gave 1.5"):
+    with pytest.raises(ValueError, match=r"random source gave 1\.5"):
         Backoff(lambda: 0.0, first=1, cap=2, give_up=None, random=lambda: 1.5).failed()
     with pytest.raises(ValueError, match="0 < first <= cap"):
         Backoff(lambda: 0.0, first=3, cap=2, give_up=None)

@@ -79,7 +79,7 @@ _MUTATIONS = [
     lambda t: re.sub(r"(\d)$", r"_\1", t),  # 1_000
     lambda t: re.sub(r" (\d+)$", r" -\1", t),  # a sign
     lambda t: re.sub(r" (\d+)$", r" +\1", t),
-    lambda t: re.sub(r" (\d+)$", r" ١\1", t),  # a non-ascii digit
+    lambda t: re.sub(r" (\d+)$", r" ١\1", t),  # noqa: RUF001 (a non-ascii digit, on purpose)
     lambda t: re.sub(r" (\d+)$", r" 0x\1", t),
     lambda t: t.split(" ")[0],  # fields missing
     lambda t: t + " 1",  # one too many

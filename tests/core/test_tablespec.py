@@ -24,5 +24,5 @@ def test_parse_table(spec: str, expect: tuple[str, str | None]) -> None:
 
 @pytest.mark.parametrize("spec", ["acct", "", ".acct", "public.", "a.b.c", 'a."b', "a b.c", "*.acct"])
 def test_parse_table_refuses(spec: str) -> None:
-    with pytest.raises(ValueError, match="is not SCHEMA.TABLE"):
+    with pytest.raises(ValueError, match=r"is not SCHEMA\.TABLE"):
         parse_table(spec)

@@ -366,7 +366,7 @@ def test_types_sent_as_text_in_binary_streams_are_fine() -> None:
     assert got.body.endswith('"new": {"id": 1, "acl": "a=r/b", "n": "nm"}')
     # and a binary value of a text-only type in a stream said to be text is refused
     text_cache = cache_with(relation(2, ("amount", 790, False)), binary=False)
-    with pytest.raises(DecodeError, match='column "amount" of type money .* arrived in binary form'):
+    with pytest.raises(DecodeError, match=r'column "amount" of type money .* arrived in binary form'):
         decode_change(change(p.encode_insert(2, [b"\x00" * 8])), Lsn(5), text_cache, False)
 
 
@@ -410,9 +410,9 @@ def test_corrupt_changes() -> None:
         decode_change(change(p.encode_delete(16384, [I8], "K")), Lsn(0), cache, True)
     with pytest.raises(DecodeError, match=r"update of public.acct \(relid 16384\): update data truncated"):
         decode_change(Change("U", None, 16384, b"K\x00\x00"), Lsn(0x20), cache, True)
-    with pytest.raises(DecodeError, match="old key of public.acct .* has an unchanged TOAST value"):
+    with pytest.raises(DecodeError, match=r"old key of public\.acct .* has an unchanged TOAST value"):
         decode_change(change(p.encode_delete(16384, [UNCHANGED, None, None], "K")), Lsn(0), cache, True)
-    with pytest.raises(DecodeError, match="old row of public.acct .* has unchanged TOAST values"):
+    with pytest.raises(DecodeError, match=r"old row of public\.acct .* has unchanged TOAST values"):
         decode_change(change(p.encode_delete(16384, [I8, UNCHANGED, None], "O")), Lsn(0), cache, True)
     with pytest.raises(DecodeError, match="unknown change kind 'X'"):
         decode_change(Change("X", None, 16384, b""), Lsn(0), cache, True)

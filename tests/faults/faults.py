@@ -104,14 +104,14 @@ def pg_restart(run: Run) -> None:
     server = run.cluster.server(node)
     ctl = [os.path.join(PG_BIN, "pg_ctl"), "-D", server.data_dir, "-w", "-t", str(STOP_S)]
     t0 = time.monotonic()
-    stopped = server._run(*ctl, "-m", mode, "stop", check=False)  # noqa: SLF001 (as the server's user)
+    stopped = server._run(*ctl, "-m", mode, "stop", check=False)  # (as the server's user)
     if stopped.returncode != 0:
         run.outcome.problems.append(
             f"stalled: pg_ctl stop -m {mode} of {node} did not finish in {time.monotonic() - t0:.0f}s while "
             f"csnd streamed ({stopped.stdout.strip()[-60:]} {stopped.stderr.strip()}); csnd status then: "
             f"{run.diagnose()}; server log: {server.log_tail(6)}"
         )
-        server._run(*ctl, "-m", "immediate", "stop", check=False)  # noqa: SLF001 (the run goes on)
+        server._run(*ctl, "-m", "immediate", "stop", check=False)  # (the run goes on)
         run.outcome.detail += "; stopped -m immediate after the fast stop failed"
     server.start()
     if node == run.cluster.names[0]:  # the GTM's server: the ticker's session is gone

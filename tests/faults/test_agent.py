@@ -42,8 +42,19 @@ REGRESSIONS: list[int] = []  # seeds that once failed
 def _start_agent(pg: PgDatabase, listen: str, log: Path) -> tuple[subprocess.Popen[str], str]:
     err = open(log, "a")  # noqa: SIM115
     proc = subprocess.Popen(
-        [*CSND, "node", f"dn1={pg.url}", "--listen", listen, "--slot", "csnd", "--publication", "fx_pub"]
-        + ["--decoders", "1"],
+        [
+            *CSND,
+            "node",
+            f"dn1={pg.url}",
+            "--listen",
+            listen,
+            "--slot",
+            "csnd",
+            "--publication",
+            "fx_pub",
+            "--decoders",
+            "1",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -109,8 +120,16 @@ def test_agent_kill(pg: PgDatabase, tmp_path: Path, seed: int) -> None:
             str(pg.server.port),
             "-U",
             "postgres",
-        ]
-        + ["-c", "2", "-R", "400", "-T", "6", "-f", str(script), pg.name],
+            "-c",
+            "2",
+            "-R",
+            "400",
+            "-T",
+            "6",
+            "-f",
+            str(script),
+            pg.name,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -127,7 +146,7 @@ def test_agent_kill(pg: PgDatabase, tmp_path: Path, seed: int) -> None:
                     "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'"
                 )
                 newest = int(http_status(served, timeout=2)["changelog"].get("newest_csn", 0))
-            except Exception:  # noqa: BLE001 - the next round
+            except Exception:  # (the next round)
                 continue
             readings.append((lsn_from_str(str(c)), newest))
             if fault_at and not recovered_at and newest > target[0]:

@@ -130,7 +130,7 @@ class Writer:
         self.changes = {}
         try:
             getattr(self, f"_{kind}")(t)
-            if pause is not None and len(t._touched) < 2:  # noqa: SLF001
+            if pause is not None and len(t._touched) < 2:
                 t.rollback()  # (the pause is for a multi-node transaction; try again)
                 return
             if kind == "rollback":

@@ -347,7 +347,7 @@ def test_overrides_and_stale_files(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         generate_cluster(tmp_path, 2, 10, no_such_option=1)
     generate_cluster(tmp_path, 2, 10, seed=2)  # same names: overwritten
-    with pytest.raises(FileExistsError, match="dn2.pgstream"):
+    with pytest.raises(FileExistsError, match=r"dn2\.pgstream"):
         generate_cluster(tmp_path, 1, 10)
     with pytest.raises(ValueError, match="concurrency must be >= 1"):
         generate_cluster(tmp_path, 2, 10, concurrency=0)

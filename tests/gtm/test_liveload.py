@@ -8,6 +8,7 @@ ticker's watermarks must reach an idle node's slot.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -55,7 +56,7 @@ def test_workload_against_witness(
             csns = [t.csn for t in w.commits]
             assert all(t.gid is not None for t in w.commits), "every committed change carries a commit marker"
             out_of_order += sum(
-                1 for a, b in zip(csns, csns[1:], strict=False) if a is not None and b is not None and a > b
+                1 for a, b in itertools.pairwise(csns) if a is not None and b is not None and a > b
             )
             for t in w.commits:
                 assert t.gid is not None

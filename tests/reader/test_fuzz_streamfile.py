@@ -142,7 +142,7 @@ def test_noise_after_a_header_reads_or_is_one_csnd_error(tmp_path: Path, noise: 
         with contextlib.suppress(CsndError):
             _read(path, raw_changes, 64)
     path.write_bytes(noise[:7] + b"!" + noise[8:])  # the noise as a whole file (never a magic: byte 8)
-    with pytest.raises(StreamFormatError, match="magic|header"):
+    with pytest.raises(StreamFormatError, match=r"magic|header"):
         RecordedSource(str(path))
 
 

@@ -162,7 +162,7 @@ def test_restart_in_the_middle_of_a_capture(pg: PgDatabase, tmp_path: Path) -> N
     def capture() -> None:
         try:
             result["summary"] = record(src, str(out), progress=None)
-        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as e:  # (reported by the assertion below)
             result["error"] = e
 
     t = threading.Thread(target=capture)

@@ -112,7 +112,7 @@ def test_publication_dropped_under_a_flowing_stream_is_permanent(pg: PgDatabase,
     def capture() -> None:
         try:
             record(src, str(tmp_path / "p.pgstream"), progress=None)
-        except BaseException as e:  # noqa: BLE001 - checked below
+        except BaseException as e:  # (checked below)
             result["error"] = e
 
     t = threading.Thread(target=capture)

@@ -79,8 +79,20 @@ def test_append_refuses_another_kind_of_recording(pg: PgDatabase, tmp_path: Path
     out = tmp_path / "a.pgstream"
     assert _record_cli(pg, out, pg.current_lsn()).returncode == 0  # (--text)
     proc = subprocess.run(
-        [*CSND, "record", f"dn1={pg.url}", "--slot", "csnd", "--publication", "csnd_pub"]
-        + ["--until-lsn", pg.current_lsn(), "--out", str(out), "--append"],
+        [
+            *CSND,
+            "record",
+            f"dn1={pg.url}",
+            "--slot",
+            "csnd",
+            "--publication",
+            "csnd_pub",
+            "--until-lsn",
+            pg.current_lsn(),
+            "--out",
+            str(out),
+            "--append",
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -119,7 +131,7 @@ def test_record_to_a_device_or_fifo_writes_it_directly(pg: PgDatabase, tmp_path:
     pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput', false)")
     workload.run(pg.dsn, rounds=1, seed=2)
     end = pg.current_lsn()
-    with subprocess.Popen(["cat", str(fifo)], stdout=open(copy, "wb")) as cat:  # noqa: SIM115
+    with subprocess.Popen(["cat", str(fifo)], stdout=open(copy, "wb")) as cat:
         proc = _record_cli(pg, fifo, end)
         cat.wait(60)
     assert proc.returncode == 0, proc.stderr

@@ -93,7 +93,7 @@ def _resend(items: list[Item], confirmed: int) -> list[Item]:
             txn_end[m.xid] = m.end_lsn
     cur: int | None = None
     for item in items[1:]:
-        lsn, m, _ = item
+        _, m, _ = item
         if isinstance(m, (p.Begin, p.StreamStart, p.StreamAbort, p.StreamCommit)):
             cur = m.xid
         if isinstance(m, p.LogicalMessage) and not m.transactional:

@@ -156,7 +156,7 @@ def test_a_fast_shutdown_is_not_held_by_an_unconfirmed_stream_which_then_resumes
                             int(msg.data[-1:].decode())
                         )  # (text mode: the one digit ends the tuple)
                         arrived.notify_all()
-        except BaseException as e:  # noqa: BLE001 - checked below
+        except BaseException as e:  # (checked below)
             failure.append(e)
 
     def wait_for(n: int) -> None:

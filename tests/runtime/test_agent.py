@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -36,8 +37,18 @@ sys.exit(serve(cli.node_config(args), after_batch=(lambda: time.sleep(delay)) if
 class Agent:
     def __init__(self, source: str, port: int = 0, delay_s: float = 0.0, extra: tuple[str, ...] = ()) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", AGENT, str(delay_s), source, "--listen", f"127.0.0.1:{port}"]
-            + ["--decoders", "1", *extra],
+            [
+                sys.executable,
+                "-c",
+                AGENT,
+                str(delay_s),
+                source,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--decoders",
+                "1",
+                *extra,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -224,7 +235,7 @@ def test_an_agent_on_a_live_node_confirms_its_slot_only_as_the_coordinator_says(
         proc = replay(agent.url, "--output", str(out))
         assert proc.returncode == 0, proc.stderr
         docs = [json.loads(ln) for ln in out.read_text(encoding="utf-8").splitlines()]
-        assert docs and all(a["csn"] < b["csn"] for a, b in zip(docs, docs[1:], strict=False))
+        assert docs and all(a["csn"] < b["csn"] for a, b in itertools.pairwise(docs))
         seen.append({d["nodes"]["dn1"]["xid"] for d in docs})
         last_commit = lsn_from_str(docs[-1]["nodes"]["dn1"]["commit_lsn"])
         deadline = time.monotonic() + 120

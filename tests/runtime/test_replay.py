@@ -557,8 +557,19 @@ def test_enums_decode_in_binary_mode_live_and_recorded(pg: PgDatabase, tmp_path:
     ]
     rec = tmp_path / "dn1.pgstream"
     proc = subprocess.run(
-        [*CSND, "record", f"dn1={pg.url}", "--slot", "rec", "--publication", "csnd_pub"]
-        + ["--until-lsn", end, "--out", str(rec)],
+        [
+            *CSND,
+            "record",
+            f"dn1={pg.url}",
+            "--slot",
+            "rec",
+            "--publication",
+            "csnd_pub",
+            "--until-lsn",
+            end,
+            "--out",
+            str(rec),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

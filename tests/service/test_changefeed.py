@@ -92,7 +92,7 @@ def test_table_filters(log: Changelog) -> None:
             assert feed.next(timeout=0.3) is None
         # csn, gid, commit_time and nodes are kept as they were
         head = json.loads(got[-1][1])
-        assert head["csn"] == 42 and head["gid"] == "g-42" or head["gid"] is None
+        assert (head["csn"] == 42 and head["gid"] == "g-42") or head["gid"] is None
         assert [c["table"] for c in head["changes"]] == ["a.b"]
         assert list(fetch(srv.address, 0, 0, tables=["public.acct", 'odd."a.b"'])) == expect
     finally:
@@ -241,9 +241,9 @@ def test_malformed_filter_is_invalid_argument(log: Changelog, bad: str) -> None:
         e = Silent(srv.address, pb.SubscribeStart(tables=["public.acct", bad])).error()
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert f"table filter {bad!r} is not SCHEMA.TABLE" in e.details()
-        with pytest.raises(ChangefeedRejected, match="is not SCHEMA.TABLE"):
+        with pytest.raises(ChangefeedRejected, match=r"is not SCHEMA\.TABLE"):
             Changefeed(srv.address, tables=[bad]).next(timeout=30)
-        with pytest.raises(ChangefeedRejected, match="is not SCHEMA.TABLE"):
+        with pytest.raises(ChangefeedRejected, match=r"is not SCHEMA\.TABLE"):
             list(fetch(srv.address, tables=[bad]))
         with pytest.raises(ChangefeedRejected, match="subscription name"):
             Changefeed(srv.address, name="no spaces").next(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -160,7 +161,7 @@ def test_batches_match_greedy_oracle(lengths: list[int], bound: int, flushes: se
     # Between two flushes the cut is the greedy one.
     expect: list[list[int]] = []
     cuts = sorted({0, *(f for f in flushes if f < len(lengths)), len(lengths)})
-    for lo, hi in zip(cuts, cuts[1:], strict=False):
+    for lo, hi in itertools.pairwise(cuts):
         sizes = [record_size(b"x" * n) for n in lengths[lo:hi]]
         expect += [[lo + i for i in part] for part in greedy(sizes, bound)]
     assert got == expect

@@ -84,8 +84,20 @@ def test_cluster_served_through_kill_9_and_a_server_restart_equals_the_witness(
     log = str(tmp_path / "log")
     committed = tmp_path / "committed.jsonl"
     writers = subprocess.Popen(
-        [*CSND, "workload", "--nodes", *urls.values(), "--writers", "3", "--duration", "12"]
-        + ["--publication", "csnd_pub", "--out", str(committed)],
+        [
+            *CSND,
+            "workload",
+            "--nodes",
+            *urls.values(),
+            "--writers",
+            "3",
+            "--duration",
+            "12",
+            "--publication",
+            "csnd_pub",
+            "--out",
+            str(committed),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -155,8 +167,13 @@ def test_an_idle_node_does_not_hold_the_stream_back(cluster: LocalCluster, tmp_p
     ticker = Ticker(gtm, urls, interval=0.1).start()  # the cluster's ticker covers every node, idle or not
     try:
         writers = subprocess.run(
-            [*CSND, "workload", "--nodes", *[f"{n}={u}" for n, u in busy.items()], "--writers", "2"]
-            + [
+            [
+                *CSND,
+                "workload",
+                "--nodes",
+                *[f"{n}={u}" for n, u in busy.items()],
+                "--writers",
+                "2",
                 "--duration",
                 "60",
                 "--rate",

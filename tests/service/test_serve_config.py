@@ -149,7 +149,7 @@ def test_precedence_flags_environment_file_defaults(tmp_path: Path) -> None:
     assert (c.changelog, c.listen, c.decoders, c.http) == ("env", "127.0.0.1:7070", 4, None)
     with pytest.raises(UsageError, match="CSND_TEXT: expected true or false, got 'sure'"):
         build_config({}, {"changelog": "x"}, [url], environ={"CSND_TEXT": "sure"})
-    with pytest.raises(ConfigError, match="--config c.toml: decoders: expected a whole number >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"--config c\.toml: decoders: expected a whole number >= 1, got 0"):
         build_config({"decoders": 0}, {"changelog": "x"}, [url], environ={}, where="--config c.toml")
 
 

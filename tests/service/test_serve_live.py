@@ -127,7 +127,7 @@ class _SlotWatch:
             try:
                 confirmed = _confirmed(self.pg)
                 newest = self.served.newest_csn()
-            except Exception:  # noqa: BLE001 - a server restart in the test: try again
+            except Exception:  # (a server restart in the test: try again)
                 self._stop.wait(0.05)
                 continue
             self.readings.append((confirmed, newest))
@@ -263,8 +263,14 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
             str(pg.server.port),
             "-U",
             "postgres",
-        ]
-        + ["-c", "2", "-T", "8", "-f", str(script), pg.name],
+            "-c",
+            "2",
+            "-T",
+            "8",
+            "-f",
+            str(script),
+            pg.name,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

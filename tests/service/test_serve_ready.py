@@ -292,8 +292,22 @@ def test_a_slot_that_cannot_be_made_is_one_line_before_the_ready_line(pg: PgData
     nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/{pg.name}"
     for url, slot, what in ((pg.url, "tdslot", "test_decoding"), (nowhere, "newslot", "connect")):
         got = subprocess.run(
-            [*CSND, "serve", f"dn1={url}", "--changelog", str(tmp_path / slot), "--listen", "127.0.0.1:0"]
-            + ["--decoders", "1", "--slot", slot, "--publication", "csnd_pub", "--create-slot"],
+            [
+                *CSND,
+                "serve",
+                f"dn1={url}",
+                "--changelog",
+                str(tmp_path / slot),
+                "--listen",
+                "127.0.0.1:0",
+                "--decoders",
+                "1",
+                "--slot",
+                slot,
+                "--publication",
+                "csnd_pub",
+                "--create-slot",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

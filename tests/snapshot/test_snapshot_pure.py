@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from typing import Any
@@ -42,7 +43,7 @@ def _tuple(row: Row, kind: bytes) -> bytes:
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     edges = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
 _rows = st.lists(st.lists(st.one_of(st.none(), st.binary(max_size=12)), min_size=1, max_size=5), max_size=8)

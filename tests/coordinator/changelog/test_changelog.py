@@ -262,7 +262,7 @@ def test_second_open_is_refused(tmp_path: Path) -> None:
     with Changelog(str(tmp_path)):  # released by close
         pass
     (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(ConfigError, match="cannot use .* as a changelog directory"):
+    with pytest.raises(ConfigError, match=r"cannot use .* as a changelog directory"):
         Changelog(str(tmp_path / "file"))
 
 
@@ -291,7 +291,7 @@ def test_subscription_store_survives_reopen(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         s2.set("c", -1)
     (tmp_path / "subscriptions.json").write_bytes(b"{not json")
-    with pytest.raises(ChangelogCorrupt, match="subscriptions.json"):
+    with pytest.raises(ChangelogCorrupt, match=r"subscriptions\.json"):
         SubscriptionStore(str(tmp_path))
 
 
