@@ -12,6 +12,7 @@ from csnd.coordinator import CsnMerge, NodeBatch, TxnStart, relation_line
 from csnd.coordinator.changelog import Changelog, RelationStore
 from csnd.coordinator.wire import batch_from_pb, batch_to_pb
 from csnd.core.errors import ChangelogCorrupt
+from csnd.core.ids import Csn, Lsn, Xid
 from tests.coordinator.helpers import CLOCK
 
 
@@ -32,13 +33,17 @@ def test_a_relation_line_is_what_json_dumps_writes() -> None:
 
 def test_the_wire_and_the_merge_carry_a_transactions_relations() -> None:
     a, b = body("acct", "id"), body("item", "id", "v")
-    first = NodeBatch(7, "g", 70, 0x10, 0x18, CLOCK, 0, [(0, 0x8, '"op": "x"')], False, (a,))
+    first = NodeBatch(
+        Csn(7), "g", Xid(70), Lsn(0x10), Lsn(0x18), CLOCK, 0, [(0, 0x8, '"op": "x"')], False, (a,)
+    )
     again, _, _ = batch_from_pb(batch_to_pb(first, 0, 0x18))
     assert again == first
     m = CsnMerge(["dn1", "dn2"])
-    m.add_batch("dn2", NodeBatch(7, "g", 71, 0x30, 0x38, CLOCK, 0, [], True, (b,)))
+    m.add_batch("dn2", NodeBatch(Csn(7), "g", Xid(71), Lsn(0x30), Lsn(0x38), CLOCK, 0, [], True, (b,)))
     m.add_batch("dn1", first)
-    m.add_batch("dn1", NodeBatch(7, "g", 70, 0x10, 0x18, CLOCK, 1, [(1, 0x9, '"op": "y"')], True))
+    m.add_batch(
+        "dn1", NodeBatch(Csn(7), "g", Xid(70), Lsn(0x10), Lsn(0x18), CLOCK, 1, [(1, 0x9, '"op": "y"')], True)
+    )
     m.node_ended("dn1")
     m.node_ended("dn2")
     [start] = [e for e in m.pop_events() if isinstance(e, TxnStart)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from csnd.core.ids import Lsn, Xid
 from csnd.decoder.change import DecodedChange
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Begin, Column, Commit, LogicalMessage, Relation, TypeMsg
@@ -17,21 +18,21 @@ def _feed(ns: NodeSender, *items: object) -> list[FinishedTxn]:
     out: list[FinishedTxn] = []
     for item in items:
         lsn = getattr(item, "end_lsn", 0) or getattr(item, "lsn", 0) or 0
-        out.extend(ns.feed(lsn, item))
+        out.extend(ns.feed(Lsn(lsn), item))
         ns._check()
     return out
 
 
 def _marker(text: str, transactional: bool) -> LogicalMessage:
-    return LogicalMessage(None, transactional, 0, "csn", text.encode("ascii"))
+    return LogicalMessage(None, transactional, Lsn(0), "csn", text.encode("ascii"))
 
 
 def _txn(xid: int, commit_lsn: int, *middle: object) -> list[object]:
-    return [Begin(commit_lsn, 5, xid), *middle, Commit(0, commit_lsn, commit_lsn + 8, 5)]
+    return [Begin(Lsn(commit_lsn), 5, Xid(xid)), *middle, Commit(0, Lsn(commit_lsn), Lsn(commit_lsn + 8), 5)]
 
 
 def _change(lsn: int) -> DecodedChange:
-    return DecodedChange(lsn, None, "insert", '"op": "insert"')
+    return DecodedChange(Lsn(lsn), None, "insert", '"op": "insert"')
 
 
 def test_a_version_travels_with_the_transaction_it_arrived_in_once() -> None:

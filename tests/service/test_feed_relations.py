@@ -74,7 +74,9 @@ def test_a_filter_keeps_its_tables_versions_only(tmp_path: Path) -> None:
             while (rec := feed.next(timeout=2)) is not None:
                 records.append(rec)
             [i] = [i for i, r in enumerate(records) if type(r) is RelationRecord]  # (not acct's)
-            assert json.loads(records[i].line)["relation"]["table"] == "orders"
+            rel = records[i]
+            assert isinstance(rel, RelationRecord)
+            assert json.loads(rel.line)["relation"]["table"] == "orders"
             assert records[i - 1][0] < 5 <= records[i + 1][0]  # right before the first transaction from 5
     finally:
         server.stop()
