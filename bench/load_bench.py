@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -481,9 +482,13 @@ def idle(work: str, scale: Scale) -> dict[str, Any]:
         try:
             watch.mark_load_start()
             load = subprocess.run(
-                [*CSND, "workload", "--nodes", f"dn1={urls['dn1']}", "--writers", "2"]
-                + ["--rate", str(scale.idle_rate), "--duration", str(scale.idle_seconds)]
-                + ["--publication", "load_pub", "--out", committed_path],
+                [
+                    *CSND,
+                    "workload",
+                    *("--nodes", f"dn1={urls['dn1']}", "--writers", "2"),
+                    *("--rate", str(scale.idle_rate), "--duration", str(scale.idle_seconds)),
+                    *("--publication", "load_pub", "--out", committed_path),
+                ],
                 capture_output=True,
                 text=True,
             )
@@ -506,8 +511,8 @@ def idle(work: str, scale: Scale) -> dict[str, Any]:
     appended = append_times(svc.changelog)
     to_log = percentiles(sorted((appended[c] - arrived[c][1]) * 1000 for c in expected if c in appended))
     to_sub = percentiles(sorted((arrived[c][0] - arrived[c][1]) * 1000 for c in expected))
-    moved = [b[0] for a, b in zip(slot, slot[1:], strict=False) if b[1] > a[1]]
-    stall = max((b - a for a, b in zip([0.0, *moved], [*moved, slot[-1][0]], strict=True)), default=0.0)
+    moved = [b[0] for a, b in itertools.pairwise(slot) if b[1] > a[1]]
+    stall = max((b - a for a, b in itertools.pairwise([0.0, *moved, slot[-1][0]])), default=0.0)
     rate = len(expected) / scale.idle_seconds
     return {
         "seconds": scale.idle_seconds,
