@@ -12,13 +12,34 @@ without its closing brace:
 (plus `, "unchanged": ["doc"]` when TOAST columns were left unchanged).  The
 coordinator only joins bodies with `}, {"node": .., "cid": .., ` -- it never
 re-serialises values, nor formats an LSN per change.
+
+`DecodedItem` (at the end) names the whole contract: every kind of item the
+decoder pool yields and the sender takes.
 """
 
 from __future__ import annotations
 
+from typing import TypeAlias, final
+
 from csnd.core.ids import Lsn, Xid
+from csnd.reader.pgoutput import (
+    Begin,
+    Commit,
+    Keepalive,
+    LogicalMessage,
+    Origin,
+    Relation,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    TypeMsg,
+)
 
 
+# final: the sender dispatches on `type(item) is DecodedChange`, which a subclass
+# would slip past; being final also lets mypy narrow on that test both ways.
+@final
 class DecodedChange:
     __slots__ = ("lsn", "xid", "op", "body")
 
@@ -46,6 +67,7 @@ class DecodedChange:
         return hash((self.lsn, self.xid, self.op, self.body))
 
 
+@final  # (as DecodedChange)
 class DecodedRun:
     """Consecutive decoded row changes of one (sub)transaction, in stream order.
 
@@ -75,3 +97,25 @@ class DecodedRun:
 
     def __repr__(self) -> str:
         return f"DecodedRun(xid={self.xid}, n={len(self.lsns)}, first={self.lsns[0] if self.lsns else None})"
+
+
+# What the decoder pool hands on as the reader framed it: every pgoutput
+# message but the row changes (Change, ChangeFrames) and truncates, which it
+# decodes, and keepalives (which carry the server's WAL end).
+PassThroughItem: TypeAlias = (
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | TypeMsg
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
+    | Keepalive
+)
+
+# One item of a node's decoded stream, in stream order: what `DecoderPool.run`
+# yields (besides its batch marks) and `NodeSender.feed` takes.
+DecodedItem: TypeAlias = DecodedRun | DecodedChange | PassThroughItem

@@ -35,6 +35,7 @@ worker starts ready to decode and this process never forks itself.
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import multiprocessing as mp
 import multiprocessing.forkserver as mp_forkserver
@@ -42,14 +43,15 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
-from typing import Any, Final
+from typing import Any, Final, TypeAlias, cast, final
 
 from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem
+from csnd.reader.events import Event
 from csnd.reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
 
 # A batch ends at this many changes or this many bytes of raw change data,
@@ -108,7 +110,7 @@ class _Batch:
     __slots__ = ("events", "worker", "n_changes")
 
     def __init__(self) -> None:
-        self.events: list[tuple[Lsn, Any]] = []
+        self.events: list[tuple[Lsn, SkeletonItem]] = []
         self.worker = -1
         self.n_changes = 0
 
@@ -116,15 +118,19 @@ class _Batch:
 _END: Final = object()
 
 
-class _BatchEnd:
+class BatchEnd(enum.Enum):
+    """The type of `BATCH_END`: an enum, so that mypy narrows on `item is BATCH_END`."""
+
+    BATCH_END = "BATCH_END"
+
     def __repr__(self) -> str:
         return "BATCH_END"
 
 
-BATCH_END: Final = _BatchEnd()  # `DecoderPool.run`'s mark after each batch
+BATCH_END: Final = BatchEnd.BATCH_END  # `DecoderPool.run`'s mark after each batch
 
 
-def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
+def _wire(lsn: int, msg: Truncate | Relation | TypeMsg) -> tuple[Any, ...]:
     """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
 
     (A row change's tuple, `(lsn, kind, xid, relid, data)`, and a run of raw
@@ -140,6 +146,7 @@ def _wire(lsn: int, msg: Any) -> tuple[Any, ...]:
     return ("y", lsn, msg.xid, msg.type_oid, msg.namespace, msg.name)
 
 
+@final  # (the collector tests `type(msg) is _Run`: mypy then narrows both ways)
 class _Run:
     """In a batch's skeleton: where a run of row changes of one (sub)xid stood, and their LSNs."""
 
@@ -152,11 +159,15 @@ class _Run:
 
 _NO_RUN: Final = object()  # no run open: the next change starts one
 
+# An entry of a batch's skeleton: a run of row changes stands for them, a Truncate
+# for its decoded tables; everything else goes on as it is.
+SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run
+
 
 class DecoderPool:
     """Runs `events` through N decoder processes and yields them back in order.
 
-    `run(events)` yields `(lsn, item)` where item is the original message, a
+    `run(events)` yields `(lsn, item)` where item (a `DecodedItem`) is the original message, a
     `DecodedRun` in place of each run of consecutive row changes of one
     (sub)transaction (`lsn` its first change's), or a `DecodedChange` per
     table of a TRUNCATE; and `(INVALID_LSN, BATCH_END)` (0/0) after each batch, where the
@@ -219,7 +230,10 @@ class DecoderPool:
 
     # --- reader side (its own thread) ---------------------------------------------
 
-    def _feed(self, events: Iterator[tuple[Lsn, Any]]) -> None:
+    def _feed(self, events: Iterable[tuple[Lsn, Any]]) -> None:
+        # `events` are `run`'s, each an `Event`.  Any here: the loop picks each event's
+        # branch by one `type(msg)` kept in `cls`, which mypy cannot follow (it narrows
+        # only on `type(msg)` written out in each test, a call each on the hot path).
         try:
             rotation = 0
             batch = _Batch()
@@ -357,7 +371,7 @@ class DecoderPool:
 
     # --- collector side (the caller's thread) --------------------------------------
 
-    def run(self, events: Iterator[tuple[Lsn, Any]]) -> Iterator[tuple[Lsn, Any]]:
+    def run(self, events: Iterable[Event]) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
         feeder = threading.Thread(
             target=self._feed, args=(events,), name=f"csnd-reader-{self.node}", daemon=True
         )
@@ -376,8 +390,8 @@ class DecoderPool:
                         self._sync()
                     return
                 assert isinstance(item, _Batch)
-                if item.worker < 0:
-                    yield from item.events
+                if item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
+                    yield from cast("list[tuple[Lsn, PassThroughItem]]", item.events)
                     yield INVALID_LSN, BATCH_END
                     continue
                 decoded = self._result(item.worker)

@@ -1,10 +1,10 @@
 """sender: one node's decoded stream -> its committed transactions, in commit-CSN order.
 
-    (lsn, pgoutput message | DecodedChange) ──► NodeSender ──► FinishedTxn ... ──► coordinator
-                                                 │   ▲   │        (csn strictly increasing)
-                                     OpenTxn ◄───┘   │   └─► ConfirmableLsn (how far the slot
-                                     TxnBuffer       │        may be confirmed)
-                                   (spills to disk)  └─ CsnOrderer (committing / commit lists)
+    (lsn, DecodedItem) ──► NodeSender ──► FinishedTxn ... ──► coordinator
+                            │   ▲   │        (csn strictly increasing)
+                OpenTxn ◄───┘   │   └─► ConfirmableLsn (how far the slot
+                TxnBuffer       │        may be confirmed)
+              (spills to disk)  └─ CsnOrderer (committing / commit lists)
 
 `NodeSender` tracks transactions (plain and streamed, with rolled-back
 subtransactions), reads the GTM `csn` markers (`csnd.core.markers`), and asks

@@ -66,7 +66,7 @@ from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 from csnd.core.markers import PREFIX as MARKER_PREFIX
 from csnd.core.markers import TRANSACTIONAL, Marker, check_transactional, parse_fields
 from csnd.core.modes import MODES
-from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import (
     Begin,
@@ -161,7 +161,7 @@ class NodeSender:
 
     # --- the stream -----------------------------------------------------------------
 
-    def feed(self, lsn: Lsn, item: object) -> list[FinishedTxn]:
+    def feed(self, lsn: Lsn, item: DecodedItem) -> list[FinishedTxn]:
         """Take the next stream item; returns the transactions it released, in CSN order."""
         if type(item) is DecodedRun:  # the hot path: runs of changes between other events
             sub = item.xid
@@ -316,7 +316,7 @@ class NodeSender:
                 self._orderer.tick(_as_csn(m.wal_end - 1))
         return []
 
-    def _ignore(self, lsn: Lsn, m: object) -> list[FinishedTxn]:
+    def _ignore(self, lsn: Lsn, m: Origin) -> list[FinishedTxn]:
         return []
 
     def _type(self, lsn: Lsn, m: TypeMsg) -> list[FinishedTxn]:
@@ -642,7 +642,9 @@ class NodeSender:
         assert self._cur is None or self._block is None
 
 
-_HANDLERS: Final[dict[type, Callable[[NodeSender, Lsn, Any], list[FinishedTxn]]]] = {
+# What `feed` does with each `PassThroughItem`.  A handler takes the message of its
+# key's class (Any: a dict's value type cannot depend on the key).
+_HANDLERS: Final[dict[type[PassThroughItem], Callable[[NodeSender, Lsn, Any], list[FinishedTxn]]]] = {
     Begin: NodeSender._begin,
     Commit: NodeSender._commit,
     StreamStart: NodeSender._stream_start,

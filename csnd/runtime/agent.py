@@ -27,7 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, Final
+from types import FrameType
+from typing import Final
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -260,7 +261,7 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     threading.Thread(target=state.produce, daemon=True, name="csnd-agent-producer").start()
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Final, Protocol
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Final, Protocol, TypeGuard
 
 from csnd.core.errors import CsndError
 from csnd.core.ids import Csn
@@ -23,6 +24,11 @@ from csnd.decoder.pool import BATCH_END, DecoderPool
 from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
 from csnd.runtime.stats import NodeStats
 from csnd.sender import SPILL_BYTES, NodeSender
+
+if TYPE_CHECKING:  # (only for types: reader.live imports psycopg, which a replay of files never needs)
+    from csnd.reader.events import Event
+    from csnd.reader.live import LiveSource
+    from csnd.reader.recorded import RecordedSource
 
 # Lists of finished transactions (or watermarks) waiting per node between its
 # pipeline thread and the coordinator.  Small: the merge keeps its own bounded buffer.
@@ -58,6 +64,46 @@ class NodeInput(Protocol):
         """Where the input is now, for every report of the node (any thread; never waits)."""
 
 
+class NodeSource(Protocol):
+    """What a node pipeline reads: a live node's `LiveSource` or a `RecordedSource` (csnd.reader).
+
+    Besides these, the pipeline looks up by name what a source may have:
+    `enum_types`, `on_drained`, `options`, `path` and the progress attributes
+    `stats` reads.  A `SlotSource` has a replication slot to confirm as well.
+    """
+
+    node: str
+    mode: str  # "gtm" or "single" (csnd.core.modes)
+    binary: bool  # pgoutput's binary mode: how the decoders read values
+
+    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+        """The stream; `raw_changes`: a recorded file's row changes as `ChangeFrames` runs."""
+
+    def confirm(self, lsn: int) -> None:
+        """Everything committed before `lsn` is durable downstream (a file: nothing to do)."""
+
+    def close(self) -> None:
+        """Stop reading and let go of the source (idempotent; from any thread)."""
+
+
+class SlotSource(NodeSource, Protocol):
+    """A source with a replication slot behind it, confirmed as the output becomes durable."""
+
+    def confirm_final(self, lsn: int) -> None:
+        """As `confirm`, once the stream has ended: the slot moves although streaming stopped."""
+
+
+def _has_slot(source: NodeSource) -> TypeGuard[SlotSource]:
+    return hasattr(source, "confirm_final")
+
+
+if TYPE_CHECKING:
+
+    def _both_sources_fit(live: LiveSource, recorded: RecordedSource) -> tuple[SlotSource, NodeSource]:
+        """Never called: mypy checks here that the two sources are what a pipeline reads."""
+        return live, recorded
+
+
 class NodePipeline:
     """reader -> decoder pool -> sender for one node, in its own thread."""
 
@@ -65,7 +111,7 @@ class NodePipeline:
 
     def __init__(
         self,
-        source: Any,
+        source: NodeSource,
         decoders: int,
         resume_csn: Csn | None = None,
         *,
@@ -75,7 +121,8 @@ class NodePipeline:
         self.source = source
         self.node: str = source.node
         self.mode: str = source.mode
-        self.confirms: bool = hasattr(source, "confirm_final")  # a live node's slot
+        self._slot = source if _has_slot(source) else None  # (a live node: its slot is ours to confirm)
+        self.confirms: bool = self._slot is not None
         enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         # resume_csn: what the output already holds (a service restarting
@@ -103,8 +150,8 @@ class NodePipeline:
             self.source.confirm(lsn)
 
     def confirm_final(self, lsn: int) -> None:
-        if self.confirms:
-            self.source.confirm_final(lsn)
+        if self._slot is not None:
+            self._slot.confirm_final(lsn)
 
     def stats(self) -> NodeStats:
         source = self.source

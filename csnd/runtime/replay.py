@@ -36,7 +36,11 @@ from csnd.runtime.stopping import ignore_stop_signals
 
 
 def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> Any:
-    """A SOURCE's reader-side object (a source, or a node agent's client: a whole `NodeInput`)."""
+    """A SOURCE's reader-side object (a source, or a node agent's client: a whole `NodeInput`).
+
+    A `NodeSource` or a `RemoteNode` (Any, not that union, as `open_source` says:
+    `run_replay` picks by the spec, which mypy cannot follow).
+    """
     if spec.is_grpc:
         from csnd.runtime.remote import RemoteNode
 

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from csnd.core.errors import ConfigError
 from csnd.core.ids import lsn_from_str
 from csnd.core.modes import check_modes
 from csnd.runtime.config import LiveSourceConfig
+
+if TYPE_CHECKING:  # (only for types: each is imported where it is opened, as late as it can be)
+    from csnd.reader.live import LiveSource
+    from csnd.runtime.inputs import NodeInput, NodeSource
 
 _NAME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 
@@ -59,7 +64,7 @@ def parse_lsn_arg(text: str) -> int:
         raise ConfigError(str(e)) from None
 
 
-def open_live(spec: SourceSpec, live: LiveSourceConfig, default_name: str = "dn1") -> Any:
+def open_live(spec: SourceSpec, live: LiveSourceConfig, default_name: str = "dn1") -> LiveSource:
     """The `LiveSource` of a live node's SOURCE (not yet connected)."""
     from csnd.reader.live import LiveSource
 
@@ -67,7 +72,12 @@ def open_live(spec: SourceSpec, live: LiveSourceConfig, default_name: str = "dn1
 
 
 def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> Any:
-    """A live node's or a recorded file's source object; `index` names an unnamed live node dn<index+1>."""
+    """A live node's or a recorded file's source object; `index` names an unnamed live node dn<index+1>.
+
+    A `LiveSource` or a `RecordedSource`, both a `csnd.runtime.inputs.NodeSource`.
+    (Any, not that union: callers pick by `spec` what to do with it -- prepare a
+    live node's slot, say -- which mypy cannot follow; `open_live` is typed.)
+    """
     if spec.is_grpc:
         raise ConfigError(f"{spec.target} is a node agent, not a source to read")
     if spec.is_live:
@@ -79,7 +89,7 @@ def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> Any:
     return RecordedSource(spec.target, name=spec.name)
 
 
-def check_nodes(opened: list[Any]) -> None:
+def check_nodes(opened: Sequence[NodeSource | NodeInput]) -> None:
     """The opened sources of one run: unique node names and CSN modes that can be merged (ConfigError)."""
     names = [s.node for s in opened]
     dup = {n for n in names if names.count(n) > 1}

@@ -19,9 +19,10 @@ import pytest
 
 from csnd.core.errors import DecodeError, RemoteTraceback, WorkerError
 from csnd.core.ids import Lsn
-from csnd.decoder.change import DecodedRun
-from csnd.decoder.pool import PIPE_BYTES, DecoderPool
+from csnd.decoder.change import DecodedItem, DecodedRun
+from csnd.decoder.pool import PIPE_BYTES, BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
+from csnd.reader.events import Event
 from csnd.reader.recorded import RecordedSource
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from tests.fixtures.procs import parent_of, wait_until_gone
@@ -107,7 +108,7 @@ def test_a_relation_that_cannot_be_decoded_at_the_end_fails_the_run(tmp_path: Pa
         bad = [p.Column(1, "id", 23, -1), p.Column(0, "shape", 999_999, -1)]
         w.write_frame(p.encode_xlogdata(0, 0, 1, p.encode_relation(16384, "public", "t", "d", bad)))
     pool = DecoderPool("dn1", workers, binary=True, batch_changes=1)
-    seen: list[Any] = []
+    seen: list[DecodedItem | BatchEnd] = []
     with pytest.raises(DecodeError) as ei:
         for _, item in pool.run(RecordedSource(str(path)).events(raw_changes=True)):
             seen.append(item)
@@ -171,7 +172,7 @@ def test_workers_start_with_ctrl_c_ignored_even_if_a_thread_started_the_fork_ser
     assert proc.stdout.strip() == "True", proc.stderr
 
 
-def _one_row_stream(path: Path, xids: tuple[int, ...]) -> list[tuple[Lsn, Any]]:
+def _one_row_stream(path: Path, xids: tuple[int, ...]) -> list[Event]:
     with StreamWriter(str(path), StreamHeader(node="dn1", binary=True, mode="single")) as w:
         w.write_frame(
             p.encode_xlogdata(
@@ -199,7 +200,7 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
     resume = threading.Event()
     timed_out: list[bool] = []
 
-    def stream() -> Iterator[tuple[Lsn, Any]]:
+    def stream() -> Iterator[Event]:
         yield from first
         if pause == "drained":
             pool.drained()  # (as LiveSource calls it: in the reader thread, between two events)

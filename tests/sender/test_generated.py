@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from csnd.core.ids import lsn_to_str
-from csnd.decoder.change import DecodedChange
+from csnd.decoder.change import DecodedChange, DecodedItem
 from csnd.gtm import GenerateOptions, generate_cluster
-from csnd.reader.pgoutput import Change, Truncate
+from csnd.reader.pgoutput import Change, ChangeFrames, Truncate
 from csnd.reader.recorded import RecordedSource
 from csnd.sender import NodeSender
 
@@ -46,12 +46,13 @@ def test_nodes_release_the_expected_transactions(cluster: Path, spill_bytes: int
         watermarks: list[int] = []
         confirmable = 0
         for lsn, m in src.events():
-            items: list[object]
+            items: list[DecodedItem]
             if isinstance(m, Change):
                 items = [DecodedChange(lsn, m.xid, m.kind, f"b{lsn}")]
             elif isinstance(m, Truncate):
                 items = [DecodedChange(lsn, m.xid, "truncate", f"t{r}") for r in m.relids]
             else:
+                assert not isinstance(m, ChangeFrames)  # (only with raw_changes)
                 items = [m]
             for item in items:
                 for t in ns.feed(lsn, item):

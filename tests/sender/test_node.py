@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from csnd.core.ids import Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
     Column,
@@ -128,7 +128,7 @@ class NodeMachine(RuleBasedStateMachine):
         self.next_xid += 1
         return self.next_xid
 
-    def _feed(self, lsn: int, item: object) -> None:
+    def _feed(self, lsn: int, item: DecodedItem) -> None:
         group = self.ns.feed(Lsn(lsn), item)
         for txn in group:
             self._released(txn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from csnd.core.ids import Lsn, Xid
-from csnd.decoder.change import DecodedChange
+from csnd.decoder.change import DecodedChange, DecodedItem
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Begin, Column, Commit, LogicalMessage, Relation, TypeMsg
 from csnd.sender import FinishedTxn, NodeSender
@@ -14,7 +14,7 @@ V1 = Relation(None, 16384, "public", "acct", "d", (Column(1, "id", 23, -1), Colu
 V2 = Relation(None, 16384, "public", "acct", "d", (Column(1, "id", 23, -1), Column(0, "note", 1043, 24)))
 
 
-def _feed(ns: NodeSender, *items: object) -> list[FinishedTxn]:
+def _feed(ns: NodeSender, *items: DecodedItem) -> list[FinishedTxn]:
     out: list[FinishedTxn] = []
     for item in items:
         lsn = getattr(item, "end_lsn", 0) or getattr(item, "lsn", 0) or 0
@@ -27,7 +27,7 @@ def _marker(text: str, transactional: bool) -> LogicalMessage:
     return LogicalMessage(None, transactional, Lsn(0), "csn", text.encode("ascii"))
 
 
-def _txn(xid: int, commit_lsn: int, *middle: object) -> list[object]:
+def _txn(xid: int, commit_lsn: int, *middle: DecodedItem) -> list[DecodedItem]:
     return [Begin(Lsn(commit_lsn), 5, Xid(xid)), *middle, Commit(0, Lsn(commit_lsn), Lsn(commit_lsn + 8), 5)]
 
 
