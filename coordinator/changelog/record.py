@@ -101,6 +101,7 @@ class Scan(NamedTuple):
     times: list[int]
     damage: str | None  # why the bytes at `end` are not a record (None: they end the buffer)
     later: int | None  # offset of an intact, in-order record after the damage, if any
+    misplaced: bool = False  # the damage is an intact record out of CSN order (never a torn write)
 
 
 def scan(buf: bytes | memoryview, start: int, prev_csn: int) -> Scan:
@@ -131,7 +132,7 @@ def scan(buf: bytes | memoryview, start: int, prev_csn: int) -> Scan:
             damage = f"record csn {csn} not after csn {last}"
         break
     later = find_record(buf, off + 1, last) if damage is not None else None
-    return Scan(off, csns, offsets, times, damage, later)
+    return Scan(off, csns, offsets, times, damage, later, damage is not None and status == OK)
 
 
 def find_record(buf: bytes | memoryview, start: int, after_csn: int) -> int | None:

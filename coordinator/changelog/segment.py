@@ -154,6 +154,8 @@ def open_last(directory: str, name: str, seq: int, first_csn: int, interval: int
     s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn)
     if s.damage is not None and s.later is not None:
         raise _corrupt(path, s.end, f"{s.damage}, with an intact record after it at byte offset {s.later}")
+    if s.misplaced:  # (a torn write leaves no whole record behind it, let alone one out of order)
+        raise _corrupt(path, s.end, f"{s.damage}: an intact record out of order")
     if s.csns and s.csns[0] != h.first_csn:
         raise _corrupt(path, rec.SEGMENT_HEAD, f"first record has csn {s.csns[0]}, the name says {first_csn}")
     if not s.csns:
