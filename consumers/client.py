@@ -42,11 +42,12 @@ import contextlib
 import logging
 import queue
 import socket
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Final, NamedTuple
+from typing import IO, Final, NamedTuple, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -101,6 +102,63 @@ NOTHING_THERE: Final = "nothing accepts connections there"
 _HTTP1_PROBE: Final = b"HEAD / HTTP/1.0\r\n\r\n"
 
 Record = tuple[int, bytes]
+# Pieces of a large line are joined in memory up to this size; past it (in
+# `next_spooled`) they go on in a temporary file.
+SPOOL_MEMORY_BYTES: Final = 8 << 20
+
+
+class _Piece(NamedTuple):
+    """A piece of a line too large for one message (docs/design.md section 8, `more`)."""
+
+    csn: int
+    data: bytes
+    more: bool
+
+
+class _Joining:
+    """The pieces of one large line received so far: in memory, or spooled to a temporary file."""
+
+    def __init__(self, csn: int, spool: bool) -> None:
+        self.csn = csn
+        self.size = 0
+        self.parts: list[bytes] | None = None if spool else []
+        self.file = tempfile.SpooledTemporaryFile(SPOOL_MEMORY_BYTES) if spool else None  # noqa: SIM115
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.parts is not None:
+            self.parts.append(data)
+        else:
+            assert self.file is not None
+            self.file.write(data)
+
+    def line(self) -> bytes | LargeLine:
+        if self.parts is not None:
+            return b"".join(self.parts)
+        assert self.file is not None
+        self.file.seek(0)
+        return LargeLine(self.file, self.size)
+
+    def drop(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class LargeLine:
+    """A line that came in pieces, spooled (`Changefeed.next_spooled`): read it as a binary file.
+
+    It is read once, before the next call to the changefeed, which closes it.
+    """
+
+    def __init__(self, file: IO[bytes], size: int) -> None:
+        self.file = file
+        self.size = size
+
+    def read(self, n: int = -1) -> bytes:
+        return self.file.read(n)
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class RelationRecord(NamedTuple):
@@ -221,6 +279,7 @@ class _Call:
         self.requests: queue.Queue[object] = queue.Queue()
         self.done = threading.Event()
         self.subscribed: pb.Subscribed | None = None
+        self.piecing = False  # a large line's pieces are arriving
         assert feed._stub is not None
         self.call = feed._stub.Subscribe(self._request_iter(start), metadata=feed._md)
         self.thread = threading.Thread(target=self._read, name="csnd-feed-responses", daemon=True)
@@ -256,7 +315,13 @@ class _Call:
             for msg in self.call:
                 kind = msg.WhichOneof("body")
                 if kind == "batch":
-                    if not self._put([(t.csn, t.line) for t in msg.batch.transactions]):
+                    txns = msg.batch.transactions
+                    if len(txns) == 1 and (txns[0].more or self.piecing):
+                        # A piece of a large line (alone in its batch; the last one has no `more`).
+                        self.piecing = txns[0].more
+                        if not self._put(_Piece(txns[0].csn, txns[0].line, txns[0].more)):
+                            return
+                    elif not self._put([(t.csn, t.line) for t in txns]):
                         return
                 elif kind == "relations":
                     if not self._put(
@@ -318,7 +383,9 @@ class Changefeed:
         self._stub: pb_grpc.ChangefeedStub | None = None
         self._inbox: queue.Queue[tuple[_Call, object]] = queue.Queue(INBOX_BATCHES)
         self._call: _Call | None = None
-        self._pending: deque[Record] = deque()
+        self._pending: deque[tuple[int, bytes | LargeLine]] = deque()
+        self._joining: _Joining | None = None  # the pieces of a large line so far
+        self._handed_large: LargeLine | None = None  # closed at the next call
         self._connected_once = False
         self._retry_at = 0.0
         # The reconnect schedule; its outage (`down_since`) is since when no stream has
@@ -357,6 +424,20 @@ class Changefeed:
 
     def next(self, timeout: float | None = None) -> Record | None:
         """The next transaction; None when none arrived within `timeout` seconds."""
+        return cast("Record | None", self._next(timeout, spool=False))
+
+    def next_spooled(self, timeout: float | None = None) -> tuple[int, bytes | LargeLine] | None:
+        """As `next`, but a line that came in pieces comes as a LargeLine, spooled past SPOOL_MEMORY_BYTES.
+
+        For a consumer that passes lines on (`csnd subscribe`): a gigabyte
+        transaction then costs it a temporary file, not a gigabyte of memory.
+        """
+        return self._next(timeout, spool=True)
+
+    def _next(self, timeout: float | None, spool: bool) -> tuple[int, bytes | LargeLine] | None:
+        if self._handed_large is not None:
+            self._handed_large.close()
+            self._handed_large = None
         if self._pending:
             return self._hand_out()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -388,6 +469,25 @@ class Changefeed:
                         self._pending.append(r)
                 if self._pending:
                     return self._hand_out()
+            elif isinstance(item, _Piece):
+                joining = self._joining
+                if joining is None:
+                    joining = self._joining = _Joining(item.csn, spool)
+                elif item.csn != joining.csn:
+                    self._drop_joining()
+                    raise ChangefeedError(
+                        f"{self.address} sent a piece of csn {item.csn} inside the line of csn {joining.csn}; "
+                        "reconnect to recover"
+                    )
+                joining.add(item.data)
+                if not item.more:
+                    self._joining = None
+                    line = joining.line()
+                    if isinstance(line, LargeLine):
+                        self._handed_large = line
+                    self._pending.append((item.csn, line))
+                    self.backoff.flowing()
+                    return self._hand_out()
             elif isinstance(item, list):
                 self._pending.extend(item)
                 self.backoff.flowing()
@@ -403,7 +503,19 @@ class Changefeed:
             else:
                 self._lost(call, item)
 
-    def _hand_out(self) -> Record:
+    def _drop_joining(self) -> None:
+        joining = self._joining
+        if joining is not None:
+            log.info(
+                "changefeed %s: dropped %d bytes of the line of csn %d, cut short; it comes again whole",
+                self.address,
+                joining.size,
+                joining.csn,
+            )
+            joining.drop()
+            self._joining = None
+
+    def _hand_out(self) -> tuple[int, bytes | LargeLine]:
         rec = self._pending.popleft()
         if type(rec) is RelationRecord:
             return rec
@@ -487,6 +599,7 @@ class Changefeed:
         """The stream ended: raise if reconnecting cannot help, else reconnect at the next look."""
         call.cancel()
         self._call = None
+        self._drop_joining()  # (the next stream sends the line again, whole)
         if isinstance(item, grpc.RpcError):
             err = permanent_error(item, self.address)
             if err is not None:
@@ -537,6 +650,9 @@ class Changefeed:
         if self._closed:
             return
         self._closed = True
+        self._drop_joining()
+        if self._handed_large is not None:
+            self._handed_large.close()
         call = self._call
         self._call = None
         if call is not None:
@@ -575,9 +691,17 @@ def fetch(
         stub = pb_grpc.ChangefeedStub(channel)
         request = pb.FetchRequest(after_csn=after_csn, until_csn=until_csn, tables=tables)
         try:
+            joined: list[bytes] = []
             for msg in stub.Fetch(request, metadata=_metadata(token), timeout=timeout):
                 for t in msg.batch.transactions:
-                    yield t.csn, t.line
+                    if t.more or joined:  # (a piece of a large line: docs/design.md section 8)
+                        joined.append(t.line)
+                        if t.more:
+                            continue
+                        line, joined = b"".join(joined), []
+                        yield t.csn, line
+                    else:
+                        yield t.csn, t.line
         except grpc.RpcError as e:
             err = permanent_error(e, address)
             if err is not None:

@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Any, Final
 
 # While lines keep arriving, flush and acknowledge at least this often.
 ACK_EVERY: Final = 1000
+# A spooled large line is copied to stdout in reads of this size.
+SPOOL_COPY_BYTES: Final = 1 << 20
 
 
 def add_subscribe_parser(sub: Any) -> None:
@@ -137,7 +140,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
-    from csnd.consumers.client import RelationRecord
+    from csnd.consumers.client import LargeLine, RelationRecord
 
     printed = 0
     unflushed: int | None = None  # csn of the newest line written but not yet flushed
@@ -151,17 +154,20 @@ def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
             unflushed = None
 
     while limit is None or printed < limit:
-        rec = feed.next(timeout=0)
+        rec = feed.next_spooled(timeout=0)
         if rec is None:
             flush()
             wait = None if idle is None else idle - (time.monotonic() - last_line_at)
             if wait is not None and wait <= 0:
                 break
-            rec = feed.next(timeout=wait)
+            rec = feed.next_spooled(timeout=wait)
             if rec is None:
                 continue
         csn, line = rec
-        out.write(line)
+        if isinstance(line, LargeLine):  # (came in pieces: copied from its spool, never held whole)
+            shutil.copyfileobj(line, out, SPOOL_COPY_BYTES)
+        else:
+            out.write(line)
         out.write(b"\n")
         if type(rec) is RelationRecord:
             continue  # (not a transaction: neither counted nor acknowledged)

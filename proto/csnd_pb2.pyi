@@ -205,12 +205,14 @@ class Subscribed(_message.Message):
     def __init__(self, after_csn: _Optional[int] = ..., oldest_csn: _Optional[int] = ..., newest_csn: _Optional[int] = ...) -> None: ...
 
 class Transaction(_message.Message):
-    __slots__ = ("csn", "line")
+    __slots__ = ("csn", "line", "more")
     CSN_FIELD_NUMBER: _ClassVar[int]
     LINE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     csn: int
     line: bytes
-    def __init__(self, csn: _Optional[int] = ..., line: _Optional[bytes] = ...) -> None: ...
+    more: bool
+    def __init__(self, csn: _Optional[int] = ..., line: _Optional[bytes] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class TransactionBatch(_message.Message):
     __slots__ = ("transactions",)

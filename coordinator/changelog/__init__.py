@@ -31,12 +31,14 @@ relations.py     RelationStore: every relation version (column names and types),
 
 from csnd.coordinator.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
 from csnd.coordinator.changelog.relations import RelationEntry, RelationStore
+from csnd.coordinator.changelog.segment import RecordPieces
 from csnd.coordinator.changelog.subscriptions import SubscriptionStore
 
 __all__ = [
     "DEFAULT_INDEX_INTERVAL",
     "DEFAULT_SEGMENT_BYTES",
     "Changelog",
+    "RecordPieces",
     "RelationEntry",
     "RelationStore",
     "SubscriptionStore",

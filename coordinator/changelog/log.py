@@ -23,6 +23,7 @@ import itertools
 import os
 import threading
 import time
+import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -84,6 +85,18 @@ class SteadyWall:
 
 
 @dataclass
+class _OpenRecord:
+    """A record being appended in pieces: where its head goes, and its payload's length and CRC so far."""
+
+    csn: int
+    time_us: int
+    segment: sg.Segment
+    offset: int  # of its head in the segment
+    length: int = 0
+    crc: int = 0
+
+
+@dataclass
 class SyncPoint:
     """What one fsync covers: begin_sync notes it, fsync makes it durable, finish_sync shows it."""
 
@@ -140,6 +153,7 @@ class Changelog:
         self._dirty: list[sg.Segment] = []
         self._sealed_fds: list[int] = []  # rolled-over segments, closed once fsynced
         self._dir_dirty = False
+        self._open: _OpenRecord | None = None  # a record being appended in pieces
         last = self._segments[-1] if self._segments else None
         self._appended_csn = last.last_csn if last else 0
         # The fsyncs of sync(), for Status: how many, their total and the last's seconds.
@@ -228,6 +242,8 @@ class Changelog:
         """Buffer one transaction's line; invisible and not durable until sync()."""
         if self._closed:
             raise ValueError("append to a closed changelog")
+        if self._open is not None:
+            raise ValueError(f"changelog record of csn {self._open.csn} is still open")
         if not 0 < csn <= rec.MAX_U64 or csn <= self._appended_csn:
             raise ValueError(f"changelog append of csn {csn} after csn {self._appended_csn}: not increasing")
         if len(line) > rec.MAX_PAYLOAD:
@@ -240,6 +256,95 @@ class Changelog:
         self._appended_csn = csn
         if self._pending_bytes >= FLUSH_BYTES:
             self._guard(self._flush)
+
+    # A transaction too large to hold whole is appended as it is produced:
+    # start_record, write_record for each piece, end_record.  Its payload goes
+    # straight to the segment behind a head of zeroes, which end_record
+    # overwrites with the real head once the length and CRC are known; until
+    # then the record is neither visible nor counted in what a sync covers,
+    # and a crash in the middle leaves a torn tail that the next open cuts.
+
+    def start_record(self, csn: int) -> None:
+        """Begin the record of `csn`, its payload to come in pieces; no append until end_record."""
+        if self._closed:
+            raise ValueError("append to a closed changelog")
+        if self._open is not None:
+            raise ValueError(f"changelog record of csn {self._open.csn} is still open")
+        if not 0 < csn <= rec.MAX_U64 or csn <= self._appended_csn:
+            raise ValueError(f"changelog append of csn {csn} after csn {self._appended_csn}: not increasing")
+        t = int(self._clock() * 1_000_000)
+
+        def step() -> None:
+            self._flush()  # (what is pending goes first: it comes before this record)
+            seg = self._segments[-1] if self._segments else None
+            if seg is None or (seg.written >= self.segment_bytes and seg.w_last_csn):
+                seg = self._roll(csn)
+                header = rec.encode_header(rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn))
+                self._write(seg, [header], 0)
+            self._write(seg, [bytes(rec.FRAME_HEAD)], len(seg.index_csns))
+            self._open = _OpenRecord(csn, t, seg, seg.written)
+
+        self._guard(step)
+
+    def write_record(self, piece: bytes) -> None:
+        """Append a piece of the open record's payload (written at once, not yet visible)."""
+        r = self._open
+        if r is None:
+            raise ValueError("no changelog record is open")
+        if r.length + len(piece) > rec.MAX_PAYLOAD:
+            raise ValueError(f"changelog record of csn {r.csn} is over {rec.MAX_PAYLOAD} bytes")
+
+        def step() -> None:
+            view = memoryview(piece)
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, r.segment.path) from e
+
+        self._guard(step)
+        r.crc = zlib.crc32(piece, r.crc)
+        r.length += len(piece)
+
+    def end_record(self) -> None:
+        """Write the open record's head: it is appended, as `append` would have (visible after a sync)."""
+        r = self._open
+        if r is None:
+            raise ValueError("no changelog record is open")
+        seg = r.segment
+
+        def step() -> None:
+            fd = os.open(seg.path, os.O_WRONLY)  # (pwrite on an O_APPEND file appends, on Linux)
+            try:
+                os.pwrite(fd, rec.encode_head(r.csn, r.time_us, r.length, r.crc), r.offset)
+            finally:
+                os.close(fd)
+            first_new = len(seg.index_csns)
+            if not seg.index_offs or r.offset - seg.index_offs[-1] >= self._interval:
+                seg.index_csns.append(r.csn)
+                seg.index_offs.append(r.offset)
+            seg.written = r.offset + rec.FRAME_HEAD + r.length
+            seg.w_last_csn, seg.w_last_time = r.csn, r.time_us
+            self._write(seg, [], first_new)  # (its index entry, and the segment marked for the next sync)
+
+        self._guard(step)
+        self._open = None
+        self._appended_csn = r.csn
+
+    def abort_record(self) -> None:
+        """Drop the open record (its transaction was given up): cut its bytes off the segment."""
+        r = self._open
+        if r is None:
+            return
+        self._open = None
+        self._guard(lambda: os.ftruncate(self._fd, r.offset))
+        if not r.segment.w_last_csn:
+            # The segment was started for this record, and is named after its csn: no
+            # other record may be its first.  The next open removes the empty segment.
+            self._failed = OutputError(
+                f"changelog {self.directory}: the record of csn {r.csn} was given up at the start of "
+                f"{r.segment.path}; restart the service to append again"
+            )
 
     def sync(self) -> int:
         """Write what is pending, fsync it (and the directory for a new segment); returns durable_csn."""
@@ -416,7 +521,17 @@ class Changelog:
 
         Raises CsnOutOfRange at once when retention dropped records after
         `after_csn` (0 means: from the oldest retained).  The iterator stops
-        at the durable end as it was when read() was called.
+        at the durable end as it was when read() was called.  Every record
+        is read whole: a reader that must stay bounded takes `read_pieced`.
+        """
+        return _whole_records(self.read_pieced(after_csn, until_csn))
+
+    def read_pieced(
+        self, after_csn: int, until_csn: int | None = None, whole_up_to: int | None = None
+    ) -> Iterator[tuple[int, bytes | sg.RecordPieces]]:
+        """As `read`, but a record longer than `whole_up_to` bytes comes as RecordPieces, unread.
+
+        Its pieces are valid until the iterator moves on (see RecordPieces).
         """
         with self._cond:
             view = self._view
@@ -429,7 +544,7 @@ class Changelog:
                 csn=after_csn,
                 oldest_csn=view[0].first_csn,
             )
-        return self._iterate(view, bounds, after_csn, until_csn)
+        return self._iterate(view, bounds, after_csn, until_csn, whole_up_to)
 
     def _iterate(
         self,
@@ -437,7 +552,8 @@ class Changelog:
         bounds: list[tuple[int, int]],
         after_csn: int,
         until_csn: int | None,
-    ) -> Iterator[tuple[int, bytes]]:
+        whole_up_to: int | None,
+    ) -> Iterator[tuple[int, bytes | sg.RecordPieces]]:
         i = max(bisect_right([s.first_csn for s in view], after_csn) - 1, 0)
         for seg, (end, n) in zip(view[i:], bounds[i:], strict=True):
             if until_csn is not None and seg.first_csn > until_csn:
@@ -449,7 +565,9 @@ class Changelog:
                     csns, offs = seg.index_csns, seg.index_offs
                 start, expect = sg.seek(csns, offs, n, after_csn)
                 try:
-                    yield from sg.read_records(seg.path, start, end, expect, after_csn, until_csn)
+                    yield from sg.read_records(
+                        seg.path, start, end, expect, after_csn, until_csn, whole_up_to
+                    )
                     break
                 except FileNotFoundError:
                     raise CsnOutOfRange(
@@ -521,6 +639,8 @@ class Changelog:
         if self._closed:
             return
         try:
+            if self._failed is None:
+                self.abort_record()
             if self._failed is None and (self._pending or self._dirty):
                 self.sync()
         finally:
@@ -554,6 +674,11 @@ class Changelog:
             self._pending_meta[-1][0] if self._pending_meta else segs[-1].w_last_csn if segs else 0
         )
         assert self._pending_bytes == sum(len(f) for f in self._pending)
+
+
+def _whole_records(records: Iterator[tuple[int, bytes | sg.RecordPieces]]) -> Iterator[tuple[int, bytes]]:
+    for csn, payload in records:
+        yield csn, payload if isinstance(payload, bytes) else payload.read()
 
 
 def _fsync_covered(point: SyncPoint) -> None:

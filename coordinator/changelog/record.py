@@ -72,6 +72,85 @@ def encode(csn: int, time_us: int, payload: bytes) -> bytes:
     return _FRAME.pack(MARK, crc, n, csn, time_us) + payload
 
 
+def encode_head(csn: int, time_us: int, length: int, payload_crc: int) -> bytes:
+    """The head of a record whose payload was written first, in pieces, with `zlib.crc32` = payload_crc.
+
+    A transaction too large to hold whole is appended as it is produced
+    (`Changelog.start_record`): its length, and so the CRC of the head
+    bytes the record's CRC starts with, is known only at its end.  The
+    record's CRC is then combined from the head's and the payload's, as
+    zlib's crc32_combine does, and the bytes are those `encode` gives.
+    """
+    head_crc = zlib.crc32(_FRAME_TAIL.pack(length, csn, time_us))
+    return _FRAME.pack(MARK, crc32_combine(head_crc, payload_crc, length), length, csn, time_us)
+
+
+# crc32_combine (zlib's, from its crc32.c since 1.2.12): the CRC of A + B from
+# crc(A), crc(B) and len(B), in O(log len(B)) steps of polynomial arithmetic
+# modulo the CRC-32 polynomial, in reflected bit order.  Python's zlib module
+# does not export it.
+_POLY: Final = 0xEDB88320
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a * b modulo the polynomial (reflected)."""
+    m = 1 << 31
+    p = 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> tuple[int, ...]:
+    p = 1 << 30  # x^1
+    table = [p]
+    for _ in range(31):
+        p = _multmodp(p, p)
+        table.append(p)
+    return tuple(table)
+
+
+_X2N: Final = _x2n_table()  # x^(2^n) modulo the polynomial, n = 0..31
+
+
+def _x2nmodp(n: int, k: int) -> int:
+    """x^(n * 2^k) modulo the polynomial."""
+    p = 1 << 31  # x^0
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return p
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """`zlib.crc32(a + b)` from crc1 = zlib.crc32(a), crc2 = zlib.crc32(b) and len2 = len(b)."""
+    return _multmodp(_x2nmodp(len2, 3), crc1) ^ crc2
+
+
+def head_at(buf: bytes | memoryview, off: int) -> tuple[int, int, int, int] | None:
+    """(crc, length, csn, time_us) of the record head at `off`, or None if no head starts there.
+
+    For a reader that reads a large record's payload in pieces: the CRC is
+    checked afterwards with `crc_matches`.
+    """
+    if off + FRAME_HEAD > len(buf):
+        return None
+    mark, crc, length, csn, time_us = _FRAME.unpack_from(buf, off)
+    return None if mark != MARK else (crc, length, csn, time_us)
+
+
+def crc_matches(crc: int, length: int, csn: int, time_us: int, payload_crc: int) -> bool:
+    """Whether a record head's `crc` covers its own fields and a payload of `zlib.crc32` payload_crc."""
+    head_crc = zlib.crc32(_FRAME_TAIL.pack(length, csn, time_us))
+    return crc32_combine(head_crc, payload_crc, length) == crc
+
+
 def frame_at(buf: bytes | memoryview, off: int) -> tuple[int, int, int, int]:
     """(status, csn, time_us, end) of the record at `off`; its payload is buf[off + FRAME_HEAD:end].
 

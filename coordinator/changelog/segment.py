@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zlib
 from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Final
@@ -241,15 +242,69 @@ def seek(csns: list[int], offs: list[int], n: int, after_csn: int) -> tuple[int,
     return offs[k], csns[k]
 
 
+class RecordPieces:
+    """A record too large to read whole (`Changelog.read_pieced`): its payload, read in pieces on demand.
+
+    `pieces()` reads the payload twice: once to check its CRC, so damage is
+    a ChangelogCorrupt before a byte of it is handed on (a consumer never
+    gets half a transaction that turns out wrong), then again to hand it out
+    piece by piece; from the page cache the second read is cheap beside
+    what the consumer does with a gigabyte.  It reads through the segment
+    reader's open file, so it is valid until that reader moves on to the
+    next record (retention may unlink the file meanwhile: the open file
+    still reads).
+    """
+
+    __slots__ = ("_crc", "_fd", "_offset", "_time_us", "csn", "length", "path", "record_offset")
+
+    def __init__(self, fd: int, path: str, record_offset: int, head: tuple[int, int, int, int]) -> None:
+        self._fd = fd
+        self.path = path
+        self.record_offset = record_offset
+        self._offset = record_offset + rec.FRAME_HEAD
+        self._crc, self.length, self.csn, self._time_us = head
+
+    def pieces(self, size: int = READ_CHUNK) -> Iterator[bytes]:
+        """The payload in pieces of at most `size` bytes (after its CRC is found right)."""
+        crc = 0
+        for piece in self._read(size):
+            crc = zlib.crc32(piece, crc)
+        if not rec.crc_matches(self._crc, self.length, self.csn, self._time_us, crc):
+            raise _corrupt(
+                self.path, self.record_offset, "bad record crc inside the durable part of the changelog"
+            )
+        yield from self._read(size)
+
+    def read(self) -> bytes:
+        """The payload whole (for a consumer that needs it so: a table filter)."""
+        return b"".join(self.pieces())
+
+    def _read(self, size: int) -> Iterator[bytes]:
+        off, end = self._offset, self._offset + self.length
+        while off < end:
+            piece = os.pread(self._fd, min(size, end - off), off)
+            if not piece:
+                raise _corrupt(self.path, off, "record cut short inside the durable part of the changelog")
+            off += len(piece)
+            yield piece
+
+
 def read_records(
-    path: str, start: int, end: int, expect_csn: int, after_csn: int, until_csn: int | None
-) -> Iterator[tuple[int, bytes]]:
+    path: str,
+    start: int,
+    end: int,
+    expect_csn: int,
+    after_csn: int,
+    until_csn: int | None,
+    whole_up_to: int | None = None,
+) -> Iterator[tuple[int, bytes | RecordPieces]]:
     """Records of `path` in [start, end) with after_csn < csn (<= until_csn), each CRC-checked.
 
     The record at `start` must be `expect_csn` (what the index said), else
     IndexMismatch before anything is yielded.  Raises FileNotFoundError if
     retention removed the file first; damage inside `end` (which is durable,
-    so whole) is ChangelogCorrupt.
+    so whole) is ChangelogCorrupt.  A record whose payload is longer than
+    `whole_up_to` comes as RecordPieces (its CRC checked when it is read).
     """
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -262,6 +317,22 @@ def read_records(
             pos, size = 0, len(buf)
             while pos < size:
                 status, csn, _, rend = frame_at(buf, pos)
+                if (
+                    whole_up_to is not None
+                    and rend - pos - head > whole_up_to
+                    and rend <= end - off
+                    and (found := rec.head_at(buf, pos)) is not None
+                ):  # (a large record: handed on unread, its CRC checked as it is read)
+                    if first:
+                        if csn != expect_csn:
+                            raise _mismatch(path, off + pos, expect_csn)
+                        first = False
+                    if csn > after_csn:
+                        if until_csn is not None and csn > until_csn:
+                            return
+                        yield csn, RecordPieces(fd, path, off + pos, found)
+                    pos = rend
+                    continue
                 if status != ok:
                     if status == rec.SHORT and pos > 0:
                         break  # the record goes on past this chunk: read again from it

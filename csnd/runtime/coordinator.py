@@ -271,6 +271,7 @@ class CoordinatorRuntime:
             if isinstance(ev, TxnStart):
                 if ev.relations and self._relations is not None:
                     self._relations(ev.csn, ev.relations)
+                sink.start_transaction(ev.csn)
                 line = [json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes)]
                 line_chars = 0
                 first_part = True
@@ -366,6 +367,7 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
     head = json_head(
         csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
     )
+    sink.start_transaction(csn)
     changes = whole_list(txn)
     if changes is not None:  # the common case: one write per line, its text copied once
         # (a bigger transaction goes out batch by batch below: its text is never held whole)

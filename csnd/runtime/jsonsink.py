@@ -97,6 +97,9 @@ class JsonLinesSink:
         if self._pending_bytes >= OUTPUT_CHUNK_BYTES:
             self._drain()
 
+    def start_transaction(self, csn: int) -> None:
+        pass  # (every part is written through as it comes)
+
     def end_transaction(self, csn: int, tail: str) -> None:
         self.write(tail, _NEWLINE)
         self.transactions += 1

@@ -4,8 +4,8 @@
                        ◄───────────── make_durable() returns ─────────┘
                        ── confirm(safe LSN) ──► each live node's slot
 
-A transaction reaches the sink as its docs/design.md section 7 line: zero or more
-`write` calls with its leading parts (a big transaction's line is handed on
+A transaction reaches the sink as its docs/design.md section 7 line:
+`start_transaction` with its csn, zero or more `write` calls with its leading parts (a big transaction's line is handed on
 part by part, so it is never held whole), then `end_transaction` with the
 rest and its csn.  A sink may write the parts through at once (JSON lines) or
 gather them into one record per transaction (a changelog: `append(csn,
@@ -33,6 +33,9 @@ class OutputClosed(Exception):  # (a stop, not an error)
 class Sink(Protocol):
     transactions: int  # transactions ended so far (for progress lines)
     bytes_out: int  # bytes written so far (for progress lines)
+
+    def start_transaction(self, csn: int) -> None:
+        """A transaction's line begins (its parts and end follow): a sink may stream it from here."""
 
     def write(self, text: str) -> None:
         """Part of the current transaction's line (not its end)."""

@@ -48,7 +48,7 @@ from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:
-    from csnd.coordinator.changelog import Changelog, RelationEntry, SubscriptionStore
+    from csnd.coordinator.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
 
 # Longest wait on the changelog before a stream looks at its stop conditions
 # again (server stopping, client gone or silent).  Smaller: a quicker stop;
@@ -58,6 +58,8 @@ WAIT_S: Final = 0.5
 # at its stop conditions and keepalive clock every this many records.
 CHECK_EVERY: Final = 1024
 NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+# A changelog record as a stream reads it: whole, or one too large for a message, unread.
+StoredRecord = tuple[int, "bytes | RecordPieces"]
 
 
 @dataclass(frozen=True)
@@ -206,10 +208,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             stream.got_first.set()
             stream.closed.set()
 
-    def _open(self, after: int, context: grpc.ServicerContext) -> Iterator[Record]:
+    def _open(self, after: int, context: grpc.ServicerContext) -> Iterator[StoredRecord]:
         """`log.read(after)` with its first record already read, so a start out of range fails here."""
         try:
-            records = self.log.read(after)
+            records = self.log.read_pieced(after, whole_up_to=self.settings.max_batch_bytes)
             first = next(records, None)
         except CsnOutOfRange as e:
             _out_of_range(context, after, e)
@@ -221,7 +223,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self,
         cid: int,
         after: int,
-        records: Iterator[Record] | None,
+        records: Iterator[StoredRecord] | None,
         filt: TableFilter,
         stream: _Stream,
         context: grpc.ServicerContext,
@@ -244,7 +246,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             seen = 0
             try:
                 if records is None:
-                    records = log.read(pos)
+                    records = log.read_pieced(pos, whole_up_to=s.max_batch_bytes)
                 for csn, line in records:
                     if relations is not None and relations.has_between(pos, csn):
                         fresh = relations.between(pos, csn, filt.matches)
@@ -255,6 +257,21 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                                 yield _batch_response(batch)
                             yield _relations_response(fresh)
                     pos = csn
+                    if not isinstance(line, bytes) or len(line) > s.max_batch_bytes:
+                        # Too large for one message: sent in pieces, each in a batch of its own.
+                        pieces = _pieces_kept(csn, line, filt, s.max_batch_bytes, context)
+                        if pieces is not None:
+                            batch = builder.flush()
+                            if batch:
+                                self._sent(cid, batch[-1][0], len(batch))
+                                yield _batch_response(batch)
+                            for piece in _piece_batches(csn, pieces):
+                                yield pb.SubscribeResponse(batch=piece)
+                                if self._ended(cid, stream, context):
+                                    return
+                            self._sent(cid, csn, 1)
+                        seen += 1
+                        continue
                     try:
                         kept = filt.keep(line)
                     except ValueError as e:
@@ -444,7 +461,17 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             return
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:
-            for csn, line in self.log.read(after, until):
+            max_bytes = self.settings.max_batch_bytes
+            for csn, line in self.log.read_pieced(after, until, whole_up_to=max_bytes):
+                if not isinstance(line, bytes) or len(line) > max_bytes:
+                    pieces = _pieces_kept(csn, line, filt, max_bytes, context)
+                    if pieces is not None:
+                        batch = builder.flush()
+                        if batch:
+                            yield pb.FetchResponse(batch=_batch(batch))
+                        for piece in _piece_batches(csn, pieces):
+                            yield pb.FetchResponse(batch=piece)
+                    continue
                 try:
                     kept = filt.keep(line)
                 except ValueError as e:
@@ -543,7 +570,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self._store_marks()
 
 
-def _chain(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
+def _chain(first: StoredRecord, rest: Iterator[StoredRecord]) -> Iterator[StoredRecord]:
     yield first
     yield from rest
 
@@ -562,6 +589,37 @@ def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
         return TableFilter(specs)
     except ValueError as e:
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+def _pieces_kept(
+    csn: int, line: bytes | RecordPieces, filt: TableFilter, max_bytes: int, context: grpc.ServicerContext
+) -> Iterator[bytes] | None:
+    """A large transaction's line (after the subscriber's table filter) in pieces of `max_bytes`; None: no change kept.
+
+    Unfiltered, a stored record goes from the file to the wire a piece at a
+    time, so a gigabyte transaction costs the service a piece of memory per
+    stream.  A table filter needs the whole line to cut (its JSON is parsed),
+    so a filtered subscriber's stream holds it whole.
+    """
+    if not filt and not isinstance(line, bytes):
+        return line.pieces(max_bytes)
+    whole = line if isinstance(line, bytes) else line.read()
+    try:
+        kept = filt.keep(whole)
+    except ValueError as e:
+        _bad_line(context, csn, e)
+    if kept is None:
+        return None
+    return (kept[i : i + max_bytes] for i in range(0, len(kept), max_bytes))
+
+
+def _piece_batches(csn: int, pieces: Iterator[bytes]) -> Iterator[pb.TransactionBatch]:
+    """One batch per piece, `more` on all but the last (docs/design.md section 8)."""
+    held = next(pieces, b"")
+    for piece in pieces:
+        yield pb.TransactionBatch(transactions=[pb.Transaction(csn=csn, line=held, more=True)])
+        held = piece
+    yield pb.TransactionBatch(transactions=[pb.Transaction(csn=csn, line=held)])
 
 
 def _batch(records: list[Record]) -> pb.TransactionBatch:

@@ -6,7 +6,8 @@
                           consumers (changefeed) read only what is durable ◄──────────────────────┘
 
 A transaction is gathered into one record (its docs/design.md section 7 line) and
-appended.  Durability is a group commit on a thread of its own: the runtime
+appended; one too large to gather (STREAM_OVER_CHARS) is appended piece by
+piece as it comes (`Changelog.start_record`), so memory stays bounded.  Durability is a group commit on a thread of its own: the runtime
 asks for it (`request_durable`, a ticket) and goes on appending while the
 sync thread writes what is pending and waits for fsync; one fsync covers
 everything appended before it began, and `durable_ticket` tells the runtime
@@ -39,6 +40,13 @@ from csnd.core.errors import SnapshotError
 
 # How often retention runs (from the sync thread, after a sync).
 RETENTION_INTERVAL_S: Final = 30.0
+# A transaction whose text passes this many characters is no longer gathered
+# but appended to the changelog piece by piece as the runtime hands it on, so
+# the service holds at most about this much of it (the runtime's own parts
+# are OUTPUT_CHUNK_BYTES).  Larger: fewer transactions take the slower path
+# (a write per piece, a second pass over the payload for its head); smaller:
+# less memory per transaction.
+STREAM_OVER_CHARS: Final = 8 << 20
 
 
 class ChangelogSink:
@@ -51,7 +59,12 @@ class ChangelogSink:
     """
 
     def __init__(
-        self, log: Changelog, *, snapshot_csn: int = 0, clock: Callable[[], float] = time.monotonic
+        self,
+        log: Changelog,
+        *,
+        snapshot_csn: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        stream_over: int = STREAM_OVER_CHARS,
     ) -> None:
         """`snapshot_csn`: the changelog ends with a completed initial snapshot's record at this CSN."""
         self.log = log
@@ -61,6 +74,12 @@ class ChangelogSink:
         self.bytes_out = 0
         self.skipped = 0  # re-sent after a restart and already held
         self._parts: list[str] = []
+        self._parts_chars = 0
+        self.stream_over = stream_over
+        self._csn = 0  # of the transaction being written (start_transaction)
+        self._held = False  # it is one the changelog held at start: its parts are dropped
+        self._streaming = False  # it is being appended in pieces
+        self._streamed_bytes = 0
         self._clock = clock
         self._next_retention = clock() + RETENTION_INTERVAL_S
         self._lock = threading.Lock()
@@ -73,13 +92,61 @@ class ChangelogSink:
 
     # --- the runtime's thread -----------------------------------------------------
 
+    def start_transaction(self, csn: int) -> None:
+        self._csn = csn
+        self._held = self._repeats(csn)
+
     def write(self, text: str) -> None:
-        self._parts.append(text)
+        if self._held:
+            return  # (a re-sent transaction: dropped at its end, never gathered)
+        parts = self._parts
+        parts.append(text)
+        self._parts_chars += len(text)
+        if self._streaming:
+            self._write_through()
+        elif self._parts_chars >= self.stream_over and self._csn:
+            # Too large to gather: appended as it comes (docs/design.md section 5).
+            with self._lock:
+                self.log.start_record(self._csn)
+            self._streaming = True
+            self._write_through()
+
+    def _write_through(self) -> None:
+        data = "".join(self._parts).encode("utf-8")
+        self._parts, self._parts_chars = [], 0
+        with self._lock:
+            self.log.write_record(data)
+        self._streamed_bytes += len(data)
 
     def end_transaction(self, csn: int, tail: str) -> None:
+        started, self._csn = self._csn, 0
+        if self._streaming:
+            if csn != started:
+                raise ValueError(f"transaction of csn {started} ended as csn {csn}")
+            self._parts.append(tail)
+            self._write_through()
+            with self._lock:
+                self.log.end_record()
+            self._streaming = False
+            self.transactions += 1
+            self.bytes_out += self._streamed_bytes
+            self._streamed_bytes = 0
+            return
         parts = self._parts
         parts.append(tail)
-        self._parts = []
+        self._parts, self._parts_chars = [], 0
+        if self._held or self._repeats(csn):
+            self._held = False
+            self.skipped += 1
+            return
+        line = "".join(parts).encode("utf-8")
+        with self._lock:
+            self.log.append(csn, line)
+        self.transactions += 1
+        self.bytes_out += len(line)
+
+    def _repeats(self, csn: int) -> bool:
+        """Whether the changelog held `csn` when this run started (a re-sent transaction to skip)."""
         if csn <= self.held_csn:
             if csn <= self.snapshot_csn and self.transactions == 0:
                 # Nothing streamed is held yet: this is no re-sent transaction but one the
@@ -91,13 +158,8 @@ class ChangelogSink:
                     "snapshot in fewer chunks ([snapshot] chunk_rows), and start again with an empty "
                     "changelog directory and new slots"
                 )
-            self.skipped += 1
-            return
-        line = "".join(parts).encode("utf-8")
-        with self._lock:
-            self.log.append(csn, line)
-        self.transactions += 1
-        self.bytes_out += len(line)
+            return True
+        return False
 
     def relations(self, csn: int, entries: Sequence[tuple[str, str]]) -> None:
         """Keep the relation versions first in force at `csn` (fsynced), before its record is appended.
@@ -136,13 +198,21 @@ class ChangelogSink:
         self.make_durable()
 
     def discard(self) -> None:
-        self._parts = []
+        self._drop_open()
 
     def abandon(self) -> str | None:
         # What is appended but not synced is simply not durable: the sources
         # re-send it after a restart.  Nothing here is "partial" to name.
-        self._parts = []
+        self._drop_open()
         return None
+
+    def _drop_open(self) -> None:
+        self._parts, self._parts_chars, self._held = [], 0, False
+        if self._streaming:
+            self._streaming = False
+            self._streamed_bytes = 0
+            with self._lock:
+                self.log.abort_record()
 
     # --- the sync thread --------------------------------------------------------------
 

@@ -243,6 +243,9 @@ class _Lines:
         self.bytes_out = 0
         self.csns: list[int] = []
 
+    def start_transaction(self, csn: int) -> None:
+        pass
+
     def write(self, text: str) -> None:
         pass
 

@@ -28,6 +28,9 @@ class RecordSink:
         self.committed = False
         self._parts: list[str] = []
 
+    def start_transaction(self, csn: int) -> None:
+        pass
+
     def write(self, text: str) -> None:
         self._parts.append(text)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,53 @@ def test_without_the_thread_a_request_syncs_at_once(tmp_path: Path) -> None:
         assert log.durable_csn == 2 and sink.transactions == 2 and sink.ended == 2
         # (Status and /metrics show the group commit's fsyncs: a slow disk shows there first)
         assert log.fsyncs == 2 and log.fsync_seconds_total >= log.last_fsync_seconds > 0
+
+
+def test_a_large_transaction_is_appended_as_it_comes_never_gathered(tmp_path: Path) -> None:
+    """30 MB of parts through a sink that streams past 1 MB: the sink holds a few MB at most."""
+    part = '{"new": {"v": "' + "q" * 500_000 + '"}}, '
+    with Changelog(str(tmp_path)) as log:
+        sink = ChangelogSink(log, stream_over=1 << 20)
+        sink.start()
+        sink.start_transaction(1)
+        sink.end_transaction(1, line(1))
+        tracemalloc.start()
+        try:
+            sink.start_transaction(2)
+            sink.write('{"csn": 2, "changes": [')
+            for _ in range(60):
+                sink.write(part)
+            sink.end_transaction(2, "{}]}")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        sink.start_transaction(3)
+        sink.end_transaction(3, line(3))
+        sink.make_durable()
+        sink.stop()
+        # Gathered up to stream_over, then joined and encoded once (about 3 MB); a line
+        # gathered whole would be 30 MB of text, and its bytes 30 MB more.
+        assert peak < 8 << 20, peak
+        got = dict(log.read(0))
+        assert got[2] == ('{"csn": 2, "changes": [' + part * 60 + "{}]}").encode()
+        assert (got[1], got[3]) == (line(1).encode(), line(3).encode())
+        assert (sink.transactions, sink.bytes_out) == (3, sum(map(len, got.values())))
+
+
+def test_a_large_transaction_held_from_before_a_restart_is_dropped_unread(tmp_path: Path) -> None:
+    with Changelog(str(tmp_path)) as log:
+        log.append(5, b'{"csn": 5}')
+        log.sync()
+        sink = ChangelogSink(log, stream_over=100)
+        sink.start_transaction(5)  # (re-sent by its source: the changelog has it)
+        for _ in range(10):
+            sink.write("x" * 60)
+        assert sink._parts == []
+        sink.end_transaction(5, "]}")
+        sink.start_transaction(6)
+        for _ in range(10):
+            sink.write("x" * 60)
+        sink.end_transaction(6, "]}")
+        sink.make_durable()
+        assert list(log.read(0)) == [(5, b'{"csn": 5}'), (6, b"x" * 600 + b"]}")]
+        assert (sink.skipped, sink.transactions) == (1, 1)

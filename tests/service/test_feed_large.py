@@ -1,0 +1,130 @@
+"""Transactions larger than one message: stored, served and received in pieces (docs/design.md section 8).
+
+The server here bounds a message at 2,000 bytes, so the large lines are a
+few dozen kilobytes and take the same path a gigabyte transaction takes
+with the real bound.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from csnd.consumers.client import Changefeed, LargeLine, fetch
+from csnd.coordinator.changelog import Changelog
+from csnd.service import FeedSettings, RunningServer
+from tests.service.feedkit import change, serve
+
+BOUND = 2_000  # the server's message bound, and so its piece size
+CSND = [sys.executable, "-m", "csnd.cli"]
+
+
+def big_line(csn: int, rows: int, table: str = "acct") -> bytes:
+    changes = [change(i, "public", table) for i in range(rows)]
+    return json.dumps({"csn": csn, "gid": None, "nodes": {}, "changes": changes}, ensure_ascii=False).encode()
+
+
+@pytest.fixture
+def feed_of_large(tmp_path: object) -> Iterator[tuple[RunningServer, dict[int, bytes]]]:
+    written = {
+        1: big_line(1, 1),
+        2: big_line(2, 300),  # (about 60 KB: 30 pieces)
+        3: big_line(3, 2),
+        4: big_line(4, 200, table="orders"),
+        5: big_line(5, 1, table="orders"),
+        6: big_line(6, 120),
+    }
+    with Changelog(os.path.join(str(tmp_path), "log")) as log:
+        for csn, line in written.items():
+            log.append(csn, line)
+        log.sync()
+        srv = serve(log, settings=FeedSettings(max_batch_bytes=BOUND))
+        try:
+            yield srv, written
+        finally:
+            srv.stop()
+
+
+def test_large_lines_arrive_whole_and_in_order(feed_of_large: tuple[RunningServer, dict[int, bytes]]) -> None:
+    srv, written = feed_of_large
+    assert max(map(len, written.values())) > 20 * BOUND
+    with Changefeed(srv.address) as feed:
+        got = [feed.next(timeout=60) for _ in written]
+        assert got == sorted(written.items())
+        assert feed.next(timeout=0.3) is None
+    assert list(fetch(srv.address)) == sorted(written.items())
+    assert list(fetch(srv.address, 1, 2)) == [(2, written[2])]
+
+
+def test_a_spooled_large_line_is_a_file(feed_of_large: tuple[RunningServer, dict[int, bytes]]) -> None:
+    srv, written = feed_of_large
+    with Changefeed(srv.address) as feed:
+        for csn, want in sorted(written.items()):
+            rec = feed.next_spooled(timeout=60)
+            assert rec is not None and rec[0] == csn
+            line = rec[1]
+            if len(want) > BOUND:
+                assert isinstance(line, LargeLine) and line.size == len(want)
+                assert line.read() == want
+            else:
+                assert line == want
+
+
+def test_a_filtered_subscriber_gets_the_kept_part_of_a_large_line(
+    feed_of_large: tuple[RunningServer, dict[int, bytes]],
+) -> None:
+    srv, written = feed_of_large
+    want = [(c, w) for c, w in sorted(written.items()) if c in (4, 5)]  # (the lines of orders only)
+    with Changefeed(srv.address, tables=["public.orders"]) as feed:
+        assert [feed.next(timeout=60) for _ in want] == want
+        assert feed.next(timeout=0.3) is None
+
+
+def test_csnd_subscribe_prints_large_lines_whole(
+    feed_of_large: tuple[RunningServer, dict[int, bytes]],
+) -> None:
+    srv, written = feed_of_large
+    proc = subprocess.run(
+        [*CSND, "subscribe", srv.address, "--limit", str(len(written))], capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"".join(written[c] + b"\n" for c in sorted(written))
+
+
+def test_a_stream_cut_inside_a_large_line_starts_it_again_whole(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server stops while pieces of a line are on their way: the client drops them and reconnects."""
+    d = os.path.join(str(tmp_path), "log")
+    written = {c: big_line(c, 8_000) for c in range(1, 4)}  # (2 MB each: more than gRPC buffers)
+    with Changelog(d) as log:
+        for csn, line in written.items():
+            log.append(csn, line)
+        log.sync()
+        settings = FeedSettings(max_batch_bytes=BOUND, keepalive_s=0.2, client_timeout_s=5.0)
+        srv = serve(log, settings=settings)
+        port = srv.port
+        feed = Changefeed(srv.address, give_up=60)
+        try:
+            assert feed.next(timeout=60) == (1, written[1])
+            deadline = time.monotonic() + 60
+            while not feed._inbox.full():  # (pieces of csn 2 wait for the caller)
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            srv.stop(grace=0)
+            srv = serve(log, settings=settings, listen=f"127.0.0.1:{port}")
+            with caplog.at_level(logging.INFO, logger="csnd.consumers.client"):
+                assert feed.next(timeout=60) == (2, written[2])
+            assert "of the line of csn 2, cut short" in caplog.text
+            assert feed.next(timeout=60) == (3, written[3])
+            assert feed.reconnects >= 1
+        finally:
+            feed.close()
+            srv.stop()
