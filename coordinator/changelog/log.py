@@ -31,6 +31,7 @@ from typing import Final
 
 from csnd.coordinator.changelog import record as rec
 from csnd.coordinator.changelog import segment as sg
+from csnd.coordinator.changelog.recent import RecentCsns
 from csnd.coordinator.changelog.relations import RelationStore
 from csnd.core.durable import sync_directory
 from csnd.core.errors import (
@@ -58,6 +59,10 @@ DEFAULT_INDEX_INTERVAL: Final = 4 << 10
 FLUSH_BYTES: Final = 1 << 20
 
 LOCK_NAME: Final = "LOCK"
+
+# How many of the newest durable CSNs are kept for counting a consumer's lag
+# (count_after): 8 bytes each.  A count up to this many costs one bisection.
+RECENT_CSNS: Final = 10_000
 
 
 class SteadyWall:
@@ -105,6 +110,7 @@ class SyncPoint:
     directory_of: str | None  # a new segment's path, when the directory needs an fsync
     # (segment, bytes written, last csn, its time, index entries) at begin_sync
     segments: list[tuple[sg.Segment, int, int, int, int]]
+    csns: list[int]  # of the records it covers, in order
 
 
 class Changelog:
@@ -120,6 +126,7 @@ class Changelog:
         clock: Callable[[], float] = time.time,
         index_interval: int = DEFAULT_INDEX_INTERVAL,
         monotonic: Callable[[], float] = time.monotonic,
+        recent_csns: int = RECENT_CSNS,
     ) -> None:
         if segment_bytes <= 0 or index_interval <= 0:
             raise ConfigError("changelog segment size and index interval must be positive")
@@ -163,6 +170,12 @@ class Changelog:
         # Reader view (replaced under the lock).
         self._view: tuple[sg.Segment, ...] = tuple(self._segments)
         self._durable_csn = self._appended_csn
+        # The newest durable CSNs, for consumers' lag (count_after), from the newest segment's scan on.
+        self._unsynced_csns: list[int] = []  # appended since the last begin_sync
+        seed = last.opened_csns if last else []
+        self._recent = RecentCsns(recent_csns, seed[0] - 1 if seed else 0, seed)
+        for seg in self._segments:
+            seg.opened_csns = []
 
     # -- opening ---------------------------------------------------------------
 
@@ -232,7 +245,9 @@ class Changelog:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-            _fsync_covered(SyncPoint(sealed_fds=[], fd=self._fd, directory_of=segs[-1].path, segments=[]))
+            _fsync_covered(
+                SyncPoint(sealed_fds=[], fd=self._fd, directory_of=segs[-1].path, segments=[], csns=[])
+            )
 
         self._guard(step)
 
@@ -254,6 +269,7 @@ class Changelog:
         self._pending_meta.append((csn, t))
         self._pending_bytes += len(frame)
         self._appended_csn = csn
+        self._unsynced_csns.append(csn)
         if self._pending_bytes >= FLUSH_BYTES:
             self._guard(self._flush)
 
@@ -330,6 +346,7 @@ class Changelog:
         self._guard(step)
         self._open = None
         self._appended_csn = r.csn
+        self._unsynced_csns.append(r.csn)
 
     def abort_record(self) -> None:
         """Drop the open record (its transaction was given up): cut its bytes off the segment."""
@@ -374,8 +391,9 @@ class Changelog:
             segments=[
                 (seg, seg.written, seg.w_last_csn, seg.w_last_time, len(seg.index_csns)) for seg in dirty
             ],
+            csns=self._unsynced_csns,
         )
-        self._sealed_fds, self._dir_dirty = [], False
+        self._sealed_fds, self._dir_dirty, self._unsynced_csns = [], False, []
         return point
 
     def fsync(self, point: SyncPoint) -> None:
@@ -397,6 +415,7 @@ class Changelog:
                 seg.durable_n = index_n
             self._view = tuple(s for s in self._segments if s.last_csn)
             self._durable_csn = self._view[-1].last_csn
+            self._recent.extend(point.csns)
             self._cond.notify_all()
         return self._durable_csn
 
@@ -508,6 +527,34 @@ class Changelog:
     @property
     def segment_count(self) -> int:
         return len(self._view)
+
+    def count_after(self, csn: int, cap: int) -> tuple[int, bool]:
+        """Durable records after `csn`, counted up to `cap`: (count, whether it is only a lower bound).
+
+        The newest RECENT_CSNS are counted by bisection; only a count
+        reaching further back, below what they cover and under the cap,
+        reads the records in between (their heads, not their payloads).
+        """
+        with self._cond:
+            durable = self._durable_csn
+            recent = self._recent
+            n = recent.count_after(csn)
+            floor, kept = recent.floor, len(recent.csns)
+        if csn >= durable:
+            return 0, False
+        if n is not None:
+            return min(n, cap), n >= cap
+        if kept >= cap:
+            return cap, True
+        counted = kept
+        try:
+            for _ in self.read_pieced(csn, floor, whole_up_to=0):
+                counted += 1
+                if counted >= cap:
+                    return cap, True
+        except CsnOutOfRange:  # (behind retention: at least everything retained)
+            return max(counted, self.count_after(0, cap)[0]), True
+        return counted, False
 
     def wait_durable(self, after_csn: int, timeout: float) -> bool:
         """Block until durable_csn > after_csn (True), or `timeout` seconds pass or the log closes (False)."""
@@ -674,6 +721,9 @@ class Changelog:
             self._pending_meta[-1][0] if self._pending_meta else segs[-1].w_last_csn if segs else 0
         )
         assert self._pending_bytes == sum(len(f) for f in self._pending)
+        self._recent._check()
+        assert self._unsynced_csns == sorted(self._unsynced_csns)
+        assert not self._recent.csns or self._recent.csns[-1] == self._durable_csn
 
 
 def _whole_records(records: Iterator[tuple[int, bytes | sg.RecordPieces]]) -> Iterator[tuple[int, bytes]]:

@@ -45,6 +45,7 @@ class Segment:
         "last_csn",
         "last_time",
         "name",
+        "opened_csns",
         "path",
         "prev_csn",
         "seq",
@@ -65,6 +66,9 @@ class Segment:
         self.index_csns: list[int] = []
         self.index_offs: list[int] = []
         self.durable_n = 0
+        self.opened_csns: list[
+            int
+        ] = []  # every record from the scan at open on (until the changelog takes them)
 
     @property
     def index_path(self) -> str:
@@ -77,6 +81,7 @@ class Segment:
         self.last_time = self.w_last_time = s.times[-1]
         self.index_csns, self.index_offs = index
         self.durable_n = len(self.index_csns)
+        self.opened_csns = s.csns
 
     def _check(self) -> None:
         assert rec.SEGMENT_HEAD <= self.end <= self.written

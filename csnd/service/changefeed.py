@@ -76,8 +76,8 @@ class FeedSettings:
     first_message_timeout_s: float = 10.0
     # Named marks are written (fsync) at most this often while streams run.
     store_interval_s: float = 1.0
-    # Status counts a consumer's lag in transactions by reading the changelog
-    # after its acknowledged CSN, up to this many (then it says "at least").
+    # Status counts a consumer's lag in transactions (Changelog.count_after)
+    # up to this many, then says "at least".
     lag_count_cap: int = 10_000
 
 
@@ -551,18 +551,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
 
     def _lag(self, acked: int) -> tuple[int, bool]:
         """Durable transactions after `acked`, counted up to the cap; (count, count is a lower bound)."""
-        if acked >= self.log.durable_csn:
-            return 0, False
-        cap = self.settings.lag_count_cap
-        n = 0
-        try:
-            for _ in self.log.read(acked):
-                n += 1
-                if n >= cap:
-                    return n, True
-        except CsnOutOfRange:  # (behind retention: at least everything retained)
-            return max(n, self._lag(0)[0]), True
-        return n, False
+        return self.log.count_after(acked, self.settings.lag_count_cap)
 
     def stop(self) -> None:
         """Ends every stream at its next look (within WAIT_S) and stores the named marks."""

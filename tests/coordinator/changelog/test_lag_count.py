@@ -1,0 +1,71 @@
+"""Counting durable records after a CSN (a consumer's lag) without reading them, against a brute-force count."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csnd.coordinator.changelog import Changelog
+from csnd.coordinator.changelog.recent import RecentCsns
+from tests.coordinator.changelog.helpers import FakeClock
+
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 50), st.integers(0, 120)),  # csn gap, payload size
+        st.tuples(st.just("sync"), st.just(0), st.just(0)),
+        st.tuples(st.just("reopen"), st.just(0), st.just(0)),
+        st.tuples(st.just("retain"), st.integers(300, 3000), st.just(0)),  # retention_bytes
+    ),
+    max_size=60,
+)
+
+
+@given(_steps, st.integers(1, 6), st.integers(1, 12), st.lists(st.integers(0, 2000), min_size=1, max_size=8))
+def test_count_after_is_the_count_of_durable_records_after_the_csn(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[str, int, int]],
+    keep: int,
+    cap: int,
+    probes: list[int],
+) -> None:
+    d = str(tmp_path_factory.mktemp("log"))
+    opts = {"segment_bytes": 400, "index_interval": 64, "clock": FakeClock(), "recent_csns": keep}
+    log = Changelog(d, **opts)  # type: ignore[arg-type]
+    csn = 0
+    try:
+        for what, a, b in steps:
+            if what == "append":
+                csn += a
+                log.append(csn, b"x" * b)
+            elif what == "sync":
+                log.sync()
+            elif what == "reopen":
+                log.close()
+                log = Changelog(d, **opts)  # type: ignore[arg-type]
+            else:
+                log.sync()
+                log.retention_bytes = a
+                log.apply_retention()
+            log._check()
+            durable = [c for c, _ in log.read(0)]  # (the oracle: read them all)
+            for p in [*probes, *durable[:3], *durable[-3:]]:
+                n = sum(1 for c in durable if c > p)
+                got = log.count_after(p, cap)
+                assert got == ((cap, True) if n >= cap else (n, False)), (p, durable)
+    finally:
+        log.close()
+
+
+@given(st.integers(1, 5), st.lists(st.integers(1, 9), max_size=40), st.integers(0, 400))
+def test_recent_csns_keeps_every_csn_above_its_floor(keep: int, gaps: list[int], probe: int) -> None:
+    r = RecentCsns(keep)
+    csns: list[int] = []
+    for g in gaps:
+        csns.append((csns[-1] if csns else 0) + g)
+        r.extend(csns[-1:])
+        r._check()
+    assert r.csns == [c for c in csns if c > r.floor]
+    assert len(r.csns) >= min(keep, len(csns))
+    got = r.count_after(probe)
+    assert got == (None if probe < r.floor else sum(1 for c in csns if c > probe))
