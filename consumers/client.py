@@ -383,6 +383,7 @@ class Changefeed:
         self._stub: pb_grpc.ChangefeedStub | None = None
         self._inbox: queue.Queue[tuple[_Call, object]] = queue.Queue(INBOX_BATCHES)
         self._call: _Call | None = None
+        self._ended: list[_Call] = []  # cancelled streams whose response threads may still run
         self._pending: deque[tuple[int, bytes | LargeLine]] = deque()
         self._joining: _Joining | None = None  # the pieces of a large line so far
         self._handed_large: LargeLine | None = None  # closed at the next call
@@ -598,6 +599,8 @@ class Changefeed:
     def _lost(self, call: _Call, item: object) -> None:
         """The stream ended: raise if reconnecting cannot help, else reconnect at the next look."""
         call.cancel()
+        self._ended = [c for c in self._ended if c.thread.is_alive()]
+        self._ended.append(call)
         self._call = None
         self._drop_joining()  # (the next stream sends the line again, whole)
         if isinstance(item, grpc.RpcError):
@@ -663,9 +666,18 @@ class Changefeed:
                 with contextlib.suppress(queue.Empty):
                     self._inbox.get(timeout=0.05)  # (make room: the response thread may be blocked)
             call.cancel()
+            self._ended.append(call)
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        # A response thread still inside gRPC when the interpreter exits is frozen
+        # there holding its call's lock, and the call's finaliser then waits on
+        # that lock for ever (`csnd subscribe --limit N` printed its lines and
+        # never exited).  Cancelled, each ends within a moment: wait for them.
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for ended in self._ended:
+            ended.thread.join(max(0.0, deadline - time.monotonic()))
+        self._ended = []
 
     def __enter__(self) -> Changefeed:
         return self

@@ -494,3 +494,24 @@ def test_a_record_that_is_not_a_transaction_is_data_loss(log: Changelog) -> None
         assert [c for c, _ in fetch(srv.address)] == [1, 2, 3]  # (unfiltered, it is passed on as stored)
     finally:
         srv.stop()
+
+
+def test_close_leaves_no_response_thread_inside_grpc(tmp_path: object) -> None:
+    """A response thread alive at interpreter exit can hang it (`csnd subscribe --limit N` never exited)."""
+    d = os.path.join(str(tmp_path), "log")
+    with Changelog(d) as log:
+        written = fill(log, range(1, 2001))
+        settings = FeedSettings(max_batch_bytes=4000)
+        srv = serve(log, settings=settings)
+        port = srv.port
+        feed = Changefeed(srv.address, give_up=60)
+        try:
+            assert drain(feed, 10) == [(c, written[c]) for c in range(1, 11)]
+            srv.stop(grace=0)  # (a stream lost: its thread is left behind by the reconnect)
+            srv = serve(log, settings=settings, listen=f"127.0.0.1:{port}")
+            assert drain(feed, 20)[-1][0] > 20
+        finally:
+            feed.close()
+            srv.stop()
+    alive = [t for t in threading.enumerate() if t.name == "csnd-feed-responses"]
+    assert alive == []
