@@ -178,6 +178,26 @@ def proxy_stall(run: Run) -> None:
     proxy.resume()
 
 
+def client_cut(run: Run) -> None:
+    """The subscribers' TCP path to the service cut, or stalled 0.5-6 s and then flowing again (or cut)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    proxy = run.client_proxy
+    assert proxy is not None
+    how = run.rng.choice(["cut", "stall", "stall, then cut"])
+    if how == "cut":
+        run.mark_fault(f"cut the subscribers' connections after {d:.2f}s")
+        assert proxy.cut() >= 1, "the proxy carried no connection"
+        return
+    hold = run.rng.uniform(0.5, 6.0)
+    run.mark_fault(f"{how} the subscribers' connections for {hold:.1f}s after {d:.2f}s")
+    proxy.stall()
+    time.sleep(hold)
+    if how.endswith("cut"):
+        proxy.cut()
+    proxy.resume()
+
+
 FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "service-kill": service_kill,
     "decoder-kill": decoder_kill,
@@ -186,9 +206,11 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "writer-kill": writer_kill,
     "replication-cut": proxy_cut,
     "replication-stall": proxy_stall,
+    "client-cut": client_cut,
 }
 SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
 PROXIED: Final = frozenset({"replication-cut", "replication-stall"})
+CLIENT_PROXIED: Final = frozenset({"client-cut"})  # (the subscribers reach the service through a proxy)
 
 
 def evidence_dir() -> Path:

@@ -256,7 +256,14 @@ class Run:
     """One run of one fault class with one seed; see the module docstring."""
 
     def __init__(
-        self, cluster: LocalCluster, tmp: Path, fault: str, seed: int, *, proxied: bool = False
+        self,
+        cluster: LocalCluster,
+        tmp: Path,
+        fault: str,
+        seed: int,
+        *,
+        proxied: bool = False,
+        client_proxied: bool = False,
     ) -> None:
         self.cluster = cluster
         self.tmp = tmp
@@ -273,6 +280,8 @@ class Run:
             node = self.rng.choice(list(self.urls))
             server = cluster.server(node)
             self.proxies[node] = Proxy("127.0.0.1", server.port)
+        self.client_proxied = client_proxied
+        self.client_proxy: Proxy | None = None  # between the subscribers and the service, when asked
         self.served: Served | None = None
         self.ticking: Ticking | None = None
         self.writers: list[BaseProcess] = []
@@ -306,9 +315,14 @@ class Run:
                 )
         self.ticking = Ticking(self.cluster.gtm_url, self.urls)
         self.served = start_serve(self.sources(), self.log_dir)
+        address = self.served.address
+        if self.client_proxied:
+            host, _, port = address.rpartition(":")
+            self.client_proxy = Proxy(host, int(port))
+            address = f"127.0.0.1:{self.client_proxy.port}"
         self.subs = [
-            Subscriber(self.served.address, self.tmp / "sub.jsonl", None),
-            Subscriber(self.served.address, self.tmp / "named.jsonl", "fx"),
+            Subscriber(address, self.tmp / "sub.jsonl", None),
+            Subscriber(address, self.tmp / "named.jsonl", "fx"),
         ]
         for s in self.subs:
             s.start()
@@ -553,7 +567,7 @@ class Run:
             self.served.kill()
         if self.ticking is not None:
             self.ticking.stop()
-        for p in self.proxies.values():
+        for p in [*self.proxies.values(), *([self.client_proxy] if self.client_proxy else [])]:
             p.close()
         with contextlib.suppress(Exception):  # (a killed writer's prepared transaction must not hold rows)
             self.recover()

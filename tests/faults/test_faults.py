@@ -18,7 +18,7 @@ import pytest
 
 from csnd.testing.cluster import LocalCluster
 from tests.faults.conftest import record, runs
-from tests.faults.faults import FAULTS, PROXIED, SETUP
+from tests.faults.faults import CLIENT_PROXIED, FAULTS, PROXIED, SETUP
 from tests.faults.harness import running
 
 pytestmark = pytest.mark.xdist_group("faults")
@@ -44,7 +44,9 @@ def _cases() -> Iterator[tuple[str, int]]:
 
 @pytest.mark.parametrize(("fault", "seed"), list(_cases()), ids=lambda x: str(x))
 def test_fault(cluster: LocalCluster, tmp_path: Path, fault: str, seed: int) -> None:
-    with running(cluster, tmp_path, fault, seed, proxied=fault in PROXIED) as run:
+    with running(
+        cluster, tmp_path, fault, seed, proxied=fault in PROXIED, client_proxied=fault in CLIENT_PROXIED
+    ) as run:
         if fault in SETUP:
             SETUP[fault](run)
         run.start()
