@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from bench.common import out_path
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 
 GROUP_BYTES = 128 << 20  # appended per size in the group-commit run
 PER_RECORD_SECONDS = 3.0  # the sync-per-record run stops after this (or PER_RECORD_MAX records)

@@ -273,7 +273,7 @@ def percentiles(xs: list[float]) -> dict[str, float]:
 
 def append_times(directory: str) -> dict[int, float]:
     """csn -> the changelog record's append time (wall seconds), read from the segments of a stopped service."""
-    from csnd.coordinator.changelog import record as rec
+    from csnd.changelog import record as rec
 
     out: dict[int, float] = {}
     for name in sorted(os.listdir(directory)):

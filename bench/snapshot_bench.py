@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from bench.common import out_path
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.snapshot.copier import NodeSnapshot, SnapshotSettings
 from csnd.snapshot.progress import SnapshotProgress

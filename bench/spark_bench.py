@@ -121,9 +121,9 @@ def _ceiling_source() -> Any:
 def run(transactions: int, rounds: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
+    from csnd.changelog import Changelog, SubscriptionStore
     from csnd.consumers.spark.columns import flatten
     from csnd.consumers.spark.session import local_session
-    from csnd.coordinator.changelog import Changelog, SubscriptionStore
     from csnd.service import start_changefeed
 
     # (the ceiling source is this module's: Spark's Python workers must import it)
@@ -202,8 +202,8 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
 def latency(seconds: float = 30.0, rate: float = 200.0, warm_up: float = 10.0) -> dict[str, Any]:
     from datetime import UTC, datetime
 
+    from csnd.changelog import Changelog, SubscriptionStore
     from csnd.consumers.spark.session import local_session
-    from csnd.coordinator.changelog import Changelog, SubscriptionStore
     from csnd.service import start_changefeed
 
     spark = local_session("csnd-bench-latency")  # (before any gRPC in this process)

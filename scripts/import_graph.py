@@ -15,14 +15,16 @@ unit that no longer exists.  The layering it keeps:
     reader, decoder,        core and the stages upstream of them
     sender, coordinator     (reader -> decoder -> sender -> coordinator; the
                             coordinator also proto, for the node agent's wire)
+    changelog               core, and the coordinator's JSON line format for the
+                            relation lines it keeps: the service's durable log
     gtm                     core and reader (it writes recorded streams)
     consumers               core and proto: a consumer reaches the service only
                             over the wire, never its code or the stages (Spark
                             executors import it)
-    snapshot                core and the stages that render its rows
+    snapshot                core, the stages that render its rows, the changelog
     runtime                 wires the stages together: core, proto and the stages;
                             never the service, the command line, the demo or testing
-    service                 core, proto, the stages, runtime and snapshot
+    service                 core, proto, the stages, the changelog, runtime and snapshot
     testing                 core and what it writes recordings with (reader, gtm);
                             imported by tests, the demo and bench only
     demo                    core, gtm and testing (it starts its servers)
@@ -51,11 +53,12 @@ ALLOWED: dict[str, set[str]] = {
     "decoder": {"core", "reader"},
     "sender": {"core", "reader", "decoder"},
     "coordinator": STAGES_UP_TO_SENDER | {"proto"},
+    "changelog": {"core", "coordinator"},
     "gtm": {"core", "reader"},
     "consumers": {"core", "proto"},
-    "snapshot": {"core", "reader", "decoder", "coordinator"},
+    "snapshot": {"core", "reader", "decoder", "coordinator", "changelog"},
     "runtime": STAGES_UP_TO_SENDER | {"coordinator", "proto"},
-    "service": STAGES_UP_TO_SENDER | {"coordinator", "proto", "runtime", "snapshot"},
+    "service": STAGES_UP_TO_SENDER | {"coordinator", "changelog", "proto", "runtime", "snapshot"},
     "testing": {"core", "reader", "gtm"},
     "demo": {"core", "gtm", "testing"},
     "cli": {"core", "reader", "decoder", "gtm", "consumers", "runtime", "service", "demo"},

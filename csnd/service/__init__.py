@@ -1,6 +1,6 @@
 """The service's gRPC side: the Changefeed over the durable changelog (docs/design.md sections 5, 7, 8).
 
-    Changelog (csnd.coordinator.changelog) ──► ChangefeedServicer ──► Subscribe / Fetch / Status
+    Changelog (csnd.changelog) ──► ChangefeedServicer ──► Subscribe / Fetch / Status
          SubscriptionStore (named marks) ◄──┘        │
                                           start_changefeed(): grpc server, bearer token,
                                           TLS, health, reflection, graceful stop

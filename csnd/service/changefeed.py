@@ -48,7 +48,7 @@ from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:
-    from csnd.coordinator.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
+    from csnd.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
 
 # Longest wait on the changelog before a stream looks at its stop conditions
 # again (server stopping, client gone or silent).  Smaller: a quicker stop;

@@ -25,11 +25,11 @@ import os
 import sys
 from dataclasses import dataclass
 
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog.log import LOCK_NAME
-from csnd.coordinator.changelog.record import parse_segment_name, segment_name
-from csnd.coordinator.changelog.relations import FILE_NAME as RELATIONS_NAME
-from csnd.coordinator.changelog.subscriptions import FILE_NAME as SUBSCRIPTIONS_NAME
+from csnd.changelog import Changelog
+from csnd.changelog.log import LOCK_NAME
+from csnd.changelog.record import parse_segment_name, segment_name
+from csnd.changelog.relations import FILE_NAME as RELATIONS_NAME
+from csnd.changelog.subscriptions import FILE_NAME as SUBSCRIPTIONS_NAME
 from csnd.core.errors import ConfigError
 
 

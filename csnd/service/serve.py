@@ -52,7 +52,7 @@ from typing import Any, Final, TextIO
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
-from csnd.coordinator.changelog import Changelog, SubscriptionStore
+from csnd.changelog import Changelog, SubscriptionStore
 from csnd.core.backoff import Backoff
 from csnd.core.errors import ConnectionLost, CsndError, SnapshotError, WorkerError
 from csnd.core.ids import Csn

@@ -33,7 +33,7 @@ from csnd.service.changefeed import WAIT_S, ChangefeedServicer, FeedSettings
 from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:
-    from csnd.coordinator.changelog import Changelog, SubscriptionStore
+    from csnd.changelog import Changelog, SubscriptionStore
 
 SERVICE_NAME: Final = pb.DESCRIPTOR.services_by_name["Changefeed"].full_name
 # Handler threads: each subscriber holds one for as long as it is subscribed.

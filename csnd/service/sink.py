@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 from csnd.core.errors import SnapshotError
 
 # How often retention runs (from the sync thread, after a sync).

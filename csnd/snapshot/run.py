@@ -42,7 +42,7 @@ from csnd.snapshot.plan import TableInfo
 from csnd.snapshot.progress import SnapshotProgress
 
 if TYPE_CHECKING:
-    from csnd.coordinator.changelog import Changelog
+    from csnd.changelog import Changelog
 
 # How often a waiting step looks at the stop flag.
 POLL_S: Final = 0.5

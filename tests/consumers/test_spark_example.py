@@ -24,6 +24,7 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from csnd.changelog import Changelog, SubscriptionStore
 from csnd.consumers.examples.current_state import (
     apply_changes,
     changes_of,
@@ -31,7 +32,6 @@ from csnd.consumers.examples.current_state import (
     pg_table,
     read_parquet_state,
 )
-from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.service import start_changefeed
 from csnd.testing.pgserver import free_port
 from tests.fixtures.pg import PgDatabase

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from csnd.coordinator.changelog import Changelog, SubscriptionStore
+from csnd.changelog import Changelog, SubscriptionStore
 from csnd.service import RunningServer, start_changefeed
 from tests.consumers.test_spark_rows import brute
 

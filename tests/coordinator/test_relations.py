@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from csnd.changelog import Changelog, RelationStore
 from csnd.coordinator import CsnMerge, NodeBatch, TxnStart, relation_line
-from csnd.coordinator.changelog import Changelog, RelationStore
 from csnd.coordinator.wire import batch_from_pb, batch_to_pb
 from csnd.core.errors import ChangelogCorrupt
 from csnd.core.ids import Csn, Lsn, Xid

@@ -251,8 +251,8 @@ def test_the_node_agent_client_reconnects_by_it(agent: str) -> None:
 
 def test_the_changefeed_client_reconnects_by_it(tmp_path: Path) -> None:
     """Its waits are the policy's draws; the connect timeout is its give-up; a stream resets it."""
+    from csnd.changelog import Changelog
     from csnd.consumers.client import BACKOFF_FIRST_S, BACKOFF_MAX_S, Changefeed
-    from csnd.coordinator.changelog import Changelog
     from csnd.testing.pgserver import free_port
     from tests.service.feedkit import fill, serve
 

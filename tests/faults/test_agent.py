@@ -88,7 +88,7 @@ def _witness(pg: PgDatabase) -> list[tuple[int, int, list[dict[str, Any]]]]:
 
 
 def _changelog(log_dir: str) -> list[dict[str, Any]]:
-    from csnd.coordinator.changelog import Changelog
+    from csnd.changelog import Changelog
 
     with Changelog(log_dir) as log:
         return [json.loads(raw) for _, raw in log.read(0, 2**63)]

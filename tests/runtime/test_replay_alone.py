@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from csnd.changelog import Changelog
+from csnd.changelog.log import SyncPoint
 from csnd.coordinator import AloneOrder, CsnMerge, json_line
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog.log import SyncPoint
 from csnd.core.errors import ProtocolError
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.runtime import items

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from csnd.coordinator.changelog import Changelog, SubscriptionStore
+from csnd.changelog import Changelog, SubscriptionStore
 from csnd.service import FeedSettings, RunningServer, start_changefeed
 
 TABLES = [("public", "acct"), ("public", "orders"), ("sales", "acct"), ("odd", "a.b")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 from csnd.service import FeedSettings
 from tests.service.feedkit import line, serve, txn_tables
 

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from csnd.changelog import Changelog, SubscriptionStore
 from csnd.consumers.client import Changefeed, fetch
-from csnd.coordinator.changelog import Changelog, SubscriptionStore
 from csnd.core.errors import ChangefeedError, ChangefeedRejected, ChangefeedUnauthenticated, CsnOutOfRange
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc

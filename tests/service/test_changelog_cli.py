@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 from tests.service.feedkit import fill
 
 CSND = [sys.executable, "-m", "csnd.cli"]

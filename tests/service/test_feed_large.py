@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from csnd.changelog import Changelog
 from csnd.consumers.client import Changefeed, LargeLine, fetch
-from csnd.coordinator.changelog import Changelog
 from csnd.service import FeedSettings, RunningServer
 from tests.service.feedkit import change, serve
 

@@ -101,7 +101,7 @@ def _witness_commits(pg: PgDatabase) -> list[tuple[int, int]]:
 
 def _changelog_xids(log_dir: str) -> list[int]:
     """dn1's xid of every transaction in the changelog, in its order (a stopped service's)."""
-    from csnd.coordinator.changelog import Changelog
+    from csnd.changelog import Changelog
 
     with Changelog(log_dir) as log:
         return [json.loads(raw)["nodes"]["dn1"]["xid"] for _, raw in log.read(0, 2**63)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from csnd.coordinator.changelog import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
-from csnd.coordinator.changelog.log import SyncPoint
+from csnd.changelog import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
+from csnd.changelog.log import SyncPoint
 from csnd.core.errors import CsndError
 from csnd.service.sink import ChangelogSink
 

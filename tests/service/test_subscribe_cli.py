@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 from csnd.service import RunningServer
 from csnd.service.http import DashboardServer
 from csnd.testing.pgserver import free_port

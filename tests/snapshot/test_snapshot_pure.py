@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog
+from csnd.changelog import Changelog
 from csnd.core.errors import SnapshotError
 from csnd.service.sink import ChangelogSink
 from csnd.snapshot.copyrows import SIGNATURE, BinaryCopyRows, CopyFormatError, TextCopyRows

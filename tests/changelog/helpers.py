@@ -6,8 +6,8 @@ import os
 
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog import record as rec
+from csnd.changelog import Changelog
+from csnd.changelog import record as rec
 
 Records = list[tuple[int, bytes]]
 

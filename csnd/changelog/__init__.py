@@ -29,10 +29,10 @@ subscriptions.py SubscriptionStore: durable named offsets
 relations.py     RelationStore: every relation version (column names and types), durable
 """
 
-from csnd.coordinator.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
-from csnd.coordinator.changelog.relations import RelationEntry, RelationStore
-from csnd.coordinator.changelog.segment import RecordPieces
-from csnd.coordinator.changelog.subscriptions import SubscriptionStore
+from csnd.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
+from csnd.changelog.relations import RelationEntry, RelationStore
+from csnd.changelog.segment import RecordPieces
+from csnd.changelog.subscriptions import SubscriptionStore
 
 __all__ = [
     "DEFAULT_INDEX_INTERVAL",

@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from csnd.coordinator.changelog import record as rec
-from csnd.coordinator.changelog import segment as sg
-from csnd.coordinator.changelog.recent import RecentCsns
-from csnd.coordinator.changelog.relations import RelationStore
+from csnd.changelog import record as rec
+from csnd.changelog import segment as sg
+from csnd.changelog.recent import RecentCsns
+from csnd.changelog.relations import RelationStore
 from csnd.core.durable import sync_directory
 from csnd.core.errors import (
     ChangelogCorrupt,

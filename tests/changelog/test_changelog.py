@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog, SubscriptionStore
-from csnd.coordinator.changelog import record as rec
+from csnd.changelog import Changelog, SubscriptionStore
+from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt, ConfigError, CsndError, CsnOutOfRange
-from tests.coordinator.changelog.helpers import (
+from tests.changelog.helpers import (
     FakeClock,
     Records,
     expected,
@@ -160,7 +160,7 @@ def test_index_rebuilt_when_missing_or_damaged(tmp_path: Path, damage: str) -> N
 
 def test_read_seeks_with_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read from the middle starts at the index entry before its CSN, never at the start of the log."""
-    from csnd.coordinator.changelog import segment as sg
+    from csnd.changelog import segment as sg
 
     records = [(c, payload(c)) for c in range(1, 5000)]
     with write_log(str(tmp_path), records, sync_every=500, segment_bytes=1 << 16, index_interval=1024) as log:

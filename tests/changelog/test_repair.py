@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog import record as rec
+from csnd.changelog import Changelog
+from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt
-from tests.coordinator.changelog.helpers import (
+from tests.changelog.helpers import (
     Records,
     expected,
     payload,

@@ -1,4 +1,4 @@
-"""Fuzzing the changelog reader (csnd.coordinator.changelog) with damaged segment and index files.
+"""Fuzzing the changelog reader (csnd.changelog) with damaged segment and index files.
 
 `test_repair.py` flips bytes of records and cuts the last segment
 at every byte.  This adds the rest of what can happen to a directory of
@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog import record as rec
+from csnd.changelog import Changelog
+from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt
-from tests.coordinator.changelog.helpers import (
+from tests.changelog.helpers import (
     Records,
     expected,
     record_lists,

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog, RecordPieces
-from csnd.coordinator.changelog import record as rec
+from csnd.changelog import Changelog, RecordPieces
+from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt, OutputError
-from tests.coordinator.changelog.helpers import FakeClock
+from tests.changelog.helpers import FakeClock
 
 
 @given(st.binary(max_size=300), st.binary(max_size=3000))

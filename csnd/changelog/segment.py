@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Final
 
-from csnd.coordinator.changelog import record as rec
+from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt, IndexMismatch
 
 log = logging.getLogger("csnd.changelog")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from csnd.coordinator.changelog import Changelog
-from tests.coordinator.changelog.helpers import payload
+from csnd.changelog import Changelog
+from tests.changelog.helpers import payload
 
 CEILING = 120.0  # seconds: a generous bound on waiting for a state, never a timing assertion
 
@@ -75,8 +75,8 @@ def test_wait_durable_wakes_on_sync_and_close(tmp_path: Path) -> None:
 _CHILD = textwrap.dedent(
     """
     import sys
-    from csnd.coordinator.changelog import Changelog
-    from tests.coordinator.changelog.helpers import payload
+    from csnd.changelog import Changelog
+    from tests.changelog.helpers import payload
 
     log = Changelog(sys.argv[1], segment_bytes=20000, index_interval=1024)
     csn = log.durable_csn
@@ -94,7 +94,7 @@ _CHILD = textwrap.dedent(
 def test_kill_9_keeps_every_synced_record(tmp_path: Path, rounds: int) -> None:
     """A child appends and syncs in a loop and is SIGKILLed once it has synced records (and again,
     after reopening): the log always holds every CSN the child reported synced, as a gapless prefix."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = str(Path(__file__).resolve().parents[2])  # (the repository)
     reported = 0
     for r in range(rounds):
         child = subprocess.Popen(
@@ -130,8 +130,8 @@ def test_kill_9_keeps_every_synced_record(tmp_path: Path, rounds: int) -> None:
 _UNSYNCED_CHILD = textwrap.dedent(
     """
     import sys
-    from csnd.coordinator.changelog import Changelog
-    from tests.coordinator.changelog.helpers import payload
+    from csnd.changelog import Changelog
+    from tests.changelog.helpers import payload
 
     log = Changelog(sys.argv[1], segment_bytes=2000, index_interval=256)
     for csn in range(1, 21):
@@ -152,7 +152,7 @@ def test_reopening_after_kill_9_fsyncs_what_it_adopts_before_calling_it_durable(
     """After kill -9 the unsynced writes survive in the page cache and a reopen adopts them: it must
     fsync them (and the directory entries of the segments they created) before counting them durable,
     or slots confirmed from that durable CSN lose those transactions in an OS crash."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = str(Path(__file__).resolve().parents[2])  # (the repository)
     child = subprocess.Popen(
         [sys.executable, "-c", _UNSYNCED_CHILD, str(tmp_path)],
         stdin=subprocess.PIPE,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog import record as rec
-from tests.coordinator.changelog.helpers import FakeClock
+from csnd.changelog import Changelog
+from csnd.changelog import record as rec
+from tests.changelog.helpers import FakeClock
 
 HOUR = 3600.0
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csnd.coordinator.changelog import Changelog
-from csnd.coordinator.changelog.recent import RecentCsns
-from tests.coordinator.changelog.helpers import FakeClock
+from csnd.changelog import Changelog
+from csnd.changelog.recent import RecentCsns
+from tests.changelog.helpers import FakeClock
 
 _steps = st.lists(
     st.one_of(
