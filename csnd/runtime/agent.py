@@ -41,7 +41,7 @@ from csnd.runtime.config import NodeAgentConfig
 from csnd.runtime.inputs import NodePipeline
 from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.runtime.remote import CHANNEL_OPTIONS
-from csnd.runtime.sources import open_source, parse_source
+from csnd.runtime.sources import open_live, open_source, parse_source
 from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
 
 # An idle stream sends a keepalive this often, so the coordinator can tell a
@@ -239,7 +239,8 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     spec = parse_source(config.source)
     if spec.is_grpc:
         raise ConfigError("csnd node serves one database node or recorded file, not another agent")
-    source = open_source(spec, config.live, 0)
+    live = open_live(spec, config.live) if spec.is_live else None
+    source = live if live is not None else open_source(spec, config.live, 0)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
     try:
         port = server.add_insecure_port(config.listen)  # (first: a taken port makes no slot)
@@ -247,8 +248,8 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
         raise ConfigError(f"cannot listen on {config.listen}: {e}") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
-    if spec.is_live:
-        source.prepare()  # the slot at its consistent point before the ready line
+    if live is not None:
+        live.prepare()  # the slot at its consistent point before the ready line
     pipeline = NodePipeline(source, config.decoders)
     state = AgentState(pipeline, after_batch=after_batch)
     pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)

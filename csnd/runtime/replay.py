@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.runtime.config import ReplayConfig
@@ -34,13 +34,13 @@ from csnd.runtime.sinks import OutputClosed, Sink
 from csnd.runtime.sources import SourceSpec, check_nodes, open_source, parse_source
 from csnd.runtime.stopping import ignore_stop_signals
 
+if TYPE_CHECKING:
+    from csnd.runtime.inputs import NodeSource
+    from csnd.runtime.remote import RemoteNode
 
-def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> Any:
-    """A SOURCE's reader-side object (a source, or a node agent's client: a whole `NodeInput`).
 
-    A `NodeSource` or a `RemoteNode` (Any, not that union, as `open_source` says:
-    `run_replay` picks by the spec, which mypy cannot follow).
-    """
+def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> NodeSource | RemoteNode:
+    """A SOURCE's reader-side object: a source, or a node agent's client (a whole `NodeInput`)."""
     if spec.is_grpc:
         from csnd.runtime.remote import RemoteNode
 
@@ -95,10 +95,12 @@ def run_replay(config: ReplayConfig) -> int:
     check_nodes(opened)
     sink = JsonLinesSink(config.output, schemas=config.schemas)  # (before any decoder: a bad path fails now)
     try:
+        # A node agent's client is a node input already (told by the spec: RemoteNode
+        # is imported only when one is named, so a file replay never loads gRPC).
         inputs: list[NodeInput] = [
-            s if spec.is_grpc else NodePipeline(s, config.decoders)
+            cast("RemoteNode", s) if spec.is_grpc else NodePipeline(cast("NodeSource", s), config.decoders)
             for spec, s in zip(specs, opened, strict=True)
-        ]  # a node agent's client is a node input already
+        ]
     except BaseException:
         sink.discard()  # nothing was written: leave no FILE.partial behind
         raise

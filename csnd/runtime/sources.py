@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from csnd.core.errors import ConfigError
 from csnd.core.ids import lsn_from_str
@@ -23,6 +23,7 @@ from csnd.runtime.config import LiveSourceConfig
 
 if TYPE_CHECKING:  # (only for types: each is imported where it is opened, as late as it can be)
     from csnd.reader.live import LiveSource
+    from csnd.reader.recorded import RecordedSource
     from csnd.runtime.inputs import NodeInput, NodeSource
 
 _NAME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
@@ -71,12 +72,11 @@ def open_live(spec: SourceSpec, live: LiveSourceConfig, default_name: str = "dn1
     return LiveSource(spec.name or default_name, live.options(spec.target), mode=live.mode)
 
 
-def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> Any:
+def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> LiveSource | RecordedSource:
     """A live node's or a recorded file's source object; `index` names an unnamed live node dn<index+1>.
 
-    A `LiveSource` or a `RecordedSource`, both a `csnd.runtime.inputs.NodeSource`.
-    (Any, not that union: callers pick by `spec` what to do with it -- prepare a
-    live node's slot, say -- which mypy cannot follow; `open_live` is typed.)
+    Both are a `csnd.runtime.inputs.NodeSource`.  A caller that does more with
+    a live node (prepares its slot) opens it with `open_live`.
     """
     if spec.is_grpc:
         raise ConfigError(f"{spec.target} is a node agent, not a source to read")

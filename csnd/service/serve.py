@@ -60,7 +60,7 @@ from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
-from csnd.runtime.sources import SourceSpec, check_nodes, open_source
+from csnd.runtime.sources import SourceSpec, check_nodes, open_live, open_source
 from csnd.runtime.stopping import ignore_stop_signals
 from csnd.service.config import ServeConfig, ServedSource
 from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
@@ -187,7 +187,7 @@ class Service:
             for i, src in enumerate(cfg.sources):
                 if not src.is_live:
                     continue
-                source = open_source(SourceSpec(src.name, src.target), src.live, i)
+                source = open_live(SourceSpec(src.name, src.target), src.live, f"dn{i + 1}")
                 wanted = src.live.snapshot if first_start else "never"
                 enums = source.enum_types() if wanted != "never" and source.binary else []
                 exported = source.prepare(wanted)
