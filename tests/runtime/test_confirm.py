@@ -19,10 +19,10 @@ from csnd.decoder.change import DecodedChange
 from csnd.reader.pgoutput import Begin, Commit, LogicalMessage
 from csnd.runtime.confirm import ConfirmTracker
 from csnd.runtime.coordinator import CoordinatorRuntime
-from csnd.runtime.items import Outbox, TxnItem, WatermarkItem
-from csnd.runtime.stats import NodeStats
+from csnd.runtime.items import TxnItem, WatermarkItem
 from csnd.runtime.window import AckWindow
 from csnd.sender import FinishedTxn, NodeSender
+from tests.runtime.queued import QueuedInput
 
 
 class ConfirmMachine(RuleBasedStateMachine):
@@ -207,34 +207,6 @@ def test_a_durable_count_outside_what_was_written_is_refused() -> None:
 # --- one event releases several: each carries its own confirmable LSN ------------------------
 
 
-class _Queued:
-    """A node input whose items the test queues; `confirms`: it has a slot (and records what is confirmed)."""
-
-    mode = "gtm"
-    releases_whole = True
-
-    def __init__(self, node: str, confirms: bool) -> None:
-        self.node = node
-        self.confirms = confirms
-        self.out = Outbox(16)
-        self.confirmed: list[int] = []
-
-    def start(self, wakeup: object) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def stats(self) -> NodeStats:
-        return NodeStats(self.node)
-
-    def confirm(self, lsn: int) -> None:
-        self.confirmed.append(lsn)
-
-    def confirm_final(self, lsn: int) -> None:
-        self.confirmed.append(lsn)
-
-
 class _Lines:
     """A sink that keeps the CSNs of the lines it ended; everything ended is durable at make_durable."""
 
@@ -291,7 +263,7 @@ def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merg
     group = _gtm_txn(sender, 701, "g1", 11, 0x400)
     assert [t.gid for t in group] == ["g1", "g2", "g3"]
 
-    dn1, dn2 = _Queued("dn1", confirms=True), _Queued("dn2", confirms=False)
+    dn1, dn2 = QueuedInput("dn1", "gtm", confirms=True), QueuedInput("dn2", "gtm", confirms=False)
     dn1.out.put_many([TxnItem(t, t.confirmable) for t in group])
     dn2.out.put_many([WatermarkItem(Csn(11))])  # dn2 may still send csn 12
     sink = _Lines()

@@ -18,11 +18,11 @@ from csnd.core.errors import ProtocolError
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.runtime import items
 from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
-from csnd.runtime.items import EndItem, Outbox, TxnItem, cut_batches
+from csnd.runtime.items import EndItem, TxnItem, cut_batches
 from csnd.runtime.jsonsink import JsonLinesSink
-from csnd.runtime.stats import NodeStats
 from csnd.sender.txn import FinishedTxn
 from csnd.service.sink import ChangelogSink
+from tests.runtime.queued import QueuedInput
 
 _TXN = st.tuples(
     st.lists(st.integers(0, 2), max_size=12),  # cid steps: cids never decrease inside a transaction
@@ -117,53 +117,27 @@ def test_a_gid_seen_again_is_a_protocol_error_alone_as_through_the_merge() -> No
         small.check(Csn(9), "c", Xid(709), Lsn(0x909))
 
 
-class _LiveLike:
-    """A lone local node with a slot, as the coordinator runtime sees it: no threads, everything queued."""
-
-    node = "dn1"
-    mode = "single"
-    confirms = True
-    releases_whole = True
-
-    def __init__(self, output: Path, queued: list[items.NodeItem]) -> None:
-        self.output = output
-        self.out = Outbox(1)
-        self.out.put_many(queued)
-        self.lines_then: list[int] = []
-        self.confirms_seen: list[int] = []
-        self.final: int | None = None
-
-    def start(self, wakeup: object) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def stats(self) -> NodeStats:
-        return NodeStats(self.node)
-
-    def confirm(self, lsn: int) -> None:
-        self.confirms_seen.append(lsn)
-        self.lines_then.append(self.output.read_text(encoding="utf-8").count("\n"))  # written and synced
-
-    def confirm_final(self, lsn: int) -> None:
-        self.final = lsn
-
-
 def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed(tmp_path: Path) -> None:
     """Alone, the loop takes a bounded round of transactions, so confirms are not starved by a full queue."""
     n = 3 * CsnMerge(["dn1"]).max_pending_batches
     txns = _txns([([0], True, None, 5)] * n)
     for k, txn in enumerate(txns):
         txn.xid = Xid(700 + k)  # (the drawn list repeats one transaction)
-    node = _LiveLike(tmp_path / "out.jsonl.partial", [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
+    partial = tmp_path / "out.jsonl.partial"
+    lines_then: list[int] = []  # the output's lines at each confirmation
+
+    def note_lines(lsn: int) -> None:
+        lines_then.append(partial.read_text(encoding="utf-8").count("\n"))  # written and synced
+
+    queued: list[items.NodeItem] = [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()]
+    node = QueuedInput("dn1", "single", queued, on_confirm=note_lines)
     out = JsonLinesSink(str(tmp_path / "out.jsonl"))
     CoordinatorRuntime([node], out, confirm_interval_s=0.0).run()
     out.commit()
     assert out.transactions == n
-    assert len(node.confirms_seen) >= 3  # one per round at least, before the stream ended
-    assert node.confirms_seen == sorted(node.confirms_seen) and node.confirms_seen[0] > 0
-    for lsn, lines in zip(node.confirms_seen, node.lines_then, strict=True):
+    assert len(node.confirmed) >= 3  # one per round at least, before the stream ended
+    assert node.confirmed == sorted(node.confirmed) and node.confirmed[0] > 0
+    for lsn, lines in zip(node.confirmed, lines_then, strict=True):
         assert lsn <= txns[lines - 1].end_lsn  # nothing confirmed before its line was on disk
     assert node.final == txns[-1].end_lsn
 
@@ -214,19 +188,6 @@ class _SlowFsync(Changelog):
         super().fsync(point)
 
 
-class _Watched(_LiveLike):
-    """Notes, at each confirmation, the changelog's durable CSN at that moment."""
-
-    def __init__(self, log: Changelog, queued: list[items.NodeItem]) -> None:
-        super().__init__(Path(log.directory), queued)
-        self.log = log
-        self.durable_then: list[int] = []
-
-    def confirm(self, lsn: int) -> None:
-        self.confirms_seen.append(lsn)
-        self.durable_then.append(self.log.durable_csn)
-
-
 def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp_path: Path) -> None:
     """The service's sink syncs on its own thread while the runtime appends: a slot never passes durable."""
     n = 3 * CsnMerge(["dn1"]).max_pending_batches
@@ -236,14 +197,16 @@ def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp
     log = _SlowFsync(str(tmp_path / "changelog"))
     sink = ChangelogSink(log)
     sink.start()
-    node = _Watched(log, [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
+    durable_then: list[int] = []  # the changelog's durable CSN at each confirmation
+    queued: list[items.NodeItem] = [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()]
+    node = QueuedInput("dn1", "single", queued, on_confirm=lambda lsn: durable_then.append(log.durable_csn))
     try:
         CoordinatorRuntime([node], sink, confirm_interval_s=0.0, durable_always=True).run()
     finally:
         sink.stop()
     end_of = {t.csn: t.end_lsn for t in txns}
-    assert len(node.confirms_seen) >= 2 and node.confirms_seen == sorted(node.confirms_seen)
-    for lsn, durable in zip(node.confirms_seen, node.durable_then, strict=True):
+    assert len(node.confirmed) >= 2 and node.confirmed == sorted(node.confirmed)
+    for lsn, durable in zip(node.confirmed, durable_then, strict=True):
         assert lsn <= end_of.get(Csn(durable), 0), (lsn, durable)  # never past the durable changelog
     assert node.final == txns[-1].end_lsn and log.durable_csn == txns[-1].csn
     log.close()

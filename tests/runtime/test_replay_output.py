@@ -24,15 +24,15 @@ import pytest
 from csnd.core.ids import Csn, Lsn, Xid, lsn_from_str
 from csnd.gtm import generate_cluster
 from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
-from csnd.runtime.items import EndItem, Outbox, TxnItem
+from csnd.runtime.items import EndItem, TxnItem
 from csnd.runtime.jsonsink import JsonLinesSink
 from csnd.runtime.sinks import OutputClosed
-from csnd.runtime.stats import NodeStats
 from csnd.sender.txn import FinishedTxn
 from csnd.testing import pgworkload as workload
 from tests.fixtures import witness
 from tests.fixtures.pg import PgDatabase
 from tests.fixtures.procs import children, wait_until_gone
+from tests.runtime.queued import QueuedInput
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
@@ -130,36 +130,6 @@ def test_head_in_a_shell_pipeline_sees_exit_status_0(cluster: Path) -> None:
     assert len(proc.stdout.splitlines()) == 3
 
 
-class _Slot:
-    """A lone local node with a slot, all its transactions queued: the runtime's view of one."""
-
-    node = "dn1"
-    mode = "single"
-    confirms = True
-    releases_whole = True
-
-    def __init__(self, txns: list[FinishedTxn]) -> None:
-        self.out = Outbox(1)
-        self.out.put_many([*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
-        self.confirmed: list[int] = []
-        self.final: int | None = None
-
-    def start(self, wakeup: object) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def stats(self) -> NodeStats:
-        return NodeStats(self.node)
-
-    def confirm(self, lsn: int) -> None:
-        self.confirmed.append(lsn)
-
-    def confirm_final(self, lsn: int) -> None:
-        self.final = lsn
-
-
 def test_a_closed_output_confirms_nothing_past_what_was_written(tmp_path: Path) -> None:
     txns = [
         FinishedTxn(
@@ -198,7 +168,7 @@ def test_a_closed_output_confirms_nothing_past_what_was_written(tmp_path: Path) 
 
     reader = threading.Thread(target=head)
     reader.start()
-    slot = _Slot(txns)
+    slot = QueuedInput("dn1", "single", [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()])
     sink = JsonLinesSink(None, fd=w)
     try:
         with pytest.raises(OutputClosed):

@@ -1,0 +1,70 @@
+"""A node input whose items a test queues: what the coordinator runtime reads, with no thread behind it.
+
+The runtime drains `out`; the test puts there what a pipeline would have
+released (at construction, or later between the runtime's steps).  With
+`confirms`, the input has a slot: `confirmed` records each `confirm` in
+order, `final` the `confirm_final` at the end of a run, and `on_confirm`, if
+given, is called with each confirmed LSN to note what else held then (the
+output's lines, the changelog's durable CSN).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from csnd.runtime.items import NodeItem, Outbox
+from csnd.runtime.stats import NodeStats
+
+if TYPE_CHECKING:
+    from csnd.runtime.inputs import NodeInput
+
+
+class QueuedInput:
+    """One node as the runtime sees it: `node` in CSN `mode`, its items queued in `out`."""
+
+    releases_whole = True
+
+    def __init__(
+        self,
+        node: str,
+        mode: str,
+        queued: Sequence[NodeItem] = (),
+        *,
+        confirms: bool = True,
+        on_confirm: Callable[[int], None] | None = None,
+    ) -> None:
+        self.node = node
+        self.mode = mode
+        self.confirms = confirms
+        self.out = Outbox(16)  # (room enough that a test's put_many never waits)
+        if queued:
+            self.out.put_many(list(queued))
+        self.on_confirm = on_confirm
+        self.confirmed: list[int] = []
+        self.final: int | None = None
+
+    def start(self, wakeup: threading.Event) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def stats(self) -> NodeStats:
+        return NodeStats(self.node)
+
+    def confirm(self, lsn: int) -> None:
+        self.confirmed.append(lsn)
+        if self.on_confirm is not None:
+            self.on_confirm(lsn)
+
+    def confirm_final(self, lsn: int) -> None:
+        self.final = lsn
+
+
+if TYPE_CHECKING:
+
+    def _is_a_node_input(queued: QueuedInput) -> NodeInput:
+        """Never called: mypy checks here that a `QueuedInput` is what the runtime reads."""
+        return queued
