@@ -353,7 +353,9 @@ class Changefeed:
     retained).  None: for a named subscription, after its stored acknowledged
     CSN; otherwise from the oldest retained.  tables: `schema.table` filters
     (none, for a named subscription: the filter the name was last used with).
-    schemas: also yield relation lines, as `RelationRecord`s.
+    schemas: also yield relation lines, as `RelationRecord`s.  format: "native"
+    (the docs/design.md section 7 lines) or "debezium" (each transaction's
+    changes as Debezium change events, one per line of its `line`).
     """
 
     def __init__(
@@ -368,8 +370,10 @@ class Changefeed:
         connect_timeout: float = CONNECT_TIMEOUT_S,
         give_up: float | None = GIVE_UP_S,
         schemas: bool = False,
+        format: str = "native",
     ) -> None:
         self.address = parse_target(target)
+        self.format = format
         self.name = name or ""
         self.tables = tuple(tables)
         self.schemas = schemas
@@ -553,7 +557,9 @@ class Changefeed:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 continue
-            start = pb.SubscribeStart(name=self.name, tables=self.tables, schemas=self.schemas)
+            start = pb.SubscribeStart(
+                name=self.name, tables=self.tables, schemas=self.schemas, format=self.format
+            )
             if self._after is not None:
                 start.after_csn = self._after
             self._call = _Call(self, start)

@@ -75,6 +75,13 @@ def add_subscribe_parser(sub: Any) -> None:
     )
     p.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) of a service that uses TLS")
     p.add_argument(
+        "--format",
+        choices=("native", "debezium"),
+        default="native",
+        help="native: one line per transaction (docs/design.md section 7); debezium: one Debezium change "
+        'event per change, each on its own line (section 7, "Debezium envelope")',
+    )
+    p.add_argument(
         "--schemas",
         action="store_true",
         help="also print relation lines: each table's column names and types, the versions in force at the "
@@ -124,6 +131,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         token=token,
         tls_ca=args.tls_ca,
         schemas=args.schemas,
+        format=args.format,
     )
     try:
         feed.connect()

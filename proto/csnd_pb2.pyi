@@ -143,16 +143,18 @@ class SubscribeRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[SubscribeStart, _Mapping]] = ..., ack: _Optional[_Union[SubscribeAck, _Mapping]] = ..., keepalive: _Optional[_Union[FeedKeepalive, _Mapping]] = ...) -> None: ...
 
 class SubscribeStart(_message.Message):
-    __slots__ = ("after_csn", "name", "tables", "schemas")
+    __slots__ = ("after_csn", "name", "tables", "schemas", "format")
     AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     SCHEMAS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     after_csn: int
     name: str
     tables: _containers.RepeatedScalarFieldContainer[str]
     schemas: bool
-    def __init__(self, after_csn: _Optional[int] = ..., name: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., schemas: _Optional[bool] = ...) -> None: ...
+    format: str
+    def __init__(self, after_csn: _Optional[int] = ..., name: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., schemas: _Optional[bool] = ..., format: _Optional[str] = ...) -> None: ...
 
 class SubscribeAck(_message.Message):
     __slots__ = ("csn",)

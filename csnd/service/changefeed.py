@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -43,7 +43,8 @@ from csnd.core.errors import AckError, CsnOutOfRange, SubscriptionBusy, Subscrip
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
-from csnd.service.filtering import TableFilter
+from csnd.service.debezium import to_debezium
+from csnd.service.filtering import LineFilter, Reshaped, TableFilter
 from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
 
@@ -140,7 +141,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         if first is None or not first.HasField("start"):
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a SubscribeStart")
         start = first.start
-        _table_filter(start.tables, context)  # (a malformed filter fails before anything else)
+        _table_filter(start.tables, context)  # (a malformed filter or format fails before anything else)
+        convert = _converter(start.format, context)
         name = start.name
         if name and not NAME_RE.fullmatch(name):
             _abort(
@@ -161,7 +163,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             else:
                 after = self.registry.named.get(name, 0) if name else 0
             tables = self.registry.tables_for(name, start.tables)
-        filt = _table_filter(tables, context)
+        table_filter = _table_filter(tables, context)
+        filt: LineFilter = table_filter if convert is None else Reshaped(table_filter, convert)
         records = self._open(after, context)
         with self.lock:
             consumer = self.registry.connect(context.peer(), name, tables, after, time.monotonic())
@@ -224,7 +227,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         cid: int,
         after: int,
         records: Iterator[StoredRecord] | None,
-        filt: TableFilter,
+        filt: LineFilter,
         stream: _Stream,
         context: grpc.ServicerContext,
         schemas: bool = False,
@@ -573,6 +576,17 @@ def _refuse(context: grpc.ServicerContext, e: SubscriptionNotFound | Subscriptio
     _abort(context, code, str(e))
 
 
+def _converter(fmt: str, context: grpc.ServicerContext) -> Callable[[bytes], bytes | None] | None:
+    """What a stream's `format` does to each line it sends (None: nothing, the native lines)."""
+    if fmt in ("", "native"):
+        return None
+    if fmt == "debezium":
+        return to_debezium
+    _abort(
+        context, grpc.StatusCode.INVALID_ARGUMENT, f"unknown format {fmt!r}: csnd sends native or debezium"
+    )
+
+
 def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
     try:
         return TableFilter(specs)
@@ -581,7 +595,7 @@ def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
 
 
 def _pieces_kept(
-    csn: int, line: bytes | RecordPieces, filt: TableFilter, max_bytes: int, context: grpc.ServicerContext
+    csn: int, line: bytes | RecordPieces, filt: LineFilter, max_bytes: int, context: grpc.ServicerContext
 ) -> Iterator[bytes] | None:
     """A large transaction's line (after the subscriber's table filter) in pieces of `max_bytes`; None: no change kept.
 

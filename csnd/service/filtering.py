@@ -17,7 +17,7 @@ Everything here is pure: no I/O, no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from csnd.core.tablespec import parse_table
@@ -57,6 +57,31 @@ class TableFilter:
         if not any(n in line for n in self._needles):
             return None
         return filter_line(line, self.tables, self.schemas)
+
+
+class Reshaped:
+    """A table filter, then a conversion of each line it keeps (a subscriber's `format`, e.g. Debezium's)."""
+
+    __slots__ = ("convert", "filt")
+
+    def __init__(self, filt: TableFilter, convert: Callable[[bytes], bytes | None]) -> None:
+        self.filt = filt
+        self.convert = convert
+
+    def __bool__(self) -> bool:
+        return True  # (every line is converted: none passes as it is)
+
+    def matches(self, schema: str, table: str) -> bool:
+        return self.filt.matches(schema, table)
+
+    def keep(self, line: bytes) -> bytes | None:
+        """The converted line; None if the filter or the conversion leaves nothing."""
+        kept = self.filt.keep(line)
+        return None if kept is None else self.convert(kept)
+
+
+# What a stream applies to each line: its table filter, converted or not.
+LineFilter = TableFilter | Reshaped
 
 
 def filter_line(
