@@ -174,6 +174,7 @@ class Changelog:
         self._unsynced_csns: list[int] = []  # appended since the last begin_sync
         seed = last.opened_csns if last else []
         self._recent = RecentCsns(recent_csns, seed[0] - 1 if seed else 0, seed)
+        self._reader_limit: int | None = None  # readers see no record past it (hold_readers)
         for seg in self._segments:
             seg.opened_csns = []
 
@@ -511,6 +512,56 @@ class Changelog:
         return self._durable_csn
 
     @property
+    def visible_csn(self) -> int:
+        """The newest record readers are shown: durable_csn, unless readers are held back."""
+        limit = self._reader_limit
+        return self._durable_csn if limit is None else min(limit, self._durable_csn)
+
+    def hold_readers(self, at: int | None = None) -> None:
+        """Readers see nothing past csn `at` (default: what is durable now) until `release_readers`.
+
+        For an initial snapshot: its records are shown only once the
+        completion record is durable, so one cut short by a crash was never
+        read by anyone and can be taken again from scratch (docs/design.md section 5).
+        """
+        with self._cond:
+            self._reader_limit = self._durable_csn if at is None else at
+
+    def release_readers(self) -> None:
+        with self._cond:
+            self._reader_limit = None
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        """Remove every record and relation version: the directory is as a new changelog's.
+
+        Only for records no reader was ever shown (an initial snapshot cut
+        short, held back by `hold_readers`), before anything reads or appends.
+        """
+        if self._open is not None or self._pending:
+            raise ValueError("clear of a changelog with a record being appended")
+
+        def step() -> None:
+            for fd in [*self._sealed_fds, self._fd, self._index_fd]:
+                if fd >= 0:
+                    os.close(fd)
+            self._sealed_fds, self._fd, self._index_fd = [], -1, -1
+            for seg in self._segments:
+                os.unlink(seg.path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(seg.index_path)
+            sync_directory(os.path.join(self.directory, LOCK_NAME))
+            self.relations.clear()
+
+        self._guard(step)
+        with self._cond:
+            self._segments, self._dirty, self._dir_dirty = [], [], False
+            self._view = ()
+            self._durable_csn = self._appended_csn = 0
+            self._unsynced_csns = []
+            self._recent = RecentCsns(self._recent.keep)
+
+    @property
     def newest_csn(self) -> int:
         return self._durable_csn
 
@@ -536,12 +587,16 @@ class Changelog:
         reads the records in between (their heads, not their payloads).
         """
         with self._cond:
-            durable = self._durable_csn
+            durable = self.visible_csn
             recent = self._recent
             n = recent.count_after(csn)
             floor, kept = recent.floor, len(recent.csns)
+            held = self._reader_limit is not None
         if csn >= durable:
             return 0, False
+        if held:  # (an initial snapshot being taken: rare and short, so counted by reading)
+            counted = sum(1 for _ in itertools.islice(self.read_pieced(csn, whole_up_to=0), cap))
+            return counted, counted >= cap
         if n is not None:
             return min(n, cap), n >= cap
         if kept >= cap:
@@ -557,10 +612,10 @@ class Changelog:
         return counted, False
 
     def wait_durable(self, after_csn: int, timeout: float) -> bool:
-        """Block until durable_csn > after_csn (True), or `timeout` seconds pass or the log closes (False)."""
+        """Block until visible_csn > after_csn (True), or `timeout` seconds pass or the log closes (False)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._durable_csn > after_csn or self._closed, timeout) and (
-                self._durable_csn > after_csn
+            return self._cond.wait_for(lambda: self.visible_csn > after_csn or self._closed, timeout) and (
+                self.visible_csn > after_csn
             )
 
     def read(self, after_csn: int, until_csn: int | None = None) -> Iterator[tuple[int, bytes]]:
@@ -583,6 +638,11 @@ class Changelog:
         with self._cond:
             view = self._view
             bounds = [(s.end, s.durable_n) for s in view]
+            limit = self._reader_limit
+        if limit is not None:  # (held back: nothing past the limit is shown)
+            until_csn = limit if until_csn is None else min(until_csn, limit)
+            if after_csn >= limit:
+                return iter(())
         if view and after_csn and after_csn < view[0].prev_csn:
             raise CsnOutOfRange(
                 f"changelog: records after csn {after_csn} were dropped by retention; "

@@ -151,6 +151,17 @@ class RelationStore:
         if created:
             sync_directory(self.path)
 
+    def clear(self) -> None:
+        """Forget every version, on disk too (the changelog's records went: `Changelog.clear`)."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            if os.path.exists(self.path):
+                os.unlink(self.path)
+                sync_directory(self.path)
+            self._entries, self._csns = [], []
+
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:

@@ -176,7 +176,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             log = self.log
             yield pb.SubscribeResponse(
                 subscribed=pb.Subscribed(
-                    after_csn=after, oldest_csn=log.oldest_csn, newest_csn=log.durable_csn
+                    after_csn=after, oldest_csn=log.oldest_csn, newest_csn=log.visible_csn
                 )
             )
             yield from self._stream(consumer.id, after, records, filt, stream, context, start.schemas)
@@ -459,7 +459,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"until_csn {until} is before after_csn {after}: the range is empty",
             )
-        until = until or self.log.durable_csn
+        until = until or self.log.visible_csn
         if until == 0:
             return
         builder = BatchBuilder(self.settings.max_batch_bytes)

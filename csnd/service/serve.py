@@ -48,13 +48,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from csnd.changelog import Changelog, SubscriptionStore
 from csnd.core.backoff import Backoff
-from csnd.core.errors import ConnectionLost, CsndError, SnapshotError, WorkerError
+from csnd.core.errors import ConnectionLost, CsndError, SnapshotError, SourceError, WorkerError
 from csnd.core.ids import Csn
 from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
@@ -67,7 +67,10 @@ from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
 from csnd.service.sink import ChangelogSink
 from csnd.service.status import NodeState, unready_nodes
-from csnd.snapshot import SnapshotProgress, snapshot_state
+from csnd.snapshot import SnapshotProgress, SnapshotState, snapshot_state
+
+if TYPE_CHECKING:
+    from csnd.reader.live import LiveSource
 
 log = logging.getLogger("csnd.serve")
 
@@ -85,6 +88,8 @@ DURABLE_INTERVAL_S: Final = 0.005
 
 # Errors a fresh pipeline may well not meet again.
 _TRANSIENT: Final = (WorkerError, ConnectionLost)
+# How long a slot to drop may still be in use by the connection of a killed service.
+SLOT_DROP_WAIT_S: Final = 30.0
 
 
 def _safe_target(src: ServedSource) -> str:
@@ -213,19 +218,40 @@ class Service:
             raise
         if nodes:
             self._snapshot = SnapshotRun(nodes, self.snapshot_progress)
+            self.log.hold_readers()  # (shown once complete: one cut short can be taken again)
 
-    def _check_snapshot(self) -> None:
-        """A changelog whose newest record is a chunk of an initial snapshot was cut short: refuse it.
+    def _check_snapshot(self, state: SnapshotState) -> None:
+        """A changelog whose newest record is a chunk of an initial snapshot was cut short: take it again.
 
         The exported snapshot died with the connection that made the slot, so
         the rest of it cannot be read, and the slot's stream starts after it:
-        the only way on is a new slot and an empty changelog (docs/design.md section 5).
+        the only way on is a new slot and an empty changelog (docs/design.md
+        section 5).  No reader was shown any of it (`hold_readers`), so when
+        every slot it may have made is one `snapshot=initial` made (it refuses
+        a slot that exists), those slots are dropped, the changelog emptied
+        and the snapshot taken anew.  A `when_needed` source may have used a
+        slot that was there before, which must not be dropped: refused, with
+        the way to start over.
         """
         assert self.log is not None
-        state = snapshot_state(_newest_record(self.log))
         if state.state != "incomplete":
             return
         m = state.marker or {}
+        live = [(i, s) for i, s in enumerate(self.config.sources) if s.is_live]
+        if live and all(s.live.snapshot in ("initial", "never") for _, s in live):
+            log.warning(
+                "changelog %s holds an initial snapshot cut short (csn %d, chunk %s of %s), never shown to a "
+                "reader: taking it again from the start with new slots",
+                os.path.abspath(self.config.changelog),
+                state.csn,
+                m.get("chunk"),
+                m.get("chunks"),
+            )
+            for i, src in live:
+                if src.live.snapshot == "initial":
+                    _drop_own_slot(open_live(SourceSpec(src.name, src.target), src.live, f"dn{i + 1}"))
+            self.log.clear()
+            return
         directory = os.path.abspath(self.config.changelog)
         slots = ", ".join(
             f"{s.live.slot} (csnd slot drop {s.live.slot} {_safe_target(s)})"
@@ -344,9 +370,10 @@ class Service:
                         raise
                     log.warning(
                         "stopped in the middle of the initial snapshot: the changelog holds part of it, "
-                        "and the next start refuses it (empty the changelog directory and drop the slots)"
+                        "shown to no reader; the next start takes it again"
                     )
                     return
+                self.log.release_readers()
                 self._snapshot = None
                 log.info("initial snapshot complete: csn %d to %d", self.snapshot_progress.first_csn, end)
             while not self._stop.is_set():
@@ -443,6 +470,9 @@ class Service:
         self.log = Changelog(
             cfg.changelog, retention_bytes=cfg.retention_bytes, retention_hours=cfg.retention_hours
         )
+        snapshot = snapshot_state(_newest_record(self.log))
+        if snapshot.state == "incomplete":
+            self.log.hold_readers(0)  # (an initial snapshot cut short: shown to no one; see _check_snapshot)
         try:
             self._starting = "starting the changefeed"
             subscriptions = SubscriptionStore(cfg.changelog)
@@ -472,13 +502,15 @@ class Service:
                 )
                 self.http.start()
             self._starting = "checking the slots and the changelog"
+            self._check_snapshot(
+                snapshot
+            )  # (first: one taken again drops its slots and empties the changelog)
             live = [(s.name or f"dn{i + 1}", s.target, s.live.slot or "") for i, s in enumerate(cfg.sources)]
             check_slots_kept(
                 [n for n, s in zip(live, cfg.sources, strict=True) if s.is_live],
                 os.path.abspath(cfg.changelog),
                 self.log.durable_csn,
             )
-            self._check_snapshot()
             self._starting = "preparing the slots (a new slot waits for the transactions open on its server)"
             self._prepare_slots()
             self.feed.set_serving()
@@ -542,6 +574,27 @@ class Service:
             with contextlib.suppress(CsndError, OSError):
                 self.log.sync()
             self.log.close()
+
+
+def _drop_own_slot(source: LiveSource) -> None:
+    """Drop a slot this service made for an initial snapshot that was cut short (its reader may linger)."""
+    from csnd.reader.slots import drop_slot
+
+    slot, conninfo = source.options.slot, source.options.conninfo
+    deadline = time.monotonic() + SLOT_DROP_WAIT_S
+    while True:
+        try:
+            drop_slot(slot, conninfo)
+            return
+        except SourceError as e:
+            if "there is no replication slot" in e.message:
+                return  # (dropped already: by hand, or by an earlier try)
+            if "is active" not in e.message or time.monotonic() >= deadline:
+                raise SourceError(
+                    f"cannot drop replication slot {slot} to take the initial snapshot again: {e.message}",
+                    node=source.node,
+                ) from None
+            time.sleep(0.5)  # (the killed service's connection is still going away)
 
 
 def _newest_record(changelog: Changelog) -> tuple[int, bytes] | None:
