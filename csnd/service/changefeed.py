@@ -535,12 +535,16 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     tables=tables,
                 )
             )
+        # What readers may read: while an initial snapshot is taken none of it is
+        # (Changelog.hold_readers), and a consumer that plans by these figures (the
+        # Spark source's offsets) must not step over it.
+        visible = log.visible_csn
         return pb.StatusResponse(
             time_us=int(wall * 1e6),
             nodes=nodes,
             changelog=pb.ChangelogStatus(
-                oldest_csn=log.oldest_csn,
-                newest_csn=log.durable_csn,
+                oldest_csn=log.oldest_csn if visible else 0,
+                newest_csn=visible,
                 bytes=log.size_bytes,
                 segments=log.segment_count,
                 directory=self.directory,

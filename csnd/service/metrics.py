@@ -31,7 +31,8 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_slot_retained_wal_bytes": "WAL the node's slot holds back on the server (pg_replication_slots).",
     "csnd_changelog_bytes": "Size of the changelog's segments on disk.",
     "csnd_changelog_oldest_csn": "Oldest retained CSN of the changelog (0 when empty).",
-    "csnd_changelog_newest_csn": "Newest durable CSN of the changelog (0 when empty).",
+    "csnd_changelog_newest_csn": "Newest CSN consumers can read: durable, and not held back by an initial "
+    "snapshot being taken (0 when none).",
     "csnd_changelog_segments": "Segment files of the changelog.",
     "csnd_changelog_fsyncs_total": "Group-commit fsyncs of the changelog since the service started.",
     "csnd_changelog_fsync_seconds_total": "Seconds spent in those fsyncs (over the count: the mean latency).",
