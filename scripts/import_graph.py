@@ -24,7 +24,8 @@ unit that no longer exists.  The layering it keeps:
     snapshot                core, the stages that render its rows, the changelog
     runtime                 wires the stages together: core, proto and the stages;
                             never the service, the command line, the demo or testing
-    service                 core, proto, the stages, the changelog, runtime and snapshot
+    service                 core, proto, the stages, the changelog, runtime and snapshot;
+                            the consumers' row schema too (its Parquet export)
     testing                 core and what it writes recordings with (reader, gtm);
                             imported by tests, the demo and bench only
     demo                    core, gtm and testing (it starts its servers)
@@ -58,7 +59,8 @@ ALLOWED: dict[str, set[str]] = {
     "consumers": {"core", "proto"},
     "snapshot": {"core", "reader", "decoder", "coordinator", "changelog"},
     "runtime": STAGES_UP_TO_SENDER | {"coordinator", "proto"},
-    "service": STAGES_UP_TO_SENDER | {"coordinator", "changelog", "proto", "runtime", "snapshot"},
+    "service": STAGES_UP_TO_SENDER
+    | {"coordinator", "changelog", "proto", "runtime", "snapshot", "consumers"},
     "testing": {"core", "reader", "gtm"},
     "demo": {"core", "gtm", "testing"},
     "cli": {"core", "reader", "decoder", "gtm", "consumers", "runtime", "service", "demo"},

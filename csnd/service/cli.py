@@ -116,6 +116,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="drop segments older than H hours",
     )
     p.add_argument(
+        "--parquet-dir",
+        type=flag_type(settings.TEXT),
+        metavar="DIR",
+        help="also write the changelog to DIR as Parquet files of CSN ranges, in the csnd Spark source's "
+        "row schema, for spark.read.parquet and Spark's file-stream source (docs/design.md section 8)",
+    )
+    p.add_argument(
         "--give-up",
         type=flag_type(settings.POSITIVE),
         metavar="SECONDS",

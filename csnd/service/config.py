@@ -77,6 +77,9 @@ class ServeConfig:
     # [snapshot] chunk_rows, readers: an initial snapshot's tunables (None: csnd.snapshot's defaults)
     snapshot_chunk_rows: int | None = None
     snapshot_readers: int | None = None
+    parquet_dir: str | None = (
+        None  # --parquet-dir: the changelog also as Parquet files (csnd.service.parquet)
+    )
 
 
 def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceConfig:
@@ -228,6 +231,7 @@ def build_config(
         spill_bytes=spill_bytes,
         snapshot_chunk_rows=snapshot.get("chunk_rows"),
         snapshot_readers=snapshot.get("readers"),
+        parquet_dir=pick("parquet_dir"),
     )
 
 

@@ -71,6 +71,7 @@ from csnd.snapshot import SnapshotProgress, SnapshotState, snapshot_state
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveSource
+    from csnd.service.parquet import ParquetExport
 
 log = logging.getLogger("csnd.serve")
 
@@ -118,6 +119,7 @@ class Service:
         self.watches: dict[str, NodeWatch] = {}
         self.runtime: CoordinatorRuntime | None = None
         self.sink: ChangelogSink | None = None
+        self.parquet: ParquetExport | None = None  # --parquet-dir
         self.restarts = 0
         self.skipped = 0
         self._appended = (0, 0)  # (transactions, changes) of runs before the current one
@@ -502,15 +504,19 @@ class Service:
                 )
                 self.http.start()
             self._starting = "checking the slots and the changelog"
-            self._check_snapshot(
-                snapshot
-            )  # (first: one taken again drops its slots and empties the changelog)
+            # (first: a snapshot taken again drops its slots and empties the changelog)
+            self._check_snapshot(snapshot)
             live = [(s.name or f"dn{i + 1}", s.target, s.live.slot or "") for i, s in enumerate(cfg.sources)]
             check_slots_kept(
                 [n for n, s in zip(live, cfg.sources, strict=True) if s.is_live],
                 os.path.abspath(cfg.changelog),
                 self.log.durable_csn,
             )
+            if cfg.parquet_dir:
+                from csnd.service.parquet import ParquetExport
+
+                self.parquet = ParquetExport(self.log, cfg.parquet_dir, on_failure=self._export_failed)
+                self.parquet.start()
             self._starting = "preparing the slots (a new slot waits for the transactions open on its server)"
             self._prepare_slots()
             self.feed.set_serving()
@@ -560,7 +566,15 @@ class Service:
             raise self._failure
         return 0
 
+    def _export_failed(self, e: BaseException) -> None:
+        """The Parquet export stopped (its thread): the service ends with its error line."""
+        if self._failure is None:
+            self._failure = e
+        self.stop()
+
     def _close(self) -> None:
+        if self.parquet is not None:  # (before the changelog closes: it reads it, and writes what is pending)
+            self.parquet.stop()
         for w in self.watches.values():
             if w.slot is not None:
                 w.slot.stop()

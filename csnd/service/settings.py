@@ -190,6 +190,7 @@ SETTINGS: Final = (
     Setting("retention_hours", POSITIVE, "HOURS"),
     Setting("give_up", POSITIVE, "SECONDS"),
     Setting("readiness_grace", NOT_NEGATIVE, "SECONDS"),
+    Setting("parquet_dir", TEXT, "DIR"),
     Setting("slot", TEXT, "SLOT", live=True),
     Setting("publication", TEXT, "PUBLICATION", live=True),
     Setting("create_slot", BOOLEAN, "true|false", live=True),
