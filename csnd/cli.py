@@ -22,7 +22,7 @@ from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConf
 from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers
-from csnd.service.cli import add_service_parsers, cmd_changelog, cmd_serve
+from csnd.service.serve_cmd import add_service_parsers, cmd_changelog, cmd_serve
 
 DESCRIPTION = """\
 csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.

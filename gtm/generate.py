@@ -54,8 +54,8 @@ from csnd.core.ids import lsn_to_str, pg_time_to_iso
 from csnd.gtm.generate_options import GenerateOptions, GenerateSummary
 from csnd.gtm.localtxn import NodePart
 from csnd.gtm.randvalues import Values
-from csnd.gtm.schema import evolve_step, table_defs
 from csnd.gtm.sequencer import Gtm
+from csnd.gtm.shapes import evolve_step, table_defs
 from csnd.gtm.tables import TableState
 from csnd.gtm.walsender import NodeStream
 from csnd.gtm.workload import Workload

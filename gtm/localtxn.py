@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from csnd.core.ids import lsn_to_str
 from csnd.gtm.randvalues import TOAST_THRESHOLD
-from csnd.gtm.schema import SCHEMA, DdlStep, Shape
+from csnd.gtm.shapes import SCHEMA, DdlStep, Shape
 from csnd.gtm.tables import Row, TableState
 from csnd.gtm.walsender import (
     CHANGE_OVERHEAD,

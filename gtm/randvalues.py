@@ -19,7 +19,7 @@ from uuid import UUID
 
 from csnd.gtm import pgtypes as T
 from csnd.gtm.pgtypes import Cell, PgType
-from csnd.gtm.schema import ColumnDef
+from csnd.gtm.shapes import ColumnDef
 
 # A value this large (estimated heap bytes) is stored out of line, so an
 # update that does not touch it sends 'u' (unchanged TOAST).  PostgreSQL's

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from csnd.gtm.pgtypes import Cell
-from csnd.gtm.schema import Shape, TableDef
+from csnd.gtm.shapes import Shape, TableDef
 
 Row = tuple[Cell, ...]
 

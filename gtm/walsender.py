@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from csnd.core.markers import PREFIX
-from csnd.gtm.schema import Shape
+from csnd.gtm.shapes import Shape
 from csnd.reader.pgoutput import (
     encode_begin,
     encode_commit,

@@ -31,7 +31,7 @@ from csnd.gtm import pgtypes as T
 from csnd.gtm.localtxn import MISSING, NodePart
 from csnd.gtm.pgtypes import Cell
 from csnd.gtm.randvalues import Values
-from csnd.gtm.schema import TableDef, relid_for
+from csnd.gtm.shapes import TableDef, relid_for
 from csnd.gtm.tables import Row, TableState
 from csnd.gtm.walsender import NodeStream
 

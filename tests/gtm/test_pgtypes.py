@@ -18,7 +18,7 @@ import pytest
 from csnd.gtm import pgtypes as T
 from csnd.gtm.pgtypes import PgType
 from csnd.gtm.randvalues import Values
-from csnd.gtm.schema import ColumnDef
+from csnd.gtm.shapes import ColumnDef
 from tests.fixtures.pg import PgDatabase
 
 SQL_TYPE = {"_int4": "int4[]", "_text": "text[]", "varchar": "varchar(64)", "numeric": "numeric"}
