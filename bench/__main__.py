@@ -7,7 +7,10 @@ rates are what this run saw.  Raw figures go to bench-out/results.json.
 `python -m bench NAME [options]` runs one of the benchmarks kept out of that
 run (`BY_NAME`: they take many minutes and print a table of their own):
 `load`, the service's memory and latency under slow, stopped and many
-subscribers, a 1 GB transaction and an idle node (bench/load_bench.py).
+subscribers, a 1 GB transaction and an idle node (bench/load_bench.py);
+`drain`, a backlog drained by `csnd serve` and by `pg_recvlogical` over the
+same WAL, steady rates and CPU per transaction of every process
+(bench/drain_bench.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from bench import (
     bigtxn_bench,
     changelog_bench,
     decode_bench,
+    drain_bench,
     gtm_bench,
     load_bench,
     merge_bench,
@@ -31,7 +35,7 @@ from bench.common import out_path
 
 BIG_TXN_MB = 1024
 # Run alone by name, each with its own options and table.
-BY_NAME: dict[str, Callable[[list[str]], Any]] = {"load": load_bench.main}
+BY_NAME: dict[str, Callable[[list[str]], Any]] = {"load": load_bench.main, "drain": drain_bench.main}
 
 
 def _f(x: Any, digits: int = 0) -> str:
