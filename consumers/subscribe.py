@@ -29,6 +29,8 @@ from typing import Any, Final
 
 # While lines keep arriving, flush and acknowledge at least this often.
 ACK_EVERY: Final = 1000
+# stdout's buffer: lines are written out when it fills, or before an acknowledgement.
+OUT_BUFFER_BYTES: Final = 1 << 16
 # A spooled large line is copied to stdout in reads of this size.
 SPOOL_COPY_BYTES: Final = 1 << 20
 
@@ -135,7 +137,11 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     )
     try:
         feed.connect()
-        _print(feed, sys.stdout.buffer, args.limit, args.idle_timeout)
+        # A buffer of our own: under PYTHONUNBUFFERED (common in containers) sys.stdout's
+        # is none, and every line cost two write system calls.  It is flushed before
+        # each acknowledgement, so nothing is acknowledged before it is written.
+        with os.fdopen(sys.stdout.fileno(), "wb", buffering=OUT_BUFFER_BYTES, closefd=False) as out:
+            _print(feed, out, args.limit, args.idle_timeout)
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly.  Python would try to
         # flush stdout again at exit and complain; point it at /dev/null.

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 import grpc
 
@@ -59,6 +59,7 @@ WAIT_S: Final = 0.5
 # at its stop conditions and keepalive clock every this many records.
 CHECK_EVERY: Final = 1024
 NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+_Resp = TypeVar("_Resp", pb.SubscribeResponse, pb.FetchResponse)
 # A changelog record as a stream reads it: whole, or one too large for a message, unread.
 StoredRecord = tuple[int, "bytes | RecordPieces"]
 
@@ -268,8 +269,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                             if batch:
                                 self._sent(cid, batch[-1][0], len(batch))
                                 yield _batch_response(batch)
-                            for piece in _piece_batches(csn, pieces):
-                                yield pb.SubscribeResponse(batch=piece)
+                            for piece in _piece_responses(csn, pieces, pb.SubscribeResponse):
+                                yield piece
                                 if self._ended(cid, stream, context):
                                     return
                             self._sent(cid, csn, 1)
@@ -471,23 +472,22 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     if pieces is not None:
                         batch = builder.flush()
                         if batch:
-                            yield pb.FetchResponse(batch=_batch(batch))
-                        for piece in _piece_batches(csn, pieces):
-                            yield pb.FetchResponse(batch=piece)
+                            yield _fetch_response(batch)
+                        yield from _piece_responses(csn, pieces, pb.FetchResponse)
                     continue
                 try:
                     kept = filt.keep(line)
                 except ValueError as e:
                     _bad_line(context, csn, e)
                 if kept is not None and (batch := builder.add(csn, kept)) is not None:
-                    yield pb.FetchResponse(batch=_batch(batch))
+                    yield _fetch_response(batch)
                     if self.stopping.is_set():
                         _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
         except CsnOutOfRange as e:
             _out_of_range(context, after, e)
         batch = builder.flush()
         if batch:
-            yield pb.FetchResponse(batch=_batch(batch))
+            yield _fetch_response(batch)
 
     # --- Status ---------------------------------------------------------------------
 
@@ -620,21 +620,39 @@ def _pieces_kept(
     return (kept[i : i + max_bytes] for i in range(0, len(kept), max_bytes))
 
 
-def _piece_batches(csn: int, pieces: Iterator[bytes]) -> Iterator[pb.TransactionBatch]:
-    """One batch per piece, `more` on all but the last (docs/design.md section 8)."""
+def _piece_responses(csn: int, pieces: Iterator[bytes], make: Callable[[], _Resp]) -> Iterator[_Resp]:
+    """One message per piece, `more` on all but the last (docs/design.md section 8)."""
     held = next(pieces, b"")
     for piece in pieces:
-        yield pb.TransactionBatch(transactions=[pb.Transaction(csn=csn, line=held, more=True)])
+        resp = make()
+        resp.batch.transactions.add(csn=csn, line=held, more=True)
+        yield resp
         held = piece
-    yield pb.TransactionBatch(transactions=[pb.Transaction(csn=csn, line=held)])
+    resp = make()
+    resp.batch.transactions.add(csn=csn, line=held)
+    yield resp
 
 
-def _batch(records: list[Record]) -> pb.TransactionBatch:
-    return pb.TransactionBatch(transactions=[pb.Transaction(csn=csn, line=line) for csn, line in records])
+# A batch is built inside its response message, a Transaction at a time: a
+# Transaction made apart and then put in a list, the list in a
+# TransactionBatch and that in the response copied each one twice more, 6 us
+# a one-row transaction against 2 here, most of the stream's CPU.
 
 
 def _batch_response(records: list[Record]) -> pb.SubscribeResponse:
-    return pb.SubscribeResponse(batch=_batch(records))
+    resp = pb.SubscribeResponse()
+    add = resp.batch.transactions.add
+    for csn, line in records:
+        add(csn=csn, line=line)
+    return resp
+
+
+def _fetch_response(records: list[Record]) -> pb.FetchResponse:
+    resp = pb.FetchResponse()
+    add = resp.batch.transactions.add
+    for csn, line in records:
+        add(csn=csn, line=line)
+    return resp
 
 
 def _relations_response(entries: list[RelationEntry]) -> pb.SubscribeResponse:
