@@ -322,23 +322,13 @@ def read_records(
             pos, size = 0, len(buf)
             while pos < size:
                 status, csn, _, rend = frame_at(buf, pos)
-                if (
-                    whole_up_to is not None
-                    and rend - pos - head > whole_up_to
-                    and rend <= end - off
-                    and (found := rec.head_at(buf, pos)) is not None
-                ):  # (a large record: handed on unread, its CRC checked as it is read)
-                    if first:
-                        if csn != expect_csn:
-                            raise _mismatch(path, off + pos, expect_csn)
-                        first = False
-                    if csn > after_csn:
-                        if until_csn is not None and csn > until_csn:
-                            return
-                        yield csn, RecordPieces(fd, path, off + pos, found)
-                    pos = rend
-                    continue
-                if status != ok:
+                # A large record is handed on unread, its CRC checked as it is read.
+                found = (
+                    rec.head_at(buf, pos)
+                    if whole_up_to is not None and rend - pos - head > whole_up_to and rend <= end - off
+                    else None
+                )
+                if found is None and status != ok:
                     if status == rec.SHORT and pos > 0:
                         break  # the record goes on past this chunk: read again from it
                     if status == rec.SHORT and size < rend <= end - off:
@@ -358,7 +348,10 @@ def read_records(
                 if csn > after_csn:
                     if until_csn is not None and csn > until_csn:
                         return
-                    yield csn, buf[pos + head : rend]
+                    yield (
+                        csn,
+                        buf[pos + head : rend] if found is None else RecordPieces(fd, path, off + pos, found),
+                    )
                 pos = rend
             if pos == 0:
                 raise _corrupt(path, off, "record cut short inside the durable part of the changelog")

@@ -639,20 +639,20 @@ def _piece_responses(csn: int, pieces: Iterator[bytes], make: Callable[[], _Resp
 # a one-row transaction against 2 here, most of the stream's CPU.
 
 
-def _batch_response(records: list[Record]) -> pb.SubscribeResponse:
-    resp = pb.SubscribeResponse()
+def _batch_of(records: list[Record], make: Callable[[], _Resp]) -> _Resp:
+    resp = make()
     add = resp.batch.transactions.add
     for csn, line in records:
         add(csn=csn, line=line)
     return resp
+
+
+def _batch_response(records: list[Record]) -> pb.SubscribeResponse:
+    return _batch_of(records, pb.SubscribeResponse)
 
 
 def _fetch_response(records: list[Record]) -> pb.FetchResponse:
-    resp = pb.FetchResponse()
-    add = resp.batch.transactions.add
-    for csn, line in records:
-        add(csn=csn, line=line)
-    return resp
+    return _batch_of(records, pb.FetchResponse)
 
 
 def _relations_response(entries: list[RelationEntry]) -> pb.SubscribeResponse:
