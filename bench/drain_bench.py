@@ -62,13 +62,23 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import psycopg
 
 from bench.common import out_path, pg_recvlogical_command
-from bench.loadkit import CLK_TCK, Proc, Service, Watch, end_all, lsn_text, subscribe
+from bench.loadkit import (
+    CLK_TCK,
+    Proc,
+    Service,
+    Watch,
+    add_scale_flags,
+    end_all,
+    lsn_text,
+    scale_from,
+    subscribe,
+)
 from csnd.core.ids import lsn_from_str
 from csnd.testing.pgserver import PgServer, start_server
 
@@ -608,17 +618,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str]) -> Scale:
     p = argparse.ArgumentParser(prog="python -m bench drain", description=__doc__.split("\n\n")[0])
-    p.add_argument("--small", action="store_true", help="seconds-long run at small sizes (a busy machine)")
-    for f in Scale.__dataclass_fields__:
-        p.add_argument(
-            f"--{f.replace('_', '-')}",
-            type=float,
-            default=None,
-            help=f"{_SIZE_HELP[f]} (full {getattr(FULL, f)}, small {getattr(SMALL, f)})",
-        )
-    a = p.parse_args(argv)
-    given = {f: getattr(a, f) for f in Scale.__dataclass_fields__ if getattr(a, f) is not None}
-    return replace(SMALL if a.small else FULL, **{f: type(getattr(FULL, f))(v) for f, v in given.items()})
+    add_scale_flags(p, FULL, SMALL, _SIZE_HELP)
+    return scale_from(p.parse_args(argv), FULL, SMALL)
 
 
 def run(scale: Scale) -> dict[str, Any]:

@@ -55,7 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -67,10 +67,12 @@ from bench.loadkit import (
     MB,
     Service,
     Watch,
+    add_scale_flags,
     append_times,
     end_all,
     lsn_text,
     percentiles,
+    scale_from,
     subscribe,
     summarise,
     wait_for,
@@ -592,21 +594,12 @@ ON_ONE_SERVER: Final = {"slow": slow, "fanout": fanout, "bigtxn": bigtxn}
 
 def parse_args(argv: list[str]) -> tuple[Scale, list[str]]:
     p = argparse.ArgumentParser(prog="python -m bench load", description=__doc__.split("\n\n")[0])
-    p.add_argument("--small", action="store_true", help="seconds-long run at small sizes (a busy machine)")
+    add_scale_flags(p, FULL, SMALL, _SIZE_HELP)
     p.add_argument(
         "--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {', '.join(SCENARIOS)}"
     )
-    for f in Scale.__dataclass_fields__:
-        p.add_argument(
-            f"--{f.replace('_', '-')}",
-            type=float,
-            default=None,
-            help=f"{_SIZE_HELP[f]} (full {getattr(FULL, f)}, small {getattr(SMALL, f)})",
-        )
     a = p.parse_args(argv)
-    scale = SMALL if a.small else FULL
-    given = {f: getattr(a, f) for f in Scale.__dataclass_fields__ if getattr(a, f) is not None}
-    scale = replace(scale, **{f: type(getattr(FULL, f))(v) for f, v in given.items()})
+    scale = scale_from(a, FULL, SMALL)
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = set(only) - set(SCENARIOS)
     if unknown:

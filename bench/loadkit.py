@@ -10,6 +10,7 @@ difference of two samples.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -19,8 +20,8 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, TypeVar
 
 CSND: Final = [sys.executable, "-m", "csnd.cli"]
 # RSS sampling period.  Shorter: a brief peak is seen in the series too (VmHWM
@@ -310,3 +311,25 @@ def summarise(watch: Watch) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def add_scale_flags(p: argparse.ArgumentParser, full: Any, small: Any, helps: dict[str, str]) -> None:
+    """`--small` and a flag per field of a benchmark's Scale dataclass (sizes given as numbers)."""
+    p.add_argument("--small", action="store_true", help="seconds-long run at small sizes (a busy machine)")
+    for f in full.__dataclass_fields__:
+        p.add_argument(
+            f"--{f.replace('_', '-')}",
+            type=float,
+            default=None,
+            help=f"{helps[f]} (full {getattr(full, f)}, small {getattr(small, f)})",
+        )
+
+
+_Scale = TypeVar("_Scale")
+
+
+def scale_from(a: argparse.Namespace, full: _Scale, small: _Scale) -> _Scale:
+    """The Scale `add_scale_flags`' flags ask for: full or small, with each size given replacing its default."""
+    fields = full.__dataclass_fields__  # type: ignore[attr-defined]
+    given = {f: getattr(a, f) for f in fields if getattr(a, f) is not None}
+    return replace(small if a.small else full, **{f: type(getattr(full, f))(v) for f, v in given.items()})  # type: ignore[type-var]
