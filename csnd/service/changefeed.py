@@ -273,6 +273,12 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                                 yield piece
                                 if self._ended(cid, stream, context):
                                     return
+                                if time.monotonic() >= next_keepalive:
+                                    # (a client acknowledges only whole lines: without a keepalive to
+                                    # answer it would be silent for as long as a large line takes, and
+                                    # dropped part-way for it, to start the same line again)
+                                    next_keepalive = time.monotonic() + s.keepalive_s
+                                    yield _keepalive()
                             self._sent(cid, csn, 1)
                         seen += 1
                         continue

@@ -128,3 +128,21 @@ def test_a_stream_cut_inside_a_large_line_starts_it_again_whole(
         finally:
             feed.close()
             srv.stop()
+
+
+def test_a_line_longer_to_send_than_the_silence_timeout_still_arrives(tmp_path: object) -> None:
+    """A client acknowledges whole lines only: keepalives between the pieces keep it from being dropped."""
+    big = big_line(1, 80_000)  # (about 20 MB: 10,000 pieces, several seconds here)
+    with Changelog(os.path.join(str(tmp_path), "log")) as log:
+        log.append(1, big)
+        log.sync()
+        settings = FeedSettings(max_batch_bytes=BOUND, keepalive_s=0.1, client_timeout_s=1.0)
+        srv = serve(log, settings=settings)
+        try:
+            with Changefeed(srv.address, give_up=30) as feed:
+                started = time.monotonic()
+                assert feed.next(timeout=120) == (1, big)
+                took = time.monotonic() - started
+                assert feed.reconnects == 0, f"dropped while the line was sent ({took:.1f} s)"
+        finally:
+            srv.stop()
