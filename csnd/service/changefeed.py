@@ -261,7 +261,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                                 yield _batch_response(batch)
                             yield _relations_response(fresh)
                     pos = csn
-                    if not isinstance(line, bytes) or len(line) > s.max_batch_bytes:
+                    if not isinstance(line, bytes):
                         # Too large for one message: sent in pieces, each in a batch of its own.
                         pieces = _pieces_kept(csn, line, filt, s.max_batch_bytes, context)
                         if pieces is not None:
@@ -473,7 +473,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         try:
             max_bytes = self.settings.max_batch_bytes
             for csn, line in self.log.read_pieced(after, until, whole_up_to=max_bytes):
-                if not isinstance(line, bytes) or len(line) > max_bytes:
+                if not isinstance(line, bytes):
                     pieces = _pieces_kept(csn, line, filt, max_bytes, context)
                     if pieces is not None:
                         batch = builder.flush()
@@ -605,7 +605,7 @@ def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
 
 
 def _pieces_kept(
-    csn: int, line: bytes | RecordPieces, filt: LineFilter, max_bytes: int, context: grpc.ServicerContext
+    csn: int, line: RecordPieces, filt: LineFilter, max_bytes: int, context: grpc.ServicerContext
 ) -> Iterator[bytes] | None:
     """A large transaction's line (after the subscriber's table filter) in pieces of `max_bytes`; None: no change kept.
 
@@ -614,11 +614,10 @@ def _pieces_kept(
     stream.  A table filter needs the whole line to cut (its JSON is parsed),
     so a filtered subscriber's stream holds it whole.
     """
-    if not filt and not isinstance(line, bytes):
+    if not filt:
         return line.pieces(max_bytes)
-    whole = line if isinstance(line, bytes) else line.read()
     try:
-        kept = filt.keep(whole)
+        kept = filt.keep(line.read())
     except ValueError as e:
         _bad_line(context, csn, e)
     if kept is None:
