@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import Final
 
-from csnd.core.durable import sync_directory
+from csnd.core.durable import replace_file
 from csnd.core.errors import ChangelogCorrupt
 
 FILE_NAME: Final = "subscriptions.json"
@@ -111,17 +111,7 @@ class SubscriptionStore:
         doc: dict[str, object] = {"version": _VERSION, "subscriptions": offsets}
         if tables:
             doc["tables"] = {k: list(v) for k, v in tables.items()}
-        data = json.dumps(doc, sort_keys=True).encode()
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data + b"\n")
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(self._tmp, self.path)
-        sync_directory(self.path)
+        replace_file(self.path, json.dumps(doc, sort_keys=True).encode() + b"\n", self._tmp)
         self._offsets, self._tables = offsets, tables
 
     def _check(self) -> None:

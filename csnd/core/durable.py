@@ -74,6 +74,21 @@ class Writeback:
             self._started = end
 
 
+def replace_file(path: str, data: bytes, tmp: str | None = None) -> None:
+    """Make `data` the contents of `path` durably, all or nothing: a temporary file, fsync, rename, directory fsync."""
+    tmp = tmp or path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    sync_directory(path)
+
+
 def sync_directory(path: str) -> None:
     """fsync the directory holding `path`, so that its entry (a creation or a rename) survives a crash."""
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from csnd.core.durable import sync_directory
+from csnd.core.durable import replace_file, sync_directory
 from csnd.core.errors import CsnOutOfRange, OutputError
 
 if TYPE_CHECKING:
@@ -189,12 +189,7 @@ class ParquetExport:
             "files": [{"file": f.name, "after_csn": f.after_csn, "last_csn": f.last_csn} for f in self.files],
         }
         path = os.path.join(self.directory, RANGES)
-        tmp = os.path.join(self.directory, f".{RANGES}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_file(path, json.dumps(doc, indent=1).encode(), os.path.join(self.directory, f".{RANGES}.tmp"))
 
 
 def _fsync(path: str) -> None:
