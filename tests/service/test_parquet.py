@@ -156,3 +156,19 @@ def test_serve_writes_the_parquet_copy_of_what_it_serves(tmp_path: Path) -> None
     assert ranges[-1][1] == last
     records = [(json.loads(t)["csn"], t.encode()) for t in expected]
     assert rows.equals(pa.Table.from_batches([flatten(records)]))
+
+
+def test_a_failed_write_stops_the_export_with_one_error_naming_the_directory(tmp_path: Path) -> None:
+    out = tmp_path / "pq"
+    failures: list[BaseException] = []
+    with Changelog(str(tmp_path / "log")) as log:
+        _append(log, range(1, 11))
+        export = ParquetExport(log, str(out), file_rows=1, file_wait_s=0.05, on_failure=failures.append)
+        out.rmdir()
+        out.write_bytes(b"not a directory")  # (the next file cannot be written)
+        export.start()
+        wait_for(lambda: failures, "the export to fail", seconds=CEILING)
+        export.stop()
+    (e,) = failures
+    assert export.error is e and str(out) in str(e) and "failed after csn 0" in str(e), e
+    assert "restart exports on from the newest whole file" in str(e)
