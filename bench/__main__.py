@@ -10,7 +10,8 @@ run (`BY_NAME`: they take many minutes and print a table of their own):
 subscribers, a 1 GB transaction and an idle node (bench/load_bench.py);
 `drain`, a backlog drained by `csnd serve` and by `pg_recvlogical` over the
 same WAL, steady rates and CPU per transaction of every process
-(bench/drain_bench.py).
+(bench/drain_bench.py); `feed`, the changefeed alone serving a changelog to
+`csnd subscribe`, CPU per transaction (bench/feed_bench.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bench import (
     changelog_bench,
     decode_bench,
     drain_bench,
+    feed_bench,
     gtm_bench,
     load_bench,
     merge_bench,
@@ -35,7 +37,11 @@ from bench.common import out_path
 
 BIG_TXN_MB = 1024
 # Run alone by name, each with its own options and table.
-BY_NAME: dict[str, Callable[[list[str]], Any]] = {"load": load_bench.main, "drain": drain_bench.main}
+BY_NAME: dict[str, Callable[[list[str]], Any]] = {
+    "load": load_bench.main,
+    "drain": drain_bench.main,
+    "feed": feed_bench.main,
+}
 
 
 def _f(x: Any, digits: int = 0) -> str:
