@@ -62,7 +62,6 @@ with changes and no commit marker.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 from collections.abc import Mapping
@@ -205,18 +204,22 @@ class PgGtm:
 def ensure_objects(conn: psycopg.Connection[Any], name: str) -> None:
     """Create the sequence and the commit-log table if missing; refuse a cached sequence.
 
-    Several processes may start at once: IF NOT EXISTS does not make two
-    concurrent CREATEs safe (both pass the check, one fails on the catalog's
-    unique index), so a unique violation means someone else created it.
+    Several processes may start at once, and IF NOT EXISTS does not make two
+    concurrent CREATEs safe: both pass the check, then one fails on the
+    catalog's unique index or with "relation already exists", depending on
+    where they meet.  So the creators take a transaction-scoped advisory
+    lock on the name first and create one at a time.
     """
-    for ddl in (
-        f"CREATE SEQUENCE IF NOT EXISTS {name} AS bigint MINVALUE 1 START 1 CACHE 1 NO CYCLE",
-        f"CREATE TABLE IF NOT EXISTS {name}_txn (gid text PRIMARY KEY, owner_pid int NOT NULL, "
-        "owner_start timestamptz NOT NULL, nodes text[] NOT NULL, start_lsns pg_lsn[] NOT NULL, "
-        "csn bigint, created timestamptz NOT NULL DEFAULT now())",
-    ):
-        with contextlib.suppress(psycopg.errors.UniqueViolation):
-            conn.execute(ddl.encode())
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"csnd.gtm.{name}",))
+        conn.execute(
+            f"CREATE SEQUENCE IF NOT EXISTS {name} AS bigint MINVALUE 1 START 1 CACHE 1 NO CYCLE".encode()
+        )
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {name}_txn (gid text PRIMARY KEY, owner_pid int NOT NULL, "
+            "owner_start timestamptz NOT NULL, nodes text[] NOT NULL, start_lsns pg_lsn[] NOT NULL, "
+            "csn bigint, created timestamptz NOT NULL DEFAULT now())".encode()
+        )
     row = conn.execute(
         "SELECT cache_size FROM pg_sequences WHERE sequencename = %s AND schemaname = current_schema()",
         (name,),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import traceback
 from typing import Any
 
 import psycopg
@@ -15,6 +16,13 @@ from tests.fixtures.pg import PgDatabase, PgServer
 
 def _hammer(dsn: str, rounds: int, published: Any, lock: Any, out: Any) -> None:
     """Log current() (as a writer logs committing), then take next(): it must exceed everything logged before."""
+    try:
+        _hammer_rounds(dsn, rounds, published, lock, out)
+    except BaseException:  # (reported, not lost in a child's stderr while the parent waits)
+        out.put(traceback.format_exc())
+
+
+def _hammer_rounds(dsn: str, rounds: int, published: Any, lock: Any, out: Any) -> None:
     with PgGtm(dsn) as gtm:
         got: list[int] = []
         for _ in range(rounds):
@@ -44,7 +52,7 @@ def test_shared_across_processes(pg: PgDatabase) -> None:
     for p in procs:
         p.join(timeout=60)
     problems = [r for r in results if isinstance(r, str)]
-    assert not problems
+    assert not problems, problems[0] if problems else ""
     flat = sorted(x for r in results for x in r)
     assert flat == list(range(1, 1201)), "each CSN handed out once, none skipped without a crash"
     with PgGtm(pg.dsn) as gtm:
