@@ -728,6 +728,8 @@ class Changelog:
         with self._cond:
             self._segments = keep
             self._view = tuple(s for s in keep if s.last_csn)
+            # (a lag counts retained records only: one behind the dropped ones is a lower bound)
+            self._recent.drop_through(max(s.last_csn for s in gone))
 
         def unlink() -> None:
             for seg in gone:

@@ -39,6 +39,12 @@ class RecentCsns:
             self.floor = self.csns[extra - 1]
             del self.csns[:extra]
 
+    def drop_through(self, csn: int) -> None:
+        """Retention dropped every record up to `csn`: they are no longer counted, and the floor rises to it."""
+        if csn > self.floor:
+            self.floor = csn
+            del self.csns[: bisect_right(self.csns, csn)]
+
     def count_after(self, csn: int) -> int | None:
         """How many of the records are after `csn`; None when `csn` is below the floor (not all are here)."""
         if csn < self.floor:

@@ -22,14 +22,20 @@ _steps = st.lists(
 )
 
 
+_RETAINED_ONE = [("append", 1, 0)] * 4 + [
+    ("append", 1, 72),
+    ("append", 1, 120),
+    ("append", 1, 0),
+    ("retain", 300, 0),
+]
+
+
+# (retention keeps only csn 7: a consumer at 1 gets a lower bound; the newest
+# CSNs kept for counting must not still hold the dropped csn 6)
 @given(_steps, st.integers(1, 6), st.integers(1, 12), st.lists(st.integers(0, 2000), min_size=1, max_size=8))
-@example(  # (a consumer at csn 1 when retention kept only csn 7: its count is a lower bound)
-    steps=[("append", 1, 0)] * 4
-    + [("append", 1, 72), ("append", 1, 120), ("append", 1, 0), ("retain", 300, 0)],
-    keep=1,
-    cap=2,
-    probes=[1],
-)
+@example(steps=_RETAINED_ONE, keep=1, cap=2, probes=[1])
+@example(steps=_RETAINED_ONE, keep=2, cap=2, probes=[1])
+@example(steps=_RETAINED_ONE, keep=2, cap=2, probes=[0])
 def test_count_after_is_the_count_of_durable_records_after_the_csn(
     tmp_path_factory: pytest.TempPathFactory,
     steps: list[tuple[str, int, int]],
@@ -77,15 +83,26 @@ def _behind_retention(log: Changelog, csn: int) -> bool:
     return False
 
 
-@given(st.integers(1, 5), st.lists(st.integers(1, 9), max_size=40), st.integers(0, 400))
-def test_recent_csns_keeps_every_csn_above_its_floor(keep: int, gaps: list[int], probe: int) -> None:
+@given(
+    st.integers(1, 5),
+    st.lists(st.integers(1, 9), max_size=40),
+    st.integers(0, 400),
+    st.lists(st.integers(0, 400), max_size=3),
+)
+def test_recent_csns_keeps_every_csn_above_its_floor(
+    keep: int, gaps: list[int], probe: int, retained_after: list[int]
+) -> None:
     r = RecentCsns(keep)
     csns: list[int] = []
-    for g in gaps:
+    for i, g in enumerate(gaps):
         csns.append((csns[-1] if csns else 0) + g)
         r.extend(csns[-1:])
+        if i < len(retained_after):  # retention drops what is up to a CSN below the newest
+            gone = min(retained_after[i], csns[-1] - 1)
+            r.drop_through(gone)
+            csns = [c for c in csns if c > gone]
         r._check()
     assert r.csns == [c for c in csns if c > r.floor]
-    assert len(r.csns) >= min(keep, len(csns))
+    assert len(r.csns) >= min(keep, len(csns)) or r.floor >= csns[0] - 1
     got = r.count_after(probe)
     assert got == (None if probe < r.floor else sum(1 for c in csns if c > probe))
