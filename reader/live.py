@@ -47,13 +47,21 @@ from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceErro
 from csnd.core.ids import PG_EPOCH_UNIX_US, lsn_from_str, lsn_to_str
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
+    CHANGE_TAGS,
+    TXN_TAGS,
+    XLOGDATA_HEADER_SIZE,
+    Begin,
+    Change,
+    Commit,
     FrameError,
     Keepalive,
     Message,
     PgOutputParser,
     XLogData,
     encode_status_update,
+    parse_change_frame,
     parse_frame,
+    parse_txn_frame,
 )
 from csnd.reader.reconnect import (
     RECONNECT_GIVE_UP_S,
@@ -663,6 +671,32 @@ class LiveSource:
                 )
             payload = bytes(data)
             undrained = True
+            # Row changes, Begins and Commits -- nearly every frame of a busy
+            # node -- skip the XLogData object and the general parse (as a
+            # recorded file's reader does); the rest, and whatever these
+            # paths refuse, go the general way, which reports every error.
+            if len(payload) > XLOGDATA_HEADER_SIZE:
+                tag = payload[XLOGDATA_HEADER_SIZE]
+                fast: tuple[int, Change | Begin | Commit] | None
+                if tag in CHANGE_TAGS:
+                    fast = parse_change_frame(payload, parser.in_stream)
+                elif tag in TXN_TAGS and not parser.in_stream:
+                    fast = parse_txn_frame(payload)
+                else:
+                    fast = None
+                if fast is not None:
+                    if not flowed:
+                        flowed = True
+                        self.backoff.flowing()
+                    start = fast[0]
+                    if start > self._received:
+                        self._received = start
+                    yield from filt((start, fast[1], payload))
+                    until = self.options.until_lsn
+                    if until is not None and self._received >= until and self.filter.open_transactions == 0:
+                        self._finish_copy()
+                        return True
+                    continue
             frame = parse_frame(payload)
             if isinstance(frame, Keepalive):
                 self._received = max(self._received, frame.wal_end)
