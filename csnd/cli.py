@@ -309,16 +309,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_created([(c.node, c.slot, c.conninfo) for c in CREATED_SLOTS], sys.stderr)
 
 
-# Python's cyclic collector looks at its youngest generation every 700 net
-# allocations of container objects.  csnd's main process makes a tuple per
-# change and a few objects per transaction, nearly all freed within the
-# same batch, so at 700 it collected ~300 times per million wide rows and
-# found almost nothing (0.14-0.18 s, ~5% of the main process's CPU).  At
-# 10,000 the counter seldom gets there.  Cycles are still collected; the
-# older generations keep their thresholds, counted in young collections, so
-# they too run about 14 times less often per allocation (each collection is
-# still a millisecond or so: a young one looks at ~10,000 objects at most).
-GC_YOUNG_THRESHOLD = 10_000
+# Python's cyclic collector looks at its youngest generation every N net
+# allocations of container objects (700 by default).  csnd's main process
+# makes a tuple per change and a few objects per transaction, nearly all
+# freed by their reference counts within a batch: the young collections find
+# nothing (none of the 60 in a 100,000-transaction drain collected an object),
+# but each walks every young object still in flight -- the queues between
+# the threads hold tens of thousands.  At 10,000 they took 1.5 s of the
+# 9.5 s `csnd serve` spent on 100,000 one-row transactions; at 100,000 there
+# are one or two, 0.1-0.3 s (docs/performance.md, "Garbage collection").
+# Cycles are still collected; the older generations keep their thresholds,
+# counted in young collections.
+GC_YOUNG_THRESHOLD = 100_000
 
 
 def _tune_gc() -> None:
