@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    _tune_gc()
+    _tune_interpreter()
     if args.command in (
         "replay",
         "record",
@@ -322,10 +322,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 # counted in young collections.
 GC_YOUNG_THRESHOLD = 100_000
 
+# How long a thread that wants the GIL waits before it makes the holder let
+# go (Python's default is 5 ms).  The service's reader, decoder collector,
+# sender, coordinator and gRPC threads all want it at once under load, and
+# each forced hand-over costs a wake-up and a cache refill: csnd serve spent
+# 105 us of CPU per one-row transaction at 1 ms, 86 at 5 ms and 76-78 at
+# 20 ms (docs/performance.md, "Thread switching").  Latency is unchanged at
+# moderate load: waiting threads are mostly woken by the holder blocking on
+# I/O or a queue, long before the interval.
+SWITCH_INTERVAL_S = 0.02
 
-def _tune_gc() -> None:
+
+def _tune_interpreter() -> None:
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def live_config(args: argparse.Namespace) -> LiveSourceConfig:
@@ -379,7 +390,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def install_agent_runtime() -> None:
     """What `csnd node` sets up before serving (for a caller that runs `serve` itself)."""
-    _tune_gc()
+    _tune_interpreter()
     _start_decoder_server()
 
 
