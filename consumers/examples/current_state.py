@@ -6,9 +6,10 @@
 
 A Structured Streaming query reads the `csnd` source (only the table's
 changes: option `tables`) and, in foreachBatch, applies each micro-batch's
-changes in (csn, seq) order -- inserts and updates upsert the row by its key,
-deletes remove it, a truncate empties the copy; an update's `unchanged`
-(TOAST) columns keep their previous values -- to one or both sinks.  The
+changes in (csn, seq) order -- an initial snapshot's reads, inserts and
+updates upsert the row by its key, deletes remove it, a truncate empties the
+copy; an update's `unchanged` (TOAST) columns keep their previous values --
+to one or both sinks.  The
 key is each change's own `key` column (the replica identity's columns the
 stream names, docs/design.md section 7), so a change of key columns by DDL
 is followed; `--key` overrides it, for a table whose stream names none
@@ -44,6 +45,9 @@ from typing import Any
 
 from csnd.core.durable import sync_directory
 
+# An initial snapshot's rows ("read", docs/design.md section 5) put a row as an insert does.
+_UPSERTS = ("insert", "read")
+
 # op, old, new, unchanged, key columns
 Change = tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[str], Sequence[str]]
 
@@ -58,7 +62,7 @@ def apply_changes(state: dict[str, dict[str, Any]], changes: Iterable[Change]) -
     for op, old, new, unchanged, key in changes:
         if op == "truncate":
             state.clear()
-        elif op == "insert" and new is not None:
+        elif op in _UPSERTS and new is not None:
             state[row_key(new, key)] = new
         elif op == "update" and new is not None:
             before = state.pop(row_key(old if old is not None else new, key), {})
@@ -192,7 +196,7 @@ def apply_to_postgres(dsn: str, table: str, batch_id: int, changes: list[tuple[i
         for csn, seq, (op, old, new, unchanged, key) in changes:
             if op == "truncate":
                 conn.execute(f'DELETE FROM "{copy}"')
-            elif op == "insert" and new is not None:
+            elif op in _UPSERTS and new is not None:
                 conn.execute(upsert, (row_key(new, key), json.dumps(new)))
             elif op == "update" and new is not None:
                 got = conn.execute(

@@ -180,6 +180,7 @@ def _row(csn: int, op: str, old: str | None, new: str | None, key: list[str] | N
 
 def test_each_change_is_applied_by_its_own_key_unless_overridden() -> None:
     rows = [
+        _row(0, "read", None, '{"a": 9, "b": "s"}', ["a"]),  # (an initial snapshot's row)
         _row(1, "insert", None, '{"a": 1, "b": "x"}', ["a"]),
         _row(2, "update", '{"a": 1}', '{"a": 2, "b": "y"}', ["a"]),  # the key itself changes
         _row(3, "insert", None, '{"a": 3, "b": "y"}', ["a"]),
@@ -187,12 +188,12 @@ def test_each_change_is_applied_by_its_own_key_unless_overridden() -> None:
     ]
     state: dict[str, dict[str, Any]] = {}
     apply_changes(state, [c for _, _, c in changes_of(rows)])
-    assert state == {"[2]": {"a": 2, "b": "y"}}
+    assert state == {"[9]": {"a": 9, "b": "s"}, "[2]": {"a": 2, "b": "y"}}
     # --key b wins over the stream's: the third row has the second's b and replaces it; the old
     # keys of the update and the delete hold no b, so they find nothing (the override is the caller's)
     state = {}
     apply_changes(state, [c for _, _, c in changes_of(rows, ["b"])])
-    assert state == {'["x"]': {"a": 1, "b": "x"}, '["y"]': {"a": 3, "b": "y"}}
+    assert state == {'["s"]': {"a": 9, "b": "s"}, '["x"]': {"a": 1, "b": "x"}, '["y"]': {"a": 3, "b": "y"}}
     # a change whose stream names no key (REPLICA IDENTITY NOTHING, an old changelog) needs --key
     with pytest.raises(ValueError, match=r"the insert at csn 5 .* names no key columns.*--key"):
         changes_of([_row(5, "insert", None, '{"a": 1}', [])])

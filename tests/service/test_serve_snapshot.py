@@ -7,13 +7,16 @@ give the table exactly: an insert of a key already there (a row twice at the
 boundary), or an update or delete of a key not there (a row missed), fails
 at once.  A service killed in the middle of the snapshot showed none of it
 to a reader, and the next start takes it again from scratch (new slot,
-empty changelog): the new snapshot equals the table again.
+empty changelog): the new snapshot equals the table again, and so does the
+Spark current-state example's copy, keyed by the stream alone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import threading
 import urllib.request
 from datetime import UTC
@@ -21,8 +24,12 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import pytest
 
+from csnd.consumers.examples.current_state import pg_table, read_parquet_state
 from csnd.core.ids import lsn_from_str
+from tests.consumers.test_spark_example import TABLE as SPARK_TABLE
+from tests.consumers.test_spark_example import job as spark_job
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import Served, start_serve, subscribe, wait_for
 
@@ -223,6 +230,22 @@ def test_initial_snapshot_then_the_stream_equals_the_table(pg: PgDatabase, tmp_p
     assert code == 0, err
 
 
+def _spark_copy(address: str, tmp_path: Any, pg: PgDatabase) -> dict[tuple[str, int], dict[str, Any]]:
+    """acct as the exactly-once example copies it to PostgreSQL and Parquet (the two must agree)."""
+    job = spark_job(address, tmp_path, pg, 2_000, "--available-now")
+    try:
+        assert job.wait(900) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    rows = pg.execute(f'SELECT row::text FROM "{pg_table(SPARK_TABLE)}"')
+    copy = {(r["region"], r["id"]): r for r in (json.loads(str(row)) for (row,) in rows)}
+    parquet = read_parquet_state(str(tmp_path / "copy"))
+    assert sorted(parquet.values(), key=lambda r: (r["region"], r["id"])) == [copy[k] for k in sorted(copy)]
+    return copy
+
+
+@pytest.mark.timeout(2400)  # (a Spark start-up of a subprocess on a busy 2-core machine)
 def test_killed_mid_snapshot_the_next_start_takes_it_again_and_equals_the_table(
     pg: PgDatabase, tmp_path: Any
 ) -> None:
@@ -266,10 +289,15 @@ def test_killed_mid_snapshot_the_next_start_takes_it_again_and_equals_the_table(
         wait_for(lambda: writer.done > 200, "writes after the snapshot")
         writer.stop()
         txns = _check_equal(pg, served)
+        # The Spark current-state example, keyed by the stream alone (no --key), equals the table too.
+        copy = _spark_copy(served.address, tmp_path, pg)
     finally:
         writer.stop()
         code, err = served.terminate()
     assert code == 0, err
+    want, _ = _table(pg)
+    assert copy.keys() == want.keys()
+    assert [k for k in want if copy[k] != want[k]] == []
     assert "taking it again from the start with new slots" in err, err
     # acct in chunks of at most 500 rows (how many depends on the writer's work before the consistent
     # point), loose in one, then the completion record: one snapshot, none of the first one's chunks
