@@ -269,6 +269,10 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                             if batch:
                                 self._sent(cid, batch[-1][0], len(batch))
                                 yield _batch_response(batch)
+                            # Marked sent before its pieces go, as a batch is before it is
+                            # yielded: the client may acknowledge the line as soon as the last
+                            # piece arrives, before this generator runs again.
+                            self._sent(cid, csn, 1)
                             for piece in _piece_responses(csn, pieces, pb.SubscribeResponse):
                                 yield piece
                                 if self._ended(cid, stream, context):
@@ -279,7 +283,6 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                                     # dropped part-way for it, to start the same line again)
                                     next_keepalive = time.monotonic() + s.keepalive_s
                                     yield _keepalive()
-                            self._sent(cid, csn, 1)
                         seen += 1
                         continue
                     try:
