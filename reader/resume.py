@@ -88,9 +88,10 @@ class _Progress:
             self.replay_count += 1
         else:
             self.replay_lsn, self.replay_count = lsn, 1
-        if (self.replay_lsn, self.replay_count) <= (self.lsn, self.count):
+        lsn, count = self.replay_lsn, self.replay_count
+        if lsn < self.lsn or (lsn == self.lsn and count <= self.count):  # (at or before what was delivered)
             return False
-        self.lsn, self.count = self.replay_lsn, self.replay_count
+        self.lsn, self.count = lsn, count
         return True
 
 
@@ -168,6 +169,13 @@ class ResumeFilter:
 
     def feed(self, item: Item) -> list[Item]:
         lsn, msg, _ = item
+        if type(msg) is Change and self._block is None:  # (nearly every message: the rules below, in short)
+            xid = self._txn
+            if xid is None:
+                return [item]  # not ours to judge: the sender reports the protocol error
+            if self._skip_txn:
+                return self._drop()
+            return [item] if self.progress[xid].admit(lsn) else self._drop()
         if isinstance(msg, Keepalive):
             return [item]
         if self._block is not None:
