@@ -36,12 +36,17 @@ def _node_key(name: str) -> str:
     return _dumps(name)
 
 
+def _node_entry(name: str, c: NodeCommit) -> str:
+    return f'{_node_key(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
+
+
 def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, NodeCommit]) -> str:
     """A transaction line up to and including `"changes": [`."""
-    listed = ", ".join(
-        f'{_node_key(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
-        for name, c in nodes.items()
-    )
+    if len(nodes) == 1:  # (a single node's every line: a generator and a join for one entry cost 1.7 us)
+        ((name, c),) = nodes.items()
+        listed = _node_entry(name, c)
+    else:
+        listed = ", ".join(_node_entry(name, c) for name, c in nodes.items())
     return (
         f'{{"csn": {csn}, "gid": {_dumps(gid)}, "commit_time": "{pg_time_to_iso(commit_time)}", '
         f'"nodes": {{{listed}}}, "changes": ['

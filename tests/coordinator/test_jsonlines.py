@@ -7,9 +7,13 @@ its LSN included (`decoder.change`).
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
-from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch, NodeCommit
-from csnd.core.ids import Csn, Lsn, Xid
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csnd.coordinator import JSON_TAIL, CsnMerge, GlobalTxn, NodeBatch, NodeCommit, json_head
+from csnd.core.ids import PG_EPOCH, Csn, Lsn, Xid, lsn_to_str
 from tests.coordinator.helpers import CLOCK
 
 DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...
@@ -126,3 +130,27 @@ def test_quotes_in_names_are_escaped() -> None:
         '"changes": [{"node": "d\\"n", "cid": 0, "lsn": "0/10", "op": "truncate"}]}'
     )
     assert json.loads(line)["gid"] == 'g "€"'
+
+
+_nodes = st.dictionaries(
+    st.text(min_size=1, max_size=12),
+    st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)),
+    min_size=1,
+    max_size=3,
+)
+
+
+@given(_nodes, st.integers(1, 2**63 - 1), st.one_of(st.none(), st.text(max_size=20)), st.integers(0, 10**15))
+def test_the_head_is_the_json_of_the_transaction(
+    nodes: dict[str, tuple[int, int]], csn: int, gid: str | None, commit_time: int
+) -> None:
+    commits = {name: NodeCommit(Xid(xid), Lsn(lsn), commit_time) for name, (xid, lsn) in nodes.items()}
+    line = json.loads(json_head(csn, gid, commit_time, commits) + JSON_TAIL)
+    assert line == {
+        "csn": csn,
+        "gid": gid,
+        "commit_time": (PG_EPOCH + timedelta(microseconds=commit_time)).isoformat(),
+        "nodes": {name: {"xid": xid, "commit_lsn": lsn_to_str(lsn)} for name, (xid, lsn) in nodes.items()},
+        "changes": [],
+    }
+    assert list(line["nodes"]) == list(nodes)  # (in the order given)
