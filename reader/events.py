@@ -13,19 +13,13 @@ from collections.abc import Iterable, Iterator
 from csnd.core.errors import StreamFormatError
 from csnd.core.ids import Lsn
 from csnd.reader.pgoutput import (
-    TXN_TAGS,
-    XLOGDATA_HEADER_SIZE,
-    Begin,
-    Change,
     ChangeFrames,
-    Commit,
     FrameError,
     Keepalive,
     Message,
     PgOutputParser,
-    parse_change_frame,
     parse_frame,
-    parse_txn_frame,
+    parse_hot_frame,
 )
 
 Event = tuple[Lsn, Message | Keepalive | ChangeFrames]
@@ -52,12 +46,7 @@ def iter_events(
             yield payload.lsns[0], payload
             continue
         assert isinstance(payload, bytes)
-        fast: tuple[int, Change | Begin | Commit] | None
-        if len(payload) > XLOGDATA_HEADER_SIZE and payload[XLOGDATA_HEADER_SIZE] in TXN_TAGS:
-            # (the tag of an XLogData frame; anything else the fast paths refuse goes the general way)
-            fast = None if parser.in_stream else parse_txn_frame(payload)
-        else:
-            fast = parse_change_frame(payload, parser.in_stream)
+        fast = parse_hot_frame(payload, parser.in_stream)
         if fast is not None:
             if fast[0]:
                 last_lsn = fast[0]

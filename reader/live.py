@@ -44,24 +44,17 @@ import psycopg
 from psycopg import pq
 
 from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceError
-from csnd.core.ids import PG_EPOCH_UNIX_US, lsn_from_str, lsn_to_str
+from csnd.core.ids import PG_EPOCH_UNIX_US, Lsn, lsn_from_str, lsn_to_str
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
-    CHANGE_TAGS,
-    TXN_TAGS,
-    XLOGDATA_HEADER_SIZE,
-    Begin,
-    Change,
-    Commit,
     FrameError,
     Keepalive,
     Message,
     PgOutputParser,
     XLogData,
     encode_status_update,
-    parse_change_frame,
     parse_frame,
-    parse_txn_frame,
+    parse_hot_frame,
 )
 from csnd.reader.reconnect import (
     RECONNECT_GIVE_UP_S,
@@ -673,49 +666,31 @@ class LiveSource:
             undrained = True
             # Row changes, Begins and Commits -- nearly every frame of a busy
             # node -- skip the XLogData object and the general parse (as a
-            # recorded file's reader does); the rest, and whatever these
+            # recorded file's reader does); the rest, and whatever those
             # paths refuse, go the general way, which reports every error.
-            if len(payload) > XLOGDATA_HEADER_SIZE:
-                tag = payload[XLOGDATA_HEADER_SIZE]
-                fast: tuple[int, Change | Begin | Commit] | None
-                if tag in CHANGE_TAGS:
-                    fast = parse_change_frame(payload, parser.in_stream)
-                elif tag in TXN_TAGS and not parser.in_stream:
-                    fast = parse_txn_frame(payload)
+            data_msg: tuple[Lsn, Message] | None = parse_hot_frame(payload, parser.in_stream)
+            if data_msg is None:
+                frame = parse_frame(payload)
+                if isinstance(frame, Keepalive):
+                    self._received = max(self._received, frame.wal_end)
+                    if frame.reply_requested:
+                        self._send_status(pgconn, reply=False)
+                        last_status = time.monotonic()
+                        # Holding the slot back: is a shutdown waiting on us?
+                        if self.confirmed_lsn < self._received:
+                            self.shutdown.maybe_probe()
+                    yield frame.wal_end, frame, payload
                 else:
-                    fast = None
-                if fast is not None:
-                    if not flowed:
-                        flowed = True
-                        self.backoff.flowing()
-                    start = fast[0]
-                    if start > self._received:
-                        self._received = start
-                    yield from filt((start, fast[1], payload))
-                    until = self.options.until_lsn
-                    if until is not None and self._received >= until and self.filter.open_transactions == 0:
-                        self._finish_copy()
-                        return True
-                    continue
-            frame = parse_frame(payload)
-            if isinstance(frame, Keepalive):
-                self._received = max(self._received, frame.wal_end)
-                if frame.reply_requested:
-                    self._send_status(pgconn, reply=False)
-                    last_status = time.monotonic()
-                    # Holding the slot back: is a shutdown waiting on us?
-                    if self.confirmed_lsn < self._received:
-                        self.shutdown.maybe_probe()
-                yield frame.wal_end, frame, payload
-            else:
-                assert isinstance(frame, XLogData)
-                msg = _parse_message(parser, frame, self.node)
+                    assert isinstance(frame, XLogData)
+                    data_msg = frame.data_start, _parse_message(parser, frame, self.node)
+            if data_msg is not None:
                 if not flowed:
                     flowed = True
                     self.backoff.flowing()
-                if frame.data_start:
-                    self._received = max(self._received, frame.data_start)
-                yield from filt((frame.data_start, msg, payload))
+                start, msg = data_msg
+                if start > self._received:
+                    self._received = start
+                yield from filt((start, msg, payload))
             until = self.options.until_lsn
             if until is not None and self._received >= until and self.filter.open_transactions == 0:
                 self._finish_copy()

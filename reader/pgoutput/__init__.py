@@ -170,6 +170,9 @@ from csnd.reader.pgoutput.parse import (
     parse_frame as parse_frame,
 )
 from csnd.reader.pgoutput.parse import (
+    parse_hot_frame as parse_hot_frame,
+)
+from csnd.reader.pgoutput.parse import (
     parse_message as parse_message,
 )
 from csnd.reader.pgoutput.parse import (

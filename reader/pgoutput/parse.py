@@ -217,6 +217,23 @@ def parse_txn_frame(payload: bytes) -> tuple[Lsn, Begin | Commit] | None:
     return None
 
 
+def parse_hot_frame(payload: bytes, in_stream: bool) -> tuple[Lsn, Change | Begin | Commit] | None:
+    """`parse_change_frame` or `parse_txn_frame`, by the frame's tag: what every reader tries first.
+
+    None for anything else -- a keepalive, another message, a Begin or
+    Commit inside a stream block, a frame too short -- which then takes the
+    general path (`parse_frame`, `PgOutputParser.parse`), reporting errors.
+    """
+    if len(payload) <= XLOGDATA_HEADER_SIZE:
+        return None
+    tag = payload[XLOGDATA_HEADER_SIZE]
+    if tag in _CHANGE_KINDS:
+        return parse_change_frame(payload, in_stream)
+    if tag in TXN_TAGS and not in_stream:
+        return parse_txn_frame(payload)
+    return None
+
+
 # For a reader that leaves row-change frames in its buffer (`ChangeFrames`):
 # the payload bytes a frame must have beyond this to count as a change (as in
 # `parse_change_frame`: a shorter one takes the general path, which reports
