@@ -1,31 +1,35 @@
-"""Rows per second into foreachBatch: the `csnd` source against Spark reading the same rows from Parquet.
+"""Rows per second from the `csnd` Spark source against Spark reading the same rows from Parquet.
 
-    python -m bench.spark_bench [--transactions N] [--rounds R]
+    python -m bench.spark_bench [--transactions N] [--rounds R] [--no-latency | --latency-only]
 
 One changelog of N synthetic transactions (5 changes each, rows of a few
-columns like an OLTP table's) is served by an in-process changefeed; the
-same rows, flattened, are written once to Parquet, one file per core (Spark
-reads a file with one task; the `csnd` source uses every core).  Each round
-runs four streaming queries with Trigger.AvailableNow into the same
-foreachBatch (every column materialised by Spark's `noop` writer), rounds
-alternating the order; the ratios are best against best in this run:
+columns like an OLTP table's; a million rows by default) is served by an
+in-process changefeed; the same rows, flattened, are written once to
+Parquet, one file per core (Spark reads a file with one task; the `csnd`
+source uses every core).  Five paths, each round in alternating order, the
+ratios best against best in this run:
 
-* the `csnd` source (the goal: at least 0.75 of Parquet);
-* the Parquet files (Spark's file source, same schema): the baseline;
-* `csnd serve --parquet-dir`'s export of the same changelog (its files cut
-  one per core too; the time the export took to write them is reported);
-* the ceiling of a PySpark Python data source here, whatever csnd does: the
-  same machinery as the `csnd` source (a planner process, CSN-range
-  partitions read by Python workers, Arrow batches to the JVM), reading the
-  rows from a Parquet file already columnar, each task only its own row
-  groups.
+* `csnd`: the source as it runs by default, the rows built by the service
+  (Fetch format "arrow"; the first read of the range, which builds them, is
+  timed apart);
+* `csnd-lines`: the source with rowsBuiltBy=executor (JSON lines parsed on
+  the executors);
+* `ceiling`: a PySpark Python data source reading the rows from a Parquet
+  file in its Python workers (CSN-range partitions, each task only its own
+  row groups);
+* `export`: `csnd serve --parquet-dir`'s export of the same changelog (its
+  files cut one per core too; the time it took to write them is reported);
+* `parquet`: the Parquet files, read by Spark's file source: the baseline.
 
-Each query is a short one, so Spark's per-query start-up is in every figure.
+Each path is measured three ways: a batch read of every row (`noop`
+writer), the same less a read of one transaction (Spark's per-query
+start-up taken out: the steady rate), and one streaming query with
+Trigger.AvailableNow into foreachBatch (start-up included).
 
 Latency: a writer appends transactions to the served changelog at a steady
 rate (each line's commit_time is the moment it is made, and it is synced
-at once, as `csnd serve`'s group commit does), while a streaming query on
-the `csnd` source (default trigger: the next micro-batch as soon as the
+at once, as `csnd serve`'s group commit does), while a streaming query on the
+`csnd` source (default trigger: the next micro-batch as soon as the
 last is done) notes, for each transaction, the time from its commit_time
 to the start of the foreachBatch call that holds it; the first seconds
 (Spark's start-up) are left out.  A commit's way into the changelog is
@@ -79,7 +83,7 @@ def make_line(csn: int, commit_time: str = "2026-11-22T10:00:00.123456+00:00") -
 def _ceiling_source() -> Any:
     """A Python data source over a Parquet file of the rows, partitioned and offset as `csnd`'s is."""
     import pyarrow.parquet as pq
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+    from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
     from csnd.consumers.spark.columns import SCHEMA_DDL
@@ -111,6 +115,16 @@ def _ceiling_source() -> Any:
         def commit(self, end: dict[str, Any]) -> None:
             pass
 
+    class CeilingBatchReader(DataSourceReader):
+        def __init__(self, path: str, last: int) -> None:
+            self.path, self.last = path, last
+
+        def partitions(self) -> list[CsnRange]:
+            return [CsnRange(lo, hi) for lo, hi in split_range(0, self.last, 2)]
+
+        def read(self, partition: Any) -> Any:
+            return CeilingReader.read(self, partition)  # type: ignore[arg-type]
+
     class CeilingSource(DataSource):
         @classmethod
         def name(cls) -> str:
@@ -121,6 +135,9 @@ def _ceiling_source() -> Any:
 
         def streamReader(self, schema: Any) -> CeilingReader:
             return CeilingReader(self.options["path"], int(self.options["last"]))
+
+        def reader(self, schema: Any) -> CeilingBatchReader:
+            return CeilingBatchReader(self.options["path"], int(self.options["last"]))
 
     return CeilingSource
 
@@ -145,16 +162,21 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
         log.append(csn, line)
     log.sync()
     server = start_changefeed(log, subscriptions=SubscriptionStore(os.path.join(work, "changelog")))
-    parquet_dir = os.path.join(work, "parquet")
-    os.makedirs(parquet_dir)
     batch = flatten(records)
+    del records
     table = _table(batch)
     rows = batch.num_rows
     # One file per core: Spark reads a file with one task, and the csnd source uses every core.
     cores = os.cpu_count() or 1
     per_file = -(-rows // cores)
+    parquet_dir = os.path.join(work, "parquet")
+    os.makedirs(parquet_dir)
     for i in range(cores):
         pq.write_table(table.slice(i * per_file, per_file), os.path.join(parquet_dir, f"rows-{i}.parquet"))
+    # One transaction's rows: what a query costs before its first row (Spark's start-up).
+    tiny_dir = os.path.join(work, "tiny")
+    os.makedirs(tiny_dir)
+    pq.write_table(table.slice(0, 5), os.path.join(tiny_dir, "rows-0.parquet"))
     # (row groups of 10,000 rows, CSN-sorted: each of its tasks reads only its own by their statistics)
     ceiling_path = os.path.join(work, "ceiling.parquet")
     pq.write_table(table, ceiling_path, row_group_size=10_000)
@@ -162,65 +184,90 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
     # The same changelog through `csnd serve --parquet-dir`'s export, files cut one per core as well.
     export_dir = os.path.join(work, "export")
     export_s = _export(log, export_dir, per_file)
-    export_schema = spark.read.parquet(export_dir).schema
+    del table, batch
 
-    def timed(kind: str, n: int) -> float:
-        if kind == "csnd":
-            df = spark.readStream.format("csnd").option("target", server.address).load()
-        elif kind == "ceiling":
-            df = (
-                spark.readStream.format("csnd_ceiling")
-                .option("path", ceiling_path)
-                .option("last", str(transactions))
-                .load()
-            )
-        elif kind == "export":
-            df = spark.readStream.schema(export_schema).parquet(export_dir)
-        else:
-            df = spark.readStream.schema(schema).parquet(parquet_dir)
-        seen = []
+    def frame(kind: str, last: int, stream: bool) -> Any:
+        reader = spark.readStream if stream else spark.read
+        if kind in ("csnd", "csnd-lines"):
+            df = reader.format("csnd").option("target", server.address)
+            if kind == "csnd-lines":
+                df = df.option("rowsBuiltBy", "executor")
+            if not stream:
+                df = df.option("endingCsn", str(last))
+            return df.load()
+        if kind == "ceiling":
+            return reader.format("csnd_ceiling").option("path", ceiling_path).option("last", str(last)).load()
+        directory = {"export": export_dir, "parquet": parquet_dir}[kind] if last == transactions else tiny_dir
+        return reader.schema(schema).parquet(directory)
+
+    def streamed(kind: str, n: int) -> float:
+        """Seconds of one Trigger.AvailableNow query over every row, into foreachBatch."""
 
         def sink(b: Any, batch_id: int) -> None:
             b.write.format("noop").mode("overwrite").save()
-            seen.append(batch_id)
 
-        ck = os.path.join(work, f"ck-{kind}-{n}")
         t0 = time.perf_counter()
         q = (
-            df.writeStream.foreachBatch(sink)
-            .option("checkpointLocation", ck)
+            frame(kind, transactions, stream=True)
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", os.path.join(work, f"ck-{kind}-{n}"))
             .trigger(availableNow=True)
             .start()
         )
         q.awaitTermination()
         return time.perf_counter() - t0
 
-    kinds = ("csnd", "ceiling", "export", "parquet")
+    def batch_read(kind: str, last: int) -> float:
+        """Seconds of one batch read of (0, last], every column materialised."""
+        t0 = time.perf_counter()
+        frame(kind, last, stream=False).write.format("noop").mode("overwrite").save()
+        return time.perf_counter() - t0
+
+    kinds = ("csnd", "csnd-lines", "ceiling", "export", "parquet")
+    t0 = time.perf_counter()
+    batch_read("csnd", transactions)  # (the service builds the rows: its first read of the range)
+    build_s = time.perf_counter() - t0
     for kind in kinds:
-        timed(kind, -1)  # (warm-up: Python workers, JIT, imports)
-    results: dict[str, list[float]] = {kind: [] for kind in kinds}
+        streamed(kind, -1)  # (warm-up: Python workers, JIT, imports)
+        batch_read(kind, 1)
+    by_round: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for r in range(rounds):
         order = kinds if r % 2 == 0 else kinds[::-1]
         for kind in order:
-            results[kind].append(rows / timed(kind, r))
+            whole, start = batch_read(kind, transactions), batch_read(kind, 1)
+            by_round[kind].append(
+                {
+                    "stream_rows_per_s": rows / streamed(kind, r),
+                    "batch_rows_per_s": rows / whole,
+                    "start_s": start,
+                    # Start-up excluded: the rows over what the read took beyond a one-transaction read.
+                    "steady_rows_per_s": rows / max(1e-9, whole - start),
+                }
+            )
     server.stop()
     log.close()
     spark.stop()
-    best = {k: max(v) for k, v in results.items()}
+    best = {k: {f: max(x[f] for x in v) for f in v[0]} for k, v in by_round.items()}
+    for k, v in by_round.items():
+        best[k]["start_s"] = min(x["start_s"] for x in v)
+    base = best["parquet"]
     return {
         "transactions": transactions,
         "rows": rows,
         "rounds": rounds,
-        "csnd_rows_per_s": best["csnd"],
-        "parquet_rows_per_s": best["parquet"],
-        "ratio": best["csnd"] / best["parquet"],
-        "ceiling_rows_per_s": best["ceiling"],
-        "ceiling_ratio": best["ceiling"] / best["parquet"],
-        "export_rows_per_s": best["export"],
-        "export_ratio": best["export"] / best["parquet"],
-        "export_write_rows_per_s": rows / export_s,
         "files_per_source": cores,
-        "by_round": results,
+        "paths": {
+            k: {
+                **v,
+                "steady_ratio": v["steady_rows_per_s"] / base["steady_rows_per_s"],
+                "batch_ratio": v["batch_rows_per_s"] / base["batch_rows_per_s"],
+                "stream_ratio": v["stream_rows_per_s"] / base["stream_rows_per_s"],
+            }
+            for k, v in best.items()
+        },
+        "service_build_rows_per_s": rows / build_s,
+        "export_write_rows_per_s": rows / export_s,
+        "by_round": by_round,
     }
 
 
@@ -309,24 +356,37 @@ def _table(batch: Any) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--transactions", type=int, default=40_000)
+    p.add_argument("--transactions", type=int, default=200_000, help="5 rows each (default: a million rows)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--latency-only", action="store_true", help="only the commit-to-foreachBatch latency")
+    p.add_argument("--no-latency", action="store_true", help="only the throughput")
     args = p.parse_args()
     r: dict[str, Any] = {} if args.latency_only else run(args.transactions, args.rounds)
-    r["latency"] = latency()
+    if not args.no_latency:
+        r["latency"] = latency()
     with open(out_path("spark.json"), "w", encoding="utf-8") as f:
         json.dump(r, f, indent=2)
     if "rows" in r:
         print(
-            f"spark: {r['rows']:,} rows into foreachBatch: csnd source {r['csnd_rows_per_s']:,.0f} rows/s, "
-            f"Parquet {r['parquet_rows_per_s']:,.0f} rows/s, ratio {r['ratio']:.2f} (best of {r['rounds']}); "
-            f"the same rows through a Python data source from Parquet: {r['ceiling_rows_per_s']:,.0f} rows/s, "
-            f"ratio {r['ceiling_ratio']:.2f}; through csnd's Parquet export: {r['export_rows_per_s']:,.0f} rows/s, "
-            f"ratio {r['export_ratio']:.2f} (the export wrote {r['export_write_rows_per_s']:,.0f} rows/s); "
-            f"{r['files_per_source']} files per Parquet source"
+            f"spark: {r['rows']:,} rows, best of {r['rounds']} rounds, {r['files_per_source']} files per Parquet source"
         )
-    lat = r["latency"]
+        print(
+            f"  {'path':<12} {'steady rows/s':>14} {'ratio':>6} {'batch rows/s':>13} {'ratio':>6} "
+            f"{'stream rows/s':>14} {'ratio':>6} {'start-up s':>10}"
+        )
+        for kind, v in r["paths"].items():
+            print(
+                f"  {kind:<12} {v['steady_rows_per_s']:>14,.0f} {v['steady_ratio']:>6.2f} "
+                f"{v['batch_rows_per_s']:>13,.0f} {v['batch_ratio']:>6.2f} "
+                f"{v['stream_rows_per_s']:>14,.0f} {v['stream_ratio']:>6.2f} {v['start_s']:>10.2f}"
+            )
+        print(
+            f"  the service built the rows (its first read) at {r['service_build_rows_per_s']:,.0f} rows/s; "
+            f"the export wrote them at {r['export_write_rows_per_s']:,.0f} rows/s"
+        )
+    lat = r.get("latency")
+    if lat is None:
+        return
     print(
         f"spark: commit to foreachBatch at {lat['rate']:,.0f} transactions/s for {lat['seconds']:.0f} s: "
         f"p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms, max {lat['max_ms']:.0f} ms"

@@ -223,20 +223,24 @@ class TransactionBatch(_message.Message):
     def __init__(self, transactions: _Optional[_Iterable[_Union[Transaction, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("after_csn", "until_csn", "tables")
+    __slots__ = ("after_csn", "until_csn", "tables", "format")
     AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
     UNTIL_CSN_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     after_csn: int
     until_csn: int
     tables: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ...) -> None: ...
+    format: str
+    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "arrow")
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FIELD_NUMBER: _ClassVar[int]
     batch: TransactionBatch
-    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ...) -> None: ...
+    arrow: bytes
+    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ..., arrow: _Optional[bytes] = ...) -> None: ...
 
 class ListSubscriptionsRequest(_message.Message):
     __slots__ = ()

@@ -4,7 +4,8 @@
                csns_after  Fetch (after, until], counting up to a limit (csns only are kept)
                acknowledge Subscribe(name, after=csn) + ack(csn) + half-close: the service
                            stores the name's mark durably when the stream ends
-    executors: read_range  Fetch (lo, hi]: whole transactions, in CSN order
+    executors: read_rows   Fetch (lo, hi] as Arrow rows the service built (docs/design.md section 8)
+               read_range  Fetch (lo, hi]: whole transactions' lines, in CSN order
 
 Every failure becomes one CsndError line that says which service, what
 happened and what to do; Spark wraps it, but the line stays findable.
@@ -23,10 +24,12 @@ from collections.abc import Iterator
 from typing import Final
 
 import grpc
+import pyarrow as pa
 
 from csnd.consumers.client import CHANNEL_OPTIONS, permanent_error, wait_reachable
+from csnd.consumers.spark.columns import ARROW_SCHEMA
 from csnd.consumers.spark.options import SourceOptions
-from csnd.core.errors import ChangefeedUnavailable, ConfigError
+from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 
@@ -116,8 +119,8 @@ def newest(opts: SourceOptions) -> tuple[int, int]:
         channel.close()
 
 
-def read_range(opts: SourceOptions, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
-    """The transactions in (lo, hi] (of our tables), in CSN order.
+def _fetch(opts: SourceOptions, lo: int, hi: int, fmt: str) -> Iterator[pb.FetchResponse]:
+    """Fetch (lo, hi] in `fmt`, message by message.
 
     Waits up to the connect timeout for the connection (a busy executor's
     first handshake can be slow; a task that fails fast fails the query).
@@ -125,15 +128,50 @@ def read_range(opts: SourceOptions, lo: int, hi: int) -> Iterator[tuple[int, byt
     channel = _connected(opts)
     try:
         stub = pb_grpc.ChangefeedStub(channel)
-        request = pb.FetchRequest(after_csn=lo, until_csn=hi, tables=opts.tables)
+        request = pb.FetchRequest(after_csn=lo, until_csn=hi, tables=opts.tables, format=fmt)
         try:
-            for msg in stub.Fetch(request, metadata=_metadata(opts), wait_for_ready=True):
-                for t in msg.batch.transactions:
-                    yield t.csn, t.line
+            yield from stub.Fetch(request, metadata=_metadata(opts), wait_for_ready=True)
         except grpc.RpcError as e:
             raise _failed(opts, f"reading csn range ({lo}, {hi}]", e) from None
     finally:
         channel.close()
+
+
+def read_range(opts: SourceOptions, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
+    """The transactions in (lo, hi] (of our tables), in CSN order."""
+    for msg in _fetch(opts, lo, hi, "lines"):
+        for t in msg.batch.transactions:
+            yield t.csn, t.line
+
+
+def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch | tuple[int, bytes]]:
+    """The rows of (lo, hi] as the service built them (Arrow record batches of ARROW_SCHEMA).
+
+    A service that predates Arrow fetches answers with lines: those come as
+    (csn, line) pairs, for the caller to build rows from.
+    """
+    for msg in _fetch(opts, lo, hi, "arrow"):
+        if msg.arrow:
+            yield _ipc_batch(opts, lo, hi, msg.arrow)
+        for t in msg.batch.transactions:
+            yield t.csn, t.line
+
+
+def _ipc_batch(opts: SourceOptions, lo: int, hi: int, data: bytes) -> pa.RecordBatch:
+    try:
+        reader = pa.ipc.open_stream(data)
+        batch = reader.read_next_batch()
+    except (pa.ArrowInvalid, StopIteration) as e:
+        raise ChangefeedError(
+            f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] that are not an Arrow IPC "
+            f"stream ({e or 'no record batch'})"
+        ) from None
+    if not batch.schema.equals(ARROW_SCHEMA):
+        raise ChangefeedError(
+            f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] in another schema than the "
+            f"source's ({batch.schema.names}); are the service and the source the same csnd version?"
+        )
+    return batch
 
 
 def csns_after(opts: SourceOptions, start: int, until: int, limit: int) -> list[int]:

@@ -31,7 +31,10 @@ KNOWN: Final = {
     "tokenFile": "file holding the service's bearer token",
     "tlsCaFile": "PEM CA certificate: connect with TLS, trusting it",
     "connectTimeout": "seconds to wait for the service before failing (default 10)",
+    "rowsBuiltBy": "service (default): the service sends Arrow rows it built once; "
+    "executor: it sends JSON lines and each executor builds the rows",
 }
+ROWS_BUILT_BY: Final = ("service", "executor")
 _LOWER: Final = {k.lower(): k for k in KNOWN}
 DEFAULT_PARTITIONS: Final = 2  # (a 2-core local Spark; a cluster sets it to its executor cores)
 DEFAULT_CONNECT_TIMEOUT_S: Final = 10.0
@@ -49,6 +52,7 @@ class SourceOptions:
     token_file: str | None = None
     tls_ca_file: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    rows_built_by: str = "service"
 
 
 def _known_list() -> str:
@@ -120,6 +124,11 @@ def parse_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptio
                 f"csnd source: option connectTimeout={given['connectTimeout']!r} is not seconds > 0"
             )
     name = given.get("name", "").strip() or None
+    built_by = given.get("rowsBuiltBy", "service").strip().lower()
+    if built_by not in ROWS_BUILT_BY:
+        raise ConfigError(
+            f"csnd source: option rowsBuiltBy={given['rowsBuiltBy']!r} is not one of {', '.join(ROWS_BUILT_BY)}"
+        )
     return SourceOptions(
         target=opts.target,
         starting_csn=starting,
@@ -131,6 +140,7 @@ def parse_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptio
         token_file=given.get("tokenFile") or None,
         tls_ca_file=given.get("tlsCaFile") or None,
         connect_timeout=timeout,
+        rows_built_by=built_by,
     )
 
 

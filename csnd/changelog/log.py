@@ -643,15 +643,12 @@ class Changelog:
             until_csn = limit if until_csn is None else min(until_csn, limit)
             if after_csn >= limit:
                 return iter(())
-        if view and after_csn and after_csn < view[0].prev_csn:
-            raise CsnOutOfRange(
-                f"changelog: records after csn {after_csn} were dropped by retention; "
-                f"the oldest retained csn is {view[0].first_csn}; read after csn {view[0].prev_csn} or later, "
-                "or from 0 for the oldest retained",
-                csn=after_csn,
-                oldest_csn=view[0].first_csn,
-            )
+        _check_retained(view, after_csn)
         return self._iterate(view, bounds, after_csn, until_csn, whole_up_to)
+
+    def check_retained(self, after_csn: int) -> None:
+        """CsnOutOfRange, as `read` raises it, when retention dropped records after `after_csn`."""
+        _check_retained(self._view, after_csn)
 
     def _iterate(
         self,
@@ -786,6 +783,17 @@ class Changelog:
         self._recent._check()
         assert self._unsynced_csns == sorted(self._unsynced_csns)
         assert not self._recent.csns or self._recent.csns[-1] == self._durable_csn
+
+
+def _check_retained(view: tuple[sg.Segment, ...], after_csn: int) -> None:
+    if view and after_csn and after_csn < view[0].prev_csn:
+        raise CsnOutOfRange(
+            f"changelog: records after csn {after_csn} were dropped by retention; "
+            f"the oldest retained csn is {view[0].first_csn}; read after csn {view[0].prev_csn} or later, "
+            "or from 0 for the oldest retained",
+            csn=after_csn,
+            oldest_csn=view[0].first_csn,
+        )
 
 
 def _whole_records(records: Iterator[tuple[int, bytes | sg.RecordPieces]]) -> Iterator[tuple[int, bytes]]:

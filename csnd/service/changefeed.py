@@ -50,6 +50,7 @@ from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:
     from csnd.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
+    from csnd.service.arrow_rows import RowBlocks
 
 # Longest wait on the changelog before a stream looks at its stop conditions
 # again (server stopping, client gone or silent).  Smaller: a quicker stop;
@@ -68,6 +69,10 @@ StoredRecord = tuple[int, "bytes | RecordPieces"]
 class FeedSettings:
     # Bound of one batch message (see csnd.service.batching).
     max_batch_bytes: int = MAX_BATCH_BYTES
+    # Rows in one Arrow message of Fetch(format="arrow"), by their size
+    # uncompressed (on the wire they take about a seventh).  Larger: fewer
+    # record batches for Spark to take in; smaller: less memory per Fetch.
+    arrow_message_bytes: int = 8 << 20
     # How often the server asks a subscriber for a sign of life.  Smaller:
     # a dead consumer is found sooner, at the cost of a message each way.
     keepalive_s: float = 5.0
@@ -120,6 +125,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self._last_store = time.monotonic()
         self._calls: dict[int, grpc.ServicerContext] = {}  # consumer id -> its call (for the watchdog)
         self.stopping = threading.Event()
+        self._row_blocks: RowBlocks | None = None  # Fetch(format="arrow")'s rows, made on first use
         threading.Thread(target=self._watchdog, name="csnd-feed-watchdog", daemon=True).start()
 
     # --- Subscribe ----------------------------------------------------------------
@@ -472,6 +478,15 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         until = until or self.log.visible_csn
         if until == 0:
             return
+        if request.format == "arrow":
+            yield from self._fetch_arrow(after, until, filt, context)
+            return
+        if request.format not in ("", "lines"):
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown fetch format {request.format!r}: csnd sends lines or arrow",
+            )
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:
             max_bytes = self.settings.max_batch_bytes
@@ -497,6 +512,30 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         batch = builder.flush()
         if batch:
             yield _fetch_response(batch)
+
+    def _fetch_arrow(
+        self, after: int, until: int, filt: TableFilter, context: grpc.ServicerContext
+    ) -> Iterator[pb.FetchResponse]:
+        from csnd.service import arrow_rows  # (pyarrow: only for a service that is asked for it)
+
+        with self.lock:
+            if self._row_blocks is None:
+                self._row_blocks = arrow_rows.RowBlocks(self.log, self.settings.arrow_message_bytes)
+            blocks = self._row_blocks
+        try:
+            for i, message in enumerate(blocks.messages(after, until, filt)):
+                yield pb.FetchResponse(arrow=message)
+                if i % 16 == 15 and self.stopping.is_set():
+                    _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
+        except CsnOutOfRange as e:
+            _out_of_range(context, after, e)
+        except ValueError as e:
+            _abort(
+                context,
+                grpc.StatusCode.DATA_LOSS,
+                f"the changelog holds a record that is not a transaction line ({e}); it has no rows: "
+                "check the changelog (csnd changelog DIR) and report this",
+            )
 
     # --- Status ---------------------------------------------------------------------
 

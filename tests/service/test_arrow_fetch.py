@@ -1,0 +1,174 @@
+"""Fetch in Arrow: the rows the service builds once equal the rows built from the lines, for any reads.
+
+The oracle is the lines path: the transactions `Changelog.read` returns,
+cut by the subscriber's TableFilter as a line subscriber gets them, and
+flattened by the Spark source's RowBuilder (itself tested against a
+brute-force flattening in tests/consumers/test_spark_rows.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from csnd.changelog import Changelog
+from csnd.consumers.spark.columns import flatten
+from csnd.consumers.spark.options import parse_options
+from csnd.consumers.spark.source import CsnRange, read_partition
+from csnd.core.errors import CsnOutOfRange
+from csnd.proto import csnd_pb2 as pb
+from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.service.arrow_rows import RowBlocks, keep_tables, open_message
+from csnd.service.filtering import TableFilter
+from tests.service.feedkit import TABLES, fill, line, serve
+
+FILTERS = [(), ("public.acct",), ("public.*",), ('odd."a.b"', "sales.acct"), ("nobody.none",)]
+
+
+def expected(log: Changelog, after: int, until: int, specs: tuple[str, ...]) -> pa.Table:
+    filt = TableFilter(specs)
+    kept = [(csn, k) for csn, line_ in log.read(after, until) if (k := filt.keep(line_)) is not None]
+    return pa.Table.from_batches([flatten(kept)])
+
+
+def got(blocks: RowBlocks, after: int, until: int, specs: tuple[str, ...]) -> pa.Table:
+    batches = [open_message(m) for m in blocks.messages(after, until, TableFilter(specs))]
+    return pa.Table.from_batches(batches, schema=flatten([]).schema)
+
+
+reads = st.lists(
+    st.tuples(st.integers(0, 60), st.integers(0, 60), st.sampled_from(FILTERS)), min_size=1, max_size=8
+)
+txn_shapes = st.lists(st.lists(st.sampled_from(TABLES), max_size=6), min_size=1, max_size=50)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shapes=txn_shapes,
+    gaps=st.lists(st.integers(1, 3), min_size=50, max_size=50),
+    reads=reads,
+    block_rows=st.integers(1, 40),
+    message_bytes=st.integers(1, 6000),
+    budget=st.sampled_from([1, 20_000, 1 << 30]),
+)
+@example(  # a transaction's kept rows across two messages: seq goes on counting
+    shapes=[[TABLES[0], TABLES[1], TABLES[0], TABLES[0]]],
+    gaps=[1] * 50,
+    reads=[(0, 0, ("public.acct",))],
+    block_rows=40,
+    message_bytes=1,
+    budget=1 << 30,
+)
+def test_arrow_rows_equal_the_rows_of_the_lines(
+    shapes: list[list[tuple[str, str]]],
+    gaps: list[int],
+    reads: list[tuple[int, int, tuple[str, ...]]],
+    block_rows: int,
+    message_bytes: int,
+    budget: int,
+) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            csn = 0
+            for shape, gap in zip(shapes, gaps, strict=False):
+                csn += gap
+                log.append(csn, line(csn, shape, gid=f"g-{csn}"))
+            log.sync()
+            blocks = RowBlocks(log, message_bytes, block_rows=block_rows, budget_bytes=budget)
+            for a, b, specs in reads:
+                after, until = min(a, b), max(a, b) or log.visible_csn
+                assert got(blocks, after, until, specs).equals(expected(log, after, until, specs)), (
+                    after,
+                    until,
+                    specs,
+                )
+            assert blocks.kept_bytes <= budget
+        finally:
+            log.close()
+
+
+def test_a_range_is_built_once_and_only_what_is_durable() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            fill(log, range(1, 101))
+            blocks = RowBlocks(log, 1 << 20, block_rows=50)
+            whole = got(blocks, 0, 100, ())
+            built = blocks.built_rows
+            assert built == whole.num_rows > 0
+            assert got(blocks, 10, 90, ()).equals(expected(log, 10, 90, ()))
+            assert got(blocks, 0, 100, ("public.acct",)).equals(expected(log, 0, 100, ("public.acct",)))
+            assert blocks.built_rows == built  # (every read after the first is of kept blocks)
+            # Past the durable end nothing is built: a later transaction is not left out of a block.
+            assert got(blocks, 90, 200, ()).equals(expected(log, 90, 100, ()))
+            log.append(150, line(150, [TABLES[0]]))
+            log.sync()
+            assert got(blocks, 90, 200, ()).equals(expected(log, 90, 150, ()))
+        finally:
+            log.close()
+
+
+def test_retention_is_out_of_range_as_for_lines() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d, segment_bytes=4096, retention_bytes=8192)
+        try:
+            fill(log, range(1, 201))
+            blocks = RowBlocks(log, 1 << 20, block_rows=7)
+            got(blocks, 0, 200, ())
+            log.apply_retention()
+            assert log.oldest_csn > 2
+            with pytest.raises(CsnOutOfRange):
+                list(blocks.messages(1, 200, TableFilter()))
+            assert got(blocks, 0, 200, ()).equals(expected(log, 0, 200, ()))
+        finally:
+            log.close()
+
+
+def test_keep_tables_renumbers_seq_per_transaction() -> None:
+    batch = flatten([(1, line(1, [TABLES[1], TABLES[0], TABLES[2], TABLES[0]])), (2, line(2, [TABLES[0]]))])
+    kept = keep_tables(batch, TableFilter(["public.acct"]))
+    assert kept.column("csn").to_pylist() == [1, 1, 2]
+    assert kept.column("seq").to_pylist() == [0, 1, 0]
+    assert kept.column("cid").to_pylist() == [1, 3, 0]
+    # A transaction whose kept rows began in the batch before goes on from there.
+    assert keep_tables(batch.slice(3), TableFilter(["public.acct"]), (1, 0)).column("seq").to_pylist() == [
+        1,
+        0,
+    ]
+
+
+def _fetch(address: str, **kw: Any) -> list[pb.FetchResponse]:
+    with grpc.insecure_channel(address) as channel:
+        return list(pb_grpc.ChangefeedStub(channel).Fetch(pb.FetchRequest(**kw)))
+
+
+def test_fetch_over_grpc_and_the_spark_source_take_the_service_rows(tmp_path: Any) -> None:
+    log = Changelog(os.path.join(str(tmp_path), "log"))
+    fill(log, range(1, 301))
+    srv = serve(log)
+    try:
+        msgs = _fetch(srv.address, after_csn=20, until_csn=250, tables=["public.*"], format="arrow")
+        assert msgs and all(m.arrow and not m.batch.transactions for m in msgs)
+        rows = pa.Table.from_batches([open_message(m.arrow) for m in msgs])
+        assert rows.equals(expected(log, 20, 250, ("public.*",)))
+        for built_by in ("service", "executor"):
+            opts = parse_options(
+                {"target": srv.address, "tables": "sales.acct", "rowsBuiltBy": built_by}, stream=False
+            )
+            table = pa.Table.from_batches(list(read_partition(opts, CsnRange(3, 300))))
+            assert table.equals(expected(log, 3, 300, ("sales.acct",))), built_by
+        with pytest.raises(grpc.RpcError) as e:
+            _fetch(srv.address, format="csv")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unknown fetch format 'csv'" in (e.value.details() or "")
+    finally:
+        srv.stop()
+        log.close()
