@@ -121,8 +121,8 @@ class RowBuilder:
         """Appends one row per change of the transaction `line` (whose csn is `csn`)."""
         try:
             txn = _decode_txn(line)
-        except msgspec.DecodeError:  # (another shape, or not a transaction: the general path says which)
-            self._add_parsed(csn, line)
+        except (msgspec.DecodeError, UnicodeDecodeError):  # (another shape, or not a transaction:
+            self._add_parsed(csn, line)  # the general path says which)
         else:
             self._add_typed(csn, txn)
 
@@ -169,7 +169,10 @@ class RowBuilder:
         self.rows += n
 
     def _add_parsed(self, csn: int, line: bytes | str) -> None:
-        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+        except UnicodeDecodeError as e:
+            raise ValueError(f"csn {csn}: the line is not UTF-8 ({e})") from None
         try:
             head, changes = _fast(text)
         except (ValueError, IndexError, TypeError, KeyError, AttributeError):
@@ -253,7 +256,11 @@ class RowBuilder:
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         seq = np.arange(rows, dtype=np.int64) - starts
         # Arrow parses ISO 8601 with an offset in C, once a transaction.
-        times = pa.array(t_time, pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
+        try:
+            times = pa.array(t_time, pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            bad = next(i for i, t in enumerate(t_time) if not _is_time(t))
+            raise ValueError(f"csn {t_csn[bad]}: commit_time {t_time[bad]!r} is not a time ({e})") from None
         arrays = [
             pa.array(t_csn, pa.int64()).take(owner),
             pa.array(t_gid, pa.string()).take(owner),
@@ -261,7 +268,10 @@ class RowBuilder:
             pa.array(seq.astype(np.int32), pa.int32()),
         ]
         for name, values in zip(COLUMNS[4:-2], cols[4:-2], strict=True):
-            arrays.append(pa.array(values, ARROW_SCHEMA.field(name).type))
+            try:
+                arrays.append(pa.array(values, ARROW_SCHEMA.field(name).type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise _column_error(name, values, t_csn, counts, e) from None
         unchanged = cols[-2]
         if unchanged:
             arrays.append(pa.array(unchanged, ARROW_SCHEMA.field("unchanged").type))
@@ -273,6 +283,27 @@ class RowBuilder:
             )
         arrays.append(pa.array(cols[-1], ARROW_SCHEMA.field("key").type))
         return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _is_time(text: Any) -> bool:
+    try:
+        pa.array([text], pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
+
+
+def _column_error(
+    name: str, values: list[Any], t_csn: list[int], counts: np.ndarray, e: Exception
+) -> ValueError:
+    """The ValueError naming the csn of the first value that `name`'s column cannot hold (the error path only)."""
+    for row, value in enumerate(values):
+        try:
+            pa.array([value], ARROW_SCHEMA.field(name).type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            txn = int(np.searchsorted(np.cumsum(counts), row, side="right"))
+            return ValueError(f"csn {t_csn[txn]}: the {name} of a change cannot be a column value ({e})")
+    return ValueError(f"the {name} column: {e}")
 
 
 def flatten(records: Iterable[tuple[int, bytes | str]]) -> pa.RecordBatch:

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sortedcontainers import SortedDict
 
-from csnd.changelog import Changelog
+from csnd.changelog import Changelog, RecordPieces
 from csnd.consumers.spark.columns import ARROW_SCHEMA, RowBuilder
 from csnd.service.filtering import TableFilter
 
@@ -49,6 +49,12 @@ BLOCK_ROWS: Final = 50_000
 # Memory the kept blocks may take.  A block larger than this alone is built,
 # read and not kept.
 BUDGET_BYTES: Final = 256 << 20
+# The largest transaction (its line's bytes) sent as Arrow rows: its rows are
+# built and held whole, in the service and in the executor that reads them.
+RECORD_LIMIT: Final = 64 << 20
+# What a kept block costs beyond its messages (so blocks of ranges without
+# changes, which hold no rows, still count against the budget).
+BLOCK_OVERHEAD: Final = 512
 
 # Messages are compressed with ZSTD (Arrow IPC's own body compression): the
 # rows of the bench's transactions take 25 bytes a row instead of 179, and
@@ -56,7 +62,7 @@ BUDGET_BYTES: Final = 256 << 20
 # once when a block is built, and the executor's decompression (0.12 us a row).
 _COMPRESSED: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 
-Read = Callable[[int, int], Iterator[tuple[int, bytes]]]
+Read = Callable[[int, int], Iterator[tuple[int, "bytes | RecordPieces"]]]
 
 
 class Block(NamedTuple):
@@ -94,17 +100,33 @@ def to_message(batch: pa.RecordBatch) -> bytes:
     return data
 
 
+class RecordTooLarge(Exception):
+    """A transaction too large for the Arrow path: its line alone passes RECORD_LIMIT bytes."""
+
+    def __init__(self, csn: int, size: int) -> None:
+        super().__init__(
+            f"transaction csn {csn} is {size:,} bytes, more than the {RECORD_LIMIT:,} bytes a transaction "
+            "may have to be sent as Arrow rows (its rows would be held whole); fetch it as lines "
+            "(the Spark source's option rowsBuiltBy=executor)"
+        )
+        self.csn = csn
+
+
 def build_blocks(
     read: Read, after: int, until: int, message_bytes: int, block_rows: int = BLOCK_ROWS
 ) -> Iterator[Block]:
     """Blocks covering (after, until] exactly, from the transactions `read` returns for it.
 
-    A line that is not a transaction is a ValueError naming its csn.
+    `read` is `Changelog.read_pieced`'s shape: a record longer than
+    RECORD_LIMIT comes unread, and is RecordTooLarge.  A line that is not a
+    transaction is a ValueError naming its csn.
     """
     builder = RowBuilder()
     start = after
     last = after
     for csn, line in read(after, until):
+        if not isinstance(line, bytes):
+            raise RecordTooLarge(csn, line.length)
         builder.add(csn, line)
         last = csn
         if builder.rows >= block_rows:
@@ -122,7 +144,7 @@ def make_block(after: int, last: int, batch: pa.RecordBatch, message_bytes: int)
     starts[-1] = n
     messages = [to_message(batch.slice(lo, hi - lo)) for lo, hi in itertools.pairwise(starts.tolist())]
     csns = batch.column(0).to_numpy(zero_copy_only=False)
-    return Block(after, last, messages, starts, csns, sum(map(len, messages)) + csns.nbytes)
+    return Block(after, last, messages, starts, csns, sum(map(len, messages)) + csns.nbytes + BLOCK_OVERHEAD)
 
 
 def keep_tables(batch: pa.RecordBatch, filt: TableFilter, carry: tuple[int, int] = (0, -1)) -> pa.RecordBatch:
@@ -218,7 +240,8 @@ class RowBlocks:
         until = min(until, log.visible_csn)
         oldest = log.oldest_csn
         self._drop_before(oldest)
-        if after == 0 and oldest:
+        from_oldest = after == 0
+        if from_oldest and oldest:
             after = oldest - 1
         carry = (0, -1)
         pos = after
@@ -229,13 +252,18 @@ class RowBlocks:
                 blocks = (kept,)
             else:
                 gap_end = min(until, self._next_after(pos))
-                blocks = build_blocks(log.read, pos, gap_end, self.message_bytes, self.block_rows)
+                # (from 0 the first gap is read from 0 as well: retention that runs
+                # meanwhile moves the start on, it does not make the read out of range)
+                start = 0 if from_oldest and pos == after else pos
+                blocks = build_blocks(self._read, start, gap_end, self.message_bytes, self.block_rows)
             for block in blocks:
                 if block is not kept:
-                    self.built_rows += int(block.starts[-1])
                     self._keep(block)
                 carry = yield from block_messages(block, pos, until, filt, carry)
                 pos = block.last
+
+    def _read(self, after: int, until: int) -> Iterator[tuple[int, bytes | RecordPieces]]:
+        return self.log.read_pieced(after, until, whole_up_to=RECORD_LIMIT)
 
     def _covering(self, csn: int) -> Block | None:
         """The block with after <= csn < last (marked as just read), or None."""
@@ -257,9 +285,10 @@ class RowBlocks:
 
     def _keep(self, block: Block) -> None:
         size = block.nbytes
-        if size > self.budget_bytes or block.last == block.after:
-            return
         with self._lock:
+            self.built_rows += int(block.starts[-1])
+            if size > self.budget_bytes or block.last == block.after:
+                return
             afters = self._blocks.keys()
             i = bisect_right(afters, block.after)
             overlaps = (i > 0 and self._blocks.peekitem(i - 1)[1].last > block.after) or (

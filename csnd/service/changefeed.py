@@ -29,6 +29,7 @@ cannot land after it.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -47,6 +48,8 @@ from csnd.service.debezium import to_debezium
 from csnd.service.filtering import LineFilter, Reshaped, TableFilter
 from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
+
+log = logging.getLogger("csnd.changefeed")
 
 if TYPE_CHECKING:
     from csnd.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
@@ -126,6 +129,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self._calls: dict[int, grpc.ServicerContext] = {}  # consumer id -> its call (for the watchdog)
         self.stopping = threading.Event()
         self._row_blocks: RowBlocks | None = None  # Fetch(format="arrow")'s rows, made on first use
+        self._arrow_missing_logged = False
         threading.Thread(target=self._watchdog, name="csnd-feed-watchdog", daemon=True).start()
 
     # --- Subscribe ----------------------------------------------------------------
@@ -475,18 +479,18 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"until_csn {until} is before after_csn {after}: the range is empty",
             )
-        until = until or self.log.visible_csn
-        if until == 0:
-            return
-        if request.format == "arrow":
-            yield from self._fetch_arrow(after, until, filt, context)
-            return
-        if request.format not in ("", "lines"):
+        if request.format not in ("", "lines", "arrow"):
             _abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"unknown fetch format {request.format!r}: csnd sends lines or arrow",
             )
+        until = until or self.log.visible_csn
+        if until == 0:
+            return
+        if request.format == "arrow" and (blocks := self._arrow_rows()) is not None:
+            yield from self._fetch_arrow(blocks, after, until, filt, context)
+            return
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:
             max_bytes = self.settings.max_batch_bytes
@@ -513,15 +517,25 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         if batch:
             yield _fetch_response(batch)
 
-    def _fetch_arrow(
-        self, after: int, until: int, filt: TableFilter, context: grpc.ServicerContext
-    ) -> Iterator[pb.FetchResponse]:
-        from csnd.service import arrow_rows  # (pyarrow: only for a service that is asked for it)
-
+    def _arrow_rows(self) -> RowBlocks | None:
+        """The rows Fetch(format="arrow") sends, made on first use; None without pyarrow (lines instead)."""
         with self.lock:
             if self._row_blocks is None:
+                try:
+                    from csnd.service import arrow_rows
+                except ImportError as e:  # (the `spark` extra is not installed here)
+                    if not self._arrow_missing_logged:
+                        log.warning("changefeed: Arrow fetches are answered with lines: %s", e)
+                        self._arrow_missing_logged = True
+                    return None
                 self._row_blocks = arrow_rows.RowBlocks(self.log, self.settings.arrow_message_bytes)
-            blocks = self._row_blocks
+            return self._row_blocks
+
+    def _fetch_arrow(
+        self, blocks: RowBlocks, after: int, until: int, filt: TableFilter, context: grpc.ServicerContext
+    ) -> Iterator[pb.FetchResponse]:
+        from csnd.service.arrow_rows import RecordTooLarge
+
         try:
             for i, message in enumerate(blocks.messages(after, until, filt)):
                 yield pb.FetchResponse(arrow=message)
@@ -529,11 +543,13 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
         except CsnOutOfRange as e:
             _out_of_range(context, after, e)
-        except ValueError as e:
+        except RecordTooLarge as e:
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except (ValueError, TypeError) as e:
             _abort(
                 context,
                 grpc.StatusCode.DATA_LOSS,
-                f"the changelog holds a record that is not a transaction line ({e}); it has no rows: "
+                f"the changelog's transactions in csn range ({after}, {until}] cannot be made rows ({e}): "
                 "check the changelog (csnd changelog DIR) and report this",
             )
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from typing import Any
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -25,6 +27,7 @@ from csnd.consumers.spark.source import CsnRange, read_partition
 from csnd.core.errors import CsnOutOfRange
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.service import FeedSettings, arrow_rows
 from csnd.service.arrow_rows import RowBlocks, keep_tables, open_message
 from csnd.service.filtering import TableFilter
 from tests.service.feedkit import TABLES, fill, line, serve
@@ -169,6 +172,89 @@ def test_fetch_over_grpc_and_the_spark_source_take_the_service_rows(tmp_path: An
             _fetch(srv.address, format="csv")
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "unknown fetch format 'csv'" in (e.value.details() or "")
+    finally:
+        srv.stop()
+        log.close()
+
+
+def test_readers_at_once_with_a_small_budget_see_the_same_rows() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            fill(log, range(1, 401))
+            blocks = RowBlocks(log, 3000, block_rows=13, budget_bytes=30_000)
+            ranges = [(0, 400, ()), (50, 350, ("public.acct",)), (199, 400, ("sales.*",)), (0, 222, ())]
+            want = {r: expected(log, *r) for r in ranges}
+            failures: list[str] = []
+
+            def reader(k: int) -> None:
+                for i in range(12):
+                    r = ranges[(k + i) % len(ranges)]
+                    if not got(blocks, *r).equals(want[r]):
+                        failures.append(f"reader {k}, range {r}")
+
+            threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert failures == []
+            assert blocks.kept_bytes <= 30_000
+        finally:
+            log.close()
+
+
+def test_rows_held_back_from_readers_are_not_built() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            fill(log, range(1, 51))
+            log.hold_readers(at=20)
+            blocks = RowBlocks(log, 1 << 20)
+            assert got(blocks, 0, 50, ()).equals(expected(log, 0, 20, ()))
+            log.release_readers()
+            assert got(blocks, 0, 50, ()).equals(expected(log, 0, 50, ()))
+        finally:
+            log.close()
+
+
+def test_a_line_that_is_not_utf8_names_its_csn() -> None:
+    bad = line(7, [TABLES[0]]).replace(b'"f": 1.5e-07', b'"f": "\xff"')
+    with pytest.raises(ValueError, match="csn 7"):
+        flatten([(6, line(6, [TABLES[1]])), (7, bad)])
+
+
+def test_an_unknown_format_is_refused_even_from_an_empty_changelog(tmp_path: Any) -> None:
+    log = Changelog(os.path.join(str(tmp_path), "log"))
+    srv = serve(log)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            _fetch(srv.address, format="csv")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        srv.stop()
+        log.close()
+
+
+def test_a_transaction_too_large_for_arrow_is_refused_and_read_as_lines(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(arrow_rows, "RECORD_LIMIT", 4000)
+    log = Changelog(os.path.join(str(tmp_path), "log"))
+    fill(log, range(1, 11))
+    log.append(11, line(11, [TABLES[0]] * 40))  # (about 9 kB: in pieces on a 2,000-byte batch bound)
+    fill(log, range(12, 21))
+    srv = serve(log, settings=FeedSettings(max_batch_bytes=2000))
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            _fetch(srv.address, format="arrow")
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "transaction csn 11 is" in (e.value.details() or "")
+        assert "rowsBuiltBy=executor" in (e.value.details() or "")
+        opts = parse_options({"target": srv.address, "rowsBuiltBy": "executor"}, stream=False)
+        table = pa.Table.from_batches(list(read_partition(opts, CsnRange(0, 20))))
+        assert table.equals(expected(log, 0, 20, ()))
+        assert table.filter(pc.equal(table.column("csn"), 11)).num_rows == 40
     finally:
         srv.stop()
         log.close()
