@@ -70,6 +70,12 @@ def worker_main(
     # whether we live, and stops, so we leave too.
     parent = mp.parent_process()
     server = os.getppid()
+    # A Queue travels with both ends of its pipe.  Our copy of the write end
+    # would keep the pipe open after the parent dies: a parent killed halfway
+    # through putting a batch would leave us waiting forever for the rest of
+    # it.  Closed, that read ends with EOFError instead (as the results pipe
+    # does for the parent: DecoderPool).
+    inbox._writer.close()
     while True:
         try:
             item = inbox.get(timeout=PARENT_POLL_S)
@@ -77,6 +83,8 @@ def worker_main(
             if (parent is not None and not parent.is_alive()) or os.getppid() != server:
                 return  # the parent was killed (SIGKILL runs no cleanup), or the server: do not linger
             continue
+        except (EOFError, OSError):
+            return  # the parent died with a batch half sent: there is no one to decode for
         if item is None:
             return
         kind, payload = item

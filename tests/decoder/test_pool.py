@@ -217,3 +217,36 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
             resume.set()  # (the first commit came out while the stream was paused)
     assert not timed_out, "the first transaction waited for the rest of the stream"
     assert len(commits) == 2
+
+
+_HALF_SENT_PARENT = """
+import os, signal, struct, sys
+from csnd.decoder.pool import DecoderPool
+pool = DecoderPool("dn1", 1, binary=True)
+print(pool._procs[0].pid, flush=True)
+sys.stdin.readline()  # (the test has the pid: now die halfway through sending a batch)
+# A message's length says 1,000 bytes and only 10 follow, as when a parent is
+# killed while its queue's feeder thread writes a batch.
+os.write(pool._in[0]._writer.fileno(), struct.pack("!i", 1000) + b"x" * 10)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_worker_leaves_when_its_parent_dies_halfway_through_sending_a_batch() -> None:
+    """The worker must not hold the inbox pipe's write end: the rest of the batch would never come, nor EOF."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HALF_SENT_PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None and parent.stdin is not None
+    worker = int(parent.stdout.readline())
+    parent.stdin.write("\n")
+    parent.stdin.flush()
+    assert parent.wait(timeout=60) == -signal.SIGKILL
+    wait_until_gone([worker], 30, "the worker waited for the rest of a batch its dead parent never sent")
+    # (the worker and the fork server share the parent's stderr: end of file once both are gone)
+    stderr = parent.stderr.read() if parent.stderr is not None else ""
+    assert "Traceback" not in stderr, stderr
