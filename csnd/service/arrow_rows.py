@@ -1,13 +1,13 @@
 """`Fetch` in Arrow: the changelog's rows built once by the service, kept in blocks of CSN ranges.
 
     Fetch(after, until, format="arrow")
-      └─ RowBlocks.rows(after, until) ── a block covers it? ── slice it (csn column, binary search)
-                                     └─ a gap ── Changelog.read ─► RowBuilder ─► new blocks (kept, LRU)
-      └─ keep_tables (pyarrow compute; seq renumbered) ─► Arrow IPC stream per message
+      └─ RowBlocks.messages ── a kept block covers it? ── its IPC messages (cut ones written anew)
+                            └─ a gap ── Changelog.read_pieced ─► RowBuilder ─► IPC messages ─► new block (kept, LRU)
+      └─ with tables: keep_tables (pyarrow compute; seq renumbered) on each message's rows
 
 The Spark source's executors used to turn every JSON line into rows
-themselves, in Python, at about 6 us a row -- on every read of the range, by
-every query.  Here the rows of a CSN range are built once, in the source's
+themselves, in Python, several microseconds a row -- on every read of the
+range, by every query.  Here the rows of a CSN range are built once, in the source's
 documented schema (docs/design.md section 8), and every later read of that
 range is a slice of columns already built: the executors open the IPC
 bytes and hand the record batches to Spark untouched.
