@@ -692,6 +692,35 @@ class Changefeed:
         self.close()
 
 
+class WholeLines:
+    """The lines of Fetch's batches, a line sent in pieces (`more`, docs/design.md section 8) once it is whole.
+
+    A piece of another csn before a line's last piece is a ChangefeedError
+    naming `sender` (the service, as the caller calls it).
+    """
+
+    def __init__(self, sender: str) -> None:
+        self.sender = sender
+        self.csn: int | None = None  # the line whose pieces are being joined
+        self.pieces: list[bytes] = []
+
+    def of(self, batch: pb.TransactionBatch) -> Iterator[Record]:
+        for t in batch.transactions:
+            if self.csn is None and not t.more:
+                yield t.csn, t.line
+                continue
+            if self.csn is not None and t.csn != self.csn:
+                raise ChangefeedError(
+                    f"{self.sender} sent csn {t.csn} before the last piece of csn {self.csn}"
+                )
+            self.csn = t.csn
+            self.pieces.append(t.line)
+            if not t.more:
+                line = b"".join(self.pieces)
+                self.csn, self.pieces = None, []
+                yield t.csn, line
+
+
 def fetch(
     target: str,
     after_csn: int = 0,
@@ -709,17 +738,9 @@ def fetch(
         stub = pb_grpc.ChangefeedStub(channel)
         request = pb.FetchRequest(after_csn=after_csn, until_csn=until_csn, tables=tables)
         try:
-            joined: list[bytes] = []
+            whole = WholeLines(f"the service at {address}")
             for msg in stub.Fetch(request, metadata=_metadata(token), timeout=timeout):
-                for t in msg.batch.transactions:
-                    if t.more or joined:  # (a piece of a large line: docs/design.md section 8)
-                        joined.append(t.line)
-                        if t.more:
-                            continue
-                        line, joined = b"".join(joined), []
-                        yield t.csn, line
-                    else:
-                        yield t.csn, t.line
+                yield from whole.of(msg.batch)
         except grpc.RpcError as e:
             err = permanent_error(e, address)
             if err is not None:

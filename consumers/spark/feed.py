@@ -26,7 +26,7 @@ from typing import Final
 import grpc
 import pyarrow as pa
 
-from csnd.consumers.client import CHANNEL_OPTIONS, permanent_error, wait_reachable
+from csnd.consumers.client import CHANNEL_OPTIONS, WholeLines, permanent_error, wait_reachable
 from csnd.consumers.spark.columns import ARROW_SCHEMA
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
@@ -139,34 +139,9 @@ def _fetch(opts: SourceOptions, lo: int, hi: int, fmt: str) -> Iterator[pb.Fetch
 
 def read_range(opts: SourceOptions, lo: int, hi: int) -> Iterator[tuple[int, bytes]]:
     """The transactions in (lo, hi] (of our tables), in CSN order."""
-    whole = _WholeLines(opts)
+    whole = WholeLines(f"csnd source: {opts.target}")
     for msg in _fetch(opts, lo, hi, "lines"):
-        yield from whole.of(msg)
-
-
-class _WholeLines:
-    """The lines of batch messages, a line sent in pieces (`Transaction.more`) once its last piece is in."""
-
-    def __init__(self, opts: SourceOptions) -> None:
-        self.opts = opts
-        self.csn: int | None = None  # the line whose pieces are being joined
-        self.pieces: list[bytes] = []
-
-    def of(self, msg: pb.FetchResponse) -> Iterator[tuple[int, bytes]]:
-        for t in msg.batch.transactions:
-            if self.csn is None and not t.more:
-                yield t.csn, t.line
-                continue
-            if self.csn is not None and t.csn != self.csn:
-                raise ChangefeedError(
-                    f"csnd source: {self.opts.target} sent csn {t.csn} before the last piece of csn {self.csn}"
-                )
-            self.csn = t.csn
-            self.pieces.append(t.line)
-            if not t.more:
-                line = b"".join(self.pieces)
-                self.csn, self.pieces = None, []
-                yield t.csn, line
+        yield from whole.of(msg.batch)
 
 
 def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch | tuple[int, bytes]]:
@@ -175,11 +150,11 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
     A service that predates Arrow fetches answers with lines: those come as
     (csn, line) pairs, for the caller to build rows from.
     """
-    whole = _WholeLines(opts)
+    whole = WholeLines(f"csnd source: {opts.target}")
     for msg in _fetch(opts, lo, hi, "arrow"):
         if msg.arrow:
             yield _ipc_batch(opts, lo, hi, msg.arrow)
-        yield from whole.of(msg)
+        yield from whole.of(msg.batch)
 
 
 def _ipc_batch(opts: SourceOptions, lo: int, hi: int, data: bytes) -> pa.RecordBatch:

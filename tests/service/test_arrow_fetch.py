@@ -21,10 +21,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
+from csnd.consumers.client import WholeLines
 from csnd.consumers.spark.columns import flatten
 from csnd.consumers.spark.options import parse_options
 from csnd.consumers.spark.source import CsnRange, read_partition
-from csnd.core.errors import CsnOutOfRange
+from csnd.core.errors import ChangefeedError, CsnOutOfRange
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings, arrow_rows
@@ -222,6 +223,32 @@ def test_a_line_that_is_not_utf8_names_its_csn() -> None:
     bad = line(7, [TABLES[0]]).replace(b'"f": 1.5e-07', b'"f": "\xff"')
     with pytest.raises(ValueError, match="csn 7"):
         flatten([(6, line(6, [TABLES[1]])), (7, bad)])
+
+
+def test_a_commit_time_that_is_not_a_time_names_its_csn() -> None:
+    bad = line(8, [TABLES[0]]).replace(b"2026-11-22T10", b"2026-99-22T10")
+    with pytest.raises(ValueError, match="csn 8: commit_time '2026-99-22"):
+        flatten([(6, line(6, [TABLES[1]])), (8, bad)])
+
+
+def test_pieces_are_joined_and_a_piece_of_another_csn_is_refused() -> None:
+    batch = pb.TransactionBatch(
+        transactions=[
+            pb.Transaction(csn=3, line=b"whole"),
+            pb.Transaction(csn=4, line=b"a", more=True),
+            pb.Transaction(csn=4, line=b"b", more=True),
+        ]
+    )
+    whole = WholeLines("the service")
+    assert list(whole.of(batch)) == [(3, b"whole")]
+    assert list(whole.of(pb.TransactionBatch(transactions=[pb.Transaction(csn=4, line=b"c")]))) == [
+        (4, b"abc")
+    ]
+    assert (
+        list(whole.of(pb.TransactionBatch(transactions=[pb.Transaction(csn=5, line=b"x", more=True)]))) == []
+    )
+    with pytest.raises(ChangefeedError, match="the service sent csn 6 before the last piece of csn 5"):
+        list(whole.of(pb.TransactionBatch(transactions=[pb.Transaction(csn=6, line=b"y")])))
 
 
 def test_an_unknown_format_is_refused_even_from_an_empty_changelog(tmp_path: Any) -> None:
