@@ -23,8 +23,9 @@ naming the csn and what is wrong (the caller adds where it came from).
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import msgspec
@@ -255,11 +256,10 @@ class RowBuilder:
         owner = pa.array(np.repeat(np.arange(len(t_count), dtype=np.int64), counts))
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         seq = np.arange(rows, dtype=np.int64) - starts
-        # Arrow parses ISO 8601 with an offset in C, once a transaction.
-        try:
-            times = pa.array(t_time, pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            bad = next(i for i, t in enumerate(t_time) if not _is_time(t))
+        try:  # (once a transaction)
+            times = _times(t_time)
+        except _UNFIT as e:
+            bad = _first_unfit(t_time, _times)
             raise ValueError(f"csn {t_csn[bad]}: commit_time {t_time[bad]!r} is not a time ({e})") from None
         arrays = [
             pa.array(t_csn, pa.int64()).take(owner),
@@ -268,10 +268,15 @@ class RowBuilder:
             pa.array(seq.astype(np.int32), pa.int32()),
         ]
         for name, values in zip(COLUMNS[4:-2], cols[4:-2], strict=True):
+            column_type = ARROW_SCHEMA.field(name).type
             try:
-                arrays.append(pa.array(values, ARROW_SCHEMA.field(name).type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                raise _column_error(name, values, t_csn, counts, e) from None
+                arrays.append(pa.array(values, column_type))
+            except _UNFIT as e:
+                row = _first_unfit(values, functools.partial(pa.array, type=column_type))
+                txn = int(np.searchsorted(np.cumsum(counts), row, side="right"))
+                raise ValueError(
+                    f"csn {t_csn[txn]}: the {name} of a change cannot be a column value ({e})"
+                ) from None
         unchanged = cols[-2]
         if unchanged:
             arrays.append(pa.array(unchanged, ARROW_SCHEMA.field("unchanged").type))
@@ -285,25 +290,23 @@ class RowBuilder:
         return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-def _is_time(text: Any) -> bool:
-    try:
-        pa.array([text], pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return False
-    return True
+# What pyarrow raises for a value its column's type cannot hold.
+_UNFIT: Final = (pa.ArrowInvalid, pa.ArrowTypeError)
 
 
-def _column_error(
-    name: str, values: list[Any], t_csn: list[int], counts: np.ndarray, e: Exception
-) -> ValueError:
-    """The ValueError naming the csn of the first value that `name`'s column cannot hold (the error path only)."""
-    for row, value in enumerate(values):
+def _times(texts: list[Any]) -> pa.Array:
+    """commit_time texts as the schema's timestamps (Arrow parses ISO 8601 with an offset in C)."""
+    return pa.array(texts, pa.string()).cast(ARROW_SCHEMA.field("commit_time").type)
+
+
+def _first_unfit(values: list[Any], convert: Callable[[list[Any]], Any]) -> int:
+    """The index of the first value `convert` refuses alone (the error path only: one value at a time)."""
+    for i, value in enumerate(values):
         try:
-            pa.array([value], ARROW_SCHEMA.field(name).type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            txn = int(np.searchsorted(np.cumsum(counts), row, side="right"))
-            return ValueError(f"csn {t_csn[txn]}: the {name} of a change cannot be a column value ({e})")
-    return ValueError(f"the {name} column: {e}")
+            convert([value])
+        except _UNFIT:
+            return i
+    return 0  # (refused together only: name the first)
 
 
 def flatten(records: Iterable[tuple[int, bytes | str]]) -> pa.RecordBatch:

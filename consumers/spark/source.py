@@ -83,17 +83,17 @@ def _rows(
 
 def _rows_of_lines(opts: SourceOptions, lines: Iterator[tuple[int, bytes]]) -> Iterator[pa.RecordBatch]:
     builder = RowBuilder()
-    for csn, line in lines:
-        try:
+    try:
+        for csn, line in lines:
             builder.add(csn, line)
-        except ValueError as e:
-            raise ChangefeedError(
-                f"csnd source: {opts.target} sent a line that is not a transaction: {e}"
-            ) from None
-        if builder.rows >= BATCH_ROWS:
+            if builder.rows >= BATCH_ROWS:
+                yield builder.take()
+        if builder.rows:
             yield builder.take()
-    if builder.rows:
-        yield builder.take()
+    except ValueError as e:  # (add and take name the csn)
+        raise ChangefeedError(
+            f"csnd source: {opts.target} sent a line that is not a transaction: {e}"
+        ) from None
 
 
 def default_name(opts: SourceOptions) -> str:

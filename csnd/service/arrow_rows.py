@@ -289,10 +289,10 @@ class RowBlocks:
             self.built_rows += int(block.starts[-1])
             if size > self.budget_bytes or block.last == block.after:
                 return
-            afters = self._blocks.keys()
-            i = bisect_right(afters, block.after)
-            overlaps = (i > 0 and self._blocks.peekitem(i - 1)[1].last > block.after) or (
-                i < len(afters) and afters[i] < block.last
+            blocks = self._blocks
+            i = blocks.bisect_right(block.after)
+            overlaps = (i > 0 and blocks.peekitem(i - 1)[1].last > block.after) or (
+                i < len(blocks) and blocks.peekitem(i)[0] < block.last
             )
             if overlaps:  # (another read built this range meanwhile: its block stays)
                 return
