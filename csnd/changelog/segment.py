@@ -310,13 +310,16 @@ def read_records(
     retention removed the file first; damage inside `end` (which is durable,
     so whole) is ChangelogCorrupt.  A record whose payload is longer than
     `whole_up_to` comes as RecordPieces (its CRC checked when it is read).
+    A record whose csn does not follow the one before it is corruption too:
+    CRCs are per record, so records swapped or repeated inside a sealed
+    segment (whose open reads only its tail) pass every other check.
     """
     fd = os.open(path, os.O_RDONLY)
     try:
         off = start
         frame_at, ok = rec.frame_at, rec.OK
         head = rec.FRAME_HEAD
-        first = True
+        first, prev = True, 0
         while off < end:
             buf = os.pread(fd, min(READ_CHUNK, end - off), off)
             pos, size = 0, len(buf)
@@ -345,6 +348,11 @@ def read_records(
                     if csn != expect_csn:
                         raise _mismatch(path, off + pos, expect_csn)
                     first = False
+                elif csn <= prev:
+                    raise _corrupt(
+                        path, off + pos, f"record of csn {csn} follows csn {prev}: records out of order"
+                    )
+                prev = csn
                 if csn > after_csn:
                     if until_csn is not None and csn > until_csn:
                         return
