@@ -137,9 +137,11 @@ def test_two_records_swapped_inside_a_sealed_segment_are_corruption(tmp_path: Pa
         data = f.read()
     with open(first, "wb") as f:
         f.write(data[:a] + data[c:e] + data[b:c] + data[a:b] + data[e:])
-    with Changelog(str(tmp_path), segment_bytes=SEG, index_interval=INTERVAL) as log:
-        with pytest.raises(ChangelogCorrupt, match="csn 2 follows csn 3") as caught:
-            list(log.read(0))
+    with (
+        Changelog(str(tmp_path), segment_bytes=SEG, index_interval=INTERVAL) as log,
+        pytest.raises(ChangelogCorrupt, match="csn 2 follows csn 3") as caught,
+    ):
+        list(log.read(0))
     assert caught.value.path == first and caught.value.offset == a + (e - c)  # where csn 2 now is
 
 
