@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from csnd import __version__
+from csnd.consumers.snapshot_cmd import add_snapshot_parser, cmd_snapshot
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
 from csnd.consumers.subscriptions_cmd import add_subscriptions_parser, cmd_subscriptions
 from csnd.core.addresses import listen_address
@@ -243,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     add_subscribe_parser(sub)
     add_subscriptions_parser(sub)
+    add_snapshot_parser(sub)
     add_service_parsers(sub)
     from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers
 
@@ -448,6 +450,7 @@ COMMANDS = {
     "demo": cmd_demo,
     "subscribe": cmd_subscribe,
     "subscriptions": cmd_subscriptions,
+    "snapshot": cmd_snapshot,
     "serve": cmd_serve,
     "changelog": cmd_changelog,
 }

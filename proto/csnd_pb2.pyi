@@ -132,6 +132,16 @@ class Keepalive(_message.Message):
     send_time_us: int
     def __init__(self, send_time_us: _Optional[int] = ...) -> None: ...
 
+class StartSnapshotRequest(_message.Message):
+    __slots__ = ("tables", "node", "chunk_rows")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    node: str
+    chunk_rows: int
+    def __init__(self, tables: _Optional[_Iterable[str]] = ..., node: _Optional[str] = ..., chunk_rows: _Optional[int] = ...) -> None: ...
+
 class SubscribeRequest(_message.Message):
     __slots__ = ("start", "ack", "keepalive")
     START_FIELD_NUMBER: _ClassVar[int]
@@ -291,7 +301,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version", "totals", "snapshot")
+    __slots__ = ("time_us", "nodes", "changelog", "consumers", "version", "totals", "snapshot", "incremental")
     TIME_US_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CHANGELOG_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +309,7 @@ class StatusResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTAL_FIELD_NUMBER: _ClassVar[int]
     time_us: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     changelog: ChangelogStatus
@@ -306,19 +317,24 @@ class StatusResponse(_message.Message):
     version: str
     totals: Totals
     snapshot: SnapshotStatus
-    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotStatus, _Mapping]] = ...) -> None: ...
+    incremental: SnapshotStatus
+    def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotStatus, _Mapping]] = ..., incremental: _Optional[_Union[SnapshotStatus, _Mapping]] = ...) -> None: ...
 
 class SnapshotStatus(_message.Message):
-    __slots__ = ("state", "first_csn", "last_csn", "tables")
+    __slots__ = ("state", "first_csn", "last_csn", "tables", "job", "error")
     STATE_FIELD_NUMBER: _ClassVar[int]
     FIRST_CSN_FIELD_NUMBER: _ClassVar[int]
     LAST_CSN_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     state: str
     first_csn: int
     last_csn: int
     tables: _containers.RepeatedCompositeFieldContainer[SnapshotTableStatus]
-    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ...) -> None: ...
+    job: str
+    error: str
+    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ..., job: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class SnapshotTableStatus(_message.Message):
     __slots__ = ("node", "schema", "table", "state", "rows", "rows_estimated", "chunks_done", "chunks", "eta_seconds")

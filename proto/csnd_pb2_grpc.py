@@ -216,6 +216,11 @@ class ChangefeedStub:
                 request_serializer=csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.SerializeToString,
                 response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
                 _registered_method=True)
+        self.StartSnapshot = channel.unary_unary(
+                '/csnd.v1.Changefeed/StartSnapshot',
+                request_serializer=csnd_dot_proto_dot_csnd__pb2.StartSnapshotRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SnapshotStatus.FromString,
+                _registered_method=True)
 
 
 class ChangefeedServicer:
@@ -281,6 +286,18 @@ class ChangefeedServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartSnapshot(self, request, context):
+        """Start an incremental snapshot of live tables (docs/design.md section 5): their rows enter
+        the changelog as reads, chunk by chunk, between the stream's transactions, without stopping
+        it or locking the tables.  Its progress is Status.incremental.
+        INVALID_ARGUMENT: a table not published, without a primary key, or a node in gtm mode.
+        FAILED_PRECONDITION: another incremental snapshot is still running, or the service reads
+        no live source.  UNAVAILABLE: a node cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangefeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +330,11 @@ def add_ChangefeedServicer_to_server(servicer, server):
                     servicer.DeleteSubscription,
                     request_deserializer=csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.FromString,
                     response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.SerializeToString,
+            ),
+            'StartSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartSnapshot,
+                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.StartSnapshotRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SnapshotStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +507,33 @@ class Changefeed:
             '/csnd.v1.Changefeed/DeleteSubscription',
             csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.SerializeToString,
             csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csnd.v1.Changefeed/StartSnapshot',
+            csnd_dot_proto_dot_csnd__pb2.StartSnapshotRequest.SerializeToString,
+            csnd_dot_proto_dot_csnd__pb2.SnapshotStatus.FromString,
             options,
             channel_credentials,
             insecure,

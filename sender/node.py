@@ -32,7 +32,9 @@ Empty transactions.  pgoutput skips transactions without changes, but one
 holding only logical messages still arrives, and so does one whose changes
 were all rolled back to savepoints.  Without changes and without a commit
 marker there is nothing to deliver and nothing to order: it is skipped
-silently (in both modes).  A GTM transaction *with* a commit marker is always
+silently (in both modes) -- unless, in single-node mode, it carries an
+incremental snapshot's high watermark (a `csnd.snapshot` message), to which
+the service attaches the chunk's rows (`csnd.snapshot.watermark`).  A GTM transaction *with* a commit marker is always
 released, even with no changes -- a distributed transaction's coordinator
 needs every node's part (its xid and commit LSN) to assemble it.
 
@@ -64,7 +66,7 @@ from csnd.core.errors import (
 )
 from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 from csnd.core.markers import PREFIX as MARKER_PREFIX
-from csnd.core.markers import TRANSACTIONAL, Marker, check_transactional, parse_fields
+from csnd.core.markers import TRANSACTIONAL, WATERMARK_PREFIX, Marker, check_transactional, parse_fields
 from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem
 from csnd.decoder.schema import relation_body
@@ -344,6 +346,10 @@ class NodeSender:
 
     def _message(self, lsn: Lsn, m: LogicalMessage) -> list[FinishedTxn]:
         if m.prefix != MARKER_PREFIX:
+            if m.prefix == WATERMARK_PREFIX and m.transactional:
+                txn = self._block if self._block is not None else self._cur
+                if txn is not None:
+                    txn.watermark = True
             return []
         if not self._gtm:
             txn = self._block or self._cur
@@ -437,7 +443,7 @@ class NodeSender:
             key: Key = gid
             csn = txn.csn
         else:
-            if not buf.n_changes:
+            if not buf.n_changes and not txn.watermark:
                 return self._skip(buf, end_lsn)
             key = txn.xid
             csn = _as_csn(commit_lsn)  # single-node mode: the commit LSN is the CSN

@@ -28,6 +28,7 @@ class OpenTxn:
         "final_lsn",
         "last_lsn",
         "bound",
+        "watermark",
     )
 
     def __init__(self, xid: Xid, buf: TxnBuffer, first_lsn: Lsn, final_lsn: Lsn | None) -> None:
@@ -44,6 +45,9 @@ class OpenTxn:
         # its Stream Commit (which checks `last_lsn` then).
         self.last_lsn = Lsn(0)
         self.bound = final_lsn if final_lsn is not None else MAX_LSN
+        # It carries an incremental snapshot's high watermark (csnd.snapshot.watermark): released
+        # even without changes, since the snapshot's rows are attached to it downstream.
+        self.watermark = False
 
 
 def open_at_end(

@@ -35,6 +35,8 @@ from csnd.core.errors import MalformedMarker
 from csnd.core.ids import Csn
 
 PREFIX: Final = "csn"
+# An incremental snapshot's high watermark (csnd.snapshot.watermark): another prefix, not a marker.
+WATERMARK_PREFIX: Final = "csnd.snapshot"
 
 MarkerKind = Literal["committing", "commit", "abort", "cid", "tick"]
 KINDS: Final[tuple[MarkerKind, ...]] = ("committing", "commit", "abort", "cid", "tick")

@@ -29,6 +29,7 @@ cannot land after it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 import grpc
 
 from csnd import __version__
-from csnd.core.errors import AckError, CsnOutOfRange, SubscriptionBusy, SubscriptionNotFound
+from csnd.core.errors import AckError, CsnOutOfRange, SnapshotError, SubscriptionBusy, SubscriptionNotFound
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
@@ -128,6 +129,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self._last_store = time.monotonic()
         self._calls: dict[int, grpc.ServicerContext] = {}  # consumer id -> its call (for the watchdog)
         self.stopping = threading.Event()
+        # The service's incremental snapshots (csnd.snapshot.incremental.IncrementalSnapshots), if any
+        self.snapshots: Any = None
         self._row_blocks: RowBlocks | None = None  # Fetch(format="arrow")'s rows, made on first use
         self._arrow_missing_logged = False
         threading.Thread(target=self._watchdog, name="csnd-feed-watchdog", daemon=True).start()
@@ -390,6 +393,28 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 with self.lock:
                     self.registry.stored(name, csn, tables)
 
+    # --- incremental snapshots ------------------------------------------------------------
+
+    def StartSnapshot(  # noqa: N802
+        self, request: pb.StartSnapshotRequest, context: grpc.ServicerContext
+    ) -> pb.SnapshotStatus:
+        jobs = self.snapshots
+        if jobs is None:
+            _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this service takes no incremental snapshots: it reads no live PostgreSQL source itself",
+            )
+        try:
+            jobs.submit(list(request.tables), request.node or None, request.chunk_rows)
+        except ValueError as e:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except RuntimeError as e:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except SnapshotError as e:
+            _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+        return incremental_status(jobs)
+
     # --- managing named subscriptions ----------------------------------------------------
 
     def ListSubscriptions(  # noqa: N802
@@ -618,6 +643,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             ),
             consumers=consumers,
             version=__version__,
+            incremental=incremental_status(self.snapshots),
         )
 
     def _lag(self, acked: int) -> tuple[int, bool]:
@@ -742,6 +768,19 @@ def _bad_line(context: grpc.ServicerContext, csn: int, e: ValueError) -> NoRetur
         grpc.StatusCode.DATA_LOSS,
         f"the changelog's record of csn {csn} is not a transaction line ({e}); it cannot be filtered: "
         "check the changelog (csnd changelog DIR) and report this",
+    )
+
+
+def incremental_status(jobs: Any) -> pb.SnapshotStatus:
+    """The latest incremental snapshot of `jobs` (an `IncrementalSnapshots`) as Status shows it."""
+    job = jobs.latest() if jobs is not None else None
+    if job is None:
+        return pb.SnapshotStatus()
+    return pb.SnapshotStatus(
+        state=job.state,
+        job=job.id,
+        error=job.error,
+        tables=[pb.SnapshotTableStatus(**dataclasses.asdict(t)) for t in jobs.progress.tables()],
     )
 
 

@@ -51,7 +51,9 @@ def to_debezium(line: bytes) -> bytes | None:
         raise ValueError(f"not a transaction line: {e}") from None
     if not changes:
         return None
-    snapshot = "true" if "snapshot" in txn else "false"
+    marker = txn.get("snapshot")
+    # Debezium's own values: "true" for an initial snapshot's rows, "incremental" for a signal's chunks
+    snapshot = "false" if marker is None else "incremental" if "incremental" in marker else "true"
     per_table: dict[tuple[str, str], int] = {}
     events = []
     for order, change in enumerate(changes, start=1):

@@ -68,10 +68,13 @@ from csnd.service.server import RunningServer, TlsFiles, start_changefeed
 from csnd.service.sink import ChangelogSink
 from csnd.service.status import NodeState, unready_nodes
 from csnd.snapshot import SnapshotProgress, SnapshotState, snapshot_state
+from csnd.snapshot.plan import CHUNK_ROWS
+from csnd.snapshot.watermark import Windows
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveSource
     from csnd.service.parquet import ParquetExport
+    from csnd.snapshot.incremental import IncrementalSnapshots
 
 log = logging.getLogger("csnd.serve")
 
@@ -129,6 +132,9 @@ class Service:
         self._lock = threading.Lock()
         self.snapshot_progress = SnapshotProgress()
         self._snapshot: Any = None  # the initial snapshot to take first (csnd.snapshot.run.SnapshotRun)
+        # Incremental snapshots (csnd snapshot): their open windows, shown every appended transaction
+        self.windows = Windows()
+        self.incremental: IncrementalSnapshots | None = None
         # The waits before restarting a failed pipeline (give-up: RESTART_LIMIT in the window).
         self.restart_backoff = Backoff(time.monotonic, first=RESTART_FIRST_S, cap=RESTART_MAX_S, give_up=None)
         # What the service is doing before it is ready (/readyz says it); "" once ready.
@@ -221,6 +227,32 @@ class Service:
         if nodes:
             self._snapshot = SnapshotRun(nodes, self.snapshot_progress)
             self.log.hold_readers()  # (shown once complete: one cut short can be taken again)
+
+    def _open_incremental(self) -> None:
+        """The incremental snapshots over the live sources, with the jobs an earlier run left unfinished."""
+        from csnd.snapshot.incremental import IncrementalSnapshots, NodeAccess
+
+        assert self.log is not None and self.feed is not None
+        nodes = {}
+        for i, src in enumerate(self.config.sources):
+            if src.is_live:
+                source = open_live(SourceSpec(src.name, src.target), src.live, f"dn{i + 1}")
+                o = source.options
+                nodes[source.node] = NodeAccess(
+                    source.node, o.conninfo, o.publication, source.binary, source.mode, source.enum_types
+                )
+        if not nodes:
+            return
+        jobs = IncrementalSnapshots(
+            self.config.changelog,
+            self.log,
+            self.windows,
+            nodes,
+            chunk_rows=self.config.snapshot_chunk_rows or CHUNK_ROWS,
+        )
+        jobs.load()
+        self.incremental = jobs
+        self.feed.servicer.snapshots = jobs
 
     def _check_snapshot(self, state: SnapshotState) -> None:
         """A changelog whose newest record is a chunk of an initial snapshot was cut short: take it again.
@@ -428,7 +460,7 @@ class Service:
             # fails on a CSN the snapshot's records took (csnd.service.sink).
             resume, snapshot_csn = 0, log_.durable_csn
         inputs = self._open_sources(resume)
-        sink = ChangelogSink(log_, snapshot_csn=snapshot_csn)
+        sink = ChangelogSink(log_, snapshot_csn=snapshot_csn, windows=self.windows)
         runtime = CoordinatorRuntime(inputs, sink, confirm_interval_s=DURABLE_INTERVAL_S, durable_always=True)
         with self._lock:
             if self.sink is not None and self.runtime is not None:
@@ -519,6 +551,7 @@ class Service:
                 self.parquet.start()
             self._starting = "preparing the slots (a new slot waits for the transactions open on its server)"
             self._prepare_slots()
+            self._open_incremental()
             self.feed.set_serving()
             pipeline = threading.Thread(target=self._pipeline, name="csnd-pipeline", daemon=True)
             try:  # (from the ready line on, a stop is the clean one, even at once)
@@ -526,6 +559,8 @@ class Service:
                 if self.http is not None:
                     self._say(f"csnd serve: dashboard on {self.http.url}")
                 pipeline.start()
+                if self.incremental is not None:
+                    self.incremental.start()
                 self._starting = ""
                 self._wait()
             except KeyboardInterrupt:
@@ -554,6 +589,8 @@ class Service:
         snapshot = self._snapshot
         if snapshot is not None:
             snapshot.stop()
+        if self.incremental is not None:
+            self.incremental.stop()
         runtime = self.runtime
         if runtime is not None:
             runtime.request_stop()

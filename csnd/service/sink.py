@@ -37,6 +37,7 @@ from typing import Final
 
 from csnd.changelog import Changelog
 from csnd.core.errors import SnapshotError
+from csnd.snapshot.watermark import Windows
 
 # How often retention runs (from the sync thread, after a sync).
 RETENTION_INTERVAL_S: Final = 30.0
@@ -65,9 +66,14 @@ class ChangelogSink:
         snapshot_csn: int = 0,
         clock: Callable[[], float] = time.monotonic,
         stream_over: int = STREAM_OVER_CHARS,
+        windows: Windows | None = None,
     ) -> None:
-        """`snapshot_csn`: the changelog ends with a completed initial snapshot's record at this CSN."""
+        """`snapshot_csn`: the changelog ends with a completed initial snapshot's record at this CSN.
+
+        `windows`: the incremental snapshots' open windows, shown every transaction appended.
+        """
         self.log = log
+        self.windows = windows
         self.held_csn = log.newest_csn  # what the changelog held when this run started
         self.snapshot_csn = snapshot_csn
         self.transactions = 0  # appended by this run
@@ -128,6 +134,8 @@ class ChangelogSink:
             with self._lock:
                 self.log.end_record()
             self._streaming = False
+            if self.windows is not None and self.windows.active:
+                self.windows.poison(f"transaction {csn} was too large to look into")
             self.transactions += 1
             self.bytes_out += self._streamed_bytes
             self._streamed_bytes = 0
@@ -139,7 +147,10 @@ class ChangelogSink:
             self._held = False
             self.skipped += 1
             return
-        line = "".join(parts).encode("utf-8")
+        text = "".join(parts)
+        if self.windows is not None and self.windows.active:
+            text = self.windows.observe(csn, text)
+        line = text.encode("utf-8")
         with self._lock:
             self.log.append(csn, line)
         self.transactions += 1

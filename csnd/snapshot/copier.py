@@ -185,39 +185,8 @@ class NodeSnapshot:
 
     def plan_tables(self) -> list[TableInfo]:
         """The publication's tables, as of the snapshot (one query each for columns, key and types)."""
-        conn = self._conns[0]
         try:
-            rows = conn.execute(_TABLES_SQL, (self.publication,)).fetchall()
-            tables = []
-            for relid, schema, name, replident, relkind, reltuples, attnames, rowfilter in rows:
-                published = set(attnames or [])
-                columns = tuple(
-                    ColumnInfo(str(n), int(oid), int(mod), str(sqltype), bool(ident))
-                    for n, oid, mod, sqltype, ident in conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
-                    if not published or n in published
-                )
-                key = tuple(str(r[0]) for r in conn.execute(_KEY_SQL, (relid,)).fetchall())
-                if not {c.name for c in columns}.issuperset(key):
-                    key = ()  # (a column list without the whole key: the table is one chunk)
-                types = []
-                for oid in sorted({c.type_oid for c in columns if c.type_oid >= FIRST_NON_BUILTIN_OID}):
-                    base = conn.execute(_BASE_TYPE_SQL, (oid,)).fetchone()
-                    if base is not None:
-                        types.append(TypeInfo(oid, str(base[0]), str(base[1])))
-                tables.append(
-                    TableInfo(
-                        int(relid),
-                        str(schema),
-                        str(name),
-                        str(replident),
-                        columns,
-                        key,
-                        str(rowfilter) if rowfilter else None,
-                        int(reltuples),
-                        relkind == "p",
-                        tuple(types),
-                    )
-                )
+            tables = read_tables(self._conns[0], self.publication)
         except psycopg.Error as e:
             raise self._error(
                 f"cannot list the tables of publication {self.publication}: {one_line(str(e))}"
@@ -309,3 +278,39 @@ class NodeSnapshot:
         except CopyFormatError as e:
             raise self._error(f"chunk {chunk.index} of {chunk.count}: {e}", t.label) from None
         return bodies
+
+
+def read_tables(conn: psycopg.Connection[tuple[Any, ...]], publication: str) -> list[TableInfo]:
+    """The tables of `publication` as `conn` sees them: columns as published, key, row filter, types."""
+    rows = conn.execute(_TABLES_SQL, (publication,)).fetchall()
+    tables = []
+    for relid, schema, name, replident, relkind, reltuples, attnames, rowfilter in rows:
+        published = set(attnames or [])
+        columns = tuple(
+            ColumnInfo(str(n), int(oid), int(mod), str(sqltype), bool(ident))
+            for n, oid, mod, sqltype, ident in conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
+            if not published or n in published
+        )
+        key = tuple(str(r[0]) for r in conn.execute(_KEY_SQL, (relid,)).fetchall())
+        if not {c.name for c in columns}.issuperset(key):
+            key = ()  # (a column list without the whole key: the table is one chunk)
+        types = []
+        for oid in sorted({c.type_oid for c in columns if c.type_oid >= FIRST_NON_BUILTIN_OID}):
+            base = conn.execute(_BASE_TYPE_SQL, (oid,)).fetchone()
+            if base is not None:
+                types.append(TypeInfo(oid, str(base[0]), str(base[1])))
+        tables.append(
+            TableInfo(
+                int(relid),
+                str(schema),
+                str(name),
+                str(replident),
+                columns,
+                key,
+                str(rowfilter) if rowfilter else None,
+                int(reltuples),
+                relkind == "p",
+                tuple(types),
+            )
+        )
+    return tables

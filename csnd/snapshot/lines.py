@@ -89,6 +89,6 @@ def snapshot_state(newest: tuple[int, bytes] | None) -> SnapshotState:
     except ValueError:
         return SnapshotState("none", csn)
     marker = obj.get("snapshot") if isinstance(obj, dict) else None
-    if not isinstance(marker, dict):
-        return SnapshotState("none", csn)
+    if not isinstance(marker, dict) or "incremental" in marker:
+        return SnapshotState("none", csn)  # (an incremental snapshot's chunk is a streamed record)
     return SnapshotState("complete" if marker.get("done") is True else "incomplete", csn, marker)

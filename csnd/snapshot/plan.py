@@ -131,6 +131,25 @@ def boundaries_sql(table: TableInfo, chunk_rows: int = CHUNK_ROWS) -> str:
     )
 
 
+def next_bound_sql(table: TableInfo, lo: tuple[str, ...] | None, chunk_rows: int = CHUNK_ROWS) -> str:
+    """The `chunk_rows`-th key after `lo` (None: from the first), as text: an incremental chunk's upper bound.
+
+    No row: fewer than `chunk_rows` keys are left, and the chunk is the table's last.
+    """
+    key = table.key_sql()
+    texts = ", ".join(f"{quote_ident(k)}::text" for k in table.key)
+    conds = [f"({key}) > ({_values(lo, table.key_types())})"] if lo is not None else []
+    if table.row_filter:
+        conds.append(f"({table.row_filter})")
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    # (the casts to text in a subquery's outer select: an ORDER BY beside them would sort by the
+    # text output columns of the same names -- '10' before '9' -- and a bound could go backwards)
+    return (
+        f"SELECT {texts} FROM (SELECT {key} FROM {_from(table)}{where} ORDER BY {key} "
+        f"OFFSET {int(chunk_rows) - 1} LIMIT 1) AS k"
+    )
+
+
 def chunks_of(table: TableInfo, bounds: list[tuple[str, ...]]) -> list[Chunk]:
     """The chunks of `table` given the upper bounds `boundaries_sql` found (none: one chunk)."""
     if not table.key:

@@ -68,6 +68,13 @@ class SnapshotProgress:
             t.rows += rows
             t.finished = t.done >= t.chunks
 
+    def table_done(self, node: str, schema: str, table: str, chunks: int) -> None:
+        """The table is complete in `chunks` chunks (an incremental snapshot learns how many only at its end)."""
+        with self._lock:
+            t = self._tables[(node, schema, table)]
+            t.chunks = t.done = chunks
+            t.finished = True
+
     def tables(self) -> list[TableProgress]:
         now = self._clock()
         with self._lock:

@@ -81,6 +81,8 @@ def test_snapshot_rows_are_reads_and_an_empty_transaction_gives_nothing() -> Non
     read = {**LINE, "changes": [{**LINE["changes"][1], "op": "read"}], "snapshot": {"chunk": 1}}
     (e,) = events(read)
     assert (e["op"], e["source"]["snapshot"]) == ("r", "true")
+    (e,) = events({**read, "snapshot": {"chunk": 1, "incremental": "j1"}})
+    assert (e["op"], e["source"]["snapshot"]) == ("r", "incremental")
     assert to_debezium(json.dumps({**LINE, "changes": []}).encode()) is None
 
 

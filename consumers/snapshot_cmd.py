@@ -1,0 +1,144 @@
+"""`csnd snapshot HOST:PORT TABLE...`: start an incremental snapshot in a running service and follow it.
+
+The service reads each table in key-range chunks while the stream goes on
+(docs/design.md section 5, "Incremental snapshots"); its rows enter the
+changelog as `read` changes.  This command asks for it (StartSnapshot) and,
+unless `--no-wait`, prints each table's progress on stderr until the job is
+complete (exit 0) or failed (its error, exit 1).  Stopping this command
+does not stop the snapshot: the service runs it, and resumes it after a
+restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Final
+
+# How long a call may take, the service's start-up included.
+CALL_TIMEOUT_S: Final = 30.0
+# How often the progress is polled and printed.
+POLL_S: Final = 2.0
+
+
+def _rows(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of rows (>= 1), got {text!r}")
+    return value
+
+
+def add_snapshot_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "snapshot",
+        help="take an incremental snapshot of tables in a running service",
+        description="Ask a running `csnd serve` to read TABLEs (schema.table) in key-range chunks and "
+        "put their rows in its changelog as reads, between the stream's transactions, without stopping "
+        "the stream or locking the tables (DBLog's watermarks: a row a transaction changes while its "
+        "chunk is read comes from the stream instead). For a table added to the publication later, or "
+        "one a consumer must read again. Each table needs a primary key; the node must run in single "
+        "mode. Prints progress on stderr until the snapshot is complete; the service resumes it after "
+        "a restart. HOST:PORT is the service's --listen address.",
+    )
+    p.add_argument("target", metavar="HOST:PORT", help="the service's address")
+    p.add_argument("tables", nargs="+", metavar="TABLE", help="schema.table (double-quote a part with a dot)")
+    p.add_argument("--node", default="", help="only this node (default: every node publishing the table)")
+    p.add_argument(
+        "--chunk-rows",
+        type=_rows,
+        default=0,
+        metavar="N",
+        help="rows a chunk (default: [snapshot] chunk_rows)",
+    )
+    p.add_argument("--no-wait", action="store_true", help="start it and return; Status shows its progress")
+    p.add_argument("--token-file", metavar="F", help="file holding the service's bearer token")
+    p.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) of a service that uses TLS")
+
+
+def progress_line(status: Any) -> str:
+    """One line of a job's progress (a `csnd.v1.SnapshotStatus`)."""
+    parts = []
+    for t in status.tables:
+        eta = f", eta {t.eta_seconds:.0f}s" if t.eta_seconds >= 0 and t.state != "done" else ""
+        parts.append(f"{t.node} {t.schema}.{t.table} {t.state} {t.rows}/{t.rows_estimated} rows{eta}")
+    return f"snapshot {status.job} {status.state}: " + "; ".join(parts)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    import grpc
+
+    from csnd.consumers.client import _channel, _metadata, parse_target
+    from csnd.core.errors import SnapshotError
+    from csnd.core.tokens import read_token_file
+    from csnd.proto import csnd_pb2 as pb
+    from csnd.proto import csnd_pb2_grpc as pb_grpc
+
+    address = parse_target(args.target)
+    md = _metadata(read_token_file(args.token_file) if args.token_file else None)
+    channel = _channel(address, args.tls_ca)
+    try:
+        stub = pb_grpc.ChangefeedStub(channel)
+        kw = {"metadata": md, "timeout": CALL_TIMEOUT_S, "wait_for_ready": True}
+        request = pb.StartSnapshotRequest(tables=args.tables, node=args.node, chunk_rows=args.chunk_rows)
+        try:
+            status = stub.StartSnapshot(request, **kw)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise SnapshotError(f"cannot snapshot {', '.join(args.tables)}: {e.details()}") from None
+            raise _error(e, address) from None
+        print(progress_line(status), file=sys.stderr, flush=True)
+        if args.no_wait:
+            return 0
+        job, last = status.job, ""
+        while True:
+            time.sleep(POLL_S)
+            try:
+                status = stub.Status(pb.StatusRequest(), **kw).incremental
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue  # (a restarting service resumes the job: follow it there)
+                raise _error(e, address) from None
+            if status.job != job:
+                raise SnapshotError(f"the service no longer shows snapshot {job}")
+            line = progress_line(status)
+            if line != last:
+                print(line, file=sys.stderr, flush=True)
+                last = line
+            if status.state == "complete":
+                return 0
+            if status.state == "failed":
+                raise SnapshotError(f"snapshot {job} failed: {status.error}")
+    finally:
+        channel.close()
+
+
+def _error(e: Any, address: str) -> Exception:
+    """The csnd error for a failed call: one line naming the service."""
+    import grpc
+
+    from csnd.consumers.client import NOTHING_THERE, why_unreachable
+    from csnd.core.errors import (
+        ChangefeedError,
+        ChangefeedUnauthenticated,
+        ChangefeedUnavailable,
+        SnapshotError,
+    )
+
+    code = e.code() if hasattr(e, "code") else None
+    text = str(e.details() if hasattr(e, "details") else e).strip()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        why = why_unreachable(address)
+        if why == NOTHING_THERE:
+            why = f"the changefeed service at {address} does not answer ({why}); check the address"
+        return ChangefeedUnavailable(f"cannot take the snapshot: {why}: {text}")
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return ChangefeedUnauthenticated(f"cannot take the snapshot: {address} refused us: {text}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return SnapshotError(f"cannot take the snapshot at {address}: {text}")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return ChangefeedError(f"the service at {address} takes no incremental snapshots (an older csnd)")
+    return ChangefeedError(f"cannot take the snapshot at {address}: {text}")

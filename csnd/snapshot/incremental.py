@@ -1,0 +1,540 @@
+"""`csnd snapshot TABLE...`: incremental snapshots of a running service's tables, chunk by chunk.
+
+    StartSnapshot (gRPC) ─► IncrementalSnapshots.submit: tables checked, the job stored, queued
+    job thread, per table, per chunk of CHUNK_ROWS keys after the last one done:
+        Windows.open ─► REPEATABLE READ: the chunk's upper key, COPY (lo, hi] ─► read bodies
+        ─► store the chunk as pending ─► BEGIN; txid_current(); Windows.arm; emit the watermark; COMMIT
+        ─► the sink attaches the rows to the watermark's record ─► durable ─► store the chunk as done
+
+The stream never stops and the table is never locked: the chunks interleave
+with the live stream, and `csnd.snapshot.watermark` says why the rows a
+chunk keeps are right at its watermark's CSN.
+
+Crashes.  The job's progress is stored in the changelog directory
+(`incremental_snapshots.json`, replaced atomically): per table the key after
+which the next chunk starts, and the chunk in flight with the CSN the
+changelog had reached before it.  A restarted service resumes each job
+unfinished.  Whether the chunk in flight made it is read from the changelog
+itself (a record with its marker after that CSN), so a chunk is neither lost
+nor appended twice; a watermark whose rows were lost with the process is
+left in the changelog as an empty transaction.
+
+Only single-mode live sources the service reads itself: in GTM mode the
+watermark's transaction would need a CSN from the GTM, which the service
+does not reach.  A table needs a primary key (rows are told apart by it)
+and a replica identity that names it on deletes (DEFAULT, FULL, or USING
+INDEX of the primary key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import psycopg
+
+from csnd.changelog import Changelog
+from csnd.core.durable import replace_file
+from csnd.core.errors import SnapshotError
+from csnd.core.tablespec import parse_table
+from csnd.reader.reconnect import one_line
+from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
+from csnd.snapshot.lines import read_body
+from csnd.snapshot.plan import CHUNK_ROWS, Chunk, TableInfo, chunk_copy_sql, next_bound_sql
+from csnd.snapshot.progress import SnapshotProgress
+from csnd.snapshot.watermark import PREFIX, UNPLACED_LSN, Window, Windows, body_key
+from csnd.snapshot.watermark import Chunk as WindowChunk
+
+log = logging.getLogger("csnd.snapshot")
+
+JOBS_FILE: Final = "incremental_snapshots.json"
+# A chunk every row of which had to be left out (the table truncated, a transaction too
+# large to look into) is read again; this many times in a row ends the job.
+REDO_LIMIT: Final = 20
+# How often a job waiting for its watermark to come through the pipeline says so.
+WAIT_NOTE_S: Final = 30.0
+# Waits on the database after a lost connection, before the chunk is tried again.
+RETRY_WAITS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class NodeAccess:
+    """How a job reaches one node: what the service's live source for it says."""
+
+    node: str
+    conninfo: str
+    publication: str
+    binary: bool
+    mode: str
+    enums: Callable[[], list[tuple[int, int]]]
+
+
+@dataclass
+class TableJob:
+    """One table of a job, as stored: where its next chunk starts and the chunk in flight."""
+
+    node: str
+    schema: str
+    table: str
+    state: str = "waiting"  # "waiting", "copying", "done"
+    after: list[str] | None = None  # the last key done, as text (None: none yet)
+    chunks: int = 0  # chunks done
+    rows: int = 0  # rows kept (appended as reads)
+    estimated: int = 0
+    # the chunk in flight: {"chunk": n, "hi": [...] | None, "floor": the changelog's newest csn before it}
+    pending: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass
+class Job:
+    id: str
+    tables: list[TableJob]
+    chunk_rows: int = CHUNK_ROWS
+    state: str = "running"  # "running", "complete", "failed"
+    error: str = ""
+    redo: int = field(default=0, repr=False)
+
+
+class IncrementalSnapshots:
+    """The service's incremental snapshot jobs: submitted over gRPC, run one at a time on a thread."""
+
+    def __init__(
+        self,
+        directory: str,
+        changelog: Changelog,
+        windows: Windows,
+        nodes: dict[str, NodeAccess],
+        *,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> None:
+        self.path = os.path.join(directory, JOBS_FILE)
+        self.log = changelog
+        self.windows = windows
+        self.nodes = nodes
+        self.chunk_rows = chunk_rows
+        self.progress = SnapshotProgress()
+        self._lock = threading.Lock()
+        self._jobs: list[Job] = []
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """The jobs stored by an earlier run; the unfinished ones resume once `start()` is called."""
+        try:
+            with open(self.path, "rb") as f:
+                stored = json.loads(f.read())
+        except FileNotFoundError:
+            return
+        except ValueError as e:
+            raise SnapshotError(f"{self.path} is not the incremental snapshots' JSON: {e}") from None
+        for j in stored.get("jobs", []):
+            job = Job(j["id"], [TableJob(**t) for t in j["tables"]], j["chunk_rows"], j["state"], j["error"])
+            self._jobs.append(job)
+            if job.state == "running":
+                self._show(job)
+                log.info("incremental snapshot %s: resuming", job.id)
+
+    def latest(self) -> Job | None:
+        with self._lock:
+            return self._jobs[-1] if self._jobs else None
+
+    def submit(self, specs: list[str], node: str | None = None, chunk_rows: int = 0) -> Job:
+        """A new job over `specs` (`schema.table`) on `node` (None: every node that has the table).
+
+        ValueError for what the caller asked wrong (unknown table or node, no key);
+        SnapshotError when the node cannot be read.
+        """
+        with self._lock:
+            running = next((j for j in self._jobs if j.state == "running"), None)
+        if running is not None:
+            raise RuntimeError(
+                f"incremental snapshot {running.id} is still running "
+                f"({', '.join(t.label for t in running.tables)}); start another once it is complete"
+            )
+        if not specs:
+            raise ValueError("name at least one table (schema.table)")
+        wanted = []
+        for spec in specs:
+            schema, table = parse_table(spec)
+            if table is None:
+                raise ValueError(f"{spec}: name one table, not every table of a schema")
+            wanted.append((schema, table))
+        if node is not None and node not in self.nodes:
+            raise ValueError(
+                f"no live node {node!r} in this service (nodes: {', '.join(sorted(self.nodes))})"
+            )
+        targets = [self.nodes[node]] if node is not None else [self.nodes[n] for n in sorted(self.nodes)]
+        if not targets:
+            raise ValueError("this service reads no live PostgreSQL source: there is nothing to snapshot")
+        tables: list[TableJob] = []
+        for schema, table in wanted:
+            found = False
+            for access in targets:
+                info = self._table_info(access, schema, table, must=node is not None)
+                if info is not None:
+                    found = True
+                    tables.append(TableJob(access.node, schema, table, estimated=info.estimated_rows))
+            if not found:
+                raise ValueError(
+                    f"table {schema}.{table} is not in the publication of any node "
+                    f"({', '.join(f'{a.node}: {a.publication}' for a in targets)})"
+                )
+        job = Job(uuid.uuid4().hex[:12], tables, chunk_rows or self.chunk_rows)
+        with self._lock:
+            self._jobs = [j for j in self._jobs if j.state == "running"] + [job]
+            self._store()
+        self._show(job)
+        log.info("incremental snapshot %s: %s", job.id, ", ".join(f"{t.node} {t.label}" for t in job.tables))
+        self._wake.set()
+        return job
+
+    def _show(self, job: Job) -> None:
+        self.progress = SnapshotProgress()
+        self.progress.state = job.state
+        for t in job.tables:
+            self.progress.add_table(
+                t.node, t.schema, t.table, t.estimated, max(1, -(-t.estimated // job.chunk_rows))
+            )
+            if t.chunks:
+                self.progress.chunk_done(t.node, t.schema, t.table, t.rows)
+            if t.state == "done":
+                self.progress.table_done(t.node, t.schema, t.table, t.chunks)
+
+    def _table_info(self, access: NodeAccess, schema: str, table: str, *, must: bool) -> TableInfo | None:
+        from csnd.snapshot.copier import read_tables
+
+        if access.mode != "single":
+            raise ValueError(
+                f"node {access.node} runs in {access.mode} mode: an incremental snapshot's watermark would "
+                "need a CSN from the GTM, which the service does not reach (take an initial snapshot instead)"
+            )
+        try:
+            with psycopg.connect(access.conninfo, autocommit=True) as conn:
+                tables = read_tables(conn, access.publication)
+        except psycopg.Error as e:
+            raise SnapshotError(
+                f"cannot list the tables of publication {access.publication}: {one_line(str(e))}",
+                node=access.node,
+            ) from None
+        info = next((t for t in tables if (t.schema, t.name) == (schema, table)), None)
+        if info is None:
+            if must:
+                raise ValueError(
+                    f"table {schema}.{table} is not in publication {access.publication} of node {access.node}"
+                )
+            return None
+        check_snapshottable(info, access.node)
+        return info
+
+    # --- the job thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="csnd-incremental-snapshot", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                job = next((j for j in self._jobs if j.state == "running"), None)
+            if job is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            try:
+                self._run_job(job)
+            except _Stopped:
+                return
+            except Exception as e:  # (the job ends; the service goes on)
+                message = str(e) if isinstance(e, SnapshotError) else f"{type(e).__name__}: {e}"
+                log.error("incremental snapshot %s failed: %s", job.id, message)
+                with self._lock:
+                    job.state, job.error = "failed", message
+                    self._store()
+                self.progress.state = "failed"
+
+    def _run_job(self, job: Job) -> None:
+        for t in job.tables:
+            if t.state == "done":
+                continue
+            access = self.nodes.get(t.node)
+            if access is None:
+                raise SnapshotError(f"node {t.node} is no longer a live source of this service", node=t.node)
+            info = self._table_info(access, t.schema, t.table, must=True)
+            assert info is not None
+            t.state = "copying"
+            self.progress.chunk_started(t.node, t.schema, t.table)
+            if t.pending is not None:
+                self._settle_pending(job, t)
+            table = _Table(access, info)
+            try:
+                while t.state != "done":
+                    self._chunk(job, t, table)
+            finally:
+                table.close()
+        with self._lock:
+            job.state = "complete"
+            self._store()
+        self.progress.state = "complete"
+        log.info("incremental snapshot %s complete: %d rows", job.id, sum(t.rows for t in job.tables))
+
+    def _settle_pending(self, job: Job, t: TableJob) -> None:
+        """A chunk was in flight when the service stopped: did its record reach the changelog?"""
+        assert t.pending is not None
+        needle = f'"incremental": "{job.id}"'.encode()
+        for csn, line in self.log.read(int(t.pending["floor"])):
+            if needle not in line:
+                continue
+            marker = json.loads(line).get("snapshot") or {}
+            if (marker.get("node"), marker.get("table"), marker.get("chunk")) == (
+                t.node,
+                t.table,
+                t.pending["chunk"],
+            ) and marker.get("schema") == t.schema:
+                self._chunk_done(
+                    job, t, t.pending, csn, int(marker.get("rows", 0)), redo=bool(marker.get("redo"))
+                )
+                return
+        t.pending = None  # (lost with the process: read again)
+
+    def _chunk(self, job: Job, t: TableJob, table: _Table) -> None:
+        number = t.chunks + 1
+        window = self.windows.open(t.node, t.schema, t.table, table.info.key)
+        try:
+            for attempt, wait in enumerate((*RETRY_WAITS_S, None)):
+                try:
+                    hi, bodies = table.read_chunk(t.after, job.chunk_rows, number)
+                    break
+                except psycopg.OperationalError as e:
+                    if wait is None:
+                        raise table.error(f"cannot read chunk {number}: {one_line(str(e))}") from None
+                    log.warning(
+                        "incremental snapshot %s: %s %s chunk %d: %s; trying again in %.1fs (attempt %d)",
+                        job.id,
+                        t.node,
+                        t.label,
+                        number,
+                        one_line(str(e)),
+                        wait,
+                        attempt + 1,
+                    )
+                    table.reconnect()
+                    if self._stop.wait(wait):
+                        raise _Stopped from None
+            keys = [body_key(b, table.info.key) for b in bodies]
+            marker = {
+                "node": t.node,
+                "schema": t.schema,
+                "table": t.table,
+                "incremental": job.id,
+                "chunk": number,
+                "last": hi is None,
+            }
+            pending = {
+                "chunk": number,
+                "hi": list(hi) if hi is not None else None,
+                "floor": self.log.newest_csn,
+            }
+            with self._lock:
+                t.pending = pending
+                self._store()
+            table.emit_watermark(self.windows, window, WindowChunk(bodies, keys, marker), job.id, number)
+            csn = self._wait_appended(job, t, window)
+        finally:
+            self.windows.close(window)
+        kept = window.appended[1] if window.appended is not None else 0
+        self._chunk_done(job, t, pending, csn, kept, redo=bool(window.redo))
+
+    def _chunk_done(
+        self, job: Job, t: TableJob, pending: dict[str, Any], csn: int, kept: int, *, redo: bool
+    ) -> None:
+        with self._lock:
+            t.pending = None
+            if redo:
+                job.redo += 1
+                if job.redo >= REDO_LIMIT:
+                    raise SnapshotError(
+                        f"chunk {pending['chunk']} had to be read again {job.redo} times in a row (the table "
+                        "truncated, or transactions too large to look into, inside every window); "
+                        "start the snapshot again when the table is quieter",
+                        node=t.node,
+                        table=t.label,
+                    )
+                self._store()
+                return
+            job.redo = 0
+            t.chunks += 1
+            t.rows += kept
+            t.after = pending["hi"]
+            if pending["hi"] is None:
+                t.state = "done"
+            self._store()
+        self.progress.chunk_done(t.node, t.schema, t.table, kept)
+        if t.state == "done":
+            self.progress.table_done(t.node, t.schema, t.table, t.chunks)
+        log.info(
+            "incremental snapshot %s: %s %s chunk %d at csn %d, %d rows",
+            job.id,
+            t.node,
+            t.label,
+            pending["chunk"],
+            csn,
+            kept,
+        )
+
+    def _wait_appended(self, job: Job, t: TableJob, window: Window) -> int:
+        """The CSN of the watermark's record once it is durable."""
+        note = time.monotonic() + WAIT_NOTE_S
+        while not window.done.wait(0.5):
+            if self._stop.is_set():
+                raise _Stopped
+            if time.monotonic() >= note:
+                note += WAIT_NOTE_S
+                log.warning(
+                    "incremental snapshot %s: %s %s: the watermark (xid %s) has not come through the pipeline "
+                    "for %.0fs; still waiting",
+                    job.id,
+                    t.node,
+                    t.label,
+                    window.high_xid,
+                    WAIT_NOTE_S,
+                )
+        assert window.appended is not None
+        csn = window.appended[0]
+        while not self.log.wait_durable(csn - 1, 0.5):
+            if self._stop.is_set():
+                raise _Stopped
+        return csn
+
+    def _store(self) -> None:
+        """Under the lock: every job, replaced atomically in the changelog directory."""
+        doc = {"jobs": [{**asdict(j), "tables": [asdict(t) for t in j.tables]} for j in self._jobs]}
+        for j in doc["jobs"]:
+            j.pop("redo", None)
+        replace_file(self.path, json.dumps(doc, indent=1).encode())
+
+
+class _Stopped(Exception):
+    """The service is stopping: the job ends here and resumes at the next start."""
+
+
+def check_snapshottable(info: TableInfo, node: str) -> None:
+    """ValueError unless the table's rows can be told apart in the stream by its primary key."""
+    if not info.key:
+        raise ValueError(
+            f"table {info.label} on node {node} has no primary key (or its publication leaves a key column "
+            "out): an incremental snapshot tells a chunk's rows from the stream's by it"
+        )
+    identity = {c.name for c in info.columns if c.identity}
+    if info.replident not in ("d", "f") and not set(info.key) <= identity:
+        raise ValueError(
+            f"table {info.label} on node {node} has a replica identity that does not hold its primary key "
+            f"({', '.join(info.key)}): a delete would not say which row it removed; use REPLICA IDENTITY "
+            "DEFAULT or FULL"
+        )
+
+
+class _Table:
+    """One table's connection to its node: chunks read in REPEATABLE READ, watermarks emitted."""
+
+    def __init__(self, access: NodeAccess, info: TableInfo) -> None:
+        self.access = access
+        self.info = info
+        self._enums = access.enums() if access.binary else []
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._cache: Any = None
+
+    def error(self, message: str) -> SnapshotError:
+        return SnapshotError(message, node=self.access.node, table=self.info.label)
+
+    def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.access.conninfo, autocommit=True)
+        return self._conn
+
+    def reconnect(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    def _relation_cache(self) -> Any:
+        from csnd.decoder.rows import RelationCache
+
+        if self._cache is None:
+            cache = RelationCache(binary=self.access.binary)
+            for oid, array in self._enums:
+                cache.declare_enum(oid, array)
+            for msg in self.info.relation_messages():
+                cache.apply(msg, 0)
+            self._cache = cache
+        return self._cache
+
+    def read_chunk(
+        self, after: list[str] | None, chunk_rows: int, number: int
+    ) -> tuple[tuple[str, ...] | None, list[str]]:
+        """(the chunk's upper key or None if it is the last, its read bodies), in one REPEATABLE READ."""
+        from csnd.decoder.rows import row_change_body
+
+        conn = self._connection()
+        lo = tuple(after) if after is not None else None
+        cache = self._relation_cache()
+        parser = BinaryCopyRows() if self.access.binary else TextCopyRows()
+        relid, binary = self.info.relid, self.access.binary
+        bodies: list[str] = []
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                row = conn.execute(next_bound_sql(self.info, lo, chunk_rows)).fetchone()
+                hi = tuple(str(v) for v in row) if row is not None else None
+                chunk = Chunk(self.info, number, 0, lo, hi)
+                with conn.cursor() as cur, cur.copy(chunk_copy_sql(chunk, binary)) as copy:
+                    for data in copy:
+                        for r in parser.feed(data):
+                            bodies.append(read_body(row_change_body("I", None, relid, r, 0, cache, binary)))
+                parser.finish()
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as e:
+            raise self.error(f"cannot read chunk {number}: {one_line(str(e))}") from None
+        except CopyFormatError as e:
+            raise self.error(f"chunk {number}: {e}") from None
+        assert all(b.startswith(UNPLACED_LSN) for b in bodies)
+        return hi, bodies
+
+    def emit_watermark(
+        self, windows: Windows, window: Window, chunk: WindowChunk, job: str, number: int
+    ) -> None:
+        """The high watermark: its xid armed in the window before it commits, so the sink cannot miss it."""
+        conn = self._connection()
+        content = json.dumps({"job": job, "chunk": number})
+        try:
+            with conn.transaction():
+                (xid,) = conn.execute("SELECT txid_current()").fetchone() or (0,)
+                windows.arm(window, int(xid), chunk)
+                conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (PREFIX, content))
+        except psycopg.Error as e:
+            raise self.error(f"cannot write the watermark of chunk {number}: {one_line(str(e))}") from None
