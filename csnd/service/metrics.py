@@ -44,6 +44,10 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_snapshot_rows_estimated": "Rows the table is estimated to hold (pg_class.reltuples, raised to what was read).",
     "csnd_snapshot_chunks_remaining": "Key-range chunks of the table not yet in the changelog.",
     "csnd_snapshot_eta_seconds": "Seconds the table's copy is estimated to take still (-1: unknown, 0: done).",
+    "csnd_incremental_snapshot_rows": "Rows of the table the latest incremental snapshot (csnd snapshot) has "
+    "appended to the changelog.",
+    "csnd_incremental_snapshot_eta_seconds": "Seconds the incremental snapshot of the table is estimated to take "
+    "still (-1: unknown, 0: done).",
 }
 
 
@@ -147,9 +151,12 @@ class StatusCollector(Collector):
             "csnd_snapshot_chunks_remaining": lambda t: _int(t, "chunks") - _int(t, "chunks_done"),
             "csnd_snapshot_eta_seconds": lambda t: float(t.get("eta_seconds", 0.0)),
         }
+        incremental = s.get("incremental", {}).get("tables", [])
+        per_table["csnd_incremental_snapshot_rows"] = per_table["csnd_snapshot_rows"]
+        per_table["csnd_incremental_snapshot_eta_seconds"] = per_table["csnd_snapshot_eta_seconds"]
         for name, value in per_table.items():
             g = GaugeMetricFamily(name, METRICS[name], labels=["node", "table"])
-            for t in tables:
+            for t in incremental if name.startswith("csnd_incremental") else tables:
                 g.add_metric(
                     [str(t.get("node", "")), f"{t.get('schema', '')}.{t.get('table', '')}"], value(t)
                 )

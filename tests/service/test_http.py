@@ -69,6 +69,13 @@ def _status(transactions: int = 10, dn2_state: str = "streaming") -> dict[str, A
                 }
             ],
         },
+        "incremental": {
+            "state": "running",
+            "job": "3f9c2a71d0be",
+            "tables": [
+                {"node": "dn2", "schema": "public", "table": "item", "state": "copying", "rows": "700"},
+            ],
+        },
         "consumers": [
             {
                 "peer": "127.0.0.1:5555",
@@ -135,6 +142,13 @@ def test_metrics_expose_every_documented_name_with_the_status_values(served: Any
     assert samples[("csnd_snapshot_rows_estimated", acct)] == 50000
     assert samples[("csnd_snapshot_chunks_remaining", acct)] == 3
     assert samples[("csnd_snapshot_eta_seconds", acct)] == 3.5
+    item = (("node", "dn2"), ("table", "public.item"))
+    assert samples[("csnd_incremental_snapshot_rows", item)] == 700
+    assert samples[("csnd_incremental_snapshot_eta_seconds", item)] == 0.0
+    assert ("csnd_snapshot_rows", item) not in samples and (
+        "csnd_incremental_snapshot_rows",
+        acct,
+    ) not in samples
 
 
 def test_api_status_is_the_status_snapshot(served: Any) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 from typing import Any
 
 from csnd.core.ids import lsn_from_str
@@ -88,6 +89,11 @@ def test_an_incremental_snapshot_under_writes_equals_the_table(pg: PgDatabase, t
         txns = _check_equal(pg, served)
         status = served.status()["incremental"]
         assert status["state"] == "complete" and status["tables"][0]["state"] == "done", status
+        assert served.http is not None
+        with urllib.request.urlopen(served.http + "metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        rows = status["tables"][0]["rows"]
+        assert f'csnd_incremental_snapshot_rows{{node="dn1",table="public.acct"}} {float(rows)}' in metrics
         # refused with a clear line: a table without a primary key, and one not published
         bad = _snapshot(served, "public.loose")
         assert bad.returncode == 1 and "no primary key" in bad.stderr, bad.stderr

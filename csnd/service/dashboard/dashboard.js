@@ -104,14 +104,16 @@ function renderConsumers(consumers) {
   return overall;
 }
 
-function renderSnapshot(snapshot) {
-  // The initial snapshot's tables (--snapshot), shown only while a service run takes one.
-  const section = document.getElementById("snapshot-section");
+function renderSnapshot(snapshot, id) {
+  // A snapshot's tables: the initial one (--snapshot) while a service run takes one, and the
+  // latest incremental one (csnd snapshot).
+  const section = document.getElementById(id + "-section");
   section.hidden = !(snapshot && snapshot.state);
   if (section.hidden) return;
-  document.getElementById("snapshot-state").textContent =
-    snapshot.state + " (CSN " + fmt(snapshot.first_csn) + " to " + fmt(snapshot.last_csn) + ")";
-  const body = document.querySelector("#snapshot tbody");
+  document.getElementById(id + "-state").textContent = snapshot.job
+    ? snapshot.state + " (job " + snapshot.job + ")" + (snapshot.error ? ": " + snapshot.error : "")
+    : snapshot.state + " (CSN " + fmt(snapshot.first_csn) + " to " + fmt(snapshot.last_csn) + ")";
+  const body = document.querySelector("#" + id + " tbody");
   body.replaceChildren();
   for (const t of snapshot.tables || []) {
     const tr = document.createElement("tr");
@@ -297,7 +299,8 @@ function render(status) {
   samples.push(sampleOf(status));
   if (samples.length > MAX_SAMPLES) samples.shift();
   const overall = worse(renderNodes(nodes), renderConsumers(consumers));
-  renderSnapshot(status.snapshot);
+  renderSnapshot(status.snapshot, "snapshot");
+  renderSnapshot(status.incremental, "incremental");
   const badge = document.getElementById("overall");
   badge.className = "badge " + overall;
   badge.textContent = { ok: "all flowing", warn: "attention", bad: "action needed" }[overall];
