@@ -239,7 +239,13 @@ class Service:
                 source = open_live(SourceSpec(src.name, src.target), src.live, f"dn{i + 1}")
                 o = source.options
                 nodes[source.node] = NodeAccess(
-                    source.node, o.conninfo, o.publication, source.binary, source.mode, source.enum_types
+                    source.node,
+                    o.conninfo,
+                    o.publication,
+                    source.binary,
+                    source.mode,
+                    source.enum_types,
+                    when_needed=src.live.snapshot == "when_needed",
                 )
         if not nodes:
             return

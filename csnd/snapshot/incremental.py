@@ -63,6 +63,14 @@ REDO_LIMIT: Final = 20
 WAIT_NOTE_S: Final = 30.0
 # Waits on the database after a lost connection, before the chunk is tried again.
 RETRY_WAITS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+# How often a when_needed node's publication is looked at for tables new to it
+# (CSND_NEW_TABLES_EVERY_S: tests make it short).
+NEW_TABLES_EVERY_S: Final = float(os.environ.get("CSND_NEW_TABLES_EVERY_S", "30"))
+
+_PUBLISHED_SQL: Final = """
+SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = %s
+ORDER BY schemaname, tablename
+"""
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class NodeAccess:
     binary: bool
     mode: str
     enums: Callable[[], list[tuple[int, int]]]
+    # snapshot=when_needed: a table that joins the publication later is snapshotted by itself
+    when_needed: bool = False
 
 
 @dataclass
@@ -130,6 +140,10 @@ class IncrementalSnapshots:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # when_needed nodes: the tables of their publication already covered (by the initial
+        # snapshot, by a job, or there when the node was first seen), as [schema, table]
+        self.known: dict[str, list[list[str]]] = {}
+        self._next_look = 0.0
 
     # --- jobs ---------------------------------------------------------------------------
 
@@ -142,6 +156,7 @@ class IncrementalSnapshots:
             return
         except ValueError as e:
             raise SnapshotError(f"{self.path} is not the incremental snapshots' JSON: {e}") from None
+        self.known = {n: [list(t) for t in ts] for n, ts in stored.get("known", {}).items()}
         for j in stored.get("jobs", []):
             job = Job(j["id"], [TableJob(**t) for t in j["tables"]], j["chunk_rows"], j["state"], j["error"])
             self._jobs.append(job)
@@ -153,7 +168,66 @@ class IncrementalSnapshots:
         with self._lock:
             return self._jobs[-1] if self._jobs else None
 
-    def submit(self, specs: list[str], node: str | None = None, chunk_rows: int = 0) -> Job:
+    def look_for_new_tables(self) -> None:
+        """Snapshot, by a job of their own, the tables new to a when_needed node's publication.
+
+        A node seen the first time takes its publication as it is: its tables
+        are the initial snapshot's, or were streamed from a slot that existed
+        (when_needed streams those without a snapshot).  A table that cannot be
+        snapshotted (no primary key) is logged once and counted as known.
+        """
+        for access in self.nodes.values():
+            if not access.when_needed or access.mode != "single":
+                continue
+            try:
+                with psycopg.connect(access.conninfo, autocommit=True) as conn:
+                    published = [
+                        [str(a), str(b)] for a, b in conn.execute(_PUBLISHED_SQL, (access.publication,))
+                    ]
+            except psycopg.Error as e:
+                log.warning(
+                    "node %s: cannot look for new tables to snapshot: %s", access.node, one_line(str(e))
+                )
+                continue
+            known = self.known.get(access.node)
+            if known is None:
+                with self._lock:
+                    self.known[access.node] = published
+                    self._store()
+                continue
+            new = [t for t in published if t not in known]
+            if not new:
+                continue
+            specs = []
+            try:
+                for schema, table in new:
+                    try:
+                        self._table_info(access, schema, table, must=True)
+                        specs.append(table_spec(schema, table))
+                    except ValueError as e:
+                        log.warning(
+                            "node %s: not snapshotting %s.%s, new in its publication: %s",
+                            access.node,
+                            schema,
+                            table,
+                            e,
+                        )
+            except SnapshotError as e:  # (the node cannot be read now: looked at again later)
+                log.warning("node %s: cannot look for new tables to snapshot: %s", access.node, e)
+                continue
+            with self._lock:
+                known.extend(new)
+                self._store()
+            if specs:
+                log.info(
+                    "node %s: new in publication %s: %s", access.node, access.publication, ", ".join(specs)
+                )
+                self.submit(specs, access.node)
+                return  # (one job at a time: other nodes' new tables at the next look)
+
+    def submit(
+        self, specs: list[str], node: str | None = None, chunk_rows: int = 0, *, wait: bool = False
+    ) -> Job:
         """A new job over `specs` (`schema.table`) on `node` (None: every node that has the table).
 
         ValueError for what the caller asked wrong (unknown table or node, no key);
@@ -258,6 +332,15 @@ class IncrementalSnapshots:
             with self._lock:
                 job = next((j for j in self._jobs if j.state == "running"), None)
             if job is None:
+                if time.monotonic() >= self._next_look:
+                    self._next_look = time.monotonic() + NEW_TABLES_EVERY_S
+                    try:
+                        self.look_for_new_tables()
+                    except _Stopped:
+                        return
+                    except Exception as e:  # (looked at again later; the service goes on)
+                        log.error("looking for new tables to snapshot failed: %s", e)
+                    continue
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
@@ -428,10 +511,25 @@ class IncrementalSnapshots:
 
     def _store(self) -> None:
         """Under the lock: every job, replaced atomically in the changelog directory."""
-        doc = {"jobs": [{**asdict(j), "tables": [asdict(t) for t in j.tables]} for j in self._jobs]}
+        doc: dict[str, Any] = {
+            "jobs": [{**asdict(j), "tables": [asdict(t) for t in j.tables]} for j in self._jobs],
+            "known": self.known,
+        }
         for j in doc["jobs"]:
             j.pop("redo", None)
         replace_file(self.path, json.dumps(doc, indent=1).encode())
+
+
+def table_spec(schema: str, table: str) -> str:
+    """`schema.table` as `csnd.core.tablespec` reads it back (a part with a dot, quote or space quoted)."""
+
+    def part(name: str) -> str:
+        plain = (
+            name and name != "*" and not any(ch in name for ch in '."') and not any(c.isspace() for c in name)
+        )
+        return name if plain else '"' + name.replace('"', '""') + '"'
+
+    return f"{part(schema)}.{part(table)}"
 
 
 class _Stopped(Exception):

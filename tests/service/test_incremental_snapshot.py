@@ -142,3 +142,53 @@ def test_killed_mid_snapshot_the_restarted_service_resumes_it(pg: PgDatabase, tm
     numbers = [c["chunk"] for c in chunks]
     assert numbers == list(range(1, len(numbers) + 1)), numbers  # (none lost, none twice)
     assert chunks[-1]["last"] is True and len(chunks) >= ROWS // 100 // 2
+
+
+def test_a_table_added_to_a_when_needed_publication_is_snapshotted_by_itself(
+    pg: PgDatabase, tmp_path: Any
+) -> None:
+    pg.execute("CREATE TABLE acct (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE TABLE nokey (n int)")
+    pg.execute("INSERT INTO acct SELECT i, 'a' || i FROM generate_series(1, 300) AS i")
+    pg.execute("INSERT INTO item SELECT i, 'i' || i FROM generate_series(1, 700) AS i")
+    pg.execute("INSERT INTO nokey SELECT i FROM generate_series(1, 10) AS i")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR TABLE acct")
+    source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&create_slot=true&snapshot=when_needed"
+    env = {"CSND_NEW_TABLES_EVERY_S": "0.5"}
+    served = start_serve([source], str(tmp_path / "log"), env=env)
+    try:
+        wait_for(
+            lambda: served.status().get("snapshot", {}).get("state") == "complete", "the initial snapshot"
+        )
+        pg.execute("UPDATE item SET v = 'before' WHERE id = 5")  # (not published yet: never streamed)
+        pg.execute("ALTER PUBLICATION csnd_pub ADD TABLE item, nokey")
+        pg.execute("UPDATE item SET v = 'after' WHERE id = 6")
+        wait_for(lambda: served.status()["incremental"].get("state") == "complete", "item's snapshot")
+        assert served.status()["incremental"]["tables"][0]["table"] == "item"
+    finally:
+        code, err = served.terminate()
+    assert code == 0, err
+    assert "not snapshotting public.nokey" in err and "no primary key" in err, err
+    # a restart finds nothing new: no second job
+    served = start_serve([source], str(tmp_path / "log"), env=env)
+    try:
+        got = subscribe(served.address, "--idle-timeout", "3")
+        assert got.returncode == 0, got.stderr
+        time_to_look = served.status()["incremental"]
+    finally:
+        code, err = served.terminate()
+    assert code == 0, err
+    item: dict[int, str] = {}
+    for t in map(json.loads, got.stdout.splitlines()):
+        for ch in t["changes"]:
+            if ch["table"] == "item":
+                item[ch["new"]["id"]] = ch["new"]["v"]
+    assert item == {i: "before" if i == 5 else "after" if i == 6 else f"i{i}" for i in range(1, 701)}
+    assert time_to_look["job"] and time_to_look["state"] == "complete"
+    stored = json.loads((tmp_path / "log" / "incremental_snapshots.json").read_text())
+    assert len(stored["jobs"]) == 1 and sorted(map(tuple, stored["known"]["dn1"])) == [
+        ("public", "acct"),
+        ("public", "item"),
+        ("public", "nokey"),
+    ]
