@@ -149,7 +149,9 @@ class ChangelogSink:
             return
         text = "".join(parts)
         if self.windows is not None and self.windows.active:
-            text = self.windows.observe(csn, text)
+            text, relations = self.windows.observe(csn, text)
+            if relations:
+                self.relations(csn, relations)
         line = text.encode("utf-8")
         with self._lock:
             self.log.append(csn, line)

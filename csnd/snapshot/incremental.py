@@ -50,6 +50,7 @@ from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
 from csnd.snapshot.lines import read_body
 from csnd.snapshot.plan import CHUNK_ROWS, Chunk, TableInfo, chunk_copy_sql, next_bound_sql
 from csnd.snapshot.progress import SnapshotProgress
+from csnd.snapshot.run import table_relation_body
 from csnd.snapshot.watermark import PREFIX, UNPLACED_LSN, Window, Windows, body_key
 from csnd.snapshot.watermark import Chunk as WindowChunk
 
@@ -441,7 +442,8 @@ class IncrementalSnapshots:
             with self._lock:
                 t.pending = pending
                 self._store()
-            table.emit_watermark(self.windows, window, WindowChunk(bodies, keys, marker), job.id, number)
+            chunk = WindowChunk(bodies, keys, marker, table_relation_body(table.info))
+            table.emit_watermark(self.windows, window, chunk, job.id, number)
             csn = self._wait_appended(job, t, window)
         finally:
             self.windows.close(window)

@@ -76,6 +76,7 @@ class Chunk:
     bodies: list[str]
     keys: list[Key]
     marker: dict[str, Any]
+    relation: str = ""  # the relation version the rows were rendered with (kept from the chunk's csn on)
 
 
 @dataclass
@@ -171,12 +172,17 @@ class Windows:
             for w in self._open:
                 w.redo = w.redo or why
 
-    def observe(self, csn: int, line: str) -> str:
-        """A transaction about to be appended: note its keys; a watermark's comes back with its chunk."""
+    def observe(self, csn: int, line: str) -> tuple[str, list[tuple[str, str]]]:
+        """A transaction about to be appended: note its keys; a watermark's comes back with its chunk.
+
+        Also returns the (node, relation body) versions to keep from `csn` on, before the record:
+        a table never streamed yet has none, and a consumer of relation lines needs its rows' one.
+        """
+        relations: list[tuple[str, str]] = []
         with self._lock:
             windows = list(self._open)
         if not windows:
-            return line
+            return line, relations
         parsed: dict[str, Any] | None = None
         for w in windows:
             high = (
@@ -199,7 +205,9 @@ class Windows:
             if w.redo:
                 marker["redo"] = w.redo
             line = attach(line, w.node, lsn_from_str(parsed["nodes"][w.node]["commit_lsn"]), kept, marker)
+            if w.chunk.relation and kept:
+                relations.append((w.node, w.chunk.relation))
             w.appended = (csn, len(kept))
             self.close(w)
             w.done.set()
-        return line
+        return line, relations

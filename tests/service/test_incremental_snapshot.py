@@ -173,15 +173,23 @@ def test_a_table_added_to_a_when_needed_publication_is_snapshotted_by_itself(
     # a restart finds nothing new: no second job
     served = start_serve([source], str(tmp_path / "log"), env=env)
     try:
-        got = subscribe(served.address, "--idle-timeout", "3")
+        got = subscribe(served.address, "--idle-timeout", "3", "--schemas")
         assert got.returncode == 0, got.stderr
         time_to_look = served.status()["incremental"]
     finally:
         code, err = served.terminate()
     assert code == 0, err
     item: dict[int, str] = {}
-    for t in map(json.loads, got.stdout.splitlines()):
-        for ch in t["changes"]:
+    lines = [json.loads(x) for x in got.stdout.splitlines()]
+    # item's relation version comes before its first read: no change of it was ever streamed before
+    first_read = next(
+        i for i, t in enumerate(lines) if "changes" in t and t.get("snapshot", {}).get("table") == "item"
+    )
+    described = [i for i, t in enumerate(lines) if t.get("relation", {}).get("table") == "item"]
+    assert described and described[0] < first_read, (described, first_read)
+    assert [c["name"] for c in lines[described[0]]["relation"]["columns"]] == ["id", "v"]
+    for t in lines:
+        for ch in t.get("changes", ()):
             if ch["table"] == "item":
                 item[ch["new"]["id"]] = ch["new"]["v"]
     assert item == {i: "before" if i == 5 else "after" if i == 6 else f"i{i}" for i in range(1, 701)}

@@ -117,7 +117,7 @@ def test_a_consumer_of_the_lines_ends_with_the_table(
             change = _apply_op(table, op, csn)
             if change is not None:
                 csn += 1
-                out.append(windows.observe(csn, _line(csn, csn, [change])))
+                out.append(windows.observe(csn, _line(csn, csn, [change]))[0])
 
     stream(before)
     window = windows.open("dn1", "public", "t", KEY)
@@ -128,7 +128,7 @@ def test_a_consumer_of_the_lines_ends_with_the_table(
     stream(after_read)
     windows.arm(window, 7, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 1}))
     csn += 1
-    out.append(windows.observe(csn, _line(csn, 7, [])))
+    out.append(windows.observe(csn, _line(csn, 7, []))[0])
     assert window.done.is_set() and window.appended is not None and not windows.active
     stream(after_mark)
     state = _consume(out)
@@ -155,8 +155,11 @@ def test_the_watermark_gets_the_rows_the_window_left_alone_in_place() -> None:
     windows.observe(5, _line(5, 50, [_change("update", None, {"id": 2, "v": 9})]))
     bodies = [_read_body({"id": k, "v": 0}) for k in (1, 2, 3)]
     windows.arm(w, 2**32 + 7, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 4}))
-    line = windows.observe(6, _line(6, 7, []))  # (pgoutput's xid: the low 32 bits of txid_current())
+    line, relations = windows.observe(
+        6, _line(6, 7, [])
+    )  # (pgoutput's xid: the low 32 bits of txid_current())
     txn = json.loads(line)
+    assert relations == []  # (the chunk named no relation version)
     assert [c["new"]["id"] for c in txn["changes"]] == [1, 3]
     assert all(c["lsn"] == lsn_to_str(6) and c["op"] == "read" and c["node"] == "dn1" for c in txn["changes"])
     assert txn["snapshot"] == {"chunk": 4, "rows": 2, "left_out": 1}
@@ -169,7 +172,7 @@ def test_a_truncate_or_an_uninspectable_transaction_makes_the_chunk_read_again()
     windows.observe(5, _line(5, 50, [_change("truncate", None, None)]))
     bodies = [_read_body({"id": 1, "v": 0})]
     windows.arm(w, 7, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 1}))
-    txn = json.loads(windows.observe(6, _line(6, 7, [])))
+    txn = json.loads(windows.observe(6, _line(6, 7, []))[0])
     assert txn["changes"] == [] and txn["snapshot"]["redo"].startswith("the table was truncated")
     w2 = windows.open("dn1", "public", "t", KEY)
     windows.poison("transaction 9 was too large to look into")
@@ -180,10 +183,13 @@ def test_other_nodes_tables_and_transactions_pass_untouched() -> None:
     windows = Windows()
     w = windows.open("dn1", "public", "t", KEY)
     other = _line(5, 7, [_change("insert", None, {"id": 1, "v": 1}).replace('"dn1"', '"dn2"')])
-    assert windows.observe(5, other) == other  # (dn2's change, and not the watermark though xid 7 is armed)
+    assert windows.observe(5, other) == (
+        other,
+        [],
+    )  # (dn2's change, and not the watermark though xid 7 is armed)
     assert w.touched == set()
     windows.arm(w, 7, Chunk([], [], {"chunk": 1}))
-    assert windows.observe(6, _line(6, 8, [])) == _line(6, 8, [])
+    assert windows.observe(6, _line(6, 8, [])) == (_line(6, 8, []), [])
     assert not w.done.is_set()
 
 
