@@ -20,6 +20,8 @@ from typing import Any, Final
 CALL_TIMEOUT_S: Final = 30.0
 # How often the progress is polled and printed.
 POLL_S: Final = 2.0
+# Rows a chunk at most: its rows are one changelog record, held in the service's memory.
+MAX_CHUNK_ROWS: Final = 1_000_000
 
 
 def _rows(text: str) -> int:
@@ -27,8 +29,10 @@ def _rows(text: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of rows (>= 1), got {text!r}")
+    if not 1 <= value <= MAX_CHUNK_ROWS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of rows from 1 to {MAX_CHUNK_ROWS}, got {text!r}"
+        )
     return value
 
 

@@ -291,8 +291,8 @@ class ChangefeedServicer:
         the changelog as reads, chunk by chunk, between the stream's transactions, without stopping
         it or locking the tables.  Its progress is Status.incremental.
         INVALID_ARGUMENT: a table not published, without a primary key, or a node in gtm mode.
-        FAILED_PRECONDITION: another incremental snapshot is still running, or the service reads
-        no live source.  UNAVAILABLE: a node cannot be reached.
+        FAILED_PRECONDITION: another incremental snapshot is still running, the service reads
+        no live source, or a node cannot be reached (the message names it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

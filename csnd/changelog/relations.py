@@ -134,6 +134,12 @@ class RelationStore:
                 latest[(e.node, e.schema, e.table)] = e
         return sorted(latest.values(), key=lambda e: e.csn)
 
+    def in_force(self, node: str, schema: str, table: str, csn: int) -> tuple[int, str] | None:
+        """(the csn it is in force from, its body) of the table's version in force at `csn`; None: none."""
+        with self._lock:
+            e = self._in_force(node, schema, table, csn)
+        return (e.csn, e.body) if e is not None else None
+
     def _in_force(self, node: str, schema: str, table: str, csn: int) -> RelationEntry | None:
         for e in reversed(self._entries[: bisect.bisect_right(self._csns, csn)]):
             if (e.node, e.schema, e.table) == (node, schema, table):

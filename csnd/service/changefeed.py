@@ -411,8 +411,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except RuntimeError as e:
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except SnapshotError as e:
-            _abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
+        except SnapshotError as e:  # (a node the service cannot read now: its error names it)
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return incremental_status(jobs)
 
     # --- managing named subscriptions ----------------------------------------------------

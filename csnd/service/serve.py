@@ -595,11 +595,11 @@ class Service:
         snapshot = self._snapshot
         if snapshot is not None:
             snapshot.stop()
-        if self.incremental is not None:
-            self.incremental.stop()
         runtime = self.runtime
         if runtime is not None:
             runtime.request_stop()
+        if self.incremental is not None:  # (after the pipeline's stop: this one waits for its thread)
+            self.incremental.stop()
 
     def _finish(self, pipeline: threading.Thread) -> int:
         ignore_stop_signals()  # while the last durable step and confirmations run

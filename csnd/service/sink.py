@@ -74,6 +74,8 @@ class ChangelogSink:
         """
         self.log = log
         self.windows = windows
+        if windows is not None:
+            windows.in_force = log.relations.in_force
         self.held_csn = log.newest_csn  # what the changelog held when this run started
         self.snapshot_csn = snapshot_csn
         self.transactions = 0  # appended by this run

@@ -280,9 +280,18 @@ class NodeSnapshot:
         return bodies
 
 
-def read_tables(conn: psycopg.Connection[tuple[Any, ...]], publication: str) -> list[TableInfo]:
-    """The tables of `publication` as `conn` sees them: columns as published, key, row filter, types."""
-    rows = conn.execute(_TABLES_SQL, (publication,)).fetchall()
+def read_tables(
+    conn: psycopg.Connection[tuple[Any, ...]], publication: str, only: tuple[str, str] | None = None
+) -> list[TableInfo]:
+    """The tables of `publication` as `conn` sees them: columns as published, key, row filter, types.
+
+    `only`: (schema, table), that one table (or none, when it is not published).
+    """
+    rows = [
+        r
+        for r in conn.execute(_TABLES_SQL, (publication,)).fetchall()
+        if only is None or (str(r[1]), str(r[2])) == only
+    ]
     tables = []
     for relid, schema, name, replident, relkind, reltuples, attnames, rowfilter in rows:
         published = set(attnames or [])

@@ -29,6 +29,7 @@ INDEX of the primary key).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -37,13 +38,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from functools import partial
+from typing import Any, Final, TypeVar
 
 import psycopg
 
 from csnd.changelog import Changelog
 from csnd.core.durable import replace_file
-from csnd.core.errors import SnapshotError
+from csnd.core.errors import CsnOutOfRange, SnapshotError
 from csnd.core.tablespec import parse_table
 from csnd.reader.reconnect import one_line
 from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
@@ -51,10 +53,11 @@ from csnd.snapshot.lines import read_body
 from csnd.snapshot.plan import CHUNK_ROWS, Chunk, TableInfo, chunk_copy_sql, next_bound_sql
 from csnd.snapshot.progress import SnapshotProgress
 from csnd.snapshot.run import table_relation_body
-from csnd.snapshot.watermark import PREFIX, UNPLACED_LSN, Window, Windows, body_key
+from csnd.snapshot.watermark import PREFIX, UNPLACED_LSN, ReadSnapshot, Tracker, Window, Windows, body_key
 from csnd.snapshot.watermark import Chunk as WindowChunk
 
 log = logging.getLogger("csnd.snapshot")
+_T = TypeVar("_T")
 
 JOBS_FILE: Final = "incremental_snapshots.json"
 # A chunk every row of which had to be left out (the table truncated, a transaction too
@@ -64,6 +67,13 @@ REDO_LIMIT: Final = 20
 WAIT_NOTE_S: Final = 30.0
 # Waits on the database after a lost connection, before the chunk is tried again.
 RETRY_WAITS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+# A chunk's rendered rows are held in memory and appended as one record: chunks of wide rows
+# hold fewer rows, so that one stays about this size (the first chunk of a table learns the width).
+CHUNK_BYTES: Final = 64 << 20
+# How long a connection to a node may take to open.
+CONNECT_TIMEOUT_S: Final = 10
+# After a job, the next look for tables new to a when_needed publication waits at least this long.
+AFTER_JOB_S: Final = 5.0
 # How often a when_needed node's publication is looked at for tables new to it
 # (CSND_NEW_TABLES_EVERY_S: tests make it short).
 NEW_TABLES_EVERY_S: Final = float(os.environ.get("CSND_NEW_TABLES_EVERY_S", "30"))
@@ -145,6 +155,8 @@ class IncrementalSnapshots:
         # snapshot, by a job, or there when the node was first seen), as [schema, table]
         self.known: dict[str, list[list[str]]] = {}
         self._next_look = 0.0
+        self._active: _Table | None = None  # the table being read (stop() cancels its query)
+        self._submitting = threading.Lock()  # one submit at a time: "one job at a time" holds
 
     # --- jobs ---------------------------------------------------------------------------
 
@@ -157,9 +169,18 @@ class IncrementalSnapshots:
             return
         except ValueError as e:
             raise SnapshotError(f"{self.path} is not the incremental snapshots' JSON: {e}") from None
-        self.known = {n: [list(t) for t in ts] for n, ts in stored.get("known", {}).items()}
-        for j in stored.get("jobs", []):
-            job = Job(j["id"], [TableJob(**t) for t in j["tables"]], j["chunk_rows"], j["state"], j["error"])
+        try:
+            self.known = {n: [list(t) for t in ts] for n, ts in stored.get("known", {}).items()}
+            jobs = [
+                Job(j["id"], [TableJob(**t) for t in j["tables"]], j["chunk_rows"], j["state"], j["error"])
+                for j in stored.get("jobs", [])
+            ]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SnapshotError(
+                f"{self.path} is not the incremental snapshots' JSON csnd writes ({type(e).__name__}: {e}); "
+                "move it away to forget the jobs (a job then running is not resumed)"
+            ) from None
+        for job in jobs:
             self._jobs.append(job)
             if job.state == "running":
                 self._show(job)
@@ -181,7 +202,9 @@ class IncrementalSnapshots:
             if not access.when_needed or access.mode != "single":
                 continue
             try:
-                with psycopg.connect(access.conninfo, autocommit=True) as conn:
+                with psycopg.connect(
+                    access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                ) as conn:
                     published = [
                         [str(a), str(b)] for a, b in conn.execute(_PUBLISHED_SQL, (access.publication,))
                     ]
@@ -216,24 +239,37 @@ class IncrementalSnapshots:
             except SnapshotError as e:  # (the node cannot be read now: looked at again later)
                 log.warning("node %s: cannot look for new tables to snapshot: %s", access.node, e)
                 continue
+            if specs:
+                try:
+                    self.submit(specs, access.node)
+                except (RuntimeError, SnapshotError) as e:  # (a job started meanwhile; the node is away)
+                    log.warning("node %s: new tables wait for the next look: %s", access.node, e)
+                    return
+                except ValueError as e:  # (one of them went away or changed meanwhile)
+                    log.warning("node %s: not snapshotting %s: %s", access.node, ", ".join(specs), e)
+                else:
+                    log.info(
+                        "node %s: new in publication %s: %s",
+                        access.node,
+                        access.publication,
+                        ", ".join(specs),
+                    )
             with self._lock:
                 known.extend(new)
                 self._store()
             if specs:
-                log.info(
-                    "node %s: new in publication %s: %s", access.node, access.publication, ", ".join(specs)
-                )
-                self.submit(specs, access.node)
                 return  # (one job at a time: other nodes' new tables at the next look)
 
-    def submit(
-        self, specs: list[str], node: str | None = None, chunk_rows: int = 0, *, wait: bool = False
-    ) -> Job:
+    def submit(self, specs: list[str], node: str | None = None, chunk_rows: int = 0) -> Job:
         """A new job over `specs` (`schema.table`) on `node` (None: every node that has the table).
 
         ValueError for what the caller asked wrong (unknown table or node, no key);
-        SnapshotError when the node cannot be read.
+        RuntimeError while another job runs; SnapshotError when the node cannot be read.
         """
+        with self._submitting:
+            return self._submit(specs, node, chunk_rows)
+
+    def _submit(self, specs: list[str], node: str | None, chunk_rows: int) -> Job:
         with self._lock:
             running = next((j for j in self._jobs if j.state == "running"), None)
         if running is not None:
@@ -299,8 +335,8 @@ class IncrementalSnapshots:
                 "need a CSN from the GTM, which the service does not reach (take an initial snapshot instead)"
             )
         try:
-            with psycopg.connect(access.conninfo, autocommit=True) as conn:
-                tables = read_tables(conn, access.publication)
+            with psycopg.connect(access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+                tables = read_tables(conn, access.publication, (schema, table))
         except psycopg.Error as e:
             raise SnapshotError(
                 f"cannot list the tables of publication {access.publication}: {one_line(str(e))}",
@@ -323,10 +359,14 @@ class IncrementalSnapshots:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the job thread (the job resumes at the next start); a query it waits on is cancelled."""
         self._stop.set()
         self._wake.set()
+        active = self._active
+        if active is not None:
+            active.close()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -364,29 +404,78 @@ class IncrementalSnapshots:
             access = self.nodes.get(t.node)
             if access is None:
                 raise SnapshotError(f"node {t.node} is no longer a live source of this service", node=t.node)
-            info = self._table_info(access, t.schema, t.table, must=True)
+            info = self._retrying(
+                job, t, "check the table", partial(self._table_info, access, t.schema, t.table, must=True)
+            )
             assert info is not None
             t.state = "copying"
             self.progress.chunk_started(t.node, t.schema, t.table)
             if t.pending is not None:
                 self._settle_pending(job, t)
-            table = _Table(access, info)
+            table = _Table(access, info, self._stop)
+            self._active = table
+            tracker = self.windows.track(t.node, t.schema, t.table, info.key)
             try:
+                self._retrying(
+                    job, t, "wait for commits not yet visible", partial(table.wait_visible, job.id)
+                )
                 while t.state != "done":
-                    self._chunk(job, t, table)
+                    self._chunk(job, t, table, tracker)
             finally:
+                self.windows.untrack(tracker)
+                self._active = None
                 table.close()
         with self._lock:
             job.state = "complete"
             self._store()
         self.progress.state = "complete"
+        # (a table new to a when_needed publication waits a little: a follower of this job sees it end)
+        self._next_look = max(self._next_look, time.monotonic() + AFTER_JOB_S)
         log.info("incremental snapshot %s complete: %d rows", job.id, sum(t.rows for t in job.tables))
+
+    def _retrying(self, job: Job, t: TableJob, what: str, step: Callable[[], _T]) -> _T:
+        """`step()`, tried again after a lost connection (RETRY_WAITS_S), then a clear error."""
+        for attempt, wait in enumerate((*RETRY_WAITS_S, None)):
+            try:
+                return step()
+            except psycopg.OperationalError as e:
+                if self._stop.is_set():
+                    raise _Stopped from None
+                if wait is None:
+                    raise SnapshotError(
+                        f"cannot {what}: {one_line(str(e))}", node=t.node, table=t.label
+                    ) from None
+                log.warning(
+                    "incremental snapshot %s: %s %s: cannot %s: %s; trying again in %.1fs (attempt %d)",
+                    job.id,
+                    t.node,
+                    t.label,
+                    what,
+                    one_line(str(e)),
+                    wait,
+                    attempt + 1,
+                )
+                if self._active is not None:
+                    self._active.close()
+                if self._stop.wait(wait):
+                    raise _Stopped from None
+        raise AssertionError("unreachable")
 
     def _settle_pending(self, job: Job, t: TableJob) -> None:
         """A chunk was in flight when the service stopped: did its record reach the changelog?"""
         assert t.pending is not None
         needle = f'"incremental": "{job.id}"'.encode()
-        for csn, line in self.log.read(int(t.pending["floor"])):
+        try:
+            records = list_after(self.log, int(t.pending["floor"]), needle)
+        except CsnOutOfRange as e:
+            raise SnapshotError(
+                f"cannot tell whether chunk {t.pending['chunk']}, in flight when the service stopped, reached "
+                f"the changelog: retention dropped the records after csn {t.pending['floor']} ({e.message}); "
+                "start the snapshot again",
+                node=t.node,
+                table=t.label,
+            ) from None
+        for csn, line in records:
             if needle not in line:
                 continue
             marker = json.loads(line).get("snapshot") or {}
@@ -401,49 +490,42 @@ class IncrementalSnapshots:
                 return
         t.pending = None  # (lost with the process: read again)
 
-    def _chunk(self, job: Job, t: TableJob, table: _Table) -> None:
+    def _chunk(self, job: Job, t: TableJob, table: _Table, tracker: Tracker) -> None:
         number = t.chunks + 1
-        window = self.windows.open(t.node, t.schema, t.table, table.info.key)
+        rows = table.chunk_rows(job.chunk_rows)
+
+        def read_and_mark() -> tuple[Window, dict[str, Any]]:
+            window = self.windows.open(tracker, self.log.newest_csn)
+            try:
+                hi, bodies, snapshot = table.read_chunk(t.after, rows, number)
+                marker = {
+                    "node": t.node,
+                    "schema": t.schema,
+                    "table": t.table,
+                    "incremental": job.id,
+                    "chunk": number,
+                    "last": hi is None,
+                }
+                keys = [body_key(b, table.info.key) for b in bodies]
+                pending = {
+                    "chunk": number,
+                    "hi": list(hi) if hi is not None else None,
+                    "floor": self.log.newest_csn,
+                }
+                with self._lock:
+                    t.pending = pending
+                    self._store()
+                chunk = WindowChunk(bodies, keys, marker, table_relation_body(table.info))
+                table.emit_watermark(self.windows, window, chunk, snapshot, job.id, number)
+                return window, pending
+            except BaseException:
+                self.windows.close(window)
+                with self._lock:
+                    t.pending = None  # (no watermark committed: nothing of it can be in the changelog)
+                raise
+
+        window, pending = self._retrying(job, t, f"read chunk {number}", read_and_mark)
         try:
-            for attempt, wait in enumerate((*RETRY_WAITS_S, None)):
-                try:
-                    hi, bodies = table.read_chunk(t.after, job.chunk_rows, number)
-                    break
-                except psycopg.OperationalError as e:
-                    if wait is None:
-                        raise table.error(f"cannot read chunk {number}: {one_line(str(e))}") from None
-                    log.warning(
-                        "incremental snapshot %s: %s %s chunk %d: %s; trying again in %.1fs (attempt %d)",
-                        job.id,
-                        t.node,
-                        t.label,
-                        number,
-                        one_line(str(e)),
-                        wait,
-                        attempt + 1,
-                    )
-                    table.reconnect()
-                    if self._stop.wait(wait):
-                        raise _Stopped from None
-            keys = [body_key(b, table.info.key) for b in bodies]
-            marker = {
-                "node": t.node,
-                "schema": t.schema,
-                "table": t.table,
-                "incremental": job.id,
-                "chunk": number,
-                "last": hi is None,
-            }
-            pending = {
-                "chunk": number,
-                "hi": list(hi) if hi is not None else None,
-                "floor": self.log.newest_csn,
-            }
-            with self._lock:
-                t.pending = pending
-                self._store()
-            chunk = WindowChunk(bodies, keys, marker, table_relation_body(table.info))
-            table.emit_watermark(self.windows, window, chunk, job.id, number)
             csn = self._wait_appended(job, t, window)
         finally:
             self.windows.close(window)
@@ -557,29 +639,65 @@ def check_snapshottable(info: TableInfo, node: str) -> None:
 class _Table:
     """One table's connection to its node: chunks read in REPEATABLE READ, watermarks emitted."""
 
-    def __init__(self, access: NodeAccess, info: TableInfo) -> None:
+    def __init__(self, access: NodeAccess, info: TableInfo, stop: threading.Event) -> None:
         self.access = access
         self.info = info
+        self._stop = stop
         self._enums = access.enums() if access.binary else []
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._cache: Any = None
+        self._row_bytes = 0.0  # rendered bytes a row, as the chunks so far had them (0: none yet)
 
     def error(self, message: str) -> SnapshotError:
         return SnapshotError(message, node=self.access.node, table=self.info.label)
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.access.conninfo, autocommit=True)
+            self._conn = psycopg.connect(
+                self.access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            )
         return self._conn
 
-    def reconnect(self) -> None:
-        self.close()
-
     def close(self) -> None:
-        if self._conn is not None:
+        """Close the connection (from any thread: a query in progress is cancelled first)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
             with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
+                conn.cancel_safe(timeout=2.0)
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def chunk_rows(self, asked: int) -> int:
+        """`asked`, fewer when rows are wide: a chunk's rendered rows are one record, held in memory."""
+        if self._row_bytes <= 0:
+            return asked
+        return max(1, min(asked, int(CHUNK_BYTES / self._row_bytes)))
+
+    def wait_visible(self, job: str) -> None:
+        """Until no transaction committed before now is still invisible (see `csnd.snapshot.watermark`).
+
+        Such a transaction's commit may have been handed to the sink before the table was
+        tracked: a commit waiting for a synchronous standby (flushed, so sent to logical
+        decoding; its backend still holding its xid).  Once it is visible, every later chunk's
+        snapshot reflects it.
+        """
+        conn = self._connection()
+        waiting = [int(str(xid)) for (xid,) in conn.execute(_SYNC_REP_XIDS_SQL).fetchall()]
+        note = time.monotonic() + WAIT_NOTE_S
+        while waiting:
+            if self._stop.wait(0.05):
+                raise _Stopped
+            now = ReadSnapshot.parse(str(_one(conn, "SELECT pg_current_snapshot()::text")))
+            waiting = [x for x in waiting if not now.sees(x)]
+            if waiting and time.monotonic() >= note:
+                note += WAIT_NOTE_S
+                log.warning(
+                    "incremental snapshot %s: node %s: transactions %s have committed but are not visible yet "
+                    "(waiting for a synchronous standby?); the snapshot waits for them",
+                    job,
+                    self.access.node,
+                    ", ".join(map(str, waiting[:5])),
+                )
 
     def _relation_cache(self) -> Any:
         from csnd.decoder.rows import RelationCache
@@ -595,26 +713,40 @@ class _Table:
 
     def read_chunk(
         self, after: list[str] | None, chunk_rows: int, number: int
-    ) -> tuple[tuple[str, ...] | None, list[str]]:
-        """(the chunk's upper key or None if it is the last, its read bodies), in one REPEATABLE READ."""
+    ) -> tuple[tuple[str, ...] | None, list[str], ReadSnapshot]:
+        """(the chunk's upper key or None if it is the last, its read bodies, its snapshot), in one
+        REPEATABLE READ transaction -- the table's columns too, so a change of them is never mixed in."""
         from csnd.decoder.rows import row_change_body
+        from csnd.snapshot.copier import read_tables
 
         conn = self._connection()
         lo = tuple(after) if after is not None else None
-        cache = self._relation_cache()
-        parser = BinaryCopyRows() if self.access.binary else TextCopyRows()
-        relid, binary = self.info.relid, self.access.binary
+        binary = self.access.binary
+        parser = BinaryCopyRows() if binary else TextCopyRows()
         bodies: list[str] = []
+        size = 0
         try:
             with conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                snapshot = ReadSnapshot.parse(str(_one(conn, "SELECT pg_current_snapshot()::text")))
+                found = read_tables(conn, self.access.publication, (self.info.schema, self.info.name))
+                if not found:
+                    raise self.error(f"the table left publication {self.access.publication} (chunk {number})")
+                if dataclasses.replace(found[0], estimated_rows=self.info.estimated_rows) != self.info:
+                    # (its columns changed: render with what the chunk's rows have)
+                    check_snapshottable(found[0], self.access.node)
+                    self.info, self._cache = found[0], None
+                cache = self._relation_cache()
+                relid = self.info.relid
                 row = conn.execute(next_bound_sql(self.info, lo, chunk_rows)).fetchone()
                 hi = tuple(str(v) for v in row) if row is not None else None
                 chunk = Chunk(self.info, number, 0, lo, hi)
                 with conn.cursor() as cur, cur.copy(chunk_copy_sql(chunk, binary)) as copy:
                     for data in copy:
                         for r in parser.feed(data):
-                            bodies.append(read_body(row_change_body("I", None, relid, r, 0, cache, binary)))
+                            body = read_body(row_change_body("I", None, relid, r, 0, cache, binary))
+                            bodies.append(body)
+                            size += len(body)
                 parser.finish()
         except psycopg.OperationalError:
             raise
@@ -622,19 +754,50 @@ class _Table:
             raise self.error(f"cannot read chunk {number}: {one_line(str(e))}") from None
         except CopyFormatError as e:
             raise self.error(f"chunk {number}: {e}") from None
+        except ValueError as e:  # (check_snapshottable: the table no longer has what a snapshot needs)
+            raise self.error(str(e)) from None
+        if bodies:
+            self._row_bytes = size / len(bodies)
         assert all(b.startswith(UNPLACED_LSN) for b in bodies)
-        return hi, bodies
+        return hi, bodies, snapshot
 
     def emit_watermark(
-        self, windows: Windows, window: Window, chunk: WindowChunk, job: str, number: int
+        self,
+        windows: Windows,
+        window: Window,
+        chunk: WindowChunk,
+        snapshot: ReadSnapshot,
+        job: str,
+        number: int,
     ) -> None:
         """The high watermark: its xid armed in the window before it commits, so the sink cannot miss it."""
         conn = self._connection()
         content = json.dumps({"job": job, "chunk": number})
         try:
             with conn.transaction():
-                (xid,) = conn.execute("SELECT txid_current()").fetchone() or (0,)
-                windows.arm(window, int(xid), chunk)
+                # (its commit need not wait for a synchronous standby: only this node's decoding reads it)
+                conn.execute("SET LOCAL synchronous_commit = local")
+                xid = int(str(_one(conn, "SELECT txid_current()")))
+                windows.arm(window, xid, chunk, snapshot)
                 conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (PREFIX, content))
+        except psycopg.OperationalError:
+            raise
         except psycopg.Error as e:
             raise self.error(f"cannot write the watermark of chunk {number}: {one_line(str(e))}") from None
+
+
+# Backends whose commit is flushed (so decoded and maybe appended) but not yet visible: waiting for a
+# synchronous standby.  (pg_xact_status cannot tell them: it says "in progress" while the xid is held.)
+_SYNC_REP_XIDS_SQL: Final = (
+    "SELECT backend_xid::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND wait_event = 'SyncRep'"
+)
+
+
+def _one(conn: psycopg.Connection[tuple[Any, ...]], query: str, params: tuple[Any, ...] | None = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return row[0] if row is not None else None
+
+
+def list_after(log: Changelog, csn: int, needle: bytes) -> list[tuple[int, bytes]]:
+    """The changelog's records after `csn` that hold `needle`, read now."""
+    return [(c, line) for c, line in log.read(csn) if needle in line]

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 import urllib.request
 from typing import Any
+
+import psycopg
 
 from csnd.core.ids import lsn_from_str
 from tests.fixtures.pg import PgDatabase
@@ -200,3 +204,59 @@ def test_a_table_added_to_a_when_needed_publication_is_snapshotted_by_itself(
         ("public", "item"),
         ("public", "nokey"),
     ]
+
+
+def test_a_commit_still_waiting_for_a_synchronous_standby_is_not_overwritten(
+    pg: PgDatabase, tmp_path: Any
+) -> None:
+    """A commit handed to the stream while still invisible (waiting for a standby that never answers).
+
+    Its update is streamed at once, but a chunk read then would not see it, and its stale row at the
+    watermark would overwrite the update: the job waits until it is visible before its first chunk.
+    """
+    pg.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO item SELECT i, 'i' || i FROM generate_series(1, 50) AS i")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR TABLE item")
+    source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&create_slot=true"
+    served = start_serve([source], str(tmp_path / "log"))
+    pg.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+    pg.execute("ALTER SYSTEM SET synchronous_commit = 'local'")  # (every session but the one below)
+    pg.execute("SELECT pg_reload_conf()")
+    waiting = psycopg.connect(pg.dsn, autocommit=True)
+    pid = waiting.info.backend_pid
+    blocked = threading.Thread(
+        target=lambda: waiting.execute(
+            "SET synchronous_commit = on; UPDATE item SET v = 'late' WHERE id = 5"
+        ),
+        daemon=True,
+    )
+    try:
+        blocked.start()
+        wait_for(
+            lambda: (
+                pg.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))[0][0]
+                == "SyncRep"
+            ),
+            "the update waiting for the standby",
+        )
+        got = _snapshot(served, "public.item", "--chunk-rows", "20", "--no-wait")
+        assert got.returncode == 0, got.stderr
+        time.sleep(3)  # (the job waits for the update to be visible: no chunk yet)
+        assert int(served.status()["incremental"]["tables"][0].get("chunks_done", 0)) == 0
+        pg.execute("SELECT pg_cancel_backend(%s)", (pid,))  # (committed locally: now visible)
+        blocked.join(30)
+        wait_for(lambda: served.status()["incremental"].get("state") == "complete", "the snapshot")
+        got = subscribe(served.address, "--idle-timeout", "3")
+        assert got.returncode == 0, got.stderr
+    finally:
+        pg.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        pg.execute("ALTER SYSTEM RESET synchronous_commit")
+        pg.execute("SELECT pg_reload_conf()")
+        waiting.close()
+        code, err = served.terminate()
+    assert code == 0, err
+    item: dict[int, str] = {}
+    for t in map(json.loads, got.stdout.splitlines()):
+        for ch in t["changes"]:
+            item[ch["new"]["id"]] = ch["new"]["v"]
+    assert item == {i: "late" if i == 5 else f"i{i}" for i in range(1, 51)}

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from csnd.changelog import Changelog
 from csnd.core.ids import lsn_to_str
 from csnd.snapshot.incremental import IncrementalSnapshots, Job, TableJob
-from csnd.snapshot.watermark import UNPLACED_LSN, Chunk, Windows, attach, body_key
+from csnd.snapshot.watermark import UNPLACED_LSN, Chunk, ReadSnapshot, Window, Windows, attach, body_key
 
 KEY = ("id",)
 _HEAD = '"schema": "public", "table": "t", "key": ["id"]'
@@ -87,50 +87,88 @@ def _consume(lines: list[str]) -> dict[int, dict[str, Any]]:
     return state
 
 
-@settings(max_examples=300, deadline=None)
+def _keys_of(op: tuple[str, int, int]) -> set[int]:
+    kind, k, other = op
+    return {k, other} if kind == "move" else {k}
+
+
+SNAP = ReadSnapshot(10, 10, frozenset())  # (sees every transaction with an xid below 10)
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     initial=st.sets(st.integers(0, 12)),
     before=ops,
     opened=ops,
+    delayed=st.lists(st.booleans(), min_size=12, max_size=12),
     after_read=ops,
     after_mark=ops,
     lo=st.integers(-1, 12),
     hi=st.integers(0, 13),
+    first_xid=st.one_of(st.integers(3, 2**33), st.integers(2**32 - 12, 2**32 + 3)),
 )
 def test_a_consumer_of_the_lines_ends_with_the_table(
     initial: set[int],
     before: list[tuple[str, int, int]],
     opened: list[tuple[str, int, int]],
+    delayed: list[bool],
     after_read: list[tuple[str, int, int]],
     after_mark: list[tuple[str, int, int]],
     lo: int,
     hi: int,
+    first_xid: int,
 ) -> None:
+    """Transactions before tracking (visible to the chunk: the job waits for that), between tracking and
+    the chunk's snapshot -- some of them delayed, appended but not yet visible to it, as a commit waiting
+    for a synchronous standby is, whose rows later ones cannot touch until they are -- after the snapshot,
+    and after the watermark; xids of 64 bits, given to the stream as their low 32 bits, across a wrap."""
     table = {k: {"id": k, "v": -1} for k in initial}
     windows = Windows()
     out: list[str] = []
-    csn = 100
+    csn, xid = 100, first_xid
 
-    def stream(batch: list[tuple[str, int, int]]) -> None:
-        nonlocal csn
-        for op in batch:
-            change = _apply_op(table, op, csn)
-            if change is not None:
-                csn += 1
-                out.append(windows.observe(csn, _line(csn, csn, [change]))[0])
+    def stream(op: tuple[str, int, int], apply_to: list[dict[int, dict[str, Any]]]) -> bool:
+        nonlocal csn, xid
+        change = _apply_op(table, op, csn)
+        if change is None:
+            return False
+        for other in apply_to:
+            _apply_op(other, op, csn)
+        csn += 1
+        xid += 1
+        out.append(windows.observe(csn, _line(csn, xid % 2**32, [change]))[0])
+        return True
 
-    stream(before)
-    window = windows.open("dn1", "public", "t", KEY)
-    stream(opened)
-    # the chunk: the keys lo < id <= hi as the read snapshot sees them (everything committed so far)
-    rows = [table[k] for k in sorted(table) if lo < k <= hi]
+    for op in before:
+        stream(op, [])
+    tracker = windows.track("dn1", "public", "t", KEY)
+    window = windows.open(tracker, csn)
+    seen = {k: dict(v) for k, v in table.items()}  # the table as the chunk's snapshot will see it
+    invisible: set[int] = set()
+    locked: set[int] = set()
+    for op, late in zip(opened, delayed, strict=False):
+        if _keys_of(op) & locked:
+            continue  # (it would wait for the delayed one's row lock)
+        if late:
+            if stream(op, []):
+                invisible.add(xid)
+                locked |= _keys_of(op)
+        else:
+            stream(op, [seen])
+    snapshot = ReadSnapshot(min(invisible, default=xid + 1), xid + 1, frozenset(invisible))
+    rows = [seen[k] for k in sorted(seen) if lo < k <= hi]
     bodies = [_read_body(r) for r in rows]
-    stream(after_read)
-    windows.arm(window, 7, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 1}))
+    for op in after_read:
+        stream(op, [])
+    high = xid + 1
+    windows.arm(window, high, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 1}), snapshot)
     csn += 1
-    out.append(windows.observe(csn, _line(csn, 7, []))[0])
-    assert window.done.is_set() and window.appended is not None and not windows.active
-    stream(after_mark)
+    out.append(windows.observe(csn, _line(csn, high % 2**32, []))[0])
+    assert window.done.is_set() and window.appended is not None and not window.redo
+    windows.untrack(tracker)
+    assert not windows.active
+    for op in after_mark:
+        stream(op, [])
     state = _consume(out)
     # Rows the chunk covered, or the stream touched, are the table's; a row outside the chunk that no
     # transaction touched is one the stream never gave (it predates it).
@@ -149,47 +187,90 @@ def test_a_consumer_of_the_lines_ends_with_the_table(
     assert unseen.isdisjoint(state)
 
 
-def test_the_watermark_gets_the_rows_the_window_left_alone_in_place() -> None:
+def test_xid_visibility_follows_postgresql_across_the_wrap() -> None:
+    s = ReadSnapshot.parse(f"{2**32 - 2}:{2**32 + 3}:{2**32 - 2},{2**32 + 1}")
+    assert s.xip == {2**32 - 2, 2**32 + 1}
+    assert s.sees(2**32 - 3) and s.sees(2**32 - 1) and s.sees(0) and s.sees(2)  # (committed before)
+    assert not s.sees(2**32 - 2) and not s.sees(1)  # (in progress then)
+    assert not s.sees(3) and not s.sees(1000)  # (began after)
+    assert s.sees_forever(2**32 - 3) and not s.sees_forever(2**32 - 2) and not s.sees_forever(0)
+
+
+def _armed(windows: Windows, keys: tuple[int, ...], snapshot: ReadSnapshot = SNAP) -> Window:
+    tracker = windows.track("dn1", "public", "t", KEY)
+    w = windows.open(tracker, 0)
+    bodies = [_read_body({"id": k, "v": 0}) for k in keys]
+    windows.arm(w, 2**32 + 70, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 4}), snapshot)
+    return w
+
+
+def test_the_watermark_gets_the_rows_its_snapshot_did_not_miss_in_place() -> None:
     windows = Windows()
-    w = windows.open("dn1", "public", "t", KEY)
-    windows.observe(5, _line(5, 50, [_change("update", None, {"id": 2, "v": 9})]))
-    bodies = [_read_body({"id": k, "v": 0}) for k in (1, 2, 3)]
-    windows.arm(w, 2**32 + 7, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 4}))
-    line, relations = windows.observe(
-        6, _line(6, 7, [])
-    )  # (pgoutput's xid: the low 32 bits of txid_current())
+    w = _armed(windows, (1, 2, 3))
+    windows.observe(5, _line(5, 9, [_change("update", None, {"id": 1, "v": 9})]))  # (seen by it)
+    windows.observe(6, _line(6, 50, [_change("update", None, {"id": 2, "v": 9})]))  # (not)
+    # (the watermark's xid as pgoutput gives it: the low 32 bits of txid_current())
+    line, relations = windows.observe(7, _line(7, 70, []))
     txn = json.loads(line)
     assert relations == []  # (the chunk named no relation version)
     assert [c["new"]["id"] for c in txn["changes"]] == [1, 3]
-    assert all(c["lsn"] == lsn_to_str(6) and c["op"] == "read" and c["node"] == "dn1" for c in txn["changes"])
+    assert all(c["lsn"] == lsn_to_str(7) and c["op"] == "read" and c["node"] == "dn1" for c in txn["changes"])
     assert txn["snapshot"] == {"chunk": 4, "rows": 2, "left_out": 1}
-    assert w.appended == (6, 2)
+    assert w.appended == (7, 2)
+    assert [t.xid for t in w.tracker.history] == [50]  # (xid 9 is seen by every later snapshot)
 
 
 def test_a_truncate_or_an_uninspectable_transaction_makes_the_chunk_read_again() -> None:
     windows = Windows()
-    w = windows.open("dn1", "public", "t", KEY)
+    _armed(windows, (1,))
     windows.observe(5, _line(5, 50, [_change("truncate", None, None)]))
-    bodies = [_read_body({"id": 1, "v": 0})]
-    windows.arm(w, 7, Chunk(bodies, [body_key(b, KEY) for b in bodies], {"chunk": 1}))
-    txn = json.loads(windows.observe(6, _line(6, 7, []))[0])
+    txn = json.loads(windows.observe(6, _line(6, 70, []))[0])
     assert txn["changes"] == [] and txn["snapshot"]["redo"].startswith("the table was truncated")
-    w2 = windows.open("dn1", "public", "t", KEY)
+    windows = Windows()
+    w2 = _armed(windows, (1,))
     windows.poison("transaction 9 was too large to look into")
     assert w2.redo == "transaction 9 was too large to look into"
+    # a change naming its row on one side only is fine; on neither, the chunk is read again
+    windows = Windows()
+    _armed(windows, (1, 2))
+    windows.observe(5, _line(5, 50, [_change("update", {"id": 1}, {"v": 3})]))
+    assert "left_out" in json.loads(windows.observe(6, _line(6, 70, []))[0])["snapshot"]
+    windows = Windows()
+    _armed(windows, (1, 2))
+    windows.observe(5, _line(5, 50, [_change("update", None, {"v": 3})]))
+    assert "named no row" in json.loads(windows.observe(6, _line(6, 70, []))[0])["snapshot"]["redo"]
+
+
+def test_a_relation_version_is_kept_unless_the_stream_changed_it_during_the_chunk() -> None:
+    windows = Windows()
+    versions: dict[int, tuple[int, str]] = {}
+    windows.in_force = lambda node, schema, table, csn: versions.get(csn)
+    tracker = windows.track("dn1", "public", "t", KEY)
+
+    def chunk_at(csn: int, since: int) -> dict[str, Any]:
+        w = windows.open(tracker, since)
+        body = _read_body({"id": 1, "v": 0})
+        windows.arm(w, 70, Chunk([body], [body_key(body, KEY)], {"chunk": 1}, relation="R1"), SNAP)
+        line, relations = windows.observe(csn, _line(csn, 70, []))
+        return {"marker": json.loads(line)["snapshot"], "relations": relations}
+
+    assert chunk_at(5, 0)["relations"] == [("dn1", "R1")]  # (none in force: a table never streamed)
+    versions[6] = (2, "R0")  # (an older version, in force since before the chunk began)
+    assert chunk_at(6, 3)["relations"] == [("dn1", "R1")]
+    versions[7] = (7, "R1")
+    assert chunk_at(7, 3)["relations"] == []  # (the same version: nothing to keep)
+    versions[8] = (5, "R2")  # (another version, in force since after the chunk began)
+    got = chunk_at(8, 3)
+    assert got["relations"] == [] and "columns changed" in got["marker"]["redo"]
 
 
 def test_other_nodes_tables_and_transactions_pass_untouched() -> None:
     windows = Windows()
-    w = windows.open("dn1", "public", "t", KEY)
+    w = _armed(windows, (1,))
     other = _line(5, 7, [_change("insert", None, {"id": 1, "v": 1}).replace('"dn1"', '"dn2"')])
-    assert windows.observe(5, other) == (
-        other,
-        [],
-    )  # (dn2's change, and not the watermark though xid 7 is armed)
-    assert w.touched == set()
-    windows.arm(w, 7, Chunk([], [], {"chunk": 1}))
-    assert windows.observe(6, _line(6, 8, [])) == (_line(6, 8, []), [])
+    assert windows.observe(5, other) == (other, [])  # (dn2's change)
+    assert w.tracker.history == []
+    assert windows.observe(6, _line(6, 8, [])) == (_line(6, 8, []), [])  # (not the watermark's xid)
     assert not w.done.is_set()
 
 
