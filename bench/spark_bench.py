@@ -6,7 +6,7 @@ One changelog of N synthetic transactions (5 changes each, rows of a few
 columns like an OLTP table's; a million rows by default) is served by an
 in-process changefeed; the same rows, flattened, are written once to
 Parquet, one file per core (Spark reads a file with one task; the `csnd`
-source uses every core).  Five paths, each round in alternating order, the
+source uses every core).  Six paths, each round in alternating order, the
 ratios best against best in this run:
 
 * `csnd`: the source as it runs by default, the rows built by the service
@@ -17,6 +17,10 @@ ratios best against best in this run:
 * `ceiling`: a PySpark Python data source reading the rows from a Parquet
   file in its Python workers (CSN-range partitions, each task only its own
   row groups);
+* `mechanism`: a PySpark Python data source whose workers hand Spark the same
+  Arrow batches, built once and kept in their memory: the cost of the Python
+  data source mechanism alone (Arrow into the JVM and into rows), which no
+  source of this kind can go below;
 * `export`: `csnd serve --parquet-dir`'s export of the same changelog (its
   files cut one per core too; the time it took to write them is reported);
 * `parquet`: the Parquet files, read by Spark's file source: the baseline.
@@ -80,8 +84,11 @@ def make_line(csn: int, commit_time: str = "2026-11-22T10:00:00.123456+00:00") -
     return json.dumps(txn, ensure_ascii=False).encode()
 
 
-def _ceiling_source() -> Any:
-    """A Python data source over a Parquet file of the rows, partitioned and offset as `csnd`'s is."""
+def _ceiling_source(kept: bool = False) -> Any:
+    """A Python data source over a Parquet file of the rows, partitioned and offset as `csnd`'s is.
+
+    `kept`: the `mechanism` source, whose workers read each partition once and keep its batches.
+    """
     import pyarrow.parquet as pq
     from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -107,6 +114,10 @@ def _ceiling_source() -> Any:
             return [CsnRange(lo, hi) for lo, hi in split_range(offset_csn(start), offset_csn(end), 2)]
 
         def read(self, partition: Any) -> Any:
+            if kept:
+                from bench import spark_bench  # (by reference: the worker's module, and its KEPT)
+
+                return iter(spark_bench.kept_batches(self.path, partition.lo, partition.hi))
             table = pq.read_table(
                 self.path, filters=[("csn", ">", partition.lo), ("csn", "<=", partition.hi)]
             )
@@ -128,7 +139,7 @@ def _ceiling_source() -> Any:
     class CeilingSource(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "csnd_ceiling"
+            return "csnd_mechanism" if kept else "csnd_ceiling"
 
         def schema(self) -> str:
             return SCHEMA_DDL
@@ -142,7 +153,25 @@ def _ceiling_source() -> Any:
     return CeilingSource
 
 
-def run(transactions: int, rounds: int) -> dict[str, Any]:
+# The `mechanism` source's batches in each Python worker process: (path, lo, hi) -> batches.
+KEPT: dict[tuple[str, int, int], list[Any]] = {}
+
+
+def kept_batches(path: str, lo: int, hi: int) -> list[Any]:
+    """The partition's batches, read once per worker process and then handed out again."""
+    import pyarrow.parquet as pq
+
+    key = (path, lo, hi)
+    if key not in KEPT:
+        table = pq.read_table(path, filters=[("csn", ">", lo), ("csn", "<=", hi)])
+        KEPT[key] = table.to_batches(max_chunksize=10_000)
+    return KEPT[key]
+
+
+KINDS = ("csnd", "csnd-lines", "ceiling", "mechanism", "export", "parquet")
+
+
+def run(transactions: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from csnd.changelog import Changelog, SubscriptionStore
@@ -155,6 +184,7 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     spark = local_session("csnd-bench")  # (before any gRPC in this process: Spark forks its JVM)
     spark.dataSource.register(_ceiling_source())
+    spark.dataSource.register(_ceiling_source(kept=True))
     work = tempfile.mkdtemp(prefix="csnd-spark-bench-")
     log = Changelog(os.path.join(work, "changelog"))
     records = [(csn, make_line(csn)) for csn in range(1, transactions + 1)]
@@ -195,8 +225,8 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
             if not stream:
                 df = df.option("endingCsn", str(last))
             return df.load()
-        if kind == "ceiling":
-            return reader.format("csnd_ceiling").option("path", ceiling_path).option("last", str(last)).load()
+        if kind in ("ceiling", "mechanism"):
+            return reader.format(f"csnd_{kind}").option("path", ceiling_path).option("last", str(last)).load()
         directory = {"export": export_dir, "parquet": parquet_dir}[kind] if last == transactions else tiny_dir
         return reader.schema(schema).parquet(directory)
 
@@ -223,7 +253,6 @@ def run(transactions: int, rounds: int) -> dict[str, Any]:
         frame(kind, last, stream=False).write.format("noop").mode("overwrite").save()
         return time.perf_counter() - t0
 
-    kinds = ("csnd", "csnd-lines", "ceiling", "export", "parquet")
     t0 = time.perf_counter()
     batch_read("csnd", transactions)  # (the service builds the rows: its first read of the range)
     build_s = time.perf_counter() - t0
@@ -365,8 +394,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--latency-only", action="store_true", help="only the commit-to-foreachBatch latency")
     p.add_argument("--no-latency", action="store_true", help="only the throughput")
+    p.add_argument(
+        "--paths",
+        default=",".join(KINDS),
+        help=f"comma-separated paths to measure (default: all: {','.join(KINDS)}; parquet is always in)",
+    )
     args = p.parse_args()
-    r: dict[str, Any] = {} if args.latency_only else run(args.transactions, args.rounds)
+    kinds = tuple(k for k in KINDS if k in args.paths.split(",") or k == "parquet")
+    r: dict[str, Any] = {} if args.latency_only else run(args.transactions, args.rounds, kinds)
     if not args.no_latency:
         r["latency"] = latency()
     with open(out_path("spark.json"), "w", encoding="utf-8") as f:
