@@ -75,18 +75,11 @@ def progress_line(status: Any) -> str:
 def cmd_snapshot(args: argparse.Namespace) -> int:
     import grpc
 
-    from csnd.consumers.client import _channel, _metadata, parse_target
+    from csnd.consumers.subscriptions_cmd import operator_stub
     from csnd.core.errors import SnapshotError
-    from csnd.core.tokens import read_token_file
     from csnd.proto import csnd_pb2 as pb
-    from csnd.proto import csnd_pb2_grpc as pb_grpc
 
-    address = parse_target(args.target)
-    md = _metadata(read_token_file(args.token_file) if args.token_file else None)
-    channel = _channel(address, args.tls_ca)
-    try:
-        stub = pb_grpc.ChangefeedStub(channel)
-        kw = {"metadata": md, "timeout": CALL_TIMEOUT_S, "wait_for_ready": True}
+    with operator_stub(args, CALL_TIMEOUT_S) as (stub, kw, address):
         request = pb.StartSnapshotRequest(tables=args.tables, node=args.node, chunk_rows=args.chunk_rows)
         try:
             status = stub.StartSnapshot(request, **kw)
@@ -116,8 +109,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
                 return 0
             if status.state == "failed":
                 raise SnapshotError(f"snapshot {job} failed: {status.error}")
-    finally:
-        channel.close()
 
 
 def _error(e: Any, address: str) -> Exception:

@@ -21,7 +21,9 @@ service says is one line on stderr and exit 1; a usage error is exit 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any, Final
 
 # How long a call may take, the service's start-up included.
@@ -84,20 +86,33 @@ def add_subscriptions_parser(sub: Any) -> None:
     delete.add_argument("name", metavar="NAME", help="the subscription")
 
 
-def cmd_subscriptions(args: argparse.Namespace) -> int:
-    import grpc
-
+@contextlib.contextmanager
+def operator_stub(args: argparse.Namespace, timeout: float) -> Iterator[tuple[Any, dict[str, Any], str]]:
+    """(a Changefeed stub, the keyword arguments of its calls, the address) for an operator's command:
+    `args.target`, `args.token_file` and `args.tls_ca` as `csnd subscriptions` and `csnd snapshot` take them."""
     from csnd.consumers.client import _channel, _metadata, parse_target
     from csnd.core.tokens import read_token_file
-    from csnd.proto import csnd_pb2 as pb
     from csnd.proto import csnd_pb2_grpc as pb_grpc
 
     address = parse_target(args.target)
     md = _metadata(read_token_file(args.token_file) if args.token_file else None)
     channel = _channel(address, args.tls_ca)
     try:
-        stub = pb_grpc.ChangefeedStub(channel)
-        kw = {"metadata": md, "timeout": CALL_TIMEOUT_S, "wait_for_ready": True}
+        yield (
+            pb_grpc.ChangefeedStub(channel),
+            {"metadata": md, "timeout": timeout, "wait_for_ready": True},
+            address,
+        )
+    finally:
+        channel.close()
+
+
+def cmd_subscriptions(args: argparse.Namespace) -> int:
+    import grpc
+
+    from csnd.proto import csnd_pb2 as pb
+
+    with operator_stub(args, CALL_TIMEOUT_S) as (stub, kw, address):
         try:
             if args.action == "list":
                 got = stub.ListSubscriptions(pb.ListSubscriptionsRequest(), **kw)
@@ -118,8 +133,6 @@ def cmd_subscriptions(args: argparse.Namespace) -> int:
                 )
         except grpc.RpcError as e:
             raise call_error(e, address, args.action, getattr(args, "name", None)) from None
-    finally:
-        channel.close()
     return 0
 
 

@@ -24,10 +24,9 @@ from typing import Any
 
 import psycopg
 
-from csnd.core.ids import lsn_from_str
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import CSND, Served, start_serve, subscribe, wait_for
-from tests.service.test_serve_snapshot import _setup, _table, _Writer
+from tests.service.test_serve_snapshot import _setup, _table, _Writer, read_everything
 
 ROWS = 4_000
 
@@ -51,17 +50,8 @@ def _apply(lines: list[str]) -> tuple[dict[tuple[str, int], dict[str, Any]], lis
     return acct, txns
 
 
-def _confirmed(pg: PgDatabase) -> int:
-    (row,) = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'csnd'")
-    return lsn_from_str(str(row[0]))
-
-
 def _check_equal(pg: PgDatabase, served: Served) -> list[dict[str, Any]]:
-    end = lsn_from_str(pg.current_lsn())
-    wait_for(lambda: _confirmed(pg) >= end, "the slot confirmed to the end of the WAL", seconds=300)
-    got = subscribe(served.address, "--idle-timeout", "3")
-    assert got.returncode == 0, got.stderr
-    acct, txns = _apply(got.stdout.splitlines())
+    acct, txns = _apply(read_everything(pg, served))
     want, _ = _table(pg)
     assert acct.keys() == want.keys(), (len(acct), len(want), sorted(acct.keys() ^ want.keys())[:5])
     bad = [k for k in want if acct[k] != want[k]]

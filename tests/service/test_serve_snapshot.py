@@ -162,13 +162,18 @@ def _confirmed(pg: PgDatabase) -> int:
     return lsn_from_str(str(row[0]))
 
 
-def _check_equal(pg: PgDatabase, served: Served) -> list[dict[str, Any]]:
-    """Replaying what a consumer reads from 0 gives the tables exactly; returns the transactions."""
+def read_everything(pg: PgDatabase, served: Served) -> list[str]:
+    """Every line a consumer reads from 0, once the slot is confirmed to the end of the WAL."""
     end = lsn_from_str(pg.current_lsn())
     wait_for(lambda: _confirmed(pg) >= end, "the slot confirmed to the end of the WAL", seconds=300)
     got = subscribe(served.address, "--idle-timeout", "3")
     assert got.returncode == 0, got.stderr
-    acct, loose, txns = _replay(got.stdout.splitlines())
+    return got.stdout.splitlines()
+
+
+def _check_equal(pg: PgDatabase, served: Served) -> list[dict[str, Any]]:
+    """Replaying what a consumer reads from 0 gives the tables exactly; returns the transactions."""
+    acct, loose, txns = _replay(read_everything(pg, served))
     want_acct, want_loose = _table(pg)
     assert acct.keys() == want_acct.keys()
     bad = [k for k in want_acct if acct[k] != want_acct[k]]
