@@ -16,8 +16,10 @@ import sys
 import time
 from typing import Any, Final
 
-# How long a call may take, the service's start-up included.
-CALL_TIMEOUT_S: Final = 30.0
+# How long the service may take to answer at all (its start-up included), and how long
+# StartSnapshot may take (it connects to each node and checks the tables first).
+CALL_TIMEOUT_S: Final = 10.0
+START_TIMEOUT_S: Final = 60.0
 # How often the progress is polled and printed.
 POLL_S: Final = 2.0
 # Rows a chunk at most: its rows are one changelog record, held in the service's memory.
@@ -82,7 +84,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     with operator_stub(args, CALL_TIMEOUT_S) as (stub, kw, address):
         request = pb.StartSnapshotRequest(tables=args.tables, node=args.node, chunk_rows=args.chunk_rows)
         try:
-            status = stub.StartSnapshot(request, **kw)
+            stub.Status(pb.StatusRequest(), **kw)  # (there at all? a wrong address fails in seconds)
+            status = stub.StartSnapshot(request, **{**kw, "timeout": START_TIMEOUT_S})
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise SnapshotError(f"cannot snapshot {', '.join(args.tables)}: {e.details()}") from None
@@ -115,25 +118,14 @@ def _error(e: Any, address: str) -> Exception:
     """The csnd error for a failed call: one line naming the service."""
     import grpc
 
-    from csnd.consumers.client import NOTHING_THERE, why_unreachable
-    from csnd.core.errors import (
-        ChangefeedError,
-        ChangefeedUnauthenticated,
-        ChangefeedUnavailable,
-        SnapshotError,
-    )
+    from csnd.consumers.subscriptions_cmd import rpc_error
+    from csnd.core.errors import SnapshotError
 
-    code = e.code() if hasattr(e, "code") else None
-    text = str(e.details() if hasattr(e, "details") else e).strip()
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        why = why_unreachable(address)
-        if why == NOTHING_THERE:
-            why = f"the changefeed service at {address} does not answer ({why}); check the address"
-        return ChangefeedUnavailable(f"cannot take the snapshot: {why}: {text}")
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return ChangefeedUnauthenticated(f"cannot take the snapshot: {address} refused us: {text}")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return SnapshotError(f"cannot take the snapshot at {address}: {text}")
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return ChangefeedError(f"the service at {address} takes no incremental snapshots (an older csnd)")
-    return ChangefeedError(f"cannot take the snapshot at {address}: {text}")
+    what = "cannot take the snapshot"
+    return rpc_error(
+        e,
+        address,
+        what,
+        {grpc.StatusCode.FAILED_PRECONDITION: lambda text: SnapshotError(f"{what} at {address}: {text}")},
+        unimplemented="takes no incremental snapshots",
+    )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 # How long a call may take, the service's start-up included.
@@ -145,7 +145,39 @@ def list_line(s: Any) -> str:
 
 
 def call_error(e: Any, address: str, action: str, name: str | None) -> Exception:
-    """The csnd error for a failed call: one line naming the service (and the subscription)."""
+    """The csnd error for a failed subscription call: one line naming the service (and the subscription)."""
+    import grpc
+
+    from csnd.core.errors import CsnOutOfRange, SubscriptionError, SubscriptionNotFound
+
+    what = f"cannot {action} subscription {name!r}" if name else "cannot list the subscriptions"
+    return rpc_error(
+        e,
+        address,
+        what,
+        {
+            grpc.StatusCode.NOT_FOUND: lambda text: SubscriptionNotFound(
+                f"{what} at {address}: {text} (csnd subscriptions list shows them)"
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION: lambda text: SubscriptionError(
+                f"{what} at {address}: {text}"
+            ),
+            grpc.StatusCode.OUT_OF_RANGE: lambda text: CsnOutOfRange(f"{what} at {address}: {text}"),
+        },
+        unimplemented="does not manage subscriptions",
+    )
+
+
+def rpc_error(
+    e: Any,
+    address: str,
+    what: str,
+    by_code: dict[Any, Callable[[str], Exception]],
+    *,
+    unimplemented: str,
+) -> Exception:
+    """The csnd error for a failed operator call (`what`: "cannot ..."): unreachable, refused and
+    unimplemented the same for every command; `by_code` the command's own codes, given the details."""
     import grpc
 
     from csnd.consumers.client import NOTHING_THERE, why_unreachable
@@ -154,14 +186,10 @@ def call_error(e: Any, address: str, action: str, name: str | None) -> Exception
         ChangefeedRejected,
         ChangefeedUnauthenticated,
         ChangefeedUnavailable,
-        CsnOutOfRange,
-        SubscriptionError,
-        SubscriptionNotFound,
     )
 
     code = e.code() if hasattr(e, "code") else None
     text = str(e.details() if hasattr(e, "details") else e).strip()
-    what = f"cannot {action} subscription {name!r}" if name else "cannot list the subscriptions"
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         why = why_unreachable(address)
         if why == NOTHING_THERE:
@@ -169,14 +197,8 @@ def call_error(e: Any, address: str, action: str, name: str | None) -> Exception
         return ChangefeedUnavailable(f"{what}: {why}")
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return ChangefeedUnauthenticated(f"{what}: {address} refused us: {text}")
-    if code == grpc.StatusCode.NOT_FOUND:
-        return SubscriptionNotFound(f"{what} at {address}: {text} (csnd subscriptions list shows them)")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return SubscriptionError(f"{what} at {address}: {text}")
-    if code == grpc.StatusCode.OUT_OF_RANGE:
-        return CsnOutOfRange(f"{what} at {address}: {text}")
+    if code in by_code:
+        return by_code[code](text)
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        return ChangefeedRejected(
-            f"{what}: the service at {address} does not manage subscriptions (an older csnd)"
-        )
+        return ChangefeedRejected(f"{what}: the service at {address} {unimplemented} (an older csnd)")
     return ChangefeedError(f"{what} at {address}: {text}")
