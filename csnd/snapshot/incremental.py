@@ -355,8 +355,9 @@ class IncrementalSnapshots:
     # --- the job thread -------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="csnd-incremental-snapshot", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="csnd-incremental-snapshot", daemon=True)
+        thread.start()
+        self._thread = thread  # (only once started: a stop may come at any moment, a signal's)
 
     def stop(self) -> None:
         """End the job thread (the job resumes at the next start); a query it waits on is cancelled."""
@@ -365,8 +366,9 @@ class IncrementalSnapshots:
         active = self._active
         if active is not None:
             active.close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        thread = self._thread
+        if thread is not None and thread.ident is not None:
+            thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
