@@ -189,12 +189,25 @@ class _SlowFsync(Changelog):
 
 
 def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp_path: Path) -> None:
-    """The service's sink syncs on its own thread while the runtime appends: a slot never passes durable."""
+    """The service's sink syncs on its own thread while the runtime appends: a slot never passes durable.
+
+    Every run must keep the slot behind the durable changelog.  Whether a sync finishes before
+    the runtime is done -- so that a confirmation happens mid-run, the interesting case -- is up
+    to the scheduler (on a busy 2-core machine the sync thread can be starved for the whole run):
+    up to five runs, and at least one of them confirms mid-run.
+    """
+    assert any(_group_commit_run(tmp_path / f"run{attempt}") >= 2 for attempt in range(5)), (
+        "in five runs no sync finished before the runtime was done"
+    )
+
+
+def _group_commit_run(directory: Path) -> int:
+    """One run of the group-commit scenario, every confirmation checked; how many there were."""
     n = 3 * CsnMerge(["dn1"]).max_pending_batches
     txns = _txns([([0], True, None, 5)] * n)
     for k, txn in enumerate(txns):
         txn.xid = Xid(700 + k)
-    log = _SlowFsync(str(tmp_path / "changelog"))
+    log = _SlowFsync(str(directory / "changelog"))
     sink = ChangelogSink(log)
     sink.start()
     durable_then: list[int] = []  # the changelog's durable CSN at each confirmation
@@ -205,8 +218,9 @@ def test_a_background_group_commit_confirms_only_what_a_finished_sync_covers(tmp
     finally:
         sink.stop()
     end_of = {t.csn: t.end_lsn for t in txns}
-    assert len(node.confirmed) >= 2 and node.confirmed == sorted(node.confirmed)
+    assert node.confirmed and node.confirmed == sorted(node.confirmed)
     for lsn, durable in zip(node.confirmed, durable_then, strict=True):
         assert lsn <= end_of.get(Csn(durable), 0), (lsn, durable)  # never past the durable changelog
     assert node.final == txns[-1].end_lsn and log.durable_csn == txns[-1].csn
     log.close()
+    return len(node.confirmed)
