@@ -342,7 +342,7 @@ class IncrementalSnapshots:
                 f"cannot list the tables of publication {access.publication}: {one_line(str(e))}",
                 node=access.node,
             ) from None
-        info = next((t for t in tables if (t.schema, t.name) == (schema, table)), None)
+        info = tables[0] if tables else None  # (read_tables kept only this table)
         if info is None:
             if must:
                 raise ValueError(
@@ -478,8 +478,6 @@ class IncrementalSnapshots:
                 table=t.label,
             ) from None
         for csn, line in records:
-            if needle not in line:
-                continue
             marker = json.loads(line).get("snapshot") or {}
             if (marker.get("node"), marker.get("table"), marker.get("chunk")) == (
                 t.node,

@@ -42,6 +42,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final
 
 from csnd.core.ids import lsn_from_str, lsn_to_str
@@ -141,8 +142,9 @@ class Tracker:
     key: tuple[str, ...]  # the primary key's columns: how the chunk and the stream name a row
     history: list[Touch] = field(default_factory=list)
 
-    @property
+    @cached_property
     def needle(self) -> str:
+        """The text every change of the table holds (looked for in each appended line while tracked)."""
         return f'"schema": {_encode(self.schema)}, "table": {_encode(self.table)}'
 
     def touch(self, xid: int, changes: list[dict[str, Any]]) -> None:
