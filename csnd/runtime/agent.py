@@ -47,6 +47,8 @@ from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
 # An idle stream sends a keepalive this often, so the coordinator can tell a
 # quiet node from a dead one.
 KEEPALIVE_S: Final = 1.0
+# How soon the main thread notices a stop signal that another thread received.
+STOP_POLL_S: Final = 0.2
 GRPC_OPTIONS: Final = [*CHANNEL_OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 1000)]
 
 
@@ -256,18 +258,24 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     health_servicer.set("csnd.v1.NodeAgent", health_pb2.HealthCheckResponse.SERVING)
-    server.start()
-    host = config.listen.rsplit(":", 1)[0]
-    print(f"csnd node {pipeline.node}: listening on {host}:{port}", file=sys.stderr, flush=True)
-    threading.Thread(target=state.produce, daemon=True, name="csnd-agent-producer").start()
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    # Before the ready line: whoever waits for it may stop us at once.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
+    server.start()
+    host = config.listen.rsplit(":", 1)[0]
+    print(f"csnd node {pipeline.node}: listening on {host}:{port}", file=sys.stderr, flush=True)
+    threading.Thread(target=state.produce, daemon=True, name="csnd-agent-producer").start()
+    # A timed wait, never a bare one: the kernel hands a process's signal to
+    # any of its threads (gRPC's among them), and Python runs the handler only
+    # when the main thread next runs bytecode -- which a main thread asleep
+    # in an untimed wait never does, so the agent did not stop.
+    while not stop.wait(STOP_POLL_S):
+        pass
     with state.cond:
         state.stopping = True
         state.cond.notify_all()

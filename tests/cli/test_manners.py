@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +119,33 @@ def test_listen_addresses_are_checked_as_arguments(
         f"(0: any free port), got {address!r}"
     )
     assert not (tmp_path / "log").exists()
+
+
+def test_a_node_agent_stops_on_a_sigterm_that_another_thread_receives(small: Path) -> None:
+    """The kernel hands a process's SIGTERM to any thread; the agent stopped only if it was the main one.
+
+    Its main thread slept in an untimed wait, and Python runs a handler only
+    when the main thread runs bytecode: a signal taken by one of gRPC's
+    threads left the agent running for good.  tgkill aims it at such a thread.
+    """
+    proc = subprocess.Popen(
+        [*CSND, "node", str(small), "--listen", "127.0.0.1:0", "--decoders", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    try:
+        assert "listening on" in proc.stderr.readline()
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "the agent has no threads besides the main one"
+        assert ctypes.CDLL(None, use_errno=True).tgkill(proc.pid, others[0], signal.SIGTERM) == 0
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped" in err
 
 
 def test_an_empty_listen_host_is_the_loopback(small: Path) -> None:
