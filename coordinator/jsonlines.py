@@ -12,45 +12,25 @@ would repeat the CPU-heavy step the decoder pool exists to parallelise.
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from csnd.coordinator.batch import change_body
-from csnd.core.ids import lsn_to_str, pg_time_to_iso
+from csnd.core.lines import JSON_TAIL, changes_text, line_head, node_entry, node_key
 
 if TYPE_CHECKING:
     from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
 
-
-_encode: Final = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def _dumps(value: str | None) -> str:
-    return "null" if value is None else _encode(value)
-
-
-@lru_cache(maxsize=1024)
-def _node_key(name: str) -> str:
-    """A node name as a JSON string: a cluster has a handful, written once per transaction each."""
-    return _dumps(name)
-
-
-def _node_entry(name: str, c: NodeCommit) -> str:
-    return f'{_node_key(name)}: {{"xid": {c.xid}, "commit_lsn": "{lsn_to_str(c.commit_lsn)}"}}'
+__all__ = ["JSON_TAIL", "json_changes", "json_head", "json_line", "relation_line"]
 
 
 def json_head(csn: int, gid: str | None, commit_time: int, nodes: dict[str, NodeCommit]) -> str:
     """A transaction line up to and including `"changes": [`."""
     if len(nodes) == 1:  # (a single node's every line: a generator and a join for one entry cost 1.7 us)
         ((name, c),) = nodes.items()
-        listed = _node_entry(name, c)
+        listed = node_entry(name, c.xid, c.commit_lsn)
     else:
-        listed = ", ".join(_node_entry(name, c) for name, c in nodes.items())
-    return (
-        f'{{"csn": {csn}, "gid": {_dumps(gid)}, "commit_time": "{pg_time_to_iso(commit_time)}", '
-        f'"nodes": {{{listed}}}, "changes": ['
-    )
+        listed = ", ".join(node_entry(name, c.xid, c.commit_lsn) for name, c in nodes.items())
+    return line_head(csn, gid, commit_time, listed)
 
 
 def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> str:
@@ -64,18 +44,9 @@ def json_changes(node: str, chunk: list[tuple[int, int, str]], first: bool) -> s
     """
     if not chunk:
         return ""
-    head = f'{{"node": {_node_key(node)}, "cid": {chunk[0][0]}, '
-    if len(chunk) == 1:  # (one-row transactions: one format beats the list below)
-        return f"{head}{chunk[0][2]}}}" if first else f", {head}{chunk[0][2]}}}"
-    bodies = list(map(change_body, chunk))
-    # The head and the closing brace go onto the first and last bodies, so the
-    # text (a transaction's worth of bodies) is copied once, by the join.
-    bodies[0] = head + bodies[0] if first else ", " + head + bodies[0]
-    bodies[-1] += "}"
-    return f"}}, {head}".join(bodies)
-
-
-JSON_TAIL: Final = "]}"
+    if len(chunk) == 1:
+        return changes_text(node, chunk[0][0], [chunk[0][2]], first)
+    return changes_text(node, chunk[0][0], list(map(change_body, chunk)), first)
 
 
 def relation_line(csn: int, node: str, body: str) -> str:
@@ -84,7 +55,7 @@ def relation_line(csn: int, node: str, body: str) -> str:
     `{"relation": {"csn": .., "node": .., "schema": .., "table": .., ...}}`: the
     version of a node's table in force from the transaction at `csn` on.
     """
-    return f'{{"relation": {{"csn": {csn}, "node": {_node_key(node)}, {body}}}}}'
+    return f'{{"relation": {{"csn": {csn}, "node": {node_key(node)}, {body}}}}}'
 
 
 def json_line(txn: GlobalTxn) -> str:

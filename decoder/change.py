@@ -99,6 +99,36 @@ class DecodedRun:
         return f"DecodedRun(xid={self.xid}, n={len(self.lsns)}, first={self.lsns[0] if self.lsns else None})"
 
 
+@final  # (as DecodedChange)
+class WholeTxn:
+    """A complete non-streamed transaction of row changes, its transaction line already written.
+
+    When its node is the only one (and in single-node CSN mode, where the
+    commit LSN is the CSN), the decoder pool hands a transaction whose Begin,
+    row changes and Commit fell in one batch, with nothing else between them,
+    to a worker whole, and the worker writes its line (`csnd.core.lines`)
+    where it decoded the changes.  The sender then only orders it, and the
+    coordinator appends `line` as it is: neither builds an object per change
+    or formats the line's head.  `begin_at` / `commit_at` are the two
+    messages' stream positions, `lsns` the changes' (as in `DecodedRun`).
+    """
+
+    __slots__ = ("begin_at", "begin", "commit_at", "commit", "lsns", "line")
+
+    def __init__(
+        self, begin_at: Lsn, begin: Begin, commit_at: Lsn, commit: Commit, lsns: list[Lsn], line: str
+    ) -> None:
+        self.begin_at = begin_at
+        self.begin = begin
+        self.commit_at = commit_at
+        self.commit = commit
+        self.lsns = lsns
+        self.line = line
+
+    def __repr__(self) -> str:
+        return f"WholeTxn(xid={self.begin.xid}, n={len(self.lsns)}, commit={self.commit.commit_lsn})"
+
+
 # What the decoder pool hands on as the reader framed it: every pgoutput
 # message but the row changes (Change, ChangeFrames) and truncates, which it
 # decodes, and keepalives (which carry the server's WAL end).
@@ -118,4 +148,4 @@ PassThroughItem: TypeAlias = (
 
 # One item of a node's decoded stream, in stream order: what `DecoderPool.run`
 # yields (besides its batch marks) and `NodeSender.feed` takes.
-DecodedItem: TypeAlias = DecodedRun | DecodedChange | PassThroughItem
+DecodedItem: TypeAlias = DecodedRun | DecodedChange | WholeTxn | PassThroughItem

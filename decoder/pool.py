@@ -50,7 +50,7 @@ from typing import Any, Final, TypeAlias, cast, final
 
 from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
 
@@ -157,11 +157,25 @@ class _Run:
         self.lsns: list[Lsn] = []
 
 
+@final
+class _Whole:
+    """In a batch's skeleton: a whole transaction whose line a worker writes (`WholeTxn`)."""
+
+    __slots__ = ("begin_at", "begin", "commit_at", "commit", "lsns")
+
+    def __init__(self, begin_at: Lsn, begin: Begin, commit_at: Lsn, commit: Commit, lsns: list[Lsn]) -> None:
+        self.begin_at = begin_at
+        self.begin = begin
+        self.commit_at = commit_at
+        self.commit = commit
+        self.lsns = lsns
+
+
 _NO_RUN: Final = object()  # no run open: the next change starts one
 
 # An entry of a batch's skeleton: a run of row changes stands for them, a Truncate
 # for its decoded tables; everything else goes on as it is.
-SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run
+SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run | _Whole
 
 
 class DecoderPool:
@@ -220,6 +234,9 @@ class DecoderPool:
         self._cut_drained: Callable[[], None] | None = None  # set by the reader thread's _feed
         # Set before run() when the source calls `drained` at its pauses (a live node).
         self.reports_pauses = False
+        # Set before run() by a lone node in single-node mode: whole transactions
+        # come back as `WholeTxn`, their lines written by the workers.
+        self.write_lines = False
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -243,9 +260,15 @@ class DecoderPool:
             stopping = self._stop.is_set
             pending = 0  # row changes (and truncates) in `wires`
             pending_bytes = 0  # their raw data
+            # Where the open Begin stands in `batch.events` while everything after
+            # it is row changes of its own (-1: no such Begin), and how many
+            # changes the batch held before it.
+            write_lines = self.write_lines
+            whole_at = -1
+            whole_pending = 0
 
             def cut() -> None:
-                nonlocal batch, wires, rotation, keep, wire, pending, pending_bytes
+                nonlocal batch, wires, rotation, keep, wire, pending, pending_bytes, whole_at
                 if wires:
                     batch.worker = rotation
                     batch.n_changes = pending
@@ -255,6 +278,7 @@ class DecoderPool:
                     self._put_skeleton(batch)
                 batch, wires, pending, pending_bytes = _Batch(), [], 0, 0
                 keep, wire = batch.events.append, wires.append
+                whole_at = -1  # (a transaction cut in two is no whole one)
                 if stopping():
                     raise _Stopped
 
@@ -276,6 +300,8 @@ class DecoderPool:
                 cls = type(msg)
                 if cls is ChangeFrames or cls is Change:  # the hot path: nearly every event of a busy node
                     lsn = event[0]
+                    if msg.xid is not None:
+                        whole_at = -1
                     if msg.xid != run_xid:
                         run = _Run(msg.xid)
                         keep((lsn, run))
@@ -296,8 +322,24 @@ class DecoderPool:
                         run_xid = _NO_RUN
                     continue
                 run_xid = _NO_RUN
+                if cls is Commit and whole_at >= 0 and pending > whole_pending:
+                    # Begin, row changes, Commit and nothing else, all in this batch:
+                    # the worker writes the line (`WholeTxn`).
+                    events_now = batch.events
+                    lsns: list[Lsn] = []
+                    for _, r in events_now[whole_at + 1 :]:
+                        lsns += r.lsns  # type: ignore[union-attr]  # (only runs follow the Begin)
+                    begin_at, begin = cast("tuple[Lsn, Begin]", events_now[whole_at])
+                    del events_now[whole_at:]
+                    keep((begin_at, _Whole(begin_at, begin, event[0], msg, lsns)))
+                    wire((len(lsns), "L", begin.xid, msg.commit_lsn, msg.commit_time))
+                    whole_at = -1
+                    continue
+                whole_at = -1
                 if cls is Begin or cls is Commit:  # the next most common: straight into the skeleton
                     keep(event)
+                    if cls is Begin and write_lines:
+                        whole_at, whole_pending = len(batch.events) - 1, pending
                     continue
                 if stopping():
                     break
@@ -403,6 +445,14 @@ class DecoderPool:
                         n = len(msg.lsns)
                         yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
                         at += n
+                    elif type(msg) is _Whole:
+                        yield (
+                            lsn,
+                            WholeTxn(
+                                msg.begin_at, msg.begin, msg.commit_at, msg.commit, msg.lsns, decoded[at]
+                            ),
+                        )
+                        at += 1
                     elif isinstance(msg, Truncate):
                         for body in decoded[at]:
                             yield lsn, DecodedChange(lsn, msg.xid, "truncate", body)

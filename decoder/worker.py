@@ -15,6 +15,7 @@ import traceback
 from typing import Any
 
 from csnd.core.errors import CsndError, InternalError
+from csnd.core.lines import single_node_line
 from csnd.decoder.rows import RelationCache, decode_change, row_change_body
 from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames
 
@@ -28,11 +29,17 @@ def _meta(w: tuple[Any, ...]) -> Relation | TypeMsg:
     return TypeMsg(w[2], w[3], w[4], w[5])
 
 
-def decode_batch(batch: list[tuple[Any, ...]], cache: RelationCache, binary: bool) -> list[Any]:
+def decode_batch(
+    batch: list[tuple[Any, ...]], cache: RelationCache, binary: bool, node: str = ""
+) -> list[Any]:
     """The bodies of a batch of wired changes, in order: one str per change, a list per Truncate.
 
     Only the bodies go back: the pool still holds each change's LSN, xid and
-    kind, so sending them back would only cost pickling.
+    kind, so sending them back would only cost pickling.  A whole
+    transaction's mark, `(n, "L", xid, commit_lsn, commit_time)` after its
+    changes, turns the last n bodies into its transaction line
+    (`decoder.change.WholeTxn`; single-node mode: the commit LSN is the CSN,
+    and with no cid marker every change has cid 0).
     """
     out: list[Any] = []
     append = out.append
@@ -40,6 +47,10 @@ def decode_batch(batch: list[tuple[Any, ...]], cache: RelationCache, binary: boo
         if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is (in_stream, head)
             for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, *a):
                 append(row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary))
+        elif kind == "L":
+            bodies = out[-lsn:]
+            del out[-lsn:]
+            append(single_node_line(node, a, None, xid, a, b, 0, bodies))
         elif kind == "T":
             append([r.body for r in decode_change(Truncate(xid, a, b), lsn, cache, binary)])
         else:
@@ -97,7 +108,7 @@ def worker_main(
             if kind == "sync":  # the end of the stream: every meta message before it is applied
                 reply: tuple[str, Any] = ("ok", [])
             else:
-                reply = ("ok", decode_batch(payload, cache, binary))
+                reply = ("ok", decode_batch(payload, cache, binary, node))
         except CsndError as e:
             failed = e.where(node=node)
             reply = ("error", (failed, traceback.format_exc()))

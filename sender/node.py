@@ -68,7 +68,7 @@ from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 from csnd.core.markers import PREFIX as MARKER_PREFIX
 from csnd.core.markers import TRANSACTIONAL, WATERMARK_PREFIX, Marker, check_transactional, parse_fields
 from csnd.core.modes import MODES
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import (
     Begin,
@@ -165,6 +165,8 @@ class NodeSender:
 
     def feed(self, lsn: Lsn, item: DecodedItem) -> list[FinishedTxn]:
         """Take the next stream item; returns the transactions it released, in CSN order."""
+        if type(item) is WholeTxn:  # a lone node's hot path: Begin, changes and Commit in one
+            return self._whole(item)
         if type(item) is DecodedRun:  # the hot path: runs of changes between other events
             sub = item.xid
             txn = self._cur if sub is None else self._block
@@ -239,6 +241,55 @@ class NodeSender:
                 xid=txn.xid,
             )
         return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
+
+    def _whole(self, w: WholeTxn) -> list[FinishedTxn]:
+        """A whole transaction with its line written (single-node mode): `_begin`, the changes and `_commit` in one.
+
+        The same checks, without a buffer: it holds no changes, only the
+        worker's line (`FinishedTxn.line`).
+        """
+        begin, commit, lsns = w.begin, w.commit, w.lsns
+        if self._gtm:
+            raise InternalError(
+                "a whole transaction's line reached a gtm-mode sender; its csn comes from a marker",
+                node=self.node,
+                lsn=commit.commit_lsn,
+                xid=begin.xid,
+            )
+        if (
+            self._cur is not None
+            or self._block is not None
+            or begin.final_lsn != commit.commit_lsn
+            or lsns[-1] > commit.commit_lsn
+            or (len(lsns) > 1 and sorted(lsns) != lsns)
+        ):
+            # (the errors as the message-by-message path finds them)
+            self._begin(w.begin_at, begin)
+            txn = self._cur
+            assert txn is not None
+            if lsns[-1] > txn.bound or (len(lsns) > 1 and sorted(lsns) != lsns):
+                txn.buf.close()
+                self._cur = None
+                raise position_error(self.node, txn, lsns, None)
+            self._commit(w.commit_at, commit)
+            raise InternalError("a whole transaction failed a check and passed it again", node=self.node)
+        if w.commit_at:
+            self._last_lsn = w.commit_at
+        seq = self._finished
+        self._finished = seq + 1
+        xid, commit_lsn, end_lsn = begin.xid, commit.commit_lsn, commit.end_lsn
+        csn = _as_csn(commit_lsn)
+        if self.resume_csn is not None and csn <= self.resume_csn:
+            self.dropped_resumed += 1
+            self._confirm.passed(end_lsn)
+            return []
+        released = self._orderer.commit(xid, csn, lsn=commit_lsn, xid=xid, tick=_as_csn(end_lsn - 1))
+        finished = FinishedTxn(
+            self.node, csn, None, xid, commit_lsn, end_lsn, commit.commit_time, (), len(lsns)
+        )
+        finished.line = w.line
+        finished.seq = seq
+        return self._release(xid, None, finished, released)
 
     def _stream_start(self, lsn: Lsn, m: StreamStart) -> list[FinishedTxn]:
         if self._cur is not None or self._block is not None:
@@ -470,10 +521,17 @@ class NodeSender:
         n = buf.n_changes
         finished = FinishedTxn(self.node, csn, gid, txn.xid, commit_lsn, end_lsn, commit_time, buf.drain(), n)
         finished.seq = seq
+        return self._release(key, gid, finished, released)
+
+    def _release(
+        self, key: Key, gid: str | None, finished: FinishedTxn, released: list[Key]
+    ) -> list[FinishedTxn]:
+        """`finished` has committed and the orderer released `released` with it: hand them on."""
         # Released at once, the common case: no round trip through `_ready`
         # and the confirmable LSN's holds (`_take` would leave both as they
         # are now, and the confirmable LSN where `passed` puts it).
         confirm = self._confirm
+        end_lsn = finished.end_lsn
         at_once = len(released) == 1 and released[0] == key
         if not at_once:
             self._ready[key] = finished

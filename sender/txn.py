@@ -50,6 +50,11 @@ class FinishedTxn(TxnHeader):
     `relations`: the bodies of the relation versions (`decoder.schema`) first
     in force with this transaction, set by the sender as it releases it;
     `seq` counts the node's finished transactions, in stream order.
+
+    `line`: the transaction's whole JSON line, written by a decoder worker
+    (`decoder.change.WholeTxn`), and then `changes` is empty; only a lone
+    node's transactions have one, since only they are written as they come
+    (`csnd.runtime.coordinator.write_alone`).
     """
 
     node: str
@@ -58,6 +63,7 @@ class FinishedTxn(TxnHeader):
     confirmable: Lsn
     relations: tuple[str, ...]
     seq: int
+    line: str | None
 
     def __init__(
         self,
@@ -83,3 +89,4 @@ class FinishedTxn(TxnHeader):
         self.confirmable = Lsn(0)
         self.relations = ()
         self.seq = 0
+        self.line = None

@@ -101,6 +101,10 @@ class CoordinatorRuntime:
         self.trackers = {p.node: ConfirmTracker() for p in self.confirming}
         lone = self.inputs[0] if len(self.inputs) == 1 else None
         self.alone = AloneOrder(lone.node) if lone is not None and lone.releases_whole else None
+        if self.alone is not None:
+            write_lines = getattr(lone, "write_whole_lines", None)  # (a local node pipeline)
+            if write_lines is not None:
+                write_lines()
         self.ended: set[str] = set()
         # A group-commit sink syncs in its own thread: each confirmation round asks for
         # a sync and confirms what an earlier, finished one covered (_confirm_behind).
@@ -364,6 +368,11 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
         relations = getattr(sink, "relations", None)
         if relations is not None:
             relations(csn, [(txn.node, body) for body in txn.relations])
+    line = txn.line
+    if line is not None:  # written whole by a decoder worker (the common case)
+        sink.start_transaction(csn)
+        sink.end_transaction(csn, line)
+        return txn.n_changes
     head = json_head(
         csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
     )

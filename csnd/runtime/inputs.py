@@ -141,6 +141,15 @@ class NodePipeline:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
 
+    def write_whole_lines(self) -> None:
+        """This node is the only one: let the decoders write whole transactions' lines (single-node mode).
+
+        Called before `start`.  In gtm mode a transaction's CSN comes from a
+        marker the sender reads, so its line is the coordinator's to write.
+        """
+        if self.mode == "single":
+            self.pool.write_lines = True
+
     def start(self, wakeup: threading.Event) -> None:
         self.wakeup = wakeup
         self.thread.start()

@@ -17,6 +17,7 @@ from typing import Final
 
 from csnd.coordinator import NodeBatch
 from csnd.coordinator.batch import change_cid
+from csnd.core.errors import InternalError
 from csnd.core.ids import Csn
 from csnd.sender.txn import FinishedTxn
 
@@ -152,6 +153,13 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     if whole is not None:
         yield whole
         return
+    if txn.line is not None:  # (its changes are in the line alone: cut, it would lose them)
+        raise InternalError(
+            "a transaction written whole by a decoder reached the merge; only a lone node's are",
+            node=txn.node,
+            lsn=txn.commit_lsn,
+            xid=txn.xid,
+        )
     head = (txn.csn, txn.gid, txn.xid, txn.commit_lsn, txn.end_lsn, txn.commit_time)
     changes = txn.changes
     chunk: list[tuple[int, int, str]] = []

@@ -1,0 +1,178 @@
+"""A lone node's transactions written whole by the decoder workers: the same bytes as message by message.
+
+With one node in single-node mode the decoder pool hands a transaction whose
+Begin, row changes and Commit fall in one batch to a worker whole, and the
+worker writes its line (`decoder.change.WholeTxn`); everything else still
+goes change by change through the sender's buffer and the coordinator's
+formatting.  The two paths must write the same lines, whatever the stream
+and wherever batches are cut.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from csnd.coordinator import AloneOrder
+from csnd.core.errors import LsnOrderViolation
+from csnd.core.ids import Lsn
+from csnd.decoder.change import WholeTxn
+from csnd.decoder.pool import BatchEnd, DecoderPool
+from csnd.reader import pgoutput as p
+from csnd.reader.events import Event
+from csnd.reader.recorded import RecordedSource
+from csnd.reader.streamfile import StreamHeader, StreamWriter
+from csnd.runtime.coordinator import write_alone
+from csnd.sender.node import NodeSender
+
+RELID = 16384
+
+
+class _Lines:
+    """A sink keeping the lines and relation versions written to it, in order."""
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self._parts: list[str] = []
+        self.transactions = 0
+        self.bytes_out = 0
+
+    def start_transaction(self, csn: int) -> None:
+        self._parts = []
+
+    def write(self, text: str) -> None:
+        self._parts.append(text)
+
+    def end_transaction(self, csn: int, tail: str) -> None:
+        self.out.append("".join([*self._parts, tail]))
+
+    def relations(self, csn: int, entries: list[tuple[str, str]]) -> None:
+        self.out += [f"relation {csn} {node} {body}" for node, body in entries]
+
+    def make_durable(self) -> None:
+        pass
+
+    def commit(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+    def abandon(self) -> str | None:
+        return None
+
+
+def _relation(name: str = "t") -> bytes:
+    cols = [p.Column(1, "id", 23, -1), p.Column(0, "v", 25, -1)]
+    return p.encode_relation(RELID, "public", name, "d", cols)
+
+
+# One transaction: its changes ("i"/"u"/"d"), and what else it carries: a Relation
+# re-sent inside it, a Truncate, a keepalive, or nothing.
+_TXN = st.tuples(
+    st.lists(st.sampled_from("iud"), max_size=5), st.sampled_from(["", "", "", "rel", "trunc", "ka"])
+)
+
+
+def _write_stream(path: Path, txns: list[tuple[list[str], str]]) -> None:
+    with StreamWriter(str(path), StreamHeader(node="dn1", binary=True, mode="single")) as w:
+        w.write_frame(p.encode_xlogdata(0, 0, 1, _relation()))
+        lsn = 0x1000
+        for k, (changes, extra) in enumerate(txns):
+            xid = 700 + k
+            commit = lsn + 0x800
+            w.write_frame(p.encode_xlogdata(lsn, lsn, 1, p.encode_begin(commit, 1000 + k, xid)))
+            at = lsn
+            for i, op in enumerate(changes):
+                if extra and i == len(changes) // 2:
+                    if extra == "rel":
+                        w.write_frame(p.encode_xlogdata(at, at, 1, _relation(f"t{k}")))
+                    elif extra == "trunc":
+                        w.write_frame(p.encode_xlogdata(at, at, 1, p.encode_truncate([RELID])))
+                    else:
+                        w.write_frame(p.encode_keepalive(at, 1))
+                at += 8 * (i % 2)  # (some changes share a position, as a multi-insert's rows do)
+                key = struct.pack("!i", k * 10 + i)
+                text = f"v{k}-{i} é".encode()
+                if op == "i":
+                    msg = p.encode_insert(RELID, [key, text])
+                elif op == "u":
+                    msg = p.encode_update(RELID, [key, text])
+                else:
+                    msg = p.encode_delete(RELID, [key, None])
+                w.write_frame(p.encode_xlogdata(at, at, 1, msg))
+            w.write_frame(
+                p.encode_xlogdata(commit, commit, 1, p.encode_commit(commit, commit + 0x10, 5_000 + k))
+            )
+            lsn += 0x1000
+
+
+def _lines(path: Path, raw: bool, batch_changes: int, write_lines: bool) -> tuple[list[str], int]:
+    """The lines of the stream at `path` through pool, sender and `write_alone`, and how many came whole."""
+    pool = DecoderPool("dn1", 2, binary=True, batch_changes=batch_changes)
+    pool.write_lines = write_lines
+    sender = NodeSender("dn1", "single")
+    sink, order, whole = _Lines(), AloneOrder("dn1"), 0
+    for lsn, item in pool.run(RecordedSource(str(path)).events(raw_changes=raw)):
+        if isinstance(item, BatchEnd):
+            continue
+        whole += type(item) is WholeTxn
+        for txn in sender.feed(lsn, item):
+            write_alone(sink, txn, order)
+    sender.finish()
+    return sink.out, whole
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(txns=st.lists(_TXN, min_size=1, max_size=8), batch_changes=st.integers(1, 6), raw=st.booleans())
+def test_lines_written_by_the_workers_are_the_coordinators(
+    tmp_path: Path, txns: list[tuple[list[str], str]], batch_changes: int, raw: bool
+) -> None:
+    path = tmp_path / "s.pgstream"
+    _write_stream(path, txns)
+    expected, none_whole = _lines(path, raw, batch_changes, write_lines=False)
+    got, whole = _lines(path, raw, batch_changes, write_lines=True)
+    assert none_whole == 0
+    assert got == expected
+    # Only a transaction of row changes alone comes whole (and only if no batch cut ran through it).
+    assert whole <= sum(1 for changes, extra in txns if changes and not extra)
+
+
+def test_a_stream_of_plain_transactions_comes_whole_and_its_lines_are_json(tmp_path: Path) -> None:
+    path = tmp_path / "s.pgstream"
+    _write_stream(path, [(["i", "u", "d"], "")] * 20)
+    lines, whole = _lines(path, True, 2048, write_lines=True)
+    assert whole == 20 and len(lines) == 21
+    assert lines[0].startswith("relation 6144 dn1 ")  # (the table's version, before its first line)
+    first = json.loads(lines[1])
+    assert first["csn"] == 0x1800 and first["nodes"] == {"dn1": {"xid": 700, "commit_lsn": "0/1800"}}
+    assert [c["op"] for c in first["changes"]] == ["insert", "update", "delete"]
+    assert {c["cid"] for c in first["changes"]} == {0}
+
+
+def _spliced(path: Path) -> Iterator[Event]:
+    for lsn, msg in RecordedSource(str(path)).events(raw_changes=True):
+        if isinstance(msg, p.Commit):  # a commit where its Begin did not announce it
+            msg = p.Commit(msg.flags, Lsn(msg.commit_lsn + 8), msg.end_lsn, msg.commit_time)
+        yield lsn, msg
+
+
+@pytest.mark.parametrize("write_lines", [False, True])
+def test_a_whole_transaction_is_checked_as_one_taken_message_by_message(
+    tmp_path: Path, write_lines: bool
+) -> None:
+    path = tmp_path / "s.pgstream"
+    _write_stream(path, [(["i"], "")])
+    pool = DecoderPool("dn1", 1, binary=True)
+    pool.write_lines = write_lines
+    sender = NodeSender("dn1", "single")
+    with pytest.raises(LsnOrderViolation, match="commits at 0/1808 but its Begin announced 0/1800"):
+        for lsn, item in pool.run(_spliced(path)):
+            if not isinstance(item, BatchEnd):
+                sender.feed(lsn, item)
