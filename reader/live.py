@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import select
+import struct
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -47,6 +48,10 @@ from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceErro
 from csnd.core.ids import PG_EPOCH_UNIX_US, Lsn, lsn_from_str, lsn_to_str
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
+    CHANGE_FRAME_MIN,
+    CHANGE_TAGS,
+    XLOGDATA_HEADER_SIZE,
+    ChangeFrames,
     FrameError,
     Keepalive,
     Message,
@@ -98,6 +103,11 @@ REPORT_GAP_S: Final = 0.05
 FINISH_TIMEOUT_S: Final = 10.0
 
 _OBJECT_IN_USE: Final = "55006"
+# A run of row-change frames handed on as one `ChangeFrames` ends at this many
+# frames (or at the next other frame, or when the socket is drained).
+RUN_FRAMES: Final = 512
+_FRAME_LENGTH: Final = struct.Struct("!I")  # a run's framing: uint32 length | XLogData payload
+_DATA_START: Final = struct.Struct("!Q")  # an XLogData frame's dataStart, after its 'w'
 
 
 @dataclass
@@ -525,13 +535,18 @@ class LiveSource:
         """
         from csnd.reader.recorded import checked_commit_times
 
-        yield from checked_commit_times(((lsn, msg) for lsn, msg, _payload in self.frames()), self.node)
+        items = self.frames(runs=raw_changes)
+        yield from checked_commit_times(((lsn, msg) for lsn, msg, _payload in items), self.node)
 
-    def frames(self) -> Iterator[Item]:
+    def frames(self, runs: bool = False) -> Iterator[Item]:
         """Yield `(lsn, message, pgoutput payload)`, reconnecting as needed.
 
         The payload is the CopyData payload as the server sent it (a resumed
         stream block's Start is re-encoded with `first_segment` cleared).
+        With `runs`, consecutive row changes outside stream blocks come as
+        one `ChangeFrames` (its payload: its blob), framed as a format-1
+        recording frames them, so neither this thread nor the resume filter
+        builds an object per change: the decoder workers parse them.
         """
         first = True
         backoff = self.backoff
@@ -555,7 +570,7 @@ class LiveSource:
                 first = False
                 self.reconnecting = False
                 self._started = True
-                done = yield from self._copy_loop(pgconn)
+                done = yield from self._copy_loop(pgconn, runs)
                 if done:
                     return
             except _Closed:
@@ -596,7 +611,7 @@ class LiveSource:
                     self._drop_conn()
         self._drop_conn()
 
-    def _copy_loop(self, pgconn: pq.abc.PGconn) -> Generator[Item, None, bool]:
+    def _copy_loop(self, pgconn: pq.abc.PGconn, runs: bool = False) -> Generator[Item, None, bool]:
         parser = PgOutputParser()
         filt = self.filter.feed
         flowed = False
@@ -604,10 +619,25 @@ class LiveSource:
         interval = self.options.status_interval_s
         closed = self._closed.is_set
         undrained = False  # items yielded since on_drained was last called
+        # The open run of row-change frames (`runs`): framed payloads and dataStarts.
+        run_parts: list[bytes] = []
+        run_lsns: list[Lsn] = []
+        frame_length, data_start = _FRAME_LENGTH.pack, _DATA_START.unpack_from
+
+        def run_items() -> list[Item]:
+            nonlocal run_parts, run_lsns
+            blob = b"".join(run_parts)
+            run = ChangeFrames(blob, False, None, run_lsns)
+            first = run_lsns[0]
+            run_parts, run_lsns = [], []
+            return filt((first, run, blob))
+
         while True:
             if closed():  # (also while data keeps coming: a busy node is stopped as fast)
                 raise _Closed
             nbytes, data = pgconn.get_copy_data(1)
+            if run_lsns and nbytes <= 0:  # (drained, or the stream ends: the run goes on first)
+                yield from run_items()
             if nbytes == 0:
                 now = time.monotonic()
                 until = self.options.until_lsn
@@ -664,6 +694,24 @@ class LiveSource:
                 )
             payload = bytes(data)
             undrained = True
+            if (
+                runs
+                and len(payload) > CHANGE_FRAME_MIN
+                and payload[XLOGDATA_HEADER_SIZE] in CHANGE_TAGS
+                and payload[0] == 0x77
+                and not parser.in_stream
+            ):
+                start = data_start(payload, 1)[0]
+                if start > self._received:
+                    self._received = start
+                run_parts.append(frame_length(len(payload)))
+                run_parts.append(payload)
+                run_lsns.append(start)
+                if len(run_lsns) >= RUN_FRAMES:
+                    yield from run_items()
+                continue
+            if run_lsns:  # (any other frame ends the run: it goes on first)
+                yield from run_items()
             # Row changes, Begins and Commits -- nearly every frame of a busy
             # node -- skip the XLogData object and the general parse (as a
             # recorded file's reader does); the rest, and whatever those

@@ -29,6 +29,7 @@ from csnd.core.errors import ConfigError, CsndError, StreamFormatError, Truncate
 from csnd.core.ids import lsn_to_str
 from csnd.reader.live import LiveSource
 from csnd.reader.pgoutput import (
+    ChangeFrames,
     Commit,
     Keepalive,
     Message,
@@ -62,7 +63,7 @@ TORN_TAIL_MAX_BYTES: Final = 64 << 20
 _PRUNE_FRAMES: Final = 10_000
 
 
-def durable_after(lsn: int, msg: Message | Keepalive, open_txns: int, current: int) -> int:
+def durable_after(lsn: int, msg: Message | Keepalive | ChangeFrames, open_txns: int, current: int) -> int:
     """The position a file holding everything up to `msg` may confirm (END LSNs; see the module docstring)."""
     if isinstance(msg, (Commit, StreamCommit)):
         return max(current, msg.end_lsn)

@@ -34,6 +34,7 @@ delivered.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Final
 
@@ -42,6 +43,7 @@ from csnd.reader.pgoutput import (
     XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
+    ChangeFrames,
     Commit,
     Keepalive,
     LogicalMessage,
@@ -61,7 +63,7 @@ from csnd.reader.pgoutput import (
     encode_xlogdata,
 )
 
-Item = tuple[Lsn, "Message | Keepalive", bytes]
+Item = tuple[Lsn, "Message | Keepalive | ChangeFrames", bytes]
 """`(lsn, message, CopyData payload)`; the payload is what a recording stores."""
 
 _NO_POS: Final = (-1, 0)
@@ -176,6 +178,8 @@ class ResumeFilter:
             if self._skip_txn:
                 return self._drop()
             return [item] if self.progress[xid].admit(lsn) else self._drop()
+        if type(msg) is ChangeFrames and self._block is None:  # (a live reader's run of them)
+            return self._run(item, msg)
         if isinstance(msg, Keepalive):
             return [item]
         if self._block is not None:
@@ -205,6 +209,26 @@ class ResumeFilter:
         if isinstance(msg, Origin):
             return [item]
         return [item] if self.progress[self._txn].admit(lsn) else self._drop()
+
+    def _run(self, item: Item, run: ChangeFrames) -> list[Item]:
+        """A run of row changes: each judged as a `Change` is; the new ones are always its tail."""
+        xid = self._txn
+        if xid is None:
+            return [item]  # not ours to judge: the sender reports the protocol error
+        if self._skip_txn:
+            self.dropped += len(run.lsns)
+            return []
+        admit = self.progress[xid].admit
+        new = [admit(lsn) for lsn in run.lsns]
+        if new[0]:  # (positions only go forward: once one is new, so is every one after it)
+            return [item]
+        if not new[-1]:
+            self.dropped += len(new)
+            return []
+        first = new.index(True)
+        self.dropped += first
+        tail = run_tail(run, first)
+        return [(run.lsns[first], tail, tail.blob)]
 
     def _drop(self) -> list[Item]:
         self.dropped += 1
@@ -315,6 +339,17 @@ class ResumeFilter:
     def open_transactions(self) -> int:
         """Transactions downstream has seen start but not end (any kind)."""
         return len(self.progress)
+
+
+def run_tail(run: ChangeFrames, first: int) -> ChangeFrames:
+    """The frames of `run` from its `first` on, as a run of their own."""
+    pos, blob, head = 0, run.blob, run.head
+    for _ in range(first):
+        pos += head + _FRAME_LENGTH.unpack_from(blob, pos)[0]
+    return ChangeFrames(blob[pos:], run.in_stream, run.xid, run.lsns[first:], head)
+
+
+_FRAME_LENGTH: Final = struct.Struct("!I")  # (a run frame's head starts with the payload's length)
 
 
 def _without_xid(item: Item) -> Item:

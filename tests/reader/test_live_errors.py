@@ -101,8 +101,8 @@ def test_publication_dropped_under_a_flowing_stream_is_permanent(pg: PgDatabase,
     flowed = threading.Event()
 
     class Watched(LiveSource):
-        def frames(self) -> Iterator[Item]:
-            for item in super().frames():
+        def frames(self, runs: bool = False) -> Iterator[Item]:
+            for item in super().frames(runs):
                 yield item
                 flowed.set()
 
