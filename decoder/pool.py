@@ -52,7 +52,17 @@ from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceb
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn
 from csnd.reader.events import Event
-from csnd.reader.pgoutput import Begin, Change, ChangeFrames, Commit, Keepalive, Relation, Truncate, TypeMsg
+from csnd.reader.pgoutput import (
+    Begin,
+    Change,
+    ChangeFrames,
+    Commit,
+    Keepalive,
+    Relation,
+    Truncate,
+    TxnFrames,
+    TypeMsg,
+)
 
 # A batch ends at this many changes or this many bytes of raw change data,
 # whichever comes first.  Bigger batches amortise pickling, pipe hand-offs
@@ -298,6 +308,29 @@ class DecoderPool:
             for event in events:
                 msg = event[1]
                 cls = type(msg)
+                if cls is TxnFrames:  # a live node's whole transaction: one event for all of it
+                    run_xid, whole_at = _NO_RUN, -1
+                    changes = msg.changes
+                    if changes is None:
+                        keep((msg.begin_at, msg.begin))
+                        keep((msg.commit_at, msg.commit))
+                        continue
+                    lsns = changes.lsns
+                    wire((lsns[0], "F", None, (False, changes.head), changes.blob))
+                    if write_lines:
+                        keep((msg.begin_at, _Whole(msg.begin_at, msg.begin, msg.commit_at, msg.commit, lsns)))
+                        wire((len(lsns), "L", msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
+                    else:
+                        run = _Run(None)
+                        run.lsns = lsns
+                        keep((msg.begin_at, msg.begin))
+                        keep((lsns[0], run))
+                        keep((msg.commit_at, msg.commit))
+                    pending += len(lsns)
+                    pending_bytes += len(changes.blob)
+                    if pending >= limit or pending_bytes >= BATCH_BYTES:
+                        cut()
+                    continue
                 if cls is ChangeFrames or cls is Change:  # the hot path: nearly every event of a busy node
                     lsn = event[0]
                     if msg.xid is not None:
@@ -326,7 +359,7 @@ class DecoderPool:
                     # Begin, row changes, Commit and nothing else, all in this batch:
                     # the worker writes the line (`WholeTxn`).
                     events_now = batch.events
-                    lsns: list[Lsn] = []
+                    lsns = []
                     for _, r in events_now[whole_at + 1 :]:
                         lsns += r.lsns  # type: ignore[union-attr]  # (only runs follow the Begin)
                     begin_at, begin = cast("tuple[Lsn, Begin]", events_now[whole_at])

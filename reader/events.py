@@ -18,11 +18,12 @@ from csnd.reader.pgoutput import (
     Keepalive,
     Message,
     PgOutputParser,
+    TxnFrames,
     parse_frame,
     parse_hot_frame,
 )
 
-Event = tuple[Lsn, Message | Keepalive | ChangeFrames]
+Event = tuple[Lsn, Message | Keepalive | ChangeFrames | TxnFrames]
 
 
 def iter_events(

@@ -51,11 +51,14 @@ from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
     XLOGDATA_HEADER_SIZE,
+    Begin,
     ChangeFrames,
+    Commit,
     FrameError,
     Keepalive,
     Message,
     PgOutputParser,
+    TxnFrames,
     XLogData,
     encode_status_update,
     parse_frame,
@@ -624,20 +627,36 @@ class LiveSource:
         run_lsns: list[Lsn] = []
         frame_length, data_start = _FRAME_LENGTH.pack, _DATA_START.unpack_from
 
-        def run_items() -> list[Item]:
+        # A Begin held back (`runs`) while its transaction may still come whole:
+        # its changes and Commit next, with nothing else between (`TxnFrames`).
+        held: tuple[Lsn, Begin, bytes] | None = None
+
+        def take_run() -> ChangeFrames | None:
             nonlocal run_parts, run_lsns
-            blob = b"".join(run_parts)
-            run = ChangeFrames(blob, False, None, run_lsns)
-            first = run_lsns[0]
+            if not run_lsns:
+                return None
+            run = ChangeFrames(b"".join(run_parts), False, None, run_lsns)
             run_parts, run_lsns = [], []
-            return filt((first, run, blob))
+            return run
+
+        def held_items() -> list[Item]:
+            """What is held back goes on as it came: the Begin, then the run."""
+            nonlocal held
+            out: list[Item] = []
+            if held is not None:
+                out += filt(held)
+                held = None
+            run = take_run()
+            if run is not None:
+                out += filt((run.lsns[0], run, run.blob))
+            return out
 
         while True:
             if closed():  # (also while data keeps coming: a busy node is stopped as fast)
                 raise _Closed
             nbytes, data = pgconn.get_copy_data(1)
-            if run_lsns and nbytes <= 0:  # (drained, or the stream ends: the run goes on first)
-                yield from run_items()
+            if (run_lsns or held is not None) and nbytes <= 0:  # (drained, or the stream ends)
+                yield from held_items()
             if nbytes == 0:
                 now = time.monotonic()
                 until = self.options.until_lsn
@@ -707,11 +726,9 @@ class LiveSource:
                 run_parts.append(frame_length(len(payload)))
                 run_parts.append(payload)
                 run_lsns.append(start)
-                if len(run_lsns) >= RUN_FRAMES:
-                    yield from run_items()
+                if len(run_lsns) >= RUN_FRAMES:  # (a big transaction: it goes on as it comes)
+                    yield from held_items()
                 continue
-            if run_lsns:  # (any other frame ends the run: it goes on first)
-                yield from run_items()
             # Row changes, Begins and Commits -- nearly every frame of a busy
             # node -- skip the XLogData object and the general parse (as a
             # recorded file's reader does); the rest, and whatever those
@@ -720,6 +737,8 @@ class LiveSource:
             if data_msg is None:
                 frame = parse_frame(payload)
                 if isinstance(frame, Keepalive):
+                    if held is not None or run_lsns:  # (it comes after them)
+                        yield from held_items()
                     self._received = max(self._received, frame.wal_end)
                     if frame.reply_requested:
                         self._send_status(pgconn, reply=False)
@@ -738,9 +757,27 @@ class LiveSource:
                 start, msg = data_msg
                 if start > self._received:
                     self._received = start
-                yield from filt((start, msg, payload))
+                if not runs:
+                    yield from filt((start, msg, payload))
+                elif type(msg) is Commit and held is not None:  # the transaction came whole
+                    begin_at, begin, _ = held
+                    held = None
+                    yield from filt((begin_at, TxnFrames(begin_at, begin, take_run(), start, msg), b""))
+                else:
+                    if held is not None or run_lsns:  # (anything else ends it: it goes on first)
+                        yield from held_items()
+                    if type(msg) is Begin and not parser.in_stream:
+                        held = (start, msg, payload)
+                        continue
+                    yield from filt((start, msg, payload))
             until = self.options.until_lsn
-            if until is not None and self._received >= until and self.filter.open_transactions == 0:
+            if (
+                until is not None
+                and self._received >= until
+                and self.filter.open_transactions == 0
+                and held is None
+                and not run_lsns
+            ):
                 self._finish_copy()
                 return True
 

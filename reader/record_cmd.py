@@ -36,6 +36,7 @@ from csnd.reader.pgoutput import (
     PgOutputParser,
     StreamAbort,
     StreamCommit,
+    TxnFrames,
     parse_frame,
 )
 from csnd.reader.resume import Item, ResumeFilter
@@ -63,10 +64,14 @@ TORN_TAIL_MAX_BYTES: Final = 64 << 20
 _PRUNE_FRAMES: Final = 10_000
 
 
-def durable_after(lsn: int, msg: Message | Keepalive | ChangeFrames, open_txns: int, current: int) -> int:
+def durable_after(
+    lsn: int, msg: Message | Keepalive | ChangeFrames | TxnFrames, open_txns: int, current: int
+) -> int:
     """The position a file holding everything up to `msg` may confirm (END LSNs; see the module docstring)."""
     if isinstance(msg, (Commit, StreamCommit)):
         return max(current, msg.end_lsn)
+    if isinstance(msg, TxnFrames):
+        return max(current, msg.commit.end_lsn)
     if isinstance(msg, StreamAbort) and msg.xid == msg.subxid:
         return max(current, lsn)
     if isinstance(msg, Keepalive) and open_txns == 0:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from csnd.core.errors import StreamFormatError, TimestampError
 from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
 from csnd.reader.events import Event, iter_events
-from csnd.reader.pgoutput import Begin, Commit, PgOutputParser, StreamCommit
+from csnd.reader.pgoutput import Begin, Commit, PgOutputParser, StreamCommit, TxnFrames
 from csnd.reader.streamfile import StreamFileReader, StreamHeader
 
 
@@ -76,4 +76,9 @@ def checked_commit_times(events: Iterable[Event], node: str, path: str | None = 
                 if kind is StreamCommit:
                     xid = msg.xid  # type: ignore[union-attr]
                 raise TimestampError(t, node=node, lsn=msg.commit_lsn, xid=xid, path=path)  # type: ignore[union-attr]
+        elif kind is TxnFrames:
+            commit = msg.commit  # type: ignore[union-attr]
+            if not lo <= commit.commit_time <= hi:
+                xid = msg.begin.xid  # type: ignore[union-attr]
+                raise TimestampError(commit.commit_time, node=node, lsn=commit.commit_lsn, xid=xid, path=path)
         yield ev

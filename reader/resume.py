@@ -55,6 +55,7 @@ from csnd.reader.pgoutput import (
     StreamStart,
     StreamStop,
     Truncate,
+    TxnFrames,
     TypeMsg,
     encode_relation,
     encode_stream_start,
@@ -63,7 +64,7 @@ from csnd.reader.pgoutput import (
     encode_xlogdata,
 )
 
-Item = tuple[Lsn, "Message | Keepalive | ChangeFrames", bytes]
+Item = tuple[Lsn, "Message | Keepalive | ChangeFrames | TxnFrames", bytes]
 """`(lsn, message, CopyData payload)`; the payload is what a recording stores."""
 
 _NO_POS: Final = (-1, 0)
@@ -178,6 +179,8 @@ class ResumeFilter:
             if self._skip_txn:
                 return self._drop()
             return [item] if self.progress[xid].admit(lsn) else self._drop()
+        if type(msg) is TxnFrames and self._block is None:  # (a live reader's whole transaction)
+            return self._whole(item, msg)
         if type(msg) is ChangeFrames and self._block is None:  # (a live reader's run of them)
             return self._run(item, msg)
         if isinstance(msg, Keepalive):
@@ -209,6 +212,18 @@ class ResumeFilter:
         if isinstance(msg, Origin):
             return [item]
         return [item] if self.progress[self._txn].admit(lsn) else self._drop()
+
+    def _whole(self, item: Item, txn: TxnFrames) -> list[Item]:
+        """A whole transaction: new, it passes whole; else judged as the events it stands for."""
+        xid, end_lsn = txn.begin.xid, txn.commit.end_lsn
+        if self._txn is not None or xid in self.progress or xid in self.completed:
+            out: list[Item] = []
+            for lsn, msg in txn.events():
+                out += self.feed((lsn, msg, msg.blob if type(msg) is ChangeFrames else b""))
+            return out
+        self._conn_floor = max(self._conn_floor, end_lsn)
+        self._complete(xid, end_lsn)
+        return [item]
 
     def _run(self, item: Item, run: ChangeFrames) -> list[Item]:
         """A run of row changes: each judged as a `Change` is; the new ones are always its tail."""

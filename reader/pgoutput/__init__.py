@@ -161,6 +161,9 @@ from csnd.reader.pgoutput.parse import (
     PgOutputParser as PgOutputParser,
 )
 from csnd.reader.pgoutput.parse import (
+    TxnFrames as TxnFrames,
+)
+from csnd.reader.pgoutput.parse import (
     iter_change_frames as iter_change_frames,
 )
 from csnd.reader.pgoutput.parse import (

@@ -273,6 +273,44 @@ class ChangeFrames:
         return f"ChangeFrames(n={len(self.lsns)}, xid={self.xid}, in_stream={self.in_stream})"
 
 
+class TxnFrames:
+    """A whole non-streamed transaction as a live reader with runs received it: Begin, row changes, Commit.
+
+    The frames came one after another with nothing else between them, so
+    the reader hands them on as one event (`reader.live`): the resume
+    filter, the decoder pool and its feed then take a transaction at a time
+    instead of three or more events.  `changes` is its row changes as a
+    `ChangeFrames` run (None: the transaction has none, as one touching only
+    tables outside the publication); `begin_at` / `commit_at` are the
+    positions the Begin and Commit came at (their dataStarts), as the
+    events each would be.
+    """
+
+    __slots__ = ("begin_at", "begin", "changes", "commit_at", "commit")
+    tag = "txn"
+
+    def __init__(
+        self, begin_at: Lsn, begin: Begin, changes: ChangeFrames | None, commit_at: Lsn, commit: Commit
+    ) -> None:
+        self.begin_at = begin_at
+        self.begin = begin
+        self.changes = changes
+        self.commit_at = commit_at
+        self.commit = commit
+
+    def events(self) -> list[tuple[Lsn, Begin | ChangeFrames | Commit]]:
+        """The transaction as the events it stands for, in stream order."""
+        out: list[tuple[Lsn, Begin | ChangeFrames | Commit]] = [(self.begin_at, self.begin)]
+        if self.changes is not None:
+            out.append((self.changes.lsns[0], self.changes))
+        out.append((self.commit_at, self.commit))
+        return out
+
+    def __repr__(self) -> str:
+        n = len(self.changes.lsns) if self.changes is not None else 0
+        return f"TxnFrames(xid={self.begin.xid}, n={n}, commit={self.commit.commit_lsn})"
+
+
 # A change as `ChangeFrames.blob` holds it: the frame's length (and, with an
 # 8-byte head, its CRC) and 'w' before the XLogData layouts above.  The head
 # (through the tag) is what the reader checks; the full layouts are what the

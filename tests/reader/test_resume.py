@@ -130,6 +130,27 @@ def _as_runs(items: list[Item], data: Any) -> list[Item]:
         end_run()
         out.append(item)
     end_run()
+    return _as_whole(out, data)
+
+
+def _as_whole(items: list[Item], data: Any) -> list[Item]:
+    """Begin, one run (or none) and Commit, one after another, as one `TxnFrames` where the draw says."""
+    out: list[Item] = []
+    i = 0
+    while i < len(items):
+        m = items[i][1]
+        if type(m) is p.Begin:
+            k = i + 1
+            run = items[k][1] if k < len(items) and type(items[k][1]) is p.ChangeFrames else None
+            k += run is not None
+            if k < len(items) and type(items[k][1]) is p.Commit and data.draw(st.booleans()):
+                commit = items[k]
+                whole = p.TxnFrames(items[i][0], m, run, commit[0], commit[1])  # type: ignore[arg-type]
+                out.append((items[i][0], whole, b""))
+                i = k + 1
+                continue
+        out.append(items[i])
+        i += 1
     return out
 
 
@@ -137,11 +158,12 @@ def _deliver(f: ResumeFilter, items: list[Item]) -> list[tuple[int, Any]]:
     out: list[tuple[int, Any]] = []
     for item in items:
         for lsn, m, _ in f.feed(item):
-            if type(m) is p.ChangeFrames:  # (back to single changes, for the oracle)
-                for lsn_i, kind, xid, relid, tuple_data in p.iter_change_frames(m.blob, False, m.head):
-                    out.append((lsn_i, p.Change(kind, xid, relid, tuple_data)))
-            else:
-                out.append((lsn, m))
+            for lsn_e, e in m.events() if type(m) is p.TxnFrames else [(lsn, m)]:
+                if type(e) is p.ChangeFrames:  # (back to single changes, for the oracle)
+                    for lsn_i, kind, xid, relid, tuple_data in p.iter_change_frames(e.blob, False, e.head):
+                        out.append((lsn_i, p.Change(kind, xid, relid, tuple_data)))
+                else:
+                    out.append((lsn_e, e))
     return out
 
 
@@ -156,7 +178,10 @@ def test_cut_and_resend_is_invisible(stream: tuple[list[Item], list[tuple[int, i
 def test_cut_and_resend_is_invisible_when_changes_come_in_runs(
     stream: tuple[list[Item], list[tuple[int, int]]], data: Any
 ) -> None:
-    """A run is judged change by change: re-sent in runs cut elsewhere, only its new tail passes."""
+    """A run is judged change by change: re-sent in runs cut elsewhere, only its new tail passes.
+
+    And a whole transaction (`TxnFrames`) passes whole only if it is new.
+    """
     _check_cut_and_resend(stream, data, runs=True)
 
 
@@ -198,13 +223,20 @@ def _check_cut_and_resend(stream: tuple[list[Item], list[tuple[int, int]]], data
 
 
 def _check_blocks(delivered: list[tuple[int, Any]]) -> None:
-    """The stream block rules the sender holds downstream to (sender/node.py): a transaction's
-    first delivered block says first_segment and only that one; blocks do not nest; a Stream
-    Commit follows a block of its transaction."""
+    """The rules the sender holds downstream to (sender/node.py): Begin and Commit alternate; a
+    transaction's first delivered block says first_segment and only that one; blocks do not
+    nest; a Stream Commit follows a block of its transaction."""
     open_: set[int] = set()  # transactions with a delivered block, not yet ended
     block: int | None = None
+    txn: int | None = None  # the open non-streamed transaction: a Begin comes only outside one
     for _lsn, m in delivered:
-        if isinstance(m, p.StreamStart):
+        if isinstance(m, p.Begin):
+            assert txn is None, f"Begin of {m.xid} inside transaction {txn} (delivered twice?)"
+            txn = m.xid
+        elif isinstance(m, p.Commit):
+            assert txn is not None, "Commit without a Begin"
+            txn = None
+        elif isinstance(m, p.StreamStart):
             assert block is None, "nested stream blocks"
             assert m.first_segment == (m.xid not in open_), (m.xid, m.first_segment)
             open_.add(m.xid)

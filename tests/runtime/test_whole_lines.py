@@ -113,13 +113,38 @@ def _write_stream(path: Path, txns: list[tuple[list[str], str]]) -> None:
             lsn += 0x1000
 
 
-def _lines(path: Path, raw: bool, batch_changes: int, write_lines: bool) -> tuple[list[str], int]:
+def _folded(events: Iterator[Event]) -> Iterator[Event]:
+    """Begin, a run (or none) and Commit, one after another, as a live reader hands them on: one `TxnFrames`."""
+    held: list[Event] = []
+    for event in events:
+        m = event[1]
+        if type(m) is p.Begin:
+            yield from held
+            held = [event]
+        elif held and type(m) is p.ChangeFrames and len(held) == 1:
+            held.append(event)
+        elif held and type(m) is p.Commit:
+            begin_at, begin = held[0]
+            run = held[1][1] if len(held) == 2 else None
+            yield begin_at, p.TxnFrames(begin_at, begin, run, event[0], m)  # type: ignore[arg-type]
+            held = []
+        else:
+            yield from held
+            held = []
+            yield event
+    yield from held
+
+
+def _lines(
+    path: Path, raw: bool, batch_changes: int, write_lines: bool, fold: bool = False
+) -> tuple[list[str], int]:
     """The lines of the stream at `path` through pool, sender and `write_alone`, and how many came whole."""
     pool = DecoderPool("dn1", 2, binary=True, batch_changes=batch_changes)
     pool.write_lines = write_lines
     sender = NodeSender("dn1", "single")
     sink, order, whole = _Lines(), AloneOrder("dn1"), 0
-    for lsn, item in pool.run(RecordedSource(str(path)).events(raw_changes=raw)):
+    events = RecordedSource(str(path)).events(raw_changes=raw)
+    for lsn, item in pool.run(_folded(events) if fold else events):
         if isinstance(item, BatchEnd):
             continue
         whole += type(item) is WholeTxn
@@ -141,7 +166,11 @@ def test_lines_written_by_the_workers_are_the_coordinators(
     assert none_whole == 0
     assert got == expected
     # Only a transaction of row changes alone comes whole (and only if no batch cut ran through it).
-    assert whole <= sum(1 for changes, extra in txns if changes and not extra)
+    plain = sum(1 for changes, extra in txns if changes and not extra)
+    assert whole <= plain
+    if raw:  # as a live reader hands them on: the plain ones in one event each, so all of them whole
+        assert _lines(path, raw, batch_changes, write_lines=False, fold=True) == (expected, 0)
+        assert _lines(path, raw, batch_changes, write_lines=True, fold=True) == (expected, plain)
 
 
 def test_a_stream_of_plain_transactions_comes_whole_and_its_lines_are_json(tmp_path: Path) -> None:
