@@ -101,32 +101,52 @@ class DecodedRun:
 
 @final  # (as DecodedChange)
 class WholeTxn:
-    """A complete non-streamed transaction of row changes, its transaction line already written.
+    """A complete non-streamed transaction of row changes, as far as its stream says: Begin, positions, Commit.
 
     When its node is the only one (and in single-node CSN mode, where the
     commit LSN is the CSN), the decoder pool hands a transaction whose Begin,
     row changes and Commit fell in one batch, with nothing else between them,
-    to a worker whole, and the worker writes its line (`csnd.core.lines`)
-    where it decoded the changes.  The sender then only orders it, and the
-    coordinator appends `line` as it is: neither builds an object per change
-    or formats the line's head.  `begin_at` / `commit_at` are the two
-    messages' stream positions, `lsns` the changes' (as in `DecodedRun`).
+    to a worker whole, and the worker writes its transaction line
+    (`csnd.core.lines`) where it decoded the changes.  `begin_at` /
+    `commit_at` are the two messages' stream positions, `lsns` the changes'
+    (as in `DecodedRun`).
     """
 
-    __slots__ = ("begin_at", "begin", "commit_at", "commit", "lsns", "line")
+    __slots__ = ("begin_at", "begin", "commit_at", "commit", "lsns")
 
-    def __init__(
-        self, begin_at: Lsn, begin: Begin, commit_at: Lsn, commit: Commit, lsns: list[Lsn], line: str
-    ) -> None:
+    def __init__(self, begin_at: Lsn, begin: Begin, commit_at: Lsn, commit: Commit, lsns: list[Lsn]) -> None:
         self.begin_at = begin_at
         self.begin = begin
         self.commit_at = commit_at
         self.commit = commit
         self.lsns = lsns
-        self.line = line
 
     def __repr__(self) -> str:
         return f"WholeTxn(xid={self.begin.xid}, n={len(self.lsns)}, commit={self.commit.commit_lsn})"
+
+
+@final  # (as DecodedChange)
+class WholeTxns:
+    """Consecutive whole transactions (`WholeTxn`) of one batch, and their lines, written by the workers.
+
+    One item for all of them, so the sender orders a run of them in one
+    call and the coordinator appends their lines in one: neither builds an
+    object per change, nor per transaction, nor formats a line.
+    """
+
+    __slots__ = ("txns", "lines")
+
+    def __init__(self, txns: list[WholeTxn], lines: list[str]) -> None:
+        if len(txns) != len(lines):
+            raise ValueError(f"{len(txns)} whole transactions with {len(lines)} lines")
+        self.txns = txns
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return len(self.txns)
+
+    def __repr__(self) -> str:
+        return f"WholeTxns(n={len(self.txns)}, first={self.txns[0] if self.txns else None})"
 
 
 # What the decoder pool hands on as the reader framed it: every pgoutput
@@ -148,4 +168,4 @@ PassThroughItem: TypeAlias = (
 
 # One item of a node's decoded stream, in stream order: what `DecoderPool.run`
 # yields (besides its batch marks) and `NodeSender.feed` takes.
-DecodedItem: TypeAlias = DecodedRun | DecodedChange | WholeTxn | PassThroughItem
+DecodedItem: TypeAlias = DecodedRun | DecodedChange | WholeTxns | PassThroughItem

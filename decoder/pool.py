@@ -50,7 +50,7 @@ from typing import Any, Final, TypeAlias, cast, final
 
 from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
     Begin,
@@ -167,25 +167,11 @@ class _Run:
         self.lsns: list[Lsn] = []
 
 
-@final
-class _Whole:
-    """In a batch's skeleton: a whole transaction whose line a worker writes (`WholeTxn`)."""
-
-    __slots__ = ("begin_at", "begin", "commit_at", "commit", "lsns")
-
-    def __init__(self, begin_at: Lsn, begin: Begin, commit_at: Lsn, commit: Commit, lsns: list[Lsn]) -> None:
-        self.begin_at = begin_at
-        self.begin = begin
-        self.commit_at = commit_at
-        self.commit = commit
-        self.lsns = lsns
-
-
 _NO_RUN: Final = object()  # no run open: the next change starts one
 
 # An entry of a batch's skeleton: a run of row changes stands for them, a Truncate
 # for its decoded tables; everything else goes on as it is.
-SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run | _Whole
+SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run | WholeTxn
 
 
 class DecoderPool:
@@ -245,7 +231,7 @@ class DecoderPool:
         # Set before run() when the source calls `drained` at its pauses (a live node).
         self.reports_pauses = False
         # Set before run() by a lone node in single-node mode: whole transactions
-        # come back as `WholeTxn`, their lines written by the workers.
+        # come back as `WholeTxns`, their lines written by the workers.
         self.write_lines = False
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
@@ -318,7 +304,9 @@ class DecoderPool:
                     lsns = changes.lsns
                     wire((lsns[0], "F", None, (False, changes.head), changes.blob))
                     if write_lines:
-                        keep((msg.begin_at, _Whole(msg.begin_at, msg.begin, msg.commit_at, msg.commit, lsns)))
+                        keep(
+                            (msg.begin_at, WholeTxn(msg.begin_at, msg.begin, msg.commit_at, msg.commit, lsns))
+                        )
                         wire((len(lsns), "L", msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
                     else:
                         run = _Run(None)
@@ -364,7 +352,7 @@ class DecoderPool:
                         lsns += r.lsns  # type: ignore[union-attr]  # (only runs follow the Begin)
                     begin_at, begin = cast("tuple[Lsn, Begin]", events_now[whole_at])
                     del events_now[whole_at:]
-                    keep((begin_at, _Whole(begin_at, begin, event[0], msg, lsns)))
+                    keep((begin_at, WholeTxn(begin_at, begin, event[0], msg, lsns)))
                     wire((len(lsns), "L", begin.xid, msg.commit_lsn, msg.commit_time))
                     whole_at = -1
                     continue
@@ -473,25 +461,32 @@ class DecoderPool:
                 self.stats.batches += 1
                 self.stats.changes += item.n_changes
                 at = 0  # results are in wire order: a run's bodies are consecutive
+                wholes: list[WholeTxn] = []  # consecutive whole transactions, handed on as one
+                lines: list[str] = []
+                whole_at = INVALID_LSN
                 for lsn, msg in item.events:
+                    if type(msg) is WholeTxn:
+                        if not wholes:
+                            whole_at = lsn
+                        wholes.append(msg)
+                        lines.append(decoded[at])
+                        at += 1
+                        continue
+                    if wholes:
+                        yield whole_at, WholeTxns(wholes, lines)
+                        wholes, lines = [], []
                     if type(msg) is _Run:
                         n = len(msg.lsns)
                         yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
                         at += n
-                    elif type(msg) is _Whole:
-                        yield (
-                            lsn,
-                            WholeTxn(
-                                msg.begin_at, msg.begin, msg.commit_at, msg.commit, msg.lsns, decoded[at]
-                            ),
-                        )
-                        at += 1
                     elif isinstance(msg, Truncate):
                         for body in decoded[at]:
                             yield lsn, DecodedChange(lsn, msg.xid, "truncate", body)
                         at += 1
                     else:
                         yield lsn, msg
+                if wholes:
+                    yield whole_at, WholeTxns(wholes, lines)
                 yield INVALID_LSN, BATCH_END
         finally:
             self.close()

@@ -68,7 +68,7 @@ from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 from csnd.core.markers import PREFIX as MARKER_PREFIX
 from csnd.core.markers import TRANSACTIONAL, WATERMARK_PREFIX, Marker, check_transactional, parse_fields
 from csnd.core.modes import MODES
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import (
     Begin,
@@ -86,7 +86,7 @@ from csnd.reader.pgoutput import (
 from csnd.sender.confirmable import ConfirmableLsn
 from csnd.sender.opentxn import OpenTxn, open_at_end, position_error
 from csnd.sender.ordering import CsnOrderer
-from csnd.sender.txn import FinishedTxn
+from csnd.sender.txn import FinishedTxn, WrittenLines
 from csnd.sender.txnbuf import SPILL_BYTES, TxnBuffer
 
 Key = str | int  # gid in GTM mode, top-level xid in single-node mode
@@ -165,8 +165,8 @@ class NodeSender:
 
     def feed(self, lsn: Lsn, item: DecodedItem) -> list[FinishedTxn]:
         """Take the next stream item; returns the transactions it released, in CSN order."""
-        if type(item) is WholeTxn:  # a lone node's hot path: Begin, changes and Commit in one
-            return self._whole(item)
+        if type(item) is WholeTxns:  # a lone node's hot path: whole transactions, their lines written
+            return self._wholes(item)
         if type(item) is DecodedRun:  # the hot path: runs of changes between other events
             sub = item.xid
             txn = self._cur if sub is None else self._block
@@ -242,11 +242,77 @@ class NodeSender:
             )
         return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
 
-    def _whole(self, w: WholeTxn) -> list[FinishedTxn]:
+    def _wholes(self, run: WholeTxns) -> list[FinishedTxn]:
+        """Whole transactions with their lines written (single-node mode): released as one, if they may be.
+
+        The common case -- nothing open, nothing waiting, no relation
+        versions to attach, no restart to skip past -- takes one pass of
+        checks and one call of the orderer, and releases one `FinishedTxn`
+        that carries all of their lines (`FinishedTxn.written`).  Anything
+        else takes them one by one (`_whole`), which also reports errors.
+        """
+        txns = run.txns
+        if (
+            self._gtm
+            or self._cur is not None
+            or self._block is not None
+            or self._new_relations
+            or self.resume_csn is not None
+            or self._ready
+        ):
+            return self._one_by_one(run)
+        csns: list[Csn] = []
+        ticks: list[Csn] = []
+        for w in txns:
+            commit, lsns = w.commit, w.lsns
+            commit_lsn = commit.commit_lsn
+            if (
+                w.begin.final_lsn != commit_lsn
+                or lsns[-1] > commit_lsn
+                or (len(lsns) > 1 and sorted(lsns) != lsns)
+            ):
+                return self._one_by_one(run)
+            csns.append(_as_csn(commit_lsn))
+            ticks.append(_as_csn(commit.end_lsn - 1))
+        if not self._orderer.commit_run(csns, ticks):
+            return self._one_by_one(run)
+        n = len(txns)
+        last = txns[-1]
+        if last.commit_at:
+            self._last_lsn = last.commit_at
+        self._finished += n
+        commit = last.commit
+        xids = [w.begin.xid for w in txns]
+        finished = FinishedTxn(
+            self.node,
+            csns[-1],
+            None,
+            xids[-1],
+            commit.commit_lsn,
+            commit.end_lsn,
+            commit.commit_time,
+            (),
+            sum(len(w.lsns) for w in txns),
+        )
+        finished.written = WrittenLines(csns, xids, [w.commit.commit_lsn for w in txns], run.lines)
+        finished.seq = self._finished - 1
+        confirm = self._confirm
+        confirm.passed(commit.end_lsn)
+        finished.confirmable = confirm.value
+        self.released += n
+        return [finished]
+
+    def _one_by_one(self, run: WholeTxns) -> list[FinishedTxn]:
+        out: list[FinishedTxn] = []
+        for w, line in zip(run.txns, run.lines, strict=True):
+            out += self._whole(w, line)
+        return out
+
+    def _whole(self, w: WholeTxn, line: str) -> list[FinishedTxn]:
         """A whole transaction with its line written (single-node mode): `_begin`, the changes and `_commit` in one.
 
         The same checks, without a buffer: it holds no changes, only the
-        worker's line (`FinishedTxn.line`).
+        worker's line (`FinishedTxn.written`).
         """
         begin, commit, lsns = w.begin, w.commit, w.lsns
         if self._gtm:
@@ -287,7 +353,7 @@ class NodeSender:
         finished = FinishedTxn(
             self.node, csn, None, xid, commit_lsn, end_lsn, commit.commit_time, (), len(lsns)
         )
-        finished.line = w.line
+        finished.written = WrittenLines([csn], [xid], [commit_lsn], [line])
         finished.seq = seq
         return self._release(xid, None, finished, released)
 

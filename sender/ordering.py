@@ -190,6 +190,31 @@ class CsnOrderer(Generic[K]):
             self._raise_tick(tick)  # (releasing does not look at the tick; the watermark is updated after)
         return self._release()
 
+    def commit_run(self, csns: list[Csn], ticks: list[Csn]) -> bool:
+        """Commits that each release at once, taken together (single-node mode's every commit).
+
+        `ticks[i]` is `commit`'s `tick` for `csns[i]`.  True if they were
+        taken; False, with nothing changed, if one of them would not release
+        at once or would break the order -- then `commit` them one by one,
+        which releases or raises as it should.
+        """
+        if self._waiting_csn or self._committing:
+            return False
+        last, wm, tick = self._last_released, self._watermark, self._tick
+        floor = last if wm is None or (last is not None and last > wm) else wm
+        for csn, t in zip(csns, ticks, strict=True):
+            if floor is not None and csn <= floor:
+                return False
+            if tick is None or t > tick:
+                tick = t
+            floor = csn if tick < csn else tick  # (the watermark after this commit)
+        self._last_released = csns[-1]
+        self.released_count += len(csns)
+        if tick is not None:
+            self._raise_tick(tick)
+        self._update_watermark()
+        return True
+
     def abort(self, key: K, *, lsn: Lsn | None = None) -> list[K]:
         """`key`, which logged committing, will not commit; returns the keys now released."""
         entry = self._committing.pop(key, None)

@@ -51,10 +51,12 @@ class FinishedTxn(TxnHeader):
     in force with this transaction, set by the sender as it releases it;
     `seq` counts the node's finished transactions, in stream order.
 
-    `line`: the transaction's whole JSON line, written by a decoder worker
-    (`decoder.change.WholeTxn`), and then `changes` is empty; only a lone
-    node's transactions have one, since only they are written as they come
-    (`csnd.runtime.coordinator.write_alone`).
+    `written`: the lines of a run of transactions written whole by the
+    decoder workers (`decoder.change.WholeTxns`), this one the last of them:
+    its header is the last one's, `n_changes` all of theirs, `changes` is
+    empty, and `confirmable` holds once all of them are durable.  Only a
+    lone node's transactions come so, since only they are written as they
+    come (`csnd.runtime.coordinator.write_alone`).
     """
 
     node: str
@@ -63,7 +65,7 @@ class FinishedTxn(TxnHeader):
     confirmable: Lsn
     relations: tuple[str, ...]
     seq: int
-    line: str | None
+    written: WrittenLines | None
 
     def __init__(
         self,
@@ -89,4 +91,14 @@ class FinishedTxn(TxnHeader):
         self.confirmable = Lsn(0)
         self.relations = ()
         self.seq = 0
-        self.line = None
+        self.written = None
+
+
+@dataclass(slots=True)
+class WrittenLines:
+    """Consecutive transactions of one node, in CSN order, with their JSON lines (see `FinishedTxn.written`)."""
+
+    csns: list[Csn]
+    xids: list[Xid]
+    commit_lsns: list[Lsn]
+    lines: list[str]

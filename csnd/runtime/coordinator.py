@@ -362,17 +362,21 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
     """Write the line of a transaction of the only node, as the merge would, after the merge's checks.
 
     Returns how many changes it holds."""
+    written = txn.written
+    if written is not None:  # lines written whole by the decoder workers (the common case)
+        order.check_run(written.csns, written.xids, written.commit_lsns)
+        _relations_of(sink, txn, written.csns[0])  # (in force from the first of them)
+        append_lines = getattr(sink, "append_lines", None)
+        if append_lines is not None:
+            append_lines(written.csns, written.lines)
+        else:
+            for line_csn, line in zip(written.csns, written.lines, strict=True):
+                sink.start_transaction(line_csn)
+                sink.end_transaction(line_csn, line)
+        return txn.n_changes
     csn = txn.csn
     order.check(csn, txn.gid, txn.xid, txn.commit_lsn)
-    if txn.relations:
-        relations = getattr(sink, "relations", None)
-        if relations is not None:
-            relations(csn, [(txn.node, body) for body in txn.relations])
-    line = txn.line
-    if line is not None:  # written whole by a decoder worker (the common case)
-        sink.start_transaction(csn)
-        sink.end_transaction(csn, line)
-        return txn.n_changes
+    _relations_of(sink, txn, csn)
     head = json_head(
         csn, txn.gid, txn.commit_time, {txn.node: NodeCommit(txn.xid, txn.commit_lsn, txn.commit_time)}
     )
@@ -392,3 +396,11 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
             count += len(batch.changes)
     sink.end_transaction(csn, JSON_TAIL)
     return count
+
+
+def _relations_of(sink: Sink, txn: FinishedTxn, csn: int) -> None:
+    """Hand a sink that keeps relation versions the ones first in force with `txn` (at `csn`)."""
+    if txn.relations:
+        relations = getattr(sink, "relations", None)
+        if relations is not None:
+            relations(csn, [(txn.node, body) for body in txn.relations])

@@ -153,7 +153,7 @@ def cut_batches(txn: FinishedTxn) -> Iterator[NodeBatch]:
     if whole is not None:
         yield whole
         return
-    if txn.line is not None:  # (its changes are in the line alone: cut, it would lose them)
+    if txn.written is not None:  # (its changes are in the lines alone: cut, it would lose them)
         raise InternalError(
             "a transaction written whole by a decoder reached the merge; only a lone node's are",
             node=txn.node,

@@ -160,6 +160,24 @@ class ChangelogSink:
         self.transactions += 1
         self.bytes_out += len(line)
 
+    def append_lines(self, csns: Sequence[int], lines: Sequence[str]) -> None:
+        """Whole lines of consecutive transactions (`FinishedTxn.written`): each as a transaction ended at once.
+
+        In one call of the changelog when nothing between them needs a look
+        of its own -- an incremental snapshot's window, a re-sent
+        transaction -- else one by one.
+        """
+        if (self.windows is not None and self.windows.active) or csns[0] <= self.held_csn or self._parts:
+            for csn, line in zip(csns, lines, strict=True):
+                self.start_transaction(csn)
+                self.end_transaction(csn, line)
+            return
+        data = [line.encode("utf-8") for line in lines]
+        with self._lock:
+            self.log.append_many(csns, data)
+        self.transactions += len(data)
+        self.bytes_out += sum(map(len, data))
+
     def _repeats(self, csn: int) -> bool:
         """Whether the changelog held `csn` when this run started (a re-sent transaction to skip)."""
         if csn <= self.held_csn:

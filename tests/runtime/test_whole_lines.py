@@ -2,7 +2,7 @@
 
 With one node in single-node mode the decoder pool hands a transaction whose
 Begin, row changes and Commit fall in one batch to a worker whole, and the
-worker writes its line (`decoder.change.WholeTxn`); everything else still
+worker writes its line (`decoder.change.WholeTxns`); everything else still
 goes change by change through the sender's buffer and the coordinator's
 formatting.  The two paths must write the same lines, whatever the stream
 and wherever batches are cut.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import struct
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from csnd.changelog import Changelog
 from csnd.coordinator import AloneOrder
 from csnd.core.errors import LsnOrderViolation
 from csnd.core.ids import Lsn
-from csnd.decoder.change import WholeTxn
+from csnd.decoder.change import WholeTxns
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
 from csnd.reader.events import Event
@@ -30,6 +32,7 @@ from csnd.reader.recorded import RecordedSource
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.runtime.coordinator import write_alone
 from csnd.sender.node import NodeSender
+from csnd.service.sink import ChangelogSink
 
 RELID = 16384
 
@@ -136,22 +139,37 @@ def _folded(events: Iterator[Event]) -> Iterator[Event]:
 
 
 def _lines(
-    path: Path, raw: bool, batch_changes: int, write_lines: bool, fold: bool = False
+    path: Path,
+    raw: bool,
+    batch_changes: int,
+    write_lines: bool,
+    fold: bool = False,
+    changelog: Path | None = None,
 ) -> tuple[list[str], int]:
-    """The lines of the stream at `path` through pool, sender and `write_alone`, and how many came whole."""
+    """The lines of the stream at `path` through pool, sender and `write_alone`, and how many came whole.
+
+    With `changelog`, into a service's changelog there (its transaction lines, read back).
+    """
     pool = DecoderPool("dn1", 2, binary=True, batch_changes=batch_changes)
     pool.write_lines = write_lines
     sender = NodeSender("dn1", "single")
-    sink, order, whole = _Lines(), AloneOrder("dn1"), 0
+    order, whole = AloneOrder("dn1"), 0
+    log = Changelog(str(changelog)) if changelog is not None else None
+    sink: _Lines | ChangelogSink = _Lines() if log is None else ChangelogSink(log)
     events = RecordedSource(str(path)).events(raw_changes=raw)
     for lsn, item in pool.run(_folded(events) if fold else events):
         if isinstance(item, BatchEnd):
             continue
-        whole += type(item) is WholeTxn
+        whole += len(item) if type(item) is WholeTxns else 0
         for txn in sender.feed(lsn, item):
             write_alone(sink, txn, order)
     sender.finish()
-    return sink.out, whole
+    if log is None:
+        assert isinstance(sink, _Lines)
+        return sink.out, whole
+    with log:
+        log.sync()
+        return [line.decode() for _, line in log.read(0)], whole
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -171,6 +189,12 @@ def test_lines_written_by_the_workers_are_the_coordinators(
     if raw:  # as a live reader hands them on: the plain ones in one event each, so all of them whole
         assert _lines(path, raw, batch_changes, write_lines=False, fold=True) == (expected, 0)
         assert _lines(path, raw, batch_changes, write_lines=True, fold=True) == (expected, plain)
+        # into a changelog, whose sink appends a run of lines in one call
+        txn_lines = [line for line in expected if not line.startswith("relation ")]
+        for k, write in enumerate((False, True)):
+            into = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"changelog-{k}-"))  # (new for each example)
+            into_log = _lines(path, raw, batch_changes, write_lines=write, fold=True, changelog=into)
+            assert into_log == (txn_lines, plain if write else 0)
 
 
 def test_a_stream_of_plain_transactions_comes_whole_and_its_lines_are_json(tmp_path: Path) -> None:
