@@ -651,10 +651,15 @@ class LiveSource:
                 out += filt((run.lsns[0], run, run.blob))
             return out
 
+        get_copy_data = pgconn.get_copy_data
+        ahead: tuple[int, memoryview] | None = None  # a frame read by the run loop below, not yet handled
         while True:
             if closed():  # (also while data keeps coming: a busy node is stopped as fast)
                 raise _Closed
-            nbytes, data = pgconn.get_copy_data(1)
+            if ahead is None:
+                nbytes, data = get_copy_data(1)
+            else:
+                (nbytes, data), ahead = ahead, None
             if (run_lsns or held is not None) and nbytes <= 0:  # (drained, or the stream ends)
                 yield from held_items()
             if nbytes == 0:
@@ -721,11 +726,30 @@ class LiveSource:
                 and not parser.in_stream
             ):
                 start = data_start(payload, 1)[0]
-                if start > self._received:
-                    self._received = start
                 run_parts.append(frame_length(len(payload)))
                 run_parts.append(payload)
                 run_lsns.append(start)
+                # The frames that follow at once are most likely more of the run:
+                # read them here, with only the checks a change frame needs.
+                while len(run_lsns) < RUN_FRAMES:
+                    nbytes, data = get_copy_data(1)
+                    if nbytes <= 0:
+                        ahead = nbytes, data
+                        break
+                    payload = bytes(data)
+                    if not (
+                        len(payload) > CHANGE_FRAME_MIN
+                        and payload[XLOGDATA_HEADER_SIZE] in CHANGE_TAGS
+                        and payload[0] == 0x77
+                    ):
+                        ahead = nbytes, data
+                        break
+                    start = data_start(payload, 1)[0]
+                    run_parts.append(frame_length(len(payload)))
+                    run_parts.append(payload)
+                    run_lsns.append(start)
+                if start > self._received:  # (positions only go forward in a run)
+                    self._received = start
                 if len(run_lsns) >= RUN_FRAMES:  # (a big transaction: it goes on as it comes)
                     yield from held_items()
                 continue
