@@ -11,7 +11,9 @@ subscribers, a 1 GB transaction and an idle node (bench/load_bench.py);
 `drain`, a backlog drained by `csnd serve` and by `pg_recvlogical` over the
 same WAL, steady rates and CPU per transaction of every process
 (bench/drain_bench.py); `feed`, the changefeed alone serving a changelog to
-`csnd subscribe`, CPU per transaction (bench/feed_bench.py).
+`csnd subscribe`, CPU per transaction (bench/feed_bench.py); `hotpath`, a
+live node's reader, decoder pool and sender over canned frames, with no
+server, CPU per transaction (bench/hotpath_bench.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bench import (
     drain_bench,
     feed_bench,
     gtm_bench,
+    hotpath_bench,
     load_bench,
     merge_bench,
     reader_bench,
@@ -41,6 +44,7 @@ BY_NAME: dict[str, Callable[[list[str]], Any]] = {
     "load": load_bench.main,
     "drain": drain_bench.main,
     "feed": feed_bench.main,
+    "hotpath": hotpath_bench.main,
 }
 
 
