@@ -121,6 +121,15 @@ def test_listen_addresses_are_checked_as_arguments(
     assert not (tmp_path / "log").exists()
 
 
+def _node_agent(recording: Path, listen: str) -> subprocess.Popen[str]:
+    """`csnd node RECORDING --listen LISTEN`, its stderr a pipe (its first line: the ready line)."""
+    return subprocess.Popen(
+        [*CSND, "node", str(recording), "--listen", listen, "--decoders", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def test_a_node_agent_stops_on_a_sigterm_that_another_thread_receives(small: Path) -> None:
     """The kernel hands a process's SIGTERM to any thread; the agent stopped only if it was the main one.
 
@@ -128,11 +137,7 @@ def test_a_node_agent_stops_on_a_sigterm_that_another_thread_receives(small: Pat
     when the main thread runs bytecode: a signal taken by one of gRPC's
     threads left the agent running for good.  tgkill aims it at such a thread.
     """
-    proc = subprocess.Popen(
-        [*CSND, "node", str(small), "--listen", "127.0.0.1:0", "--decoders", "1"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _node_agent(small, "127.0.0.1:0")
     assert proc.stderr is not None
     try:
         assert "listening on" in proc.stderr.readline()
@@ -150,11 +155,7 @@ def test_a_node_agent_stops_on_a_sigterm_that_another_thread_receives(small: Pat
 
 def test_an_empty_listen_host_is_the_loopback(small: Path) -> None:
     """`--listen :PORT` is 127.0.0.1:PORT, as `--http :PORT` always was (gRPC refused an empty host)."""
-    proc = subprocess.Popen(
-        [*CSND, "node", str(small), "--listen", ":0", "--decoders", "1"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _node_agent(small, ":0")
     assert proc.stderr is not None
     try:
         line = proc.stderr.readline()

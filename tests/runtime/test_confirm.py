@@ -22,7 +22,7 @@ from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.items import TxnItem, WatermarkItem
 from csnd.runtime.window import AckWindow
 from csnd.sender import FinishedTxn, NodeSender
-from tests.runtime.queued import QueuedInput
+from tests.runtime.queued import QueuedInput, QuietSink
 
 
 class ConfirmMachine(RuleBasedStateMachine):
@@ -207,12 +207,11 @@ def test_a_durable_count_outside_what_was_written_is_refused() -> None:
 # --- one event releases several: each carries its own confirmable LSN ------------------------
 
 
-class _Lines:
+class _Lines(QuietSink):
     """A sink that keeps the CSNs of the lines it ended; everything ended is durable at make_durable."""
 
     def __init__(self) -> None:
-        self.transactions = 0
-        self.bytes_out = 0
+        super().__init__()
         self.csns: list[int] = []
 
     def start_transaction(self, csn: int) -> None:
@@ -224,18 +223,6 @@ class _Lines:
     def end_transaction(self, csn: int, tail: str) -> None:
         self.csns.append(csn)
         self.transactions += 1
-
-    def make_durable(self) -> None:
-        pass
-
-    def commit(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
-
-    def abandon(self) -> str | None:
-        return None
 
 
 def _gtm_txn(sender: NodeSender, xid: int, gid: str, csn: int, commit_lsn: int) -> list[FinishedTxn]:

@@ -33,18 +33,18 @@ from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.runtime.coordinator import write_alone
 from csnd.sender.node import NodeSender
 from csnd.service.sink import ChangelogSink
+from tests.runtime.queued import QuietSink
 
 RELID = 16384
 
 
-class _Lines:
+class _Lines(QuietSink):
     """A sink keeping the lines and relation versions written to it, in order."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.out: list[str] = []
         self._parts: list[str] = []
-        self.transactions = 0
-        self.bytes_out = 0
 
     def start_transaction(self, csn: int) -> None:
         self._parts = []
@@ -57,18 +57,6 @@ class _Lines:
 
     def relations(self, csn: int, entries: list[tuple[str, str]]) -> None:
         self.out += [f"relation {csn} {node} {body}" for node, body in entries]
-
-    def make_durable(self) -> None:
-        pass
-
-    def commit(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
-
-    def abandon(self) -> str | None:
-        return None
 
 
 def _relation(name: str = "t") -> bytes:
