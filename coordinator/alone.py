@@ -52,15 +52,16 @@ class AloneOrder:
             self._recent.add(gid, csn)
         self.last_csn = csn
 
-    def check_run(self, csns: list[Csn], xids: list[Xid], commit_lsns: list[Lsn]) -> None:
-        """Take the next transactions of the node, without gids (single-node mode), as `check` takes each."""
+    def take_run(self, csns: list[Csn]) -> bool:
+        """Take the next transactions of the node, without gids (single-node mode), if they are in order.
+
+        False, with nothing taken, if one of them breaks the order: then
+        `check` them one by one, which raises at that one.
+        """
         last = self.last_csn
         for csn in csns:
             if csn <= last:
-                break
+                return False
             last = csn
-        else:
-            self.last_csn = last
-            return
-        for csn, xid, commit_lsn in zip(csns, xids, commit_lsns, strict=True):  # (raises where it breaks)
-            self.check(csn, None, xid, commit_lsn)
+        self.last_csn = last
+        return True

@@ -57,6 +57,7 @@ from typing import Any, Final
 
 from csnd.core.errors import (
     ConfigError,
+    CsndError,
     InternalError,
     LsnOrderViolation,
     MarkerError,
@@ -154,6 +155,9 @@ class NodeSender:
         # they arrived, body); a transaction released with a `seq` at or past it takes them.
         self._new_relations: list[tuple[int, str]] = []
         self._finished = 0  # transactions finished so far (their `seq`)
+        # An error of a transaction in a run, after others of the run were released: raised
+        # by the next call, so those go on first, as when each was fed apart (`_one_by_one`).
+        self._deferred: CsndError | None = None
         # statistics
         self.released = 0
         self.skipped_empty = 0
@@ -165,6 +169,8 @@ class NodeSender:
 
     def feed(self, lsn: Lsn, item: DecodedItem) -> list[FinishedTxn]:
         """Take the next stream item; returns the transactions it released, in CSN order."""
+        if self._deferred is not None:
+            self._raise_deferred()
         if type(item) is WholeTxns:  # a lone node's hot path: whole transactions, their lines written
             return self._wholes(item)
         if type(item) is DecodedRun:  # the hot path: runs of changes between other events
@@ -257,7 +263,6 @@ class NodeSender:
             or self._cur is not None
             or self._block is not None
             or self._new_relations
-            or self.resume_csn is not None
             or self._ready
         ):
             return self._one_by_one(run)
@@ -274,8 +279,9 @@ class NodeSender:
                 return self._one_by_one(run)
             csns.append(_as_csn(commit_lsn))
             ticks.append(_as_csn(commit.end_lsn - 1))
-        if not self._orderer.commit_run(csns, ticks):
-            return self._one_by_one(run)
+        resume = self.resume_csn
+        if (resume is not None and csns[0] <= resume) or not self._orderer.commit_run(csns, ticks):
+            return self._one_by_one(run)  # (a restart's re-sent ones are dropped there)
         n = len(txns)
         last = txns[-1]
         if last.commit_at:
@@ -303,9 +309,16 @@ class NodeSender:
         return [finished]
 
     def _one_by_one(self, run: WholeTxns) -> list[FinishedTxn]:
+        """`_whole` for each; an error after some were released is raised by the next call (as if fed apart)."""
         out: list[FinishedTxn] = []
         for w, line in zip(run.txns, run.lines, strict=True):
-            out += self._whole(w, line)
+            try:
+                out += self._whole(w, line)
+            except CsndError as e:
+                if not out:
+                    raise
+                self._deferred = e
+                break
         return out
 
     def _whole(self, w: WholeTxn, line: str) -> list[FinishedTxn]:
@@ -694,8 +707,15 @@ class NodeSender:
             confirmable_lsn=self._confirm.value,
         )
 
+    def _raise_deferred(self) -> None:
+        e, self._deferred = self._deferred, None
+        assert e is not None
+        raise e
+
     def finish(self) -> None:
         """The stream ended: it must not end inside a transaction or with one still committing."""
+        if self._deferred is not None:
+            self._raise_deferred()
         node = self.node
         err = open_at_end(node, self._last_lsn, self._cur, self._block, self._streams)
         if err is not None:

@@ -43,7 +43,7 @@ from csnd.coordinator import (
     json_changes,
     json_head,
 )
-from csnd.core.errors import CsndError
+from csnd.core.errors import CsndError, InternalError
 from csnd.runtime.confirm import ConfirmTracker
 from csnd.runtime.inputs import NodeInput
 from csnd.runtime.items import (
@@ -229,19 +229,20 @@ class CoordinatorRuntime:
         limit = self.merge.max_pending_batches
         clock, interval = self.clock, self.confirm_interval_s
         progressed = False
-        for taken in range(limit):
-            if (
-                tracker is not None
-                and taken % _CLOCK_EVERY == _CLOCK_EVERY - 1
-                and clock() - self._last_confirm >= interval
-            ):
-                break
+        unclocked = 0  # transactions written since the clock was last looked at
+        for _ in range(limit):
+            if tracker is not None and unclocked >= _CLOCK_EVERY:
+                unclocked = 0
+                if clock() - self._last_confirm >= interval:
+                    break
             try:
                 item = out.get_nowait()
             except queue.Empty:
                 break
             progressed = True
             if type(item) is TxnItem:
+                written = item.txn.written
+                unclocked += 1 if written is None else len(written.csns)  # (a run: as many as it holds)
                 if tracker is not None:
                     tracker.on_release(item.confirmable)
                     self.changes_out += write_alone(sink, item.txn, order)
@@ -364,7 +365,14 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
     Returns how many changes it holds."""
     written = txn.written
     if written is not None:  # lines written whole by the decoder workers (the common case)
-        order.check_run(written.csns, written.xids, written.commit_lsns)
+        if not order.take_run(written.csns):
+            # As one by one: the lines before the bad one are written, then it raises.
+            rows = zip(written.csns, written.xids, written.commit_lsns, written.lines, strict=True)
+            for line_csn, xid, commit_lsn, line in rows:
+                order.check(line_csn, None, xid, commit_lsn)
+                sink.start_transaction(line_csn)
+                sink.end_transaction(line_csn, line)
+            raise InternalError("a run of transactions out of order passed the order checks one by one")
         _relations_of(sink, txn, written.csns[0])  # (in force from the first of them)
         append_lines = getattr(sink, "append_lines", None)
         if append_lines is not None:

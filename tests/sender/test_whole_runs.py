@@ -16,9 +16,13 @@ from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
 from csnd.coordinator import AloneOrder
-from csnd.core.errors import CsnOrderViolation
+from csnd.core.errors import CsnOrderViolation, LsnOrderViolation
 from csnd.core.ids import Csn, Lsn, Xid
-from csnd.sender import CsnOrderer
+from csnd.decoder.change import WholeTxn, WholeTxns
+from csnd.reader import pgoutput as p
+from csnd.runtime.coordinator import write_alone
+from csnd.sender import CsnOrderer, FinishedTxn, NodeSender
+from tests.runtime.queued import QuietSink
 
 # Steps between consecutive commits: a commit's csn and how far past it its tick
 # lies (single-node mode: the csn is the commit LSN, the tick its end LSN - 1).
@@ -78,28 +82,21 @@ def test_a_run_of_commits_is_taken_as_its_commits_one_by_one(
 
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.integers(-2, 5), min_size=1, max_size=10), last=st.integers(-1, 20))
-def test_a_run_is_checked_by_the_coordinator_as_each_would_be(steps: list[int], last: int) -> None:
+def test_a_run_is_taken_by_the_coordinator_only_if_each_would_pass(steps: list[int], last: int) -> None:
     csns, c = [], 10
     for step in steps:
         c += step
         csns.append(Csn(c))
-    xids = [Xid(700 + k) for k in range(len(csns))]
-    lsns = [Lsn(0x100 + k) for k in range(len(csns))]
     together, one = AloneOrder("dn1"), AloneOrder("dn1")
     together.last_csn = one.last_csn = Csn(last)
-    expected: str | None = None
+    passed = True
     try:
-        for csn, xid, lsn in zip(csns, xids, lsns, strict=True):
-            one.check(csn, None, xid, lsn)
-    except CsnOrderViolation as e:
-        expected = str(e)
-    if expected is None:
-        together.check_run(csns, xids, lsns)
-        assert together.last_csn == one.last_csn == csns[-1]
-    else:
-        with pytest.raises(CsnOrderViolation) as raised:
-            together.check_run(csns, xids, lsns)
-        assert str(raised.value) == expected
+        for k, csn in enumerate(csns):
+            one.check(csn, None, Xid(700 + k), Lsn(0x100 + k))
+    except CsnOrderViolation:
+        passed = False
+    assert together.take_run(csns) == passed
+    assert together.last_csn == (csns[-1] if passed else last)  # (refused, it took nothing)
 
 
 def test_lines_appended_together_are_the_bytes_of_lines_appended_one_by_one(tmp_path: Path) -> None:
@@ -126,3 +123,80 @@ def test_a_bad_line_in_a_run_stops_it_where_append_would(tmp_path: Path) -> None
             log.append_many([7, 6, 8], [b"seven", b"six", b"eight"])
         log.sync()
         assert [csn for csn, _ in log.read(0)] == [5, 7]  # (the ones before the bad one are appended)
+
+
+def _run_of(first_commit: int, n: int, bad: int | None = None) -> WholeTxns:
+    """`n` whole one-change transactions from commit LSN `first_commit` on; `bad`: one whose Begin lies."""
+    txns, lines = [], []
+    for k in range(n):
+        commit = first_commit + 0x100 * k
+        final = commit + 8 if k == bad else commit
+        begin = p.Begin(Lsn(final), 0, Xid(700 + k))
+        txns.append(
+            WholeTxn(
+                Lsn(commit - 0x40),
+                begin,
+                Lsn(commit),
+                p.Commit(0, Lsn(commit), Lsn(commit + 0x10), 5),
+                [Lsn(commit - 0x20)],
+            )
+        )
+        lines.append(f"line {k}")
+    return WholeTxns(txns, lines)
+
+
+def _released(out: list[FinishedTxn]) -> list[int]:
+    return [csn for t in out for csn in (t.written.csns if t.written is not None else [t.csn])]
+
+
+def test_a_run_past_a_restart_is_released_at_once_and_one_across_it_drops_the_resent() -> None:
+    after = NodeSender("dn1", "single", resume_csn=Csn(0x900))
+    out = after.feed(Lsn(0), _run_of(0x1000, 4))
+    assert len(out) == 1 and _released(out) == [0x1000, 0x1100, 0x1200, 0x1300]  # (one release: the run)
+    across = NodeSender("dn1", "single", resume_csn=Csn(0x1100))
+    out = across.feed(Lsn(0), _run_of(0x1000, 4))
+    assert _released(out) == [0x1200, 0x1300] and across.dropped_resumed == 2
+    assert out[-1].confirmable == 0x1310
+
+
+def test_an_error_inside_a_run_comes_after_the_transactions_before_it() -> None:
+    """As when each was fed apart: those before the bad one are released, its error comes with the next call."""
+    sender = NodeSender("dn1", "single")
+    out = sender.feed(Lsn(0), _run_of(0x1000, 4, bad=2))
+    assert _released(out) == [0x1000, 0x1100]
+    with pytest.raises(LsnOrderViolation, match="commits at 0/1200 but its Begin announced 0/1208"):
+        sender.finish()
+    first_bad = NodeSender("dn1", "single")
+    with pytest.raises(LsnOrderViolation):
+        first_bad.feed(Lsn(0), _run_of(0x1000, 2, bad=0))
+
+
+def test_a_run_out_of_order_at_the_coordinator_writes_the_lines_before_the_bad_one(tmp_path: Path) -> None:
+    sender = NodeSender("dn1", "single")
+    (txn,) = sender.feed(Lsn(0), _run_of(0x1000, 3))
+    order = AloneOrder("dn1")
+    order.last_csn = Csn(0x1000)  # (as if the first had been written already: it breaks the order)
+    sink = _Ended()
+    with pytest.raises(CsnOrderViolation, match="released after csn 4096"):
+        write_alone(sink, txn, order)
+    assert sink.lines == []
+    order = AloneOrder("dn1")
+    txn.written.csns[2] = Csn(0x1100)  # type: ignore[union-attr]  # (the third repeats the second's csn)
+    with pytest.raises(CsnOrderViolation):
+        write_alone(sink, txn, order)
+    assert sink.lines == ["line 0", "line 1"]
+
+
+class _Ended(QuietSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def start_transaction(self, csn: int) -> None:
+        pass
+
+    def write(self, text: str) -> None:
+        pass
+
+    def end_transaction(self, csn: int, tail: str) -> None:
+        self.lines.append(tail)
