@@ -183,10 +183,9 @@ class NodeSender:
             lsns = item.lsns
             if lsns:
                 # Positions go forward inside a transaction and stay at or before its commit
-                # (equal ones are fine: one multi-insert gives several rows one LSN).  The
-                # sort is C-level and linear on a sorted list; a run of one skips it.
+                # (equal ones are fine: one multi-insert gives several rows one LSN).
                 last = lsns[-1]
-                if lsns[0] < txn.last_lsn or last > txn.bound or (len(lsns) > 1 and sorted(lsns) != lsns):
+                if lsns[0] < txn.last_lsn or last > txn.bound or not _sorted(lsns):
                     raise position_error(self.node, txn, lsns, sub)
                 txn.last_lsn = last
             txn.buf.extend(txn.cid, sub, lsns, item.bodies)
@@ -269,16 +268,10 @@ class NodeSender:
         csns: list[Csn] = []
         ticks: list[Csn] = []
         for w in txns:
-            commit, lsns = w.commit, w.lsns
-            commit_lsn = commit.commit_lsn
-            if (
-                w.begin.final_lsn != commit_lsn
-                or lsns[-1] > commit_lsn
-                or (len(lsns) > 1 and sorted(lsns) != lsns)
-            ):
+            if not _in_place(w):
                 return self._one_by_one(run)
-            csns.append(_as_csn(commit_lsn))
-            ticks.append(_as_csn(commit.end_lsn - 1))
+            csns.append(_as_csn(w.commit.commit_lsn))
+            ticks.append(_as_csn(w.commit.end_lsn - 1))
         resume = self.resume_csn
         if (resume is not None and csns[0] <= resume) or not self._orderer.commit_run(csns, ticks):
             return self._one_by_one(run)  # (a restart's re-sent ones are dropped there)
@@ -335,18 +328,12 @@ class NodeSender:
                 lsn=commit.commit_lsn,
                 xid=begin.xid,
             )
-        if (
-            self._cur is not None
-            or self._block is not None
-            or begin.final_lsn != commit.commit_lsn
-            or lsns[-1] > commit.commit_lsn
-            or (len(lsns) > 1 and sorted(lsns) != lsns)
-        ):
+        if self._cur is not None or self._block is not None or not _in_place(w):
             # (the errors as the message-by-message path finds them)
             self._begin(w.begin_at, begin)
             txn = self._cur
             assert txn is not None
-            if lsns[-1] > txn.bound or (len(lsns) > 1 and sorted(lsns) != lsns):
+            if lsns[-1] > txn.bound or not _sorted(lsns):
                 txn.buf.close()
                 self._cur = None
                 raise position_error(self.node, txn, lsns, None)
@@ -790,6 +777,17 @@ class NodeSender:
         if self._block is not None:
             assert self._block is self._streams.get(self._block.xid)
         assert self._cur is None or self._block is None
+
+
+def _sorted(lsns: list[Lsn]) -> bool:
+    """Positions that never go backwards (C-level and linear on a sorted list; a run of one skips it)."""
+    return len(lsns) < 2 or sorted(lsns) == lsns
+
+
+def _in_place(w: WholeTxn) -> bool:
+    """Whether a whole transaction's positions are as its Begin and Commit say: its changes in order, none past its commit."""
+    commit_lsn = w.commit.commit_lsn
+    return w.begin.final_lsn == commit_lsn and w.lsns[-1] <= commit_lsn and _sorted(w.lsns)
 
 
 # What `feed` does with each `PassThroughItem`.  A handler takes the message of its

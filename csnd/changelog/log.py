@@ -256,28 +256,12 @@ class Changelog:
 
     def append(self, csn: int, line: bytes) -> None:
         """Buffer one transaction's line; invisible and not durable until sync()."""
-        if self._closed:
-            raise ValueError("append to a closed changelog")
-        if self._open is not None:
-            raise ValueError(f"changelog record of csn {self._open.csn} is still open")
-        if not 0 < csn <= rec.MAX_U64 or csn <= self._appended_csn:
-            raise ValueError(f"changelog append of csn {csn} after csn {self._appended_csn}: not increasing")
-        if len(line) > rec.MAX_PAYLOAD:
-            raise ValueError(f"changelog record of csn {csn} is {len(line)} bytes, over {rec.MAX_PAYLOAD}")
-        t = int(self._clock() * 1_000_000)
-        frame = rec.encode(csn, t, line)
-        self._pending.append(frame)
-        self._pending_meta.append((csn, t))
-        self._pending_bytes += len(frame)
-        self._appended_csn = csn
-        self._unsynced_csns.append(csn)
-        if self._pending_bytes >= FLUSH_BYTES:
-            self._guard(self._flush)
+        self.append_many((csn,), (line,))
 
     def append_many(self, csns: Sequence[int], lines: Sequence[bytes]) -> None:
-        """`append` each line in turn, taken together: one time of appending for all of them.
+        """Buffer transactions' lines, in CSN order, with one time of appending; as `append` each.
 
-        A bad one raises as `append` would, with the ones before it appended.
+        A bad one raises, with the ones before it appended.
         """
         if self._closed:
             raise ValueError("append to a closed changelog")

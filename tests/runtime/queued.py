@@ -88,3 +88,21 @@ class QuietSink:
 
     def abandon(self) -> str | None:
         return None
+
+
+class EndedLines(QuietSink):
+    """A sink that keeps each transaction it ended, as (csn, its last part); everything ended is durable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[tuple[int, str]] = []
+
+    def start_transaction(self, csn: int) -> None:
+        pass
+
+    def write(self, text: str) -> None:
+        pass
+
+    def end_transaction(self, csn: int, tail: str) -> None:
+        self.ended.append((csn, tail))
+        self.transactions += 1

@@ -22,7 +22,7 @@ from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.items import TxnItem, WatermarkItem
 from csnd.runtime.window import AckWindow
 from csnd.sender import FinishedTxn, NodeSender
-from tests.runtime.queued import QueuedInput, QuietSink
+from tests.runtime.queued import EndedLines, QueuedInput
 
 
 class ConfirmMachine(RuleBasedStateMachine):
@@ -207,24 +207,6 @@ def test_a_durable_count_outside_what_was_written_is_refused() -> None:
 # --- one event releases several: each carries its own confirmable LSN ------------------------
 
 
-class _Lines(QuietSink):
-    """A sink that keeps the CSNs of the lines it ended; everything ended is durable at make_durable."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.csns: list[int] = []
-
-    def start_transaction(self, csn: int) -> None:
-        pass
-
-    def write(self, text: str) -> None:
-        pass
-
-    def end_transaction(self, csn: int, tail: str) -> None:
-        self.csns.append(csn)
-        self.transactions += 1
-
-
 def _gtm_txn(sender: NodeSender, xid: int, gid: str, csn: int, commit_lsn: int) -> list[FinishedTxn]:
     """Feed one GTM transaction with one change and its commit marker; what it released."""
     first = commit_lsn - 0x40
@@ -253,14 +235,14 @@ def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merg
     dn1, dn2 = QueuedInput("dn1", "gtm", confirms=True), QueuedInput("dn2", "gtm", confirms=False)
     dn1.out.put_many([TxnItem(t, t.confirmable) for t in group])
     dn2.out.put_many([WatermarkItem(Csn(11))])  # dn2 may still send csn 12
-    sink = _Lines()
+    sink = EndedLines()
     runtime = CoordinatorRuntime([dn1, dn2], sink, confirm_interval_s=0.0)
     for _ in range(3):
         for p in (dn1, dn2):
             runtime._poll(p)
         runtime._render()
         runtime._confirm(final=False)
-    assert sink.csns == [11]
+    assert [csn for csn, _ in sink.ended] == [11]
     assert dn1.confirmed and max(dn1.confirmed) <= 0x200, [hex(c) for c in dn1.confirmed]
 
     # dn2 moves on: g2 and g3 are written, and the slot goes past all three.
@@ -269,7 +251,7 @@ def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merg
         runtime._poll(p)
     runtime._render()
     runtime._confirm(final=False)
-    assert sink.csns == [11, 12, 13]
+    assert [csn for csn, _ in sink.ended] == [11, 12, 13]
     assert max(dn1.confirmed) == 0x430
 
 

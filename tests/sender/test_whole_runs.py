@@ -22,7 +22,7 @@ from csnd.decoder.change import WholeTxn, WholeTxns
 from csnd.reader import pgoutput as p
 from csnd.runtime.coordinator import write_alone
 from csnd.sender import CsnOrderer, FinishedTxn, NodeSender
-from tests.runtime.queued import QuietSink
+from tests.runtime.queued import EndedLines
 
 # Steps between consecutive commits: a commit's csn and how far past it its tick
 # lies (single-node mode: the csn is the commit LSN, the tick its end LSN - 1).
@@ -176,27 +176,12 @@ def test_a_run_out_of_order_at_the_coordinator_writes_the_lines_before_the_bad_o
     (txn,) = sender.feed(Lsn(0), _run_of(0x1000, 3))
     order = AloneOrder("dn1")
     order.last_csn = Csn(0x1000)  # (as if the first had been written already: it breaks the order)
-    sink = _Ended()
+    sink = EndedLines()
     with pytest.raises(CsnOrderViolation, match="released after csn 4096"):
         write_alone(sink, txn, order)
-    assert sink.lines == []
+    assert sink.ended == []
     order = AloneOrder("dn1")
     txn.written.csns[2] = Csn(0x1100)  # type: ignore[union-attr]  # (the third repeats the second's csn)
     with pytest.raises(CsnOrderViolation):
         write_alone(sink, txn, order)
-    assert sink.lines == ["line 0", "line 1"]
-
-
-class _Ended(QuietSink):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def start_transaction(self, csn: int) -> None:
-        pass
-
-    def write(self, text: str) -> None:
-        pass
-
-    def end_transaction(self, csn: int, tail: str) -> None:
-        self.lines.append(tail)
+    assert [line for _, line in sink.ended] == ["line 0", "line 1"]
