@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
 from csnd.coordinator import AloneOrder
-from csnd.core.errors import LsnOrderViolation
-from csnd.core.ids import Lsn
+from csnd.core.errors import LsnOrderViolation, TimestampError
+from csnd.core.ids import PG_TIME_MAX_US, Lsn, Xid
 from csnd.decoder.change import WholeTxns
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
 from csnd.reader.events import Event
-from csnd.reader.recorded import RecordedSource
+from csnd.reader.recorded import RecordedSource, checked_commit_times
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.runtime.coordinator import write_alone
 from csnd.sender.node import NodeSender
@@ -217,3 +217,13 @@ def test_a_whole_transaction_is_checked_as_one_taken_message_by_message(
         for lsn, item in pool.run(_spliced(path)):
             if not isinstance(item, BatchEnd):
                 sender.feed(lsn, item)
+
+
+def test_a_whole_transaction_with_a_commit_time_past_year_9999_is_refused_naming_it() -> None:
+    """A corrupt commit time in a folded transaction fails where it came in, naming the node, LSN and xid."""
+    begin = p.Begin(Lsn(0x1800), 0, Xid(777))
+    commit = p.Commit(0, Lsn(0x1800), Lsn(0x1810), PG_TIME_MAX_US + 1)
+    whole = p.TxnFrames(Lsn(0x1000), begin, None, Lsn(0x1800), commit)
+    with pytest.raises(TimestampError) as raised:
+        list(checked_commit_times(iter([(Lsn(0x1000), whole)]), "dn1"))
+    assert (raised.value.node, raised.value.lsn, raised.value.xid) == ("dn1", 0x1800, 777)
