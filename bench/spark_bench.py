@@ -6,12 +6,15 @@ One changelog of N synthetic transactions (5 changes each, rows of a few
 columns like an OLTP table's; a million rows by default) is served by an
 in-process changefeed; the same rows, flattened, are written once to
 Parquet, one file per core (Spark reads a file with one task; the `csnd`
-source uses every core).  Six paths, each round in alternating order, the
+source uses every core).  Seven paths, each round in alternating order, the
 ratios best against best in this run:
 
 * `csnd`: the source as it runs by default, the rows built by the service
   (Fetch format "arrow"; the first read of the range, which builds them, is
-  timed apart);
+  timed apart), and, as Spark runs on the service's host here, mapped from
+  the files the service left them in (localFiles);
+* `csnd-bytes`: the same with localFiles=false: the rows received through
+  gRPC, compressed, as an executor on another host receives them;
 * `csnd-lines`: the source with rowsBuiltBy=executor (JSON lines parsed on
   the executors);
 * `ceiling`: a PySpark Python data source reading the rows from a Parquet
@@ -168,7 +171,7 @@ def kept_batches(path: str, lo: int, hi: int) -> list[Any]:
     return KEPT[key]
 
 
-KINDS = ("csnd", "csnd-lines", "ceiling", "mechanism", "export", "parquet")
+KINDS = ("csnd", "csnd-bytes", "csnd-lines", "ceiling", "mechanism", "export", "parquet")
 
 
 def run(transactions: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
@@ -218,10 +221,12 @@ def run(transactions: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[
 
     def frame(kind: str, last: int, stream: bool) -> Any:
         reader = spark.readStream if stream else spark.read
-        if kind in ("csnd", "csnd-lines"):
+        if kind in ("csnd", "csnd-bytes", "csnd-lines"):
             df = reader.format("csnd").option("target", server.address)
             if kind == "csnd-lines":
                 df = df.option("rowsBuiltBy", "executor")
+            if kind == "csnd-bytes":
+                df = df.option("localFiles", "false")
             if not stream:
                 df = df.option("endingCsn", str(last))
             return df.load()

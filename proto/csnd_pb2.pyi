@@ -233,24 +233,42 @@ class TransactionBatch(_message.Message):
     def __init__(self, transactions: _Optional[_Iterable[_Union[Transaction, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("after_csn", "until_csn", "tables", "format")
+    __slots__ = ("after_csn", "until_csn", "tables", "format", "arrow_files")
     AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
     UNTIL_CSN_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FILES_FIELD_NUMBER: _ClassVar[int]
     after_csn: int
     until_csn: int
     tables: _containers.RepeatedScalarFieldContainer[str]
     format: str
-    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ...) -> None: ...
+    arrow_files: bool
+    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., arrow_files: _Optional[bool] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("batch", "arrow")
+    __slots__ = ("batch", "arrow", "arrow_file")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ARROW_FIELD_NUMBER: _ClassVar[int]
+    ARROW_FILE_FIELD_NUMBER: _ClassVar[int]
     batch: TransactionBatch
     arrow: bytes
-    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ..., arrow: _Optional[bytes] = ...) -> None: ...
+    arrow_file: ArrowFile
+    def __init__(self, batch: _Optional[_Union[TransactionBatch, _Mapping]] = ..., arrow: _Optional[bytes] = ..., arrow_file: _Optional[_Union[ArrowFile, _Mapping]] = ...) -> None: ...
+
+class ArrowFile(_message.Message):
+    __slots__ = ("path", "offset", "length", "after_csn", "rows")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    offset: int
+    length: int
+    after_csn: int
+    rows: int
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., after_csn: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class ListSubscriptionsRequest(_message.Message):
     __slots__ = ()

@@ -4,7 +4,8 @@
                csns_after  Fetch (after, until], counting up to a limit (csns only are kept)
                acknowledge Subscribe(name, after=csn) + ack(csn) + half-close: the service
                            stores the name's mark durably when the stream ends
-    executors: read_rows   Fetch (lo, hi] as Arrow rows the service built (docs/design.md section 8)
+    executors: read_rows   Fetch (lo, hi] as Arrow rows the service built (docs/design.md section 8),
+                           mapped from the service's files when on its host (MappedSpans)
                read_range  Fetch (lo, hi]: whole transactions' lines, in CSN order
 
 Every failure becomes one CsndError line that says which service, what
@@ -18,6 +19,7 @@ used instead may carry one batch we do not read).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -32,6 +34,8 @@ from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
+
+log = logging.getLogger("csnd.consumers.spark")
 
 # How long commit() waits for the service to confirm it stored the mark
 # (the stream ends once it has).  A timeout is logged by Spark as a failed
@@ -119,7 +123,9 @@ def newest(opts: SourceOptions) -> tuple[int, int]:
         channel.close()
 
 
-def _fetch(opts: SourceOptions, lo: int, hi: int, fmt: str) -> Iterator[pb.FetchResponse]:
+def _fetch(
+    opts: SourceOptions, lo: int, hi: int, fmt: str, files: bool = False
+) -> Iterator[pb.FetchResponse]:
     """Fetch (lo, hi] in `fmt`, message by message.
 
     Waits up to the connect timeout for the connection (a busy executor's
@@ -128,7 +134,9 @@ def _fetch(opts: SourceOptions, lo: int, hi: int, fmt: str) -> Iterator[pb.Fetch
     channel = _connected(opts)
     try:
         stub = pb_grpc.ChangefeedStub(channel)
-        request = pb.FetchRequest(after_csn=lo, until_csn=hi, tables=opts.tables, format=fmt)
+        request = pb.FetchRequest(
+            after_csn=lo, until_csn=hi, tables=opts.tables, format=fmt, arrow_files=files
+        )
         try:
             yield from stub.Fetch(request, metadata=_metadata(opts), wait_for_ready=True)
         except grpc.RpcError as e:
@@ -149,17 +157,84 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
 
     A service that predates Arrow fetches answers with lines: those come as
     (csn, line) pairs, for the caller to build rows from.
+
+    With localFiles, the service may say where rows lie in its files
+    instead of sending them; a span that cannot be read here (another
+    host, a file the service dropped meanwhile) ends that fetch, and the
+    rest of the range is fetched again as bytes from the span's start.
     """
     whole = WholeLines(f"csnd source: {opts.target}")
-    for msg in _fetch(opts, lo, hi, "arrow"):
-        if msg.arrow:
-            yield _ipc_batch(opts, lo, hi, msg.arrow)
-        yield from whole.of(msg.batch)
+    spans = MappedSpans(opts) if opts.local_files else None
+    pos = lo
+    while True:
+        resume_at = None
+        messages = _fetch(opts, pos, hi, "arrow", files=spans is not None)
+        try:
+            for msg in messages:
+                if msg.HasField("arrow_file"):
+                    batch = spans.batch(msg.arrow_file) if spans is not None else None
+                    if batch is None:
+                        resume_at = max(pos, msg.arrow_file.after_csn)
+                        break
+                    yield batch
+                elif msg.arrow:
+                    yield _ipc_batch(opts, lo, hi, msg.arrow)
+                yield from whole.of(msg.batch)
+        finally:
+            messages.close()  # type: ignore[attr-defined]  # (a generator: closes the channel)
+        if resume_at is None:
+            return
+        spans, pos = None, resume_at
+
+
+class MappedSpans:
+    """The service's files, mapped into this process: a FileSpan's batch without a copy."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._maps: dict[str, pa.MemoryMappedFile] = {}
+
+    def batch(self, span: pb.ArrowFile) -> pa.RecordBatch | None:
+        """The span's rows, in place; None (and why, logged) when they cannot be read here."""
+        try:
+            mapped = self._maps.get(span.path)
+            if mapped is None:
+                mapped = self._maps[span.path] = pa.memory_map(span.path)
+            mapped.seek(span.offset)
+            data = mapped.read_buffer(span.length)
+            batch = pa.ipc.open_stream(data, options=_ONE_THREAD).read_next_batch()
+        except (OSError, pa.ArrowInvalid, StopIteration) as e:  # (pyarrow's IOError is an OSError)
+            log.info("csnd source: rows at %s are fetched as bytes: %s", span.path, e)
+            return None
+        csns = batch.column(0)
+        if (
+            len(data) != span.length
+            or not batch.schema.equals(ARROW_SCHEMA)
+            or batch.num_rows != span.rows
+            or (batch.num_rows and csns[0].as_py() <= span.after_csn)
+        ):
+            log.warning(
+                "csnd source: %s at %s: %d bytes at offset %d do not hold the %d rows after csn %d "
+                "it named; they are fetched as bytes",
+                self.opts.target,
+                span.path,
+                span.length,
+                span.offset,
+                span.rows,
+                span.after_csn,
+            )
+            return None
+        return batch
+
+
+# Opening a message undoes its compression buffer by buffer: on one thread,
+# as a Spark task is one thread of its own (a pool cost 20% more CPU here).
+_ONE_THREAD: Final = pa.ipc.IpcReadOptions(use_threads=False)
 
 
 def _ipc_batch(opts: SourceOptions, lo: int, hi: int, data: bytes) -> pa.RecordBatch:
     try:
-        reader = pa.ipc.open_stream(data)
+        reader = pa.ipc.open_stream(data, options=_ONE_THREAD)
         batch = reader.read_next_batch()
     except (pa.ArrowInvalid, StopIteration) as e:
         raise ChangefeedError(

@@ -33,6 +33,8 @@ KNOWN: Final = {
     "connectTimeout": "seconds to wait for the service before failing (default 10)",
     "rowsBuiltBy": "service (default): the service sends Arrow rows it built once; "
     "executor: it sends JSON lines and each executor builds the rows",
+    "localFiles": "true (default): an executor on the service's host maps the rows the service "
+    "left in files instead of receiving them; false: always receive them",
 }
 ROWS_BUILT_BY: Final = ("service", "executor")
 _LOWER: Final = {k.lower(): k for k in KNOWN}
@@ -53,6 +55,7 @@ class SourceOptions:
     tls_ca_file: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     rows_built_by: str = "service"
+    local_files: bool = True
 
 
 def _known_list() -> str:
@@ -129,6 +132,9 @@ def parse_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptio
         raise ConfigError(
             f"csnd source: option rowsBuiltBy={given['rowsBuiltBy']!r} is not one of {', '.join(ROWS_BUILT_BY)}"
         )
+    local_files = given.get("localFiles", "true").strip().lower()
+    if local_files not in ("true", "false"):
+        raise ConfigError(f"csnd source: option localFiles={given['localFiles']!r} is not true or false")
     return SourceOptions(
         target=opts.target,
         starting_csn=starting,
@@ -141,6 +147,7 @@ def parse_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptio
         tls_ca_file=given.get("tlsCaFile") or None,
         connect_timeout=timeout,
         rows_built_by=built_by,
+        local_files=local_files == "true",
     )
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import threading
 import time
@@ -77,6 +78,10 @@ class FeedSettings:
     # uncompressed (on the wire they take about a seventh).  Larger: fewer
     # record batches for Spark to take in; smaller: less memory per Fetch.
     arrow_message_bytes: int = 8 << 20
+    # Where Fetch(format="arrow", arrow_files) readers on this host find the
+    # rows as files (csnd.service.arrow_rows): "" is <changelog>/arrow-files,
+    # None writes none (every reader gets bytes).
+    arrow_files_dir: str | None = ""
     # How often the server asks a subscriber for a sign of life.  Smaller:
     # a dead consumer is found sooner, at the cost of a message each way.
     keepalive_s: float = 5.0
@@ -514,7 +519,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         if until == 0:
             return
         if request.format == "arrow" and (blocks := self._arrow_rows()) is not None:
-            yield from self._fetch_arrow(blocks, after, until, filt, context)
+            yield from self._fetch_arrow(blocks, after, until, filt, request.arrow_files, context)
             return
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:
@@ -553,17 +558,35 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                         log.warning("changefeed: Arrow fetches are answered with lines: %s", e)
                         self._arrow_missing_logged = True
                     return None
-                self._row_blocks = arrow_rows.RowBlocks(self.log, self.settings.arrow_message_bytes)
+                files_dir = self.settings.arrow_files_dir
+                if files_dir == "":
+                    files_dir = os.path.join(self.directory, "arrow-files") if self.directory else None
+                try:
+                    self._row_blocks = arrow_rows.RowBlocks(
+                        self.log, self.settings.arrow_message_bytes, files_dir=files_dir
+                    )
+                except OSError as e:  # (the directory cannot be made: every reader gets bytes)
+                    log.warning("changefeed: Arrow rows are sent as bytes only: %s: %s", files_dir, e)
+                    self._row_blocks = arrow_rows.RowBlocks(self.log, self.settings.arrow_message_bytes)
             return self._row_blocks
 
     def _fetch_arrow(
-        self, blocks: RowBlocks, after: int, until: int, filt: TableFilter, context: grpc.ServicerContext
+        self,
+        blocks: RowBlocks,
+        after: int,
+        until: int,
+        filt: TableFilter,
+        files: bool,
+        context: grpc.ServicerContext,
     ) -> Iterator[pb.FetchResponse]:
         from csnd.service.arrow_rows import RecordTooLarge
 
         try:
-            for i, message in enumerate(blocks.messages(after, until, filt)):
-                yield pb.FetchResponse(arrow=message)
+            for i, message in enumerate(blocks.messages(after, until, filt, files=files)):
+                if isinstance(message, bytes):
+                    yield pb.FetchResponse(arrow=message)
+                else:
+                    yield pb.FetchResponse(arrow_file=pb.ArrowFile(**message._asdict()))
                 if i % 16 == 15 and self.stopping.is_set():
                     _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
         except CsnOutOfRange as e:

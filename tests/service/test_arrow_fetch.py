@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from csnd.changelog import Changelog
 from csnd.consumers.client import WholeLines
 from csnd.consumers.spark.columns import flatten
+from csnd.consumers.spark.feed import MappedSpans
 from csnd.consumers.spark.options import parse_options
 from csnd.consumers.spark.source import CsnRange, read_partition
 from csnd.core.errors import ChangefeedError, CsnOutOfRange
@@ -42,9 +43,27 @@ def expected(log: Changelog, after: int, until: int, specs: tuple[str, ...]) -> 
     return pa.Table.from_batches([flatten(kept)])
 
 
-def got(blocks: RowBlocks, after: int, until: int, specs: tuple[str, ...]) -> pa.Table:
-    batches = [open_message(m) for m in blocks.messages(after, until, TableFilter(specs))]
+def got(blocks: RowBlocks, after: int, until: int, specs: tuple[str, ...], files: bool = False) -> pa.Table:
+    """The read's rows; every message holds whole transactions (no csn is in two of them)."""
+    batches = [opened(m) for m in blocks.messages(after, until, TableFilter(specs), files=files)]
+    seen: set[int] = set()
+    for b in batches:
+        csns = set(b.column("csn").to_pylist())
+        assert not csns & seen, f"a transaction's rows in two messages: {sorted(csns & seen)}"
+        seen |= csns
     return pa.Table.from_batches(batches, schema=flatten([]).schema)
+
+
+def opened(message: arrow_rows.Message) -> pa.RecordBatch:
+    if isinstance(message, bytes):
+        return open_message(message)
+    batch = MappedSpans(parse_options({"target": "localhost:1"}, stream=False)).batch(as_pb(message))
+    assert batch is not None, message
+    return batch
+
+
+def as_pb(span: arrow_rows.FileSpan) -> pb.ArrowFile:
+    return pb.ArrowFile(**span._asdict())
 
 
 reads = st.lists(
@@ -61,6 +80,7 @@ txn_shapes = st.lists(st.lists(st.sampled_from(TABLES), max_size=6), min_size=1,
     block_rows=st.integers(1, 40),
     message_bytes=st.integers(1, 6000),
     budget=st.sampled_from([1, 20_000, 1 << 30]),
+    files_budget=st.sampled_from([None, 1, 30_000, 1 << 30]),
 )
 @example(  # a transaction's kept rows across two messages: seq goes on counting
     shapes=[[TABLES[0], TABLES[1], TABLES[0], TABLES[0]]],
@@ -69,6 +89,7 @@ txn_shapes = st.lists(st.lists(st.sampled_from(TABLES), max_size=6), min_size=1,
     block_rows=40,
     message_bytes=1,
     budget=1 << 30,
+    files_budget=None,
 )
 def test_arrow_rows_equal_the_rows_of_the_lines(
     shapes: list[list[tuple[str, str]]],
@@ -77,24 +98,35 @@ def test_arrow_rows_equal_the_rows_of_the_lines(
     block_rows: int,
     message_bytes: int,
     budget: int,
+    files_budget: int | None,
 ) -> None:
+    """With files_budget, every read is of files where the service has them (and bytes elsewhere)."""
     with tempfile.TemporaryDirectory() as d:
         log = Changelog(d)
+        files_dir = os.path.join(d, "arrow-files") if files_budget is not None else None
         try:
             csn = 0
             for shape, gap in zip(shapes, gaps, strict=False):
                 csn += gap
                 log.append(csn, line(csn, shape, gid=f"g-{csn}"))
             log.sync()
-            blocks = RowBlocks(log, message_bytes, block_rows=block_rows, budget_bytes=budget)
+            blocks = RowBlocks(
+                log,
+                message_bytes,
+                block_rows=block_rows,
+                budget_bytes=budget,
+                files_dir=files_dir,
+                files_budget_bytes=files_budget or 0,
+            )
             for a, b, specs in reads:
                 after, until = min(a, b), max(a, b) or log.visible_csn
-                assert got(blocks, after, until, specs).equals(expected(log, after, until, specs)), (
-                    after,
-                    until,
-                    specs,
-                )
+                read = got(blocks, after, until, specs, files=files_dir is not None)
+                assert read.equals(expected(log, after, until, specs)), (after, until, specs)
             assert blocks.kept_bytes <= budget
+            if files_dir is not None:
+                assert files_budget is not None and blocks.files_bytes <= files_budget
+                on_disk = sum(e.stat().st_size for e in os.scandir(files_dir))
+                assert on_disk == blocks.files_bytes  # (a forgotten or dropped block's file is gone)
         finally:
             log.close()
 
@@ -285,3 +317,112 @@ def test_a_transaction_too_large_for_arrow_is_refused_and_read_as_lines(
     finally:
         srv.stop()
         log.close()
+
+
+def _spans(address: str, after: int, until: int) -> list[pb.ArrowFile]:
+    msgs = _fetch(address, after_csn=after, until_csn=until, format="arrow", arrow_files=True)
+    return [m.arrow_file for m in msgs if m.HasField("arrow_file")]
+
+
+def _read(address: str, lo: int, hi: int, **options: str) -> pa.Table:
+    opts = parse_options({"target": address, **options}, stream=False)
+    return pa.Table.from_batches(list(read_partition(opts, CsnRange(lo, hi))))
+
+
+def test_a_reader_on_the_services_host_maps_the_rows_from_files(tmp_path: Any) -> None:
+    log = Changelog(os.path.join(str(tmp_path), "log"))
+    files_dir = os.path.join(log.directory, "arrow-files")
+    os.makedirs(files_dir)
+    stale = os.path.join(files_dir, "1-9-abcd.arrows")
+    mine = os.path.join(files_dir, "notes.txt")  # (not ours: left alone)
+    for path in (stale, mine):
+        with open(path, "w") as f:
+            f.write("x")
+    fill(log, range(1, 301))
+    srv = serve(log, settings=FeedSettings(arrow_message_bytes=4000))
+    try:
+        want = expected(log, 0, 300, ())
+        assert _read(srv.address, 0, 300, localFiles="false").equals(want)  # (builds and keeps the rows)
+        spans = _spans(srv.address, 0, 300)
+        assert len(spans) > 3 and not os.path.exists(stale) and os.path.exists(mine)
+        assert {os.path.dirname(s.path) for s in spans} == {files_dir}
+        assert all(os.stat(s.path).st_mode & 0o077 == 0 for s in spans)  # (the changelog's rows: ours only)
+        assert [s.after_csn for s in spans] == sorted({s.after_csn for s in spans})
+        assert _read(srv.address, 0, 300).equals(want)
+        assert _read(srv.address, 17, 250).equals(expected(log, 17, 250, ()))
+        # With tables, rows are cut anew: bytes, never files.
+        msgs = _fetch(srv.address, tables=["public.acct"], format="arrow", arrow_files=True)
+        assert msgs and not any(m.HasField("arrow_file") for m in msgs)
+        # A client that does not ask (another host) gets bytes.
+        msgs = _fetch(srv.address, format="arrow")
+        assert msgs and not any(m.HasField("arrow_file") for m in msgs)
+    finally:
+        srv.stop()
+        log.close()
+
+
+@pytest.mark.parametrize("spoil", ["removed", "a-directory-here", "truncated", "another-range"])
+def test_a_file_that_cannot_be_read_here_is_fetched_as_bytes_from_where_it_begins(
+    tmp_path: Any, spoil: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second block's file is spoiled: the rows before it come from files, the rest as bytes, each once."""
+    monkeypatch.setattr(arrow_rows, "BLOCK_ROWS", 150)
+    log = Changelog(os.path.join(str(tmp_path), "log"))
+    fill(log, range(1, 301))
+    srv = serve(log, settings=FeedSettings(arrow_message_bytes=4000))
+    try:
+        want = expected(log, 0, 300, ())
+        _read(srv.address, 0, 300)  # (builds the rows and writes the files)
+        spans = _spans(srv.address, 0, 300)
+        paths = list(dict.fromkeys(s.path for s in spans))
+        assert len(paths) >= 2, "the rows fit one block; make the blocks smaller"
+        victim = paths[1]
+        if spoil == "removed":
+            os.unlink(victim)
+        elif spoil == "a-directory-here":  # (what another host may have at that path)
+            os.unlink(victim)
+            os.mkdir(victim)
+        elif spoil == "truncated":
+            os.truncate(victim, os.path.getsize(victim) // 2)
+        else:  # (the file holds other rows than the span says: its first message moved on)
+            with open(victim, "r+b") as f:
+                data = f.read()
+                f.seek(0)
+                f.write(data[spans[[s.path for s in spans].index(victim) + 1].offset :])
+        with caplog.at_level("INFO", logger="csnd.consumers.spark"):
+            assert _read(srv.address, 0, 300).equals(want)
+        assert victim in caplog.text
+    finally:
+        srv.stop()
+        log.close()
+
+
+def test_files_go_with_their_blocks_and_stay_within_their_budget() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            fill(log, range(1, 401))
+            files_dir = os.path.join(d, "arrow-files")
+            blocks = RowBlocks(log, 2000, block_rows=40, files_dir=files_dir, files_budget_bytes=60_000)
+            first = [m for m in blocks.messages(0, 400, TableFilter(), files=True)]
+            assert any(isinstance(m, arrow_rows.FileSpan) for m in first)
+            assert 0 < blocks.files_bytes <= 60_000
+            assert sum(e.stat().st_size for e in os.scandir(files_dir)) == blocks.files_bytes
+            # Every whole message came from a file; the least recently read lost theirs first.
+            assert all(isinstance(m, arrow_rows.FileSpan) for m in first)
+            paths = list(dict.fromkeys(m.path for m in first if isinstance(m, arrow_rows.FileSpan)))
+            left = [os.path.exists(p) for p in paths]
+            assert left[-1] and not left[0] and left == sorted(left)
+            # A block larger than the whole budget has no file: its messages go as bytes.
+            small = RowBlocks(log, 2000, block_rows=400, files_dir=files_dir, files_budget_bytes=100)
+            assert all(isinstance(m, bytes) for m in small.messages(0, 400, TableFilter(), files=True))
+            assert os.listdir(files_dir) == []  # (the second RowBlocks cleared the first's files)
+            # A block retention drops takes its file with it.
+            blocks = RowBlocks(log, 2000, block_rows=40, files_dir=files_dir)
+            list(blocks.messages(0, 400, TableFilter(), files=True))
+            before = len(os.listdir(files_dir))
+            blocks._drop_before(200)
+            assert 0 < len(os.listdir(files_dir)) < before
+            assert sum(e.stat().st_size for e in os.scandir(files_dir)) == blocks.files_bytes
+        finally:
+            log.close()
