@@ -626,12 +626,25 @@ class Changelog:
             return max(counted, self.count_after(0, cap)[0]), True
         return counted, False
 
-    def wait_durable(self, after_csn: int, timeout: float) -> bool:
-        """Block until visible_csn > after_csn (True), or `timeout` seconds pass or the log closes (False)."""
+    def wait_durable(
+        self, after_csn: int, timeout: float, interrupted: Callable[[], bool] | None = None
+    ) -> bool:
+        """Block until visible_csn > after_csn (True), or `timeout` seconds pass or the log closes (False).
+
+        `interrupted`, when given, also ends the wait once it is true, as
+        soon as whoever made it true calls `wake_waiters`.
+        """
+
+        def done() -> bool:
+            return self.visible_csn > after_csn or self._closed or (interrupted is not None and interrupted())
+
         with self._cond:
-            return self._cond.wait_for(lambda: self.visible_csn > after_csn or self._closed, timeout) and (
-                self.visible_csn > after_csn
-            )
+            return self._cond.wait_for(done, timeout) and self.visible_csn > after_csn
+
+    def wake_waiters(self) -> None:
+        """Makes every `wait_durable` look at its `interrupted` again."""
+        with self._cond:
+            self._cond.notify_all()
 
     def read(self, after_csn: int, until_csn: int | None = None) -> Iterator[tuple[int, bytes]]:
         """The durable records with after_csn < csn (<= until_csn), in order; seeks, never scans from the start.

@@ -229,6 +229,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         finally:
             stream.got_first.set()
             stream.closed.set()
+            self.log.wake_waiters()
 
     def _open(self, after: int, context: grpc.ServicerContext) -> Iterator[StoredRecord]:
         """`log.read(after)` with its first record already read, so a start out of range fails here."""
@@ -333,7 +334,11 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 yield _keepalive()
             if now - self._last_store >= s.store_interval_s:
                 self._store_marks()
-            log.wait_durable(pos, min(WAIT_S, max(0.0, next_keepalive - time.monotonic())))
+            # (a client that half-closes, as an acknowledgement does, ends the wait at once:
+            # it waits for the end of the stream, which stores its mark)
+            log.wait_durable(
+                pos, min(WAIT_S, max(0.0, next_keepalive - time.monotonic())), stream.closed.is_set
+            )
             records = None
 
     def _sent(self, cid: int, csn: int, transactions: int) -> None:

@@ -72,6 +72,19 @@ def test_wait_durable_wakes_on_sync_and_close(tmp_path: Path) -> None:
     assert woke == [True, False] and not t.is_alive()
 
 
+def test_wait_durable_ends_when_interrupted_and_woken(tmp_path: Path) -> None:
+    log = Changelog(str(tmp_path))
+    stop = threading.Event()
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(log.wait_durable(0, CEILING, stop.is_set)))
+    t.start()
+    stop.set()
+    log.wake_waiters()
+    t.join(CEILING)
+    assert woke == [False] and not t.is_alive()  # (nothing durable: not a True)
+    log.close()
+
+
 _CHILD = textwrap.dedent(
     """
     import sys

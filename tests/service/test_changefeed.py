@@ -150,6 +150,32 @@ def test_named_subscription_resumes_after_its_ack_across_a_restart(tmp_path: obj
         log.close()
 
 
+def test_a_stream_the_client_half_closes_ends_without_waiting_for_news(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark source's commit acknowledges and half-closes, then waits for the stream's end
+    (the mark is stored by then): it must not wait out the stream's idle wait for new records."""
+    from csnd.consumers.spark import feed as spark_feed
+    from csnd.consumers.spark.options import parse_options
+    from csnd.service import changefeed
+
+    monkeypatch.setattr(changefeed, "WAIT_S", 3600.0)
+    d = os.path.join(str(tmp_path), "log")
+    log = Changelog(d)
+    fill(log, range(1, 11))
+    srv = serve(log, settings=FeedSettings(keepalive_s=3600.0, client_timeout_s=7200.0))
+    try:
+        opts = parse_options({"target": srv.address}, stream=True)
+        done = threading.Thread(target=spark_feed.acknowledge, args=(opts, "spark-q", 10), daemon=True)
+        done.start()
+        done.join(120.0)  # (a bound on a hang, not a timing: without the wake-up this is an hour)
+        assert not done.is_alive(), "the acknowledgement waited for the stream's idle wait"
+        assert SubscriptionStore(d).get("spark-q") == 10
+    finally:
+        srv.stop()
+        log.close()
+
+
 def test_a_name_taken_over_ends_the_older_stream(log: Changelog) -> None:
     fill(log, range(1, 5))
     srv = serve(log, settings=FAST)
