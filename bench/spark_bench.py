@@ -21,9 +21,10 @@ ratios best against best in this run:
   file in its Python workers (CSN-range partitions, each task only its own
   row groups);
 * `mechanism`: a PySpark Python data source whose workers hand Spark the same
-  Arrow batches, built once and kept in their memory: the cost of the Python
-  data source mechanism alone (Arrow into the JVM and into rows), which no
-  source of this kind can go below;
+  rows as Arrow batches of 10,000 rows, built once and kept in their memory:
+  the cost of the Python data source mechanism (Arrow into the JVM and into
+  rows) at Spark's default batch size (a source with larger batches, as the
+  `csnd` one's 8 MiB messages are, can do better);
 * `export`: `csnd serve --parquet-dir`'s export of the same changelog (its
   files cut one per core too; the time it took to write them is reported);
 * `parquet`: the Parquet files, read by Spark's file source: the baseline.
