@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import struct
 import sys
 import threading
@@ -96,9 +97,25 @@ def reader_alone(frames: list[bytes], transactions: int) -> float:
     return (time.process_time() - t) / transactions * 1e6
 
 
-def through_the_pool(frames: list[bytes], transactions: int, sender: bool) -> tuple[float, float, int]:
-    """(reader thread, whole process) CPU us per transaction, and transactions released."""
+def _cpu_s(pid: int | None) -> float:
+    """utime + stime of a process, from /proc (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def through_the_pool(
+    frames: list[bytes], transactions: int, sender: bool
+) -> tuple[float, float, int, float | None]:
+    """(reader thread, whole process) CPU us per transaction, transactions released, and the
+    decoder workers' CPU us per transaction (with the sender: read when the last is released)."""
     pool = DecoderPool("dn1", 2, binary=True)
+    workers = [p.pid for p in pool._procs]
+    workers_at_start = sum(map(_cpu_s, workers))
+    workers_us: float | None = None
     pool.write_lines = True
     node = NodeSender("dn1", "single")
     reader_cpu: list[float] = []
@@ -116,8 +133,10 @@ def through_the_pool(frames: list[bytes], transactions: int, sender: bool) -> tu
         if sender and not isinstance(item, BatchEnd):
             for txn in node.feed(lsn, item):
                 released += len(txn.written.csns) if txn.written is not None else 1
+            if released == transactions and workers_us is None:
+                workers_us = (sum(map(_cpu_s, workers)) - workers_at_start) / transactions * 1e6
     whole = time.process_time() - t
-    return reader_cpu[0] / transactions * 1e6, whole / transactions * 1e6, released
+    return reader_cpu[0] / transactions * 1e6, whole / transactions * 1e6, released, workers_us
 
 
 def run(transactions: int, rows: int, repeat: int) -> dict[str, Any]:
@@ -145,6 +164,7 @@ def run(transactions: int, rows: int, repeat: int) -> dict[str, Any]:
             "process_with_pool": pooled[1],
             "reader_thread_with_pool_and_sender": full[0],
             "process_with_pool_and_sender": full[1],
+            "decoder_workers": full[3],
         },
     }
 
@@ -156,6 +176,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("the reader's thread, with the pool's feed", u["reader_thread_with_pool"]),
         ("the whole process: reader, pool (2 workers), collector", u["process_with_pool"]),
         ("the whole process, with the sender", u["process_with_pool_and_sender"]),
+        ("the 2 decoder workers (processes of their own), in that run", u.get("decoder_workers") or 0.0),
     ]
     head = f"{r['transactions']:,} transactions of {r['rows_per_transaction']} rows, best of {r['repeat']}"
     out = [f"| hot path ({head}) | CPU us per transaction |", "| --- | --- |"]
