@@ -396,7 +396,17 @@ class RowBlocks:
                 return kept.span(i) if kept.path else block.messages[i]
             if self._blocks.get(block.after) is not block:  # (not kept: read once, no file)
                 return block.messages[i]
-        written = BlockFile.write(self.files_dir, block, self.files_budget_bytes)  # (no lock held)
+        try:
+            written = BlockFile.write(self.files_dir, block, self.files_budget_bytes)  # (no lock held)
+        except OSError as e:  # (a full or read-only disk: the block's rows go as bytes)
+            log.warning(
+                "changefeed: the rows of csn range (%d, %d] go as bytes: cannot write their file in %s: %s",
+                block.after,
+                block.last,
+                self.files_dir,
+                e,
+            )
+            written = BlockFile(block, None, [0])
         with self._lock:
             kept = self._files.get(block.after)
             if self._blocks.get(block.after) is not block or (kept is not None and kept.block is block):

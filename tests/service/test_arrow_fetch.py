@@ -426,3 +426,29 @@ def test_files_go_with_their_blocks_and_stay_within_their_budget() -> None:
             assert sum(e.stat().st_size for e in os.scandir(files_dir)) == blocks.files_bytes
         finally:
             log.close()
+
+
+def test_a_file_that_cannot_be_written_leaves_the_rows_as_bytes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk: each block's file is tried once, its rows go as bytes, and the read is whole."""
+    tried: list[int] = []
+
+    def full(directory: str, block: arrow_rows.Block, budget: int) -> arrow_rows.BlockFile:
+        tried.append(block.after)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(arrow_rows.BlockFile, "write", full)
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            fill(log, range(1, 201))
+            blocks = RowBlocks(log, 2000, block_rows=40, files_dir=os.path.join(d, "arrow-files"))
+            for _ in range(2):
+                with caplog.at_level("WARNING", logger="csnd.changefeed"):
+                    assert got(blocks, 0, 200, (), files=True).equals(expected(log, 0, 200, ()))
+            assert tried and len(tried) == len(set(tried))  # (once a block)
+            assert "No space left on device" in caplog.text
+            assert blocks.files_bytes == 0
+        finally:
+            log.close()
