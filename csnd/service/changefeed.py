@@ -82,6 +82,8 @@ class FeedSettings:
     # rows as files (csnd.service.arrow_rows): "" is <changelog>/arrow-files,
     # None writes none (every reader gets bytes).
     arrow_files_dir: str | None = ""
+    # Disk those files may take (the least recently read dropped first); 0: none.
+    arrow_files_bytes: int = 1 << 30
     # How often the server asks a subscriber for a sign of life.  Smaller:
     # a dead consumer is found sooner, at the cost of a message each way.
     keepalive_s: float = 5.0
@@ -563,12 +565,16 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                         log.warning("changefeed: Arrow fetches are answered with lines: %s", e)
                         self._arrow_missing_logged = True
                     return None
-                files_dir = self.settings.arrow_files_dir
+                s = self.settings
+                files_dir = s.arrow_files_dir if s.arrow_files_bytes > 0 else None
                 if files_dir == "":
                     files_dir = os.path.join(self.directory, "arrow-files") if self.directory else None
                 try:
                     self._row_blocks = arrow_rows.RowBlocks(
-                        self.log, self.settings.arrow_message_bytes, files_dir=files_dir
+                        self.log,
+                        s.arrow_message_bytes,
+                        files_dir=files_dir,
+                        files_budget_bytes=s.arrow_files_bytes,
                     )
                 except OSError as e:  # (the directory cannot be made: every reader gets bytes)
                     log.warning("changefeed: Arrow rows are sent as bytes only: %s: %s", files_dir, e)

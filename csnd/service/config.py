@@ -25,7 +25,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from csnd.core.errors import ConfigError
 from csnd.runtime.config import LiveSourceConfig
-from csnd.service.settings import CONFIG_ENV, LIVE_KEYS, check_file, live_values, read_environment
+from csnd.service.settings import (
+    CONFIG_ENV,
+    LIVE_KEYS,
+    SETTINGS,
+    check_file,
+    live_values,
+    read_environment,
+)
 
 DEFAULT_LISTEN: Final = "127.0.0.1:7070"
 DEFAULT_DECODERS: Final = 2
@@ -80,6 +87,9 @@ class ServeConfig:
     parquet_dir: str | None = (
         None  # --parquet-dir: the changelog also as Parquet files (csnd.service.parquet)
     )
+    # --arrow-files-bytes: disk the Spark source's rows may take as files for
+    # executors on this host (csnd.service.arrow_rows); 0: none, None: its default
+    arrow_files_bytes: int | None = None
 
 
 def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceConfig:
@@ -129,19 +139,8 @@ def serve_config(
     return build_config(file, flags, cli_sources, environ=environ, where=f"{what} {path}")
 
 
-_TOP_KEYS: Final = {
-    "changelog",
-    "listen",
-    "http",
-    "decoders",
-    "token_file",
-    "tls_cert",
-    "tls_key",
-    "health_needs_token",
-    "retention_bytes",
-    "retention_hours",
-    "give_up",
-    "readiness_grace",
+# Every top-level setting of SETTINGS (so a flag always has its TOML key), and the tables.
+_TOP_KEYS: Final = {s.key for s in SETTINGS if not s.live} | {
     "source",
     "dashboard",
     "defaults",
@@ -232,6 +231,7 @@ def build_config(
         snapshot_chunk_rows=snapshot.get("chunk_rows"),
         snapshot_readers=snapshot.get("readers"),
         parquet_dir=pick("parquet_dir"),
+        arrow_files_bytes=pick("arrow_files_bytes"),
     )
 
 

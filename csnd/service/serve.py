@@ -62,6 +62,7 @@ from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.sources import SourceSpec, check_nodes, open_live, open_source
 from csnd.runtime.stopping import ignore_stop_signals
+from csnd.service.changefeed import FeedSettings
 from csnd.service.config import ServeConfig, ServedSource
 from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
@@ -526,6 +527,7 @@ class Service:
                 directory=os.path.abspath(cfg.changelog),
                 serving=False,
                 health_needs_token=cfg.health_needs_token,
+                settings=_feed_settings(cfg),
             )
             if cfg.http:
                 # Up before the slots are prepared (which may wait long for a new slot's
@@ -631,6 +633,13 @@ class Service:
             with contextlib.suppress(CsndError, OSError):
                 self.log.sync()
             self.log.close()
+
+
+def _feed_settings(cfg: ServeConfig) -> FeedSettings:
+    """The changefeed's settings the configuration changes (the rest: FeedSettings' defaults)."""
+    if cfg.arrow_files_bytes is None:
+        return FeedSettings()
+    return FeedSettings(arrow_files_bytes=cfg.arrow_files_bytes)
 
 
 def _drop_own_slot(source: LiveSource) -> None:

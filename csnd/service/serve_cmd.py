@@ -123,6 +123,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "row schema, for spark.read.parquet and Spark's file-stream source (docs/design.md section 8)",
     )
     p.add_argument(
+        "--arrow-files-bytes",
+        type=flag_type(settings.BYTES),
+        metavar="B",
+        help="disk the Spark source's rows may take, uncompressed, in CHANGELOG/arrow-files, where executors "
+        "on this host map them instead of receiving them (default 1 GiB; 0: none, every executor receives them)",
+    )
+    p.add_argument(
         "--give-up",
         type=flag_type(settings.POSITIVE),
         metavar="SECONDS",

@@ -89,6 +89,14 @@ def _whole(value: object) -> int:
     return value
 
 
+def _bytes(value: object) -> int:
+    if isinstance(value, str):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return value
+
+
 def _number(above: float | None = None, at_least: float | None = None) -> Callable[[object], float]:
     """A finite number (a TOML integer or float, or its text) above `above` or at least `at_least`."""
 
@@ -145,6 +153,7 @@ def _lsn(value: object) -> int:
 
 
 WHOLE: Final = Kind("a whole number >= 1", _whole)
+BYTES: Final = Kind("a whole number >= 0", _bytes)
 POSITIVE: Final = Kind("a number > 0", _number(above=0))
 NOT_NEGATIVE: Final = Kind("a number >= 0", _number(at_least=0))
 TEXT: Final = Kind("a string", _text)
@@ -191,6 +200,7 @@ SETTINGS: Final = (
     Setting("give_up", POSITIVE, "SECONDS"),
     Setting("readiness_grace", NOT_NEGATIVE, "SECONDS"),
     Setting("parquet_dir", TEXT, "DIR"),
+    Setting("arrow_files_bytes", BYTES, "BYTES"),
     Setting("slot", TEXT, "SLOT", live=True),
     Setting("publication", TEXT, "PUBLICATION", live=True),
     Setting("create_slot", BOOLEAN, "true|false", live=True),

@@ -452,3 +452,18 @@ def test_a_file_that_cannot_be_written_leaves_the_rows_as_bytes(
             assert blocks.files_bytes == 0
         finally:
             log.close()
+
+
+def test_no_files_when_their_budget_is_zero(tmp_path: Any) -> None:
+    """--arrow-files-bytes 0: every reader gets bytes, and the service writes no file."""
+    log = Changelog(os.path.join(str(tmp_path), "log"))
+    fill(log, range(1, 101))
+    srv = serve(log, settings=FeedSettings(arrow_files_bytes=0))
+    try:
+        msgs = _fetch(srv.address, format="arrow", arrow_files=True)
+        assert msgs and all(m.arrow and not m.HasField("arrow_file") for m in msgs)
+        assert _read(srv.address, 0, 100).equals(expected(log, 0, 100, ()))
+        assert not os.path.exists(os.path.join(log.directory, "arrow-files"))
+    finally:
+        srv.stop()
+        log.close()

@@ -153,6 +153,19 @@ def test_precedence_flags_environment_file_defaults(tmp_path: Path) -> None:
         build_config({"decoders": 0}, {"changelog": "x"}, [url], environ={}, where="--config c.toml")
 
 
+def test_the_export_and_the_arrow_files_are_set_in_the_file_too() -> None:
+    """Every flag has its key in the file: parquet_dir, documented there, was refused as unknown."""
+    url = "postgresql://h/db?publication=p"
+    c = build_config(
+        {"changelog": "x", "parquet_dir": "/data/p", "arrow_files_bytes": 0}, {}, [url], environ={}
+    )
+    assert (c.parquet_dir, c.arrow_files_bytes) == ("/data/p", 0)
+    c = build_config({"changelog": "x"}, {}, [url], environ={"CSND_ARROW_FILES_BYTES": "4096"})
+    assert (c.parquet_dir, c.arrow_files_bytes) == (None, 4096)
+    with pytest.raises(ConfigError, match=r"arrow_files_bytes: expected a whole number >= 0, got -1"):
+        build_config({"changelog": "x", "arrow_files_bytes": -1}, {}, [url], environ={})
+
+
 def test_the_environment_is_documented_in_help_and_docs() -> None:
     help_text = _csnd("serve", "--help").stdout
     docs = (Path(__file__).parents[2] / "docs" / "service.md").read_text()
