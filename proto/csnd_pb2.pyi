@@ -233,18 +233,18 @@ class TransactionBatch(_message.Message):
     def __init__(self, transactions: _Optional[_Iterable[_Union[Transaction, _Mapping]]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("after_csn", "until_csn", "tables", "format", "arrow_files")
+    __slots__ = ("after_csn", "until_csn", "tables", "format", "client_host")
     AFTER_CSN_FIELD_NUMBER: _ClassVar[int]
     UNTIL_CSN_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
-    ARROW_FILES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
     after_csn: int
     until_csn: int
     tables: _containers.RepeatedScalarFieldContainer[str]
     format: str
-    arrow_files: bool
-    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., arrow_files: _Optional[bool] = ...) -> None: ...
+    client_host: str
+    def __init__(self, after_csn: _Optional[int] = ..., until_csn: _Optional[int] = ..., tables: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., client_host: _Optional[str] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("batch", "arrow", "arrow_file")

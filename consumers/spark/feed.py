@@ -32,6 +32,7 @@ from csnd.consumers.client import CHANNEL_OPTIONS, WholeLines, permanent_error, 
 from csnd.consumers.spark.columns import ARROW_SCHEMA
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
+from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 
@@ -124,7 +125,7 @@ def newest(opts: SourceOptions) -> tuple[int, int]:
 
 
 def _fetch(
-    opts: SourceOptions, lo: int, hi: int, fmt: str, files: bool = False
+    opts: SourceOptions, lo: int, hi: int, fmt: str, client_host: str = ""
 ) -> Iterator[pb.FetchResponse]:
     """Fetch (lo, hi] in `fmt`, message by message.
 
@@ -135,7 +136,7 @@ def _fetch(
     try:
         stub = pb_grpc.ChangefeedStub(channel)
         request = pb.FetchRequest(
-            after_csn=lo, until_csn=hi, tables=opts.tables, format=fmt, arrow_files=files
+            after_csn=lo, until_csn=hi, tables=opts.tables, format=fmt, client_host=client_host
         )
         try:
             yield from stub.Fetch(request, metadata=_metadata(opts), wait_for_ready=True)
@@ -158,17 +159,18 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
     A service that predates Arrow fetches answers with lines: those come as
     (csn, line) pairs, for the caller to build rows from.
 
-    With localFiles, the service may say where rows lie in its files
-    instead of sending them; a span that cannot be read here (another
-    host, a file the service dropped meanwhile) ends that fetch, and the
-    rest of the range is fetched again as bytes from the span's start.
+    With localFiles, the request names this host (`hostid`): a service on
+    the same host may say where rows lie in its files instead of sending
+    them.  A span that cannot be read here (another mount or user, a file
+    the service dropped meanwhile) ends that fetch, and the rest of the
+    range is fetched again as bytes from the span's start.
     """
     whole = WholeLines(f"csnd source: {opts.target}")
-    spans = MappedSpans(opts) if opts.local_files else None
+    spans = MappedSpans(opts) if opts.local_files and host_id() else None
     pos = lo
     while True:
         resume_at = None
-        messages = _fetch(opts, pos, hi, "arrow", files=spans is not None)
+        messages = _fetch(opts, pos, hi, "arrow", client_host=host_id() if spans is not None else "")
         try:
             for msg in messages:
                 if msg.HasField("arrow_file"):
@@ -178,50 +180,72 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
                         break
                     yield batch
                 elif msg.arrow:
-                    yield _ipc_batch(opts, lo, hi, msg.arrow)
+                    yield _ipc_batch(opts, pos, hi, msg.arrow)
                 yield from whole.of(msg.batch)
         finally:
             messages.close()  # type: ignore[attr-defined]  # (a generator: closes the channel)
+            if spans is not None:
+                spans.close()
         if resume_at is None:
             return
         spans, pos = None, resume_at
 
 
 class MappedSpans:
-    """The service's files, mapped into this process: a FileSpan's batch without a copy."""
+    """The service's files, mapped into this process: a FileSpan's batch without a copy.
+
+    One file is open at a time (a block's spans come one after another):
+    the batches handed on keep their pages mapped by themselves, after the
+    file is closed and after the service removes it.
+    """
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._maps: dict[str, pa.MemoryMappedFile] = {}
+        self._path = ""
+        self._map: pa.MemoryMappedFile | None = None
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map, self._path = None, ""
 
     def batch(self, span: pb.ArrowFile) -> pa.RecordBatch | None:
         """The span's rows, in place; None (and why, logged) when they cannot be read here."""
         try:
-            mapped = self._maps.get(span.path)
-            if mapped is None:
-                mapped = self._maps[span.path] = pa.memory_map(span.path)
-            mapped.seek(span.offset)
-            data = mapped.read_buffer(span.length)
+            if span.path != self._path or self._map is None:
+                self.close()
+                self._map, self._path = pa.memory_map(span.path), span.path
+            self._map.seek(span.offset)
+            data = self._map.read_buffer(span.length)
             batch = pa.ipc.open_stream(data, options=_ONE_THREAD).read_next_batch()
         except (OSError, pa.ArrowInvalid, StopIteration) as e:  # (pyarrow's IOError is an OSError)
-            log.info("csnd source: rows at %s are fetched as bytes: %s", span.path, e)
+            log.info(
+                "csnd source: %s: the rows after csn %d are received instead of read from %s (%s); "
+                "localFiles=false receives them always",
+                self.opts.target,
+                span.after_csn,
+                span.path,
+                e,
+            )
             return None
-        csns = batch.column(0)
         if (
             len(data) != span.length
             or not batch.schema.equals(ARROW_SCHEMA)
             or batch.num_rows != span.rows
-            or (batch.num_rows and csns[0].as_py() <= span.after_csn)
+            or (batch.num_rows and batch.column(0)[0].as_py() <= span.after_csn)
         ):
             log.warning(
-                "csnd source: %s at %s: %d bytes at offset %d do not hold the %d rows after csn %d "
-                "it named; they are fetched as bytes",
+                "csnd source: %s named %d rows after csn %d in %d bytes at offset %d of %s, and those "
+                "bytes hold something else (%d bytes, %d rows, %s); the rows are received instead",
                 self.opts.target,
-                span.path,
-                span.length,
-                span.offset,
                 span.rows,
                 span.after_csn,
+                span.length,
+                span.offset,
+                span.path,
+                len(data),
+                batch.num_rows,
+                "its schema" if batch.schema.equals(ARROW_SCHEMA) else "another schema",
             )
             return None
         return batch

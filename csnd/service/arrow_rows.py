@@ -4,7 +4,7 @@
       └─ RowBlocks.messages ── a kept block covers it? ── its IPC messages (cut ones written anew)
                             └─ a gap ── Changelog.read_pieced ─► RowBuilder ─► IPC messages ─► new block (kept, LRU)
       └─ with tables: keep_tables (pyarrow compute; seq renumbered) on each message's rows
-      └─ arrow_files: a kept block's whole messages as FileSpans of its file (written once)
+      └─ a reader on this host: a kept block's whole messages as FileSpans of its file (written once)
 
 The Spark source's executors used to turn every JSON line into rows
 themselves, in Python, several microseconds a row -- on every read of the
@@ -43,6 +43,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -70,6 +71,8 @@ RECORD_LIMIT: Final = 64 << 20
 # Disk the blocks' files may take (uncompressed: about seven times their
 # messages).  A block whose file alone is larger has none.
 FILES_BUDGET_BYTES: Final = 1 << 30
+# A disk that refuses the files is said once in this many seconds.
+WRITE_FAILED_LOG_S: Final = 60
 # The files' name: <after>-<last>-<random>.arrows (the random part: a block
 # built again gets a new file, so a reader never maps a file being replaced).
 FILE_SUFFIX: Final = ".arrows"
@@ -284,8 +287,9 @@ class BlockFile(NamedTuple):
         tmp = os.path.join(directory, "." + name + ".tmp")
         offsets = [0]
         # (0600: the rows are the changelog's; a reader that is not this user gets bytes)
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-            try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with open(fd, "wb") as f:
                 for message in block.messages:
                     sink = pa.BufferOutputStream()
                     with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
@@ -293,13 +297,15 @@ class BlockFile(NamedTuple):
                     offsets.append(offsets[-1] + f.write(sink.getvalue()))
                     if offsets[-1] > budget_bytes:
                         break
-            except BaseException:
+            # (closing flushes: a full disk may show only there)
+            if offsets[-1] > budget_bytes:
                 os.unlink(tmp)
-                raise
-        if offsets[-1] > budget_bytes:
-            os.unlink(tmp)
-            return cls(block, None, offsets)
-        os.rename(tmp, path)
+                return cls(block, None, offsets)
+            os.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         return cls(block, path, offsets)
 
     def span(self, i: int) -> FileSpan:
@@ -346,6 +352,7 @@ class RowBlocks:
         self._files: OrderedDict[int, BlockFile] = OrderedDict()  # by `after`, least recently read first
         self.kept_bytes = 0
         self.files_bytes = 0
+        self._write_failed_logged = -float(WRITE_FAILED_LOG_S)  # (monotonic time of the last warning)
         self.built_rows = 0  # rows built since start (a re-read kept block adds none)
 
     def messages(
@@ -399,13 +406,18 @@ class RowBlocks:
         try:
             written = BlockFile.write(self.files_dir, block, self.files_budget_bytes)  # (no lock held)
         except OSError as e:  # (a full or read-only disk: the block's rows go as bytes)
-            log.warning(
-                "changefeed: the rows of csn range (%d, %d] go as bytes: cannot write their file in %s: %s",
-                block.after,
-                block.last,
-                self.files_dir,
-                e,
-            )
+            now = time.monotonic()
+            if now - self._write_failed_logged >= WRITE_FAILED_LOG_S:  # (not once a block)
+                self._write_failed_logged = now
+                log.warning(
+                    "changefeed: Arrow rows go as bytes: cannot write their file in %s (csn range (%d, %d]): "
+                    "%s; said again at most every %d s",
+                    self.files_dir,
+                    block.after,
+                    block.last,
+                    e,
+                    WRITE_FAILED_LOG_S,
+                )
             written = BlockFile(block, None, [0])
         with self._lock:
             kept = self._files.get(block.after)
@@ -419,8 +431,13 @@ class RowBlocks:
                 )
             self._files[block.after] = written
             self.files_bytes += written.size
-            while self.files_bytes > self.files_budget_bytes:
-                self._drop_file(next(iter(self._files)))
+            if self.files_bytes > self.files_budget_bytes:
+                # (the least recently read files go; blocks marked as having none keep
+                # their mark, which costs no disk, so their file is not tried again)
+                for after in [a for a, f in self._files.items() if f.path is not None]:
+                    if self.files_bytes <= self.files_budget_bytes:
+                        break
+                    self._drop_file(after)
         return written.span(i) if written.path else block.messages[i]
 
     def _drop_file(self, after: int) -> None:

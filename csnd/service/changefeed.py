@@ -43,6 +43,7 @@ import grpc
 
 from csnd import __version__
 from csnd.core.errors import AckError, CsnOutOfRange, SnapshotError, SubscriptionBusy, SubscriptionNotFound
+from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
@@ -78,11 +79,12 @@ class FeedSettings:
     # uncompressed (on the wire they take about a seventh).  Larger: fewer
     # record batches for Spark to take in; smaller: less memory per Fetch.
     arrow_message_bytes: int = 8 << 20
-    # Where Fetch(format="arrow", arrow_files) readers on this host find the
+    # Where Fetch(format="arrow") readers on this host (client_host) find the
     # rows as files (csnd.service.arrow_rows): "" is <changelog>/arrow-files,
     # None writes none (every reader gets bytes).
     arrow_files_dir: str | None = ""
-    # Disk those files may take (the least recently read dropped first); 0: none.
+    # Disk those files may take (the least recently read dropped first); 0:
+    # none.  (arrow_rows.FILES_BUDGET_BYTES: that module needs pyarrow.)
     arrow_files_bytes: int = 1 << 30
     # How often the server asks a subscriber for a sign of life.  Smaller:
     # a dead consumer is found sooner, at the cost of a message each way.
@@ -526,7 +528,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         if until == 0:
             return
         if request.format == "arrow" and (blocks := self._arrow_rows()) is not None:
-            yield from self._fetch_arrow(blocks, after, until, filt, request.arrow_files, context)
+            files = bool(request.client_host) and request.client_host == host_id()
+            yield from self._fetch_arrow(blocks, after, until, filt, files, context)
             return
         builder = BatchBuilder(self.settings.max_batch_bytes)
         try:

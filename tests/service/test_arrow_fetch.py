@@ -27,6 +27,7 @@ from csnd.consumers.spark.feed import MappedSpans
 from csnd.consumers.spark.options import parse_options
 from csnd.consumers.spark.source import CsnRange, read_partition
 from csnd.core.errors import ChangefeedError, CsnOutOfRange
+from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings, arrow_rows
@@ -320,7 +321,7 @@ def test_a_transaction_too_large_for_arrow_is_refused_and_read_as_lines(
 
 
 def _spans(address: str, after: int, until: int) -> list[pb.ArrowFile]:
-    msgs = _fetch(address, after_csn=after, until_csn=until, format="arrow", arrow_files=True)
+    msgs = _fetch(address, after_csn=after, until_csn=until, format="arrow", client_host=host_id())
     return [m.arrow_file for m in msgs if m.HasField("arrow_file")]
 
 
@@ -351,11 +352,12 @@ def test_a_reader_on_the_services_host_maps_the_rows_from_files(tmp_path: Any) -
         assert _read(srv.address, 0, 300).equals(want)
         assert _read(srv.address, 17, 250).equals(expected(log, 17, 250, ()))
         # With tables, rows are cut anew: bytes, never files.
-        msgs = _fetch(srv.address, tables=["public.acct"], format="arrow", arrow_files=True)
+        msgs = _fetch(srv.address, tables=["public.acct"], format="arrow", client_host=host_id())
         assert msgs and not any(m.HasField("arrow_file") for m in msgs)
-        # A client that does not ask (another host) gets bytes.
-        msgs = _fetch(srv.address, format="arrow")
-        assert msgs and not any(m.HasField("arrow_file") for m in msgs)
+        # A client that names no host, or another one, gets bytes (it could not read the files).
+        for other in ("", "another-host-boot-id"):
+            msgs = _fetch(srv.address, format="arrow", client_host=other)
+            assert msgs and not any(m.HasField("arrow_file") for m in msgs)
     finally:
         srv.stop()
         log.close()
@@ -460,10 +462,43 @@ def test_no_files_when_their_budget_is_zero(tmp_path: Any) -> None:
     fill(log, range(1, 101))
     srv = serve(log, settings=FeedSettings(arrow_files_bytes=0))
     try:
-        msgs = _fetch(srv.address, format="arrow", arrow_files=True)
+        msgs = _fetch(srv.address, format="arrow", client_host=host_id())
         assert msgs and all(m.arrow and not m.HasField("arrow_file") for m in msgs)
         assert _read(srv.address, 0, 100).equals(expected(log, 0, 100, ()))
         assert not os.path.exists(os.path.join(log.directory, "arrow-files"))
     finally:
         srv.stop()
         log.close()
+
+
+def test_a_file_cut_short_by_a_failing_disk_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails at its end (here the rename; a full disk shows at the close) removes its
+    temporary file, and the block, marked as having none, is not tried again when files are evicted."""
+
+    def refused(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    with tempfile.TemporaryDirectory() as d:
+        log = Changelog(d)
+        try:
+            fill(log, range(1, 201))
+            files_dir = os.path.join(d, "arrow-files")
+            blocks = RowBlocks(log, 2000, block_rows=40, files_dir=files_dir, files_budget_bytes=40_000)
+            with monkeypatch.context() as m:
+                m.setattr(arrow_rows.os, "rename", refused)
+                assert got(blocks, 0, 40, (), files=True).equals(expected(log, 0, 40, ()))
+            assert os.listdir(files_dir) == []
+            tried: list[int] = []
+            write = arrow_rows.BlockFile.write
+
+            def counted(directory: str, block: arrow_rows.Block, budget: int) -> arrow_rows.BlockFile:
+                tried.append(block.after)
+                return write(directory, block, budget)
+
+            monkeypatch.setattr(arrow_rows.BlockFile, "write", staticmethod(counted))
+            for _ in range(3):  # (the other blocks' files evict one another; the marked one stays marked)
+                assert got(blocks, 0, 200, (), files=True).equals(expected(log, 0, 200, ()))
+            assert 0 not in tried
+            assert sum(e.stat().st_size for e in os.scandir(files_dir)) == blocks.files_bytes <= 40_000
+        finally:
+            log.close()
