@@ -485,7 +485,7 @@ def test_a_file_cut_short_by_a_failing_disk_leaves_nothing_behind(monkeypatch: p
             files_dir = os.path.join(d, "arrow-files")
             blocks = RowBlocks(log, 2000, block_rows=40, files_dir=files_dir, files_budget_bytes=40_000)
             with monkeypatch.context() as m:
-                m.setattr(arrow_rows.os, "rename", refused)
+                m.setattr(os, "rename", refused)
                 assert got(blocks, 0, 40, (), files=True).equals(expected(log, 0, 40, ()))
             assert os.listdir(files_dir) == []
             tried: list[int] = []
