@@ -31,6 +31,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # The Spark schema, as DDL (DataSource.schema) and as Arrow (what `read` yields).
 SCHEMA_DDL: Final = (
@@ -463,3 +464,40 @@ def _changes(text: str, i: int) -> tuple[list[dict[str, Any]], int]:
         elif text[i] != "]":
             raise ValueError(f"unexpected {text[i]!r} at offset {i} after change {len(out) - 1}")
     return out, i + 1
+
+
+def keep_tables(
+    batch: pa.RecordBatch,
+    schemas: frozenset[str],
+    tables: frozenset[tuple[str, str]],
+    carry: tuple[int, int] = (0, -1),
+) -> pa.RecordBatch:
+    """The rows of the `tables` (schema, table) and of every table of the `schemas`; `seq` renumbered.
+
+    What a `tables` filter leaves of rows built unfiltered, as the lines
+    path cuts a line (docs/design.md section 8: `seq` counts the kept
+    changes of each transaction).  The rows are in (csn, seq) order, so a
+    transaction's kept rows are consecutive and their new seq is their
+    distance from its first kept row.  `carry` is (csn, seq) of the last
+    row kept before this batch: a transaction that began there goes on
+    counting from it.  Both empty: the batch as it is.
+    """
+    if not (schemas or tables) or batch.num_rows == 0:
+        return batch
+    schema, table = batch.column(9), batch.column(10)
+    mask = pc.is_in(schema, value_set=pa.array(sorted(schemas), pa.string()))
+    if tables:
+        pairs = pc.binary_join_element_wise(schema, table, "\x00")
+        wanted = pa.array(sorted(f"{s}\x00{t}" for s, t in tables), pa.string())
+        mask = pc.or_(mask, pc.is_in(pairs, value_set=wanted))
+    kept = batch.filter(pc.fill_null(mask, False))
+    n = kept.num_rows
+    if n == 0:
+        return kept
+    csns = kept.column(0).to_numpy(zero_copy_only=False)
+    index = np.arange(n, dtype=np.int64)
+    firsts = np.flatnonzero(np.r_[True, csns[1:] != csns[:-1]])
+    seq = index - firsts[np.searchsorted(firsts, index, side="right") - 1]
+    if csns[0] == carry[0]:
+        seq[: firsts[1] if len(firsts) > 1 else n] += carry[1] + 1
+    return kept.set_column(3, ARROW_SCHEMA.field(3), pa.array(seq.astype(np.int32), pa.int32()))

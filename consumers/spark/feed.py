@@ -29,10 +29,11 @@ import grpc
 import pyarrow as pa
 
 from csnd.consumers.client import CHANNEL_OPTIONS, WholeLines, permanent_error, wait_reachable
-from csnd.consumers.spark.columns import ARROW_SCHEMA
+from csnd.consumers.spark.columns import ARROW_SCHEMA, keep_tables
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
 from csnd.core.hostid import host_id
+from csnd.core.tablespec import parse_table
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 
@@ -161,12 +162,15 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
 
     With localFiles, the request names this host (`hostid`): a service on
     the same host may say where rows lie in its files instead of sending
-    them.  A span that cannot be read here (another mount or user, a file
+    them (every table's: the `tables` option is applied here).  A span that cannot be read here (another mount or user, a file
     the service dropped meanwhile) ends that fetch, and the rest of the
     range is fetched again as bytes from the span's start.
     """
     whole = WholeLines(f"csnd source: {opts.target}")
     spans = MappedSpans(opts) if opts.local_files and host_id() else None
+    parsed = [parse_table(t) for t in opts.tables]  # (checked when the query started)
+    schemas = frozenset(s for s, t in parsed if t is None)
+    tables = frozenset((s, t) for s, t in parsed if t is not None)
     pos = lo
     while True:
         resume_at = None
@@ -178,7 +182,10 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
                     if batch is None:
                         resume_at = max(pos, msg.arrow_file.after_csn)
                         break
-                    yield batch
+                    # (a file holds every table's rows, whole transactions: ours are kept here)
+                    batch = keep_tables(batch, schemas, tables)
+                    if batch.num_rows:
+                        yield batch
                 elif msg.arrow:
                     yield _ipc_batch(opts, pos, hi, msg.arrow)
                 yield from whole.of(msg.batch)

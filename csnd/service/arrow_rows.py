@@ -51,10 +51,10 @@ from typing import Final, NamedTuple, Self
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from sortedcontainers import SortedDict
 
 from csnd.changelog import Changelog, RecordPieces
+from csnd.consumers.spark import columns
 from csnd.consumers.spark.columns import ARROW_SCHEMA, RowBuilder
 from csnd.service.filtering import TableFilter
 
@@ -183,32 +183,8 @@ def make_block(after: int, last: int, batch: pa.RecordBatch, message_bytes: int)
 
 
 def keep_tables(batch: pa.RecordBatch, filt: TableFilter, carry: tuple[int, int] = (0, -1)) -> pa.RecordBatch:
-    """The rows of `filt`'s tables; `seq` renumbered to count the kept changes of each transaction.
-
-    The rows are in (csn, seq) order, so a transaction's kept rows are
-    consecutive and their new seq is their distance from its first kept row.
-    `carry` is (csn, seq) of the last row kept before this batch: a
-    transaction that began there goes on counting from it.
-    """
-    if not filt or batch.num_rows == 0:
-        return batch
-    schema, table = batch.column(9), batch.column(10)
-    mask = pc.is_in(schema, value_set=pa.array(sorted(filt.schemas), pa.string()))
-    if filt.tables:
-        pairs = pc.binary_join_element_wise(schema, table, "\x00")
-        wanted = pa.array(sorted(f"{s}\x00{t}" for s, t in filt.tables), pa.string())
-        mask = pc.or_(mask, pc.is_in(pairs, value_set=wanted))
-    kept = batch.filter(pc.fill_null(mask, False))
-    n = kept.num_rows
-    if n == 0:
-        return kept
-    csns = kept.column(0).to_numpy(zero_copy_only=False)
-    index = np.arange(n, dtype=np.int64)
-    firsts = np.flatnonzero(np.r_[True, csns[1:] != csns[:-1]])
-    seq = index - firsts[np.searchsorted(firsts, index, side="right") - 1]
-    if csns[0] == carry[0]:
-        seq[: firsts[1] if len(firsts) > 1 else n] += carry[1] + 1
-    return kept.set_column(3, ARROW_SCHEMA.field(3), pa.array(seq.astype(np.int32), pa.int32()))
+    """The rows of `filt`'s tables; `seq` renumbered (`columns.keep_tables`, which executors use too)."""
+    return columns.keep_tables(batch, filt.schemas, filt.tables, carry) if filt else batch
 
 
 class FileSpan(NamedTuple):
@@ -254,9 +230,13 @@ def block_messages(
         first, end = starts[i], starts[i + 1]
         if first >= hi:
             break
-        if not filt and lo <= first and end <= hi:
-            yield whole(block, i)
-            continue
+        if lo <= first and end <= hi:
+            if not filt:
+                yield whole(block, i)
+                continue
+            if whole is not _bytes_of and isinstance(span := whole(block, i), FileSpan):
+                yield span  # (every table's rows: a reader on this host keeps its own)
+                continue
         cut_lo, cut_hi = max(lo, first), min(hi, end)
         batch = open_message(block.messages[i]).slice(cut_lo - first, cut_hi - cut_lo)
         if filt:

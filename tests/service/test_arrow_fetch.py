@@ -46,7 +46,9 @@ def expected(log: Changelog, after: int, until: int, specs: tuple[str, ...]) -> 
 
 def got(blocks: RowBlocks, after: int, until: int, specs: tuple[str, ...], files: bool = False) -> pa.Table:
     """The read's rows; every message holds whole transactions (no csn is in two of them)."""
-    batches = [opened(m) for m in blocks.messages(after, until, TableFilter(specs), files=files)]
+    filt = TableFilter(specs)
+    batches = [opened(m, filt) for m in blocks.messages(after, until, filt, files=files)]
+    batches = [b for b in batches if b.num_rows]
     seen: set[int] = set()
     for b in batches:
         csns = set(b.column("csn").to_pylist())
@@ -55,12 +57,13 @@ def got(blocks: RowBlocks, after: int, until: int, specs: tuple[str, ...], files
     return pa.Table.from_batches(batches, schema=flatten([]).schema)
 
 
-def opened(message: arrow_rows.Message) -> pa.RecordBatch:
+def opened(message: arrow_rows.Message, filt: TableFilter) -> pa.RecordBatch:
+    """A message's rows as a reader gets them: a FileSpan's are every table's, kept as the executor keeps them."""
     if isinstance(message, bytes):
         return open_message(message)
     batch = MappedSpans(parse_options({"target": "localhost:1"}, stream=False)).batch(as_pb(message))
     assert batch is not None, message
-    return batch
+    return keep_tables(batch, filt)
 
 
 def as_pb(span: arrow_rows.FileSpan) -> pb.ArrowFile:
@@ -327,7 +330,7 @@ def _spans(address: str, after: int, until: int) -> list[pb.ArrowFile]:
 
 def _read(address: str, lo: int, hi: int, **options: str) -> pa.Table:
     opts = parse_options({"target": address, **options}, stream=False)
-    return pa.Table.from_batches(list(read_partition(opts, CsnRange(lo, hi))))
+    return pa.Table.from_batches(list(read_partition(opts, CsnRange(lo, hi))), schema=flatten([]).schema)
 
 
 def test_a_reader_on_the_services_host_maps_the_rows_from_files(tmp_path: Any) -> None:
@@ -351,9 +354,12 @@ def test_a_reader_on_the_services_host_maps_the_rows_from_files(tmp_path: Any) -
         assert [s.after_csn for s in spans] == sorted({s.after_csn for s in spans})
         assert _read(srv.address, 0, 300).equals(want)
         assert _read(srv.address, 17, 250).equals(expected(log, 17, 250, ()))
-        # With tables, rows are cut anew: bytes, never files.
+        # With tables, the whole messages are still files (of every table's rows): the reader keeps its own.
         msgs = _fetch(srv.address, tables=["public.acct"], format="arrow", client_host=host_id())
-        assert msgs and not any(m.HasField("arrow_file") for m in msgs)
+        assert msgs and all(m.HasField("arrow_file") for m in msgs)
+        for specs in (("public.acct",), ("sales.*", 'odd."a.b"'), ("nobody.none",)):
+            read = _read(srv.address, 11, 290, tables=",".join(specs))
+            assert read.equals(expected(log, 11, 290, specs)), specs
         # A client that names no host, or another one, gets bytes (it could not read the files).
         for other in ("", "another-host-boot-id"):
             msgs = _fetch(srv.address, format="arrow", client_host=other)
@@ -393,6 +399,10 @@ def test_a_file_that_cannot_be_read_here_is_fetched_as_bytes_from_where_it_begin
                 f.write(data[spans[[s.path for s in spans].index(victim) + 1].offset :])
         with caplog.at_level("INFO", logger="csnd.consumers.spark"):
             assert _read(srv.address, 0, 300).equals(want)
+            # With tables: the spans before it kept here, the rest filtered by the service.
+            assert _read(srv.address, 0, 300, tables="public.acct").equals(
+                expected(log, 0, 300, ("public.acct",))
+            )
         assert victim in caplog.text
     finally:
         srv.stop()
