@@ -81,20 +81,17 @@ def toml_text(value: object) -> str:
         return str(value)  # (a TOML date or time)
 
 
-def _whole(value: object) -> int:
-    if isinstance(value, str):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(value)
-    return value
+def _integer(least: int) -> Callable[[object], int]:
+    """A whole number (a TOML integer or its text) of at least `least`."""
 
+    def convert(value: object) -> int:
+        if isinstance(value, str):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(value)
+        return value
 
-def _bytes(value: object) -> int:
-    if isinstance(value, str):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(value)
-    return value
+    return convert
 
 
 def _number(above: float | None = None, at_least: float | None = None) -> Callable[[object], float]:
@@ -152,8 +149,8 @@ def _lsn(value: object) -> int:
     return lsn_from_str(value)
 
 
-WHOLE: Final = Kind("a whole number >= 1", _whole)
-BYTES: Final = Kind("a whole number >= 0", _bytes)
+WHOLE: Final = Kind("a whole number >= 1", _integer(1))
+BYTES: Final = Kind("a whole number >= 0", _integer(0))
 POSITIVE: Final = Kind("a number > 0", _number(above=0))
 NOT_NEGATIVE: Final = Kind("a number >= 0", _number(at_least=0))
 TEXT: Final = Kind("a string", _text)
