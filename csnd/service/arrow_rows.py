@@ -252,7 +252,7 @@ class BlockFile(NamedTuple):
     """A kept block's messages, uncompressed, one after another in a file."""
 
     block: Block
-    path: str | None  # None: larger than the files' budget, so not written
+    path: str | None  # None: no file (larger than the files' budget, or the disk refused it)
     offsets: list[int]  # message i is at offsets[i] .. offsets[i + 1]
 
     @property
