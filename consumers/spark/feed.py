@@ -162,9 +162,10 @@ def read_rows(opts: SourceOptions, lo: int, hi: int) -> Iterator[pa.RecordBatch 
 
     With localFiles, the request names this host (`hostid`): a service on
     the same host may say where rows lie in its files instead of sending
-    them (every table's: the `tables` option is applied here).  A span that cannot be read here (another mount or user, a file
-    the service dropped meanwhile) ends that fetch, and the rest of the
-    range is fetched again as bytes from the span's start.
+    them (every table's: the `tables` option is applied here).  A span that
+    cannot be read here (another mount or user, a file the service dropped
+    meanwhile) ends that fetch, and the rest of the range is fetched again
+    as bytes from the span's start.
     """
     whole = WholeLines(f"csnd source: {opts.target}")
     spans = MappedSpans(opts) if opts.local_files and host_id() else None

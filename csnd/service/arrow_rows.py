@@ -19,7 +19,10 @@ it).  Blocks never overlap; a read walks the blocks that cover its range and
 builds the gaps, cut every BLOCK_ROWS rows between transactions.  Only what
 readers may see is built (`Changelog.visible_csn`: durable, and not held
 back by an initial snapshot), so a block is never missing a transaction that
-becomes durable later.
+becomes durable later.  The blocks are kept in memory up to a byte budget,
+the least recently read dropped first (they are rebuilt if read again), and
+dropped as soon as retention drops their transactions.  Two reads of one gap
+at the same moment may both build it: the first to finish keeps its block.
 
 A reader on the service's host (the Spark source's executors in local mode,
 or beside the service) can do better than receive the bytes: receiving 25
@@ -29,10 +32,7 @@ kept block is also written once, uncompressed, to a file of the files
 directory, and its whole messages are sent as where they lie in it
 (FileSpan); the reader maps the file and hands Spark the batches in place,
 as HDFS's short-circuit reads do.  The files are bounded by their own
-budget (the least recently read dropped first) and go with their block.  The blocks are kept in memory up to a byte budget,
-the least recently read dropped first (they are rebuilt if read again), and
-dropped as soon as retention drops their transactions.  Two reads of one gap
-at the same moment may both build it: the first to finish keeps its block.
+budget (the least recently read dropped first) and go with their block.
 """
 
 from __future__ import annotations
@@ -199,12 +199,8 @@ class FileSpan(NamedTuple):
 
 # What a read yields for a message: its bytes, or where it lies in a file.
 Message = bytes | FileSpan
-# How a read takes a block's whole message i: its bytes, or a FileSpan.
+# How a read of files takes a block's whole message i: a FileSpan, or its bytes if it has no file.
 WholeMessage = Callable[[Block, int], Message]
-
-
-def _bytes_of(block: Block, i: int) -> Message:
-    return block.messages[i]
 
 
 def block_messages(
@@ -213,14 +209,15 @@ def block_messages(
     until: int,
     filt: TableFilter,
     carry: tuple[int, int],
-    whole: WholeMessage = _bytes_of,
+    whole: WholeMessage | None = None,
 ) -> Generator[Message, None, tuple[int, int]]:
     """The IPC messages of `block`'s rows with after < csn <= until, of `filt`'s tables.
 
-    A message wholly inside the range goes as `whole` gives it (as it was
-    built); one the range or the filter cuts is opened, cut and written anew.
-    `carry` is (csn, seq) of the last row sent before (see keep_tables);
-    returns the new one.
+    A message wholly inside the range goes as it was built, or as `whole`
+    gives it (a FileSpan of every table's rows: a reader on this host keeps
+    its own); one the range or the filter cuts is opened, cut and written
+    anew.  `carry` is (csn, seq) of the last row sent before (see
+    keep_tables); returns the new one.
     """
     lo, hi = block.row_span(after, until)
     if lo >= hi:
@@ -231,11 +228,9 @@ def block_messages(
         if first >= hi:
             break
         if lo <= first and end <= hi:
-            if not filt:
-                yield whole(block, i)
-                continue
-            if whole is not _bytes_of and isinstance(span := whole(block, i), FileSpan):
-                yield span  # (every table's rows: a reader on this host keeps its own)
+            message = block.messages[i] if whole is None else whole(block, i)
+            if not filt or isinstance(message, FileSpan):
+                yield message
                 continue
         cut_lo, cut_hi = max(lo, first), min(hi, end)
         batch = open_message(block.messages[i]).slice(cut_lo - first, cut_hi - cut_lo)
@@ -288,9 +283,11 @@ class BlockFile(NamedTuple):
             raise
         return cls(block, path, offsets)
 
-    def span(self, i: int) -> FileSpan:
-        assert self.path is not None
+    def message(self, i: int) -> Message:
+        """Message i as where it lies in the file; its bytes if there is no file."""
         block = self.block
+        if self.path is None:
+            return block.messages[i]
         first, end = int(block.starts[i]), int(block.starts[i + 1])
         after = int(block.csns[first - 1]) if first else block.after
         return FileSpan(self.path, self.offsets[i], self.offsets[i + 1] - self.offsets[i], after, end - first)
@@ -345,7 +342,7 @@ class RowBlocks:
         from the oldest retained.  With `files` (and a files directory), a
         kept block's whole messages come as FileSpans.
         """
-        whole: WholeMessage = self._from_file if files and self.files_dir is not None else _bytes_of
+        whole = self._from_file if files and self.files_dir is not None else None
         log = self.log
         log.check_retained(after)
         until = min(until, log.visible_csn)
@@ -380,7 +377,7 @@ class RowBlocks:
             kept = self._files.get(block.after)
             if kept is not None and kept.block is block:
                 self._files.move_to_end(block.after)
-                return kept.span(i) if kept.path else block.messages[i]
+                return kept.message(i)
             if self._blocks.get(block.after) is not block:  # (not kept: read once, no file)
                 return block.messages[i]
         try:
@@ -404,11 +401,7 @@ class RowBlocks:
             if self._blocks.get(block.after) is not block or (kept is not None and kept.block is block):
                 # (forgotten meanwhile, or another read wrote it first: ours goes)
                 _unlink(written.path)
-                return (
-                    kept.span(i)
-                    if kept is not None and kept.block is block and kept.path
-                    else block.messages[i]
-                )
+                return kept.message(i) if kept is not None and kept.block is block else block.messages[i]
             self._files[block.after] = written
             self.files_bytes += written.size
             if self.files_bytes > self.files_budget_bytes:
@@ -418,7 +411,7 @@ class RowBlocks:
                     if self.files_bytes <= self.files_budget_bytes:
                         break
                     self._drop_file(after)
-        return written.span(i) if written.path else block.messages[i]
+        return written.message(i)
 
     def _drop_file(self, after: int) -> None:
         dropped = self._files.pop(after, None)

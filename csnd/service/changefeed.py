@@ -581,7 +581,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     )
                 except OSError as e:  # (the directory cannot be made: every reader gets bytes)
                     log.warning("changefeed: Arrow rows are sent as bytes only: %s: %s", files_dir, e)
-                    self._row_blocks = arrow_rows.RowBlocks(self.log, self.settings.arrow_message_bytes)
+                    self._row_blocks = arrow_rows.RowBlocks(self.log, s.arrow_message_bytes)
             return self._row_blocks
 
     def _fetch_arrow(
