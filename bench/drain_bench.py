@@ -69,11 +69,11 @@ import psycopg
 
 from bench.common import out_path, pg_recvlogical_command
 from bench.loadkit import (
-    CLK_TCK,
     Proc,
     Service,
     Watch,
     add_scale_flags,
+    cpu_seconds,
     end_all,
     lsn_text,
     scale_from,
@@ -109,17 +109,6 @@ _SIZE_HELP: Final = {
 
 
 # --- /proc ------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of `pid` (all its threads, living and exited), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def cpu_at(samples: list[tuple[float, float]], t: float) -> float:

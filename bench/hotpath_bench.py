@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import struct
 import sys
 import threading
@@ -35,6 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench.common import out_path
+from bench.loadkit import cpu_seconds
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
 from csnd.reader.events import Event
@@ -97,14 +97,9 @@ def reader_alone(frames: list[bytes], transactions: int) -> float:
     return (time.process_time() - t) / transactions * 1e6
 
 
-def _cpu_s(pid: int | None) -> float:
-    """utime + stime of a process, from /proc (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(pids: list[int]) -> float:
+    """The processes' CPU seconds (`loadkit.cpu_seconds`; 0 for one that is gone)."""
+    return sum(cpu_seconds(pid) or 0.0 for pid in pids)
 
 
 def through_the_pool(
@@ -113,8 +108,8 @@ def through_the_pool(
     """(reader thread, whole process) CPU us per transaction, transactions released, and the
     decoder workers' CPU us per transaction (with the sender: read when the last is released)."""
     pool = DecoderPool("dn1", 2, binary=True)
-    workers = [p.pid for p in pool._procs]
-    workers_at_start = sum(map(_cpu_s, workers))
+    workers = [p.pid for p in pool._procs if p.pid is not None]
+    workers_at_start = _cpu_s(workers)
     workers_us: float | None = None
     pool.write_lines = True
     node = NodeSender("dn1", "single")
@@ -134,7 +129,7 @@ def through_the_pool(
             for txn in node.feed(lsn, item):
                 released += len(txn.written.csns) if txn.written is not None else 1
             if released == transactions and workers_us is None:
-                workers_us = (sum(map(_cpu_s, workers)) - workers_at_start) / transactions * 1e6
+                workers_us = (_cpu_s(workers) - workers_at_start) / transactions * 1e6
     whole = time.process_time() - t
     return reader_cpu[0] / transactions * 1e6, whole / transactions * 1e6, released, workers_us
 

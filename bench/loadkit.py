@@ -52,7 +52,8 @@ def _mem_kb(pid: int) -> tuple[int, int] | None:
     return int(got["VmRSS"]), int(got["VmHWM"])
 
 
-def _cpu_s(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of `pid` (all its threads, living and exited), None once it is gone."""
     text = _read(f"/proc/{pid}/stat")
     if text is None:
         return None
@@ -149,7 +150,7 @@ class Watch:
             self._discover()
             now = time.monotonic()
             for pid, p in self.procs.items():
-                mem, cpu = _mem_kb(pid), _cpu_s(pid)
+                mem, cpu = _mem_kb(pid), cpu_seconds(pid)
                 if mem is not None and cpu is not None:
                     p.samples.append((now, mem[0], cpu))
                     p.hwm_kb = max(p.hwm_kb, mem[1])
