@@ -78,6 +78,9 @@ def make_frames(transactions: int, rows: int) -> list[bytes]:
             frames.append(p.encode_xlogdata(lsn + 8 + r, lsn + 8 + r, 1, p.encode_insert(RELID, row)))
         frames.append(p.encode_xlogdata(commit, commit, 1, p.encode_commit(commit, commit + 0x10, 1000 + i)))
         lsn += 0x100 + rows
+    # (the reader's compiled loop drops what it read when a read fails, as at a lost
+    # connection: a keepalive ends its last batch before `_Ended` does)
+    frames.append(p.encode_keepalive(lsn, 1))
     return frames
 
 

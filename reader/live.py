@@ -37,6 +37,7 @@ import select
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -75,6 +76,7 @@ from csnd.reader.reconnect import (
 )
 from csnd.reader.resume import Item, ResumeFilter
 from csnd.reader.shutdown import ShutdownProbe
+from csnd.reader.txnscan import NO_STOP, CopyData, take_whole_txns
 
 log = logging.getLogger("csnd.reader.live")
 
@@ -109,6 +111,8 @@ _OBJECT_IN_USE: Final = "55006"
 # A run of row-change frames handed on as one `ChangeFrames` ends at this many
 # frames (or at the next other frame, or when the socket is drained).
 RUN_FRAMES: Final = 512
+# At most this many frames are read by one `take_whole_txns` (then `close()` is checked).
+SCAN_FRAMES: Final = 256
 _FRAME_LENGTH: Final = struct.Struct("!I")  # a run's framing: uint32 length | XLogData payload
 _DATA_START: Final = struct.Struct("!Q")  # an XLogData frame's dataStart, after its 'w'
 
@@ -652,14 +656,52 @@ class LiveSource:
             return out
 
         get_copy_data = pgconn.get_copy_data
-        ahead: tuple[int, memoryview] | None = None  # a frame read by the run loop below, not yet handled
+        # Frames read ahead and not yet handled: by the run loop below, or
+        # handed back by `take_whole_txns`.
+        ahead: deque[CopyData] = deque()
+        stop_at = NO_STOP if self.options.until_lsn is None else self.options.until_lsn
+        between = self.filter.between_transactions
         while True:
             if closed():  # (also while data keeps coming: a busy node is stopped as fast)
                 raise _Closed
-            if ahead is None:
-                nbytes, data = get_copy_data(1)
+            if ahead:
+                nbytes, data = ahead.popleft()
+            elif runs and held is None and not run_lsns and not parser.in_stream and between():
+                # Between transactions: whole one-piece ones, read by the compiled loop.
+                txns, handed, received = take_whole_txns(get_copy_data, SCAN_FRAMES, RUN_FRAMES, stop_at)
+                ahead.extend(handed)
+                if not txns:
+                    continue
+                undrained = True
+                if not flowed:
+                    flowed = True
+                    self.backoff.flowing()
+                if received > self._received:
+                    self._received = received
+                for t in txns:
+                    (
+                        begin_at,
+                        final_lsn,
+                        begin_time,
+                        xid,
+                        blob,
+                        lsns,
+                        commit_at,
+                        flags,
+                        commit_lsn,
+                        end_lsn,
+                        ts,
+                    ) = t
+                    changes = None if blob is None or lsns is None else ChangeFrames(blob, False, None, lsns)
+                    begin, commit = Begin(final_lsn, begin_time, xid), Commit(flags, commit_lsn, end_lsn, ts)
+                    txn = TxnFrames(begin_at, begin, changes, commit_at, commit)
+                    yield from filt((begin_at, txn, b""))
+                if stop_at <= self._received and self.filter.open_transactions == 0:
+                    self._finish_copy()  # (`--until-lsn`: as below)
+                    return True
+                continue
             else:
-                (nbytes, data), ahead = ahead, None
+                nbytes, data = get_copy_data(1)
             if (run_lsns or held is not None) and nbytes <= 0:  # (drained, or the stream ends)
                 yield from held_items()
             if nbytes == 0:
@@ -731,10 +773,11 @@ class LiveSource:
                 run_lsns.append(start)
                 # The frames that follow at once are most likely more of the run:
                 # read them here, with only the checks a change frame needs.
+                # (what was read ahead comes first: it was read before anything the socket holds)
                 while len(run_lsns) < RUN_FRAMES:
-                    nbytes, data = get_copy_data(1)
+                    nbytes, data = ahead.popleft() if ahead else get_copy_data(1)
                     if nbytes <= 0:
-                        ahead = nbytes, data
+                        ahead.appendleft((nbytes, data))
                         break
                     payload = bytes(data)
                     if not (
@@ -742,7 +785,7 @@ class LiveSource:
                         and payload[XLOGDATA_HEADER_SIZE] in CHANGE_TAGS
                         and payload[0] == 0x77
                     ):
-                        ahead = nbytes, data
+                        ahead.appendleft((nbytes, data))
                         break
                     start = data_start(payload, 1)[0]
                     run_parts.append(frame_length(len(payload)))

@@ -350,6 +350,10 @@ class ResumeFilter:
         commit = item[1]
         return [(INVALID_LSN, StreamStart(commit.xid, True), start), (INVALID_LSN, StreamStop(), stop), item]
 
+    def between_transactions(self) -> bool:
+        """No transaction or stream block open: the next frame should start one (or be outside any)."""
+        return self._txn is None and self._block is None
+
     @property
     def open_transactions(self) -> int:
         """Transactions downstream has seen start but not end (any kind)."""

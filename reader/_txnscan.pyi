@@ -1,0 +1,6 @@
+from collections.abc import Callable
+from typing import Any
+
+def take_whole_txns(
+    get_copy_data: Callable[[int], tuple[int, Any]], max_frames: int, max_changes: int, stop_at: int
+) -> tuple[list[Any], list[tuple[int, Any]], int]: ...

@@ -1,0 +1,120 @@
+"""Reading whole one-piece transactions off a replication connection, a batch at a time (sans-I/O).
+
+On a busy node nearly every transaction the walsender sends is one piece:
+its Begin, its row changes (Insert, Update, Delete) and its Commit, one
+after another, nothing else between them.  `take_whole_txns` reads such
+transactions with the connection's `get_copy_data` and returns each as a
+tuple of its fields and its changes framed as a `ChangeFrames` run (`uint32
+length | XLogData payload` per frame), which is all `reader.live` needs to
+make a `TxnFrames`.  It stops at the first frame that is not part of one --
+a keepalive, a Relation, a Begin or Commit too short for its fields, a
+transaction of more than `max_changes` changes, an empty or failed read --
+and hands that frame back, with the frames of the transaction it was in,
+exactly as `get_copy_data` returned them, for the general path to take
+(which reports errors and handles every other message).
+
+The loop is the live reader's one serial step per frame, and in Python it
+is most of the service's CPU for one-row transactions: about 1 us of
+interpreter per frame, three frames a transaction.  `_txnscan.c` is the
+same function compiled, built at install when a C compiler is there (as
+psycopg's C implementation is); this module is the reference it is tested
+against and what runs without it, or with `CSND_IMPL=python` in the
+environment (to compare them).  `IMPLEMENTATION` says which one runs.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from csnd.core.ids import Lsn, Xid
+
+# (dataStart, final LSN, commit time, xid, blob or None, lsns or None,
+#  Commit's dataStart, flags, commit LSN, end LSN, commit time)
+WholeTxn = tuple[Lsn, Lsn, int, Xid, bytes | None, list[Lsn] | None, Lsn, int, Lsn, Lsn, int]
+CopyData = tuple[int, Any]  # what `PGconn.get_copy_data` returns: (nbytes, memoryview)
+
+_HEADER: Final = 25  # XLogData: 'w', dataStart, walEnd, sendTime; the pgoutput tag follows
+_BEGIN = struct.Struct("!QQqBQqI")  # header, tag, final LSN, commit time, xid
+_COMMIT = struct.Struct("!QQqBBQQq")  # header, tag, flags, commit LSN, end LSN, commit time
+_BEGIN_SIZE: Final = 1 + _BEGIN.size
+_COMMIT_SIZE: Final = 1 + _COMMIT.size
+# A change frame must be longer than this (as `parse_change_frame` requires)
+CHANGE_MIN: Final = 1 + struct.calcsize("!QQqBII")
+_CHANGE_TAGS: Final = frozenset(b"IUD")
+_LENGTH = struct.Struct("!I")
+NO_STOP: Final = 2**64 - 1
+_START = struct.Struct("!Q")
+
+
+def take_whole_txns_py(
+    get_copy_data: Callable[[int], CopyData], max_frames: int, max_changes: int, stop_at: int
+) -> tuple[list[WholeTxn], list[CopyData], int]:
+    """`(whole transactions, frames handed back, highest dataStart read)`; see the module docstring.
+
+    Reads until a frame ends the batch, until `max_frames` were read (checked
+    between transactions), or after a transaction that brought the highest
+    dataStart to `stop_at` or past it (the caller's `--until-lsn`; `NO_STOP`
+    for none).  The highest dataStart counts only whole transactions' frames:
+    the caller reads the handed-back ones itself.
+    """
+    txns: list[WholeTxn] = []
+    pending: list[CopyData] = []
+    received = high = 0
+    frames = 0
+    begin: tuple[Lsn, Lsn, int, Xid] | None = None
+    parts: list[bytes] = []
+    lsns: list[Lsn] = []
+    while True:
+        if begin is None and (frames >= max_frames or received >= stop_at):
+            return txns, pending, received
+        got = get_copy_data(1)
+        frames += 1
+        nbytes, data = got
+        pending.append(got)
+        if nbytes <= 0:
+            return txns, pending, received
+        payload = bytes(data)
+        n = len(payload)
+        if n <= _HEADER or payload[0] != 0x77:
+            return txns, pending, received
+        tag = payload[_HEADER]
+        if begin is None:
+            if tag != 0x42 or n < _BEGIN_SIZE:
+                return txns, pending, received
+            start, _, _, _, final_lsn, commit_time, xid = _BEGIN.unpack_from(payload, 1)
+            high = start
+            begin = (start, final_lsn, commit_time, xid)
+            continue
+        if tag in _CHANGE_TAGS and n > CHANGE_MIN:
+            if len(lsns) >= max_changes:
+                return txns, pending, received
+            start = _START.unpack_from(payload, 1)[0]
+            high = max(high, start)
+            parts.append(_LENGTH.pack(n))
+            parts.append(payload)
+            lsns.append(start)
+            continue
+        if tag != 0x43 or n < _COMMIT_SIZE:
+            return txns, pending, received
+        start, _, _, _, flags, commit_lsn, end_lsn, commit_ts = _COMMIT.unpack_from(payload, 1)
+        received = max(received, high, start)
+        blob = b"".join(parts) if lsns else None
+        txns.append((*begin, blob, lsns or None, start, flags, commit_lsn, end_lsn, commit_ts))
+        begin, parts, lsns, pending = None, [], [], []
+
+
+def _load() -> tuple[Callable[[Callable[[int], CopyData], int, int, int], Any], str]:
+    """The compiled loop, unless it was not built or `CSND_IMPL=python` asks for the twin."""
+    if os.environ.get("CSND_IMPL", "").lower() == "python":
+        return take_whole_txns_py, "python"
+    try:
+        from csnd.reader._txnscan import take_whole_txns as compiled
+    except ImportError:  # (no compiler at install: the same, in Python)
+        return take_whole_txns_py, "python"
+    return compiled, "c"
+
+
+take_whole_txns, IMPLEMENTATION = _load()

@@ -1,0 +1,282 @@
+"""`take_whole_txns`: the compiled loop against its Python twin, and the twin against the parser."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from csnd.reader import txnscan
+from csnd.reader.live import LiveOptions, LiveSource
+from csnd.reader.pgoutput import (
+    Begin,
+    Change,
+    ChangeFrames,
+    Commit,
+    TxnFrames,
+    encode_begin,
+    encode_commit,
+    encode_delete,
+    encode_insert,
+    encode_keepalive,
+    encode_type,
+    encode_update,
+    encode_xlogdata,
+    iter_change_frames,
+    parse_txn_frame,
+)
+from csnd.reader.txnscan import NO_STOP, take_whole_txns_py
+
+take_whole_txns_c: Callable[..., Any] | None
+try:
+    from csnd.reader._txnscan import take_whole_txns as take_whole_txns_c
+except ImportError:  # (reported by test_the_compiled_loop_is_built)
+    take_whole_txns_c = None
+
+IMPLEMENTATIONS = [take_whole_txns_py] + ([] if take_whole_txns_c is None else [take_whole_txns_c])
+
+
+def test_the_compiled_loop_is_built() -> None:
+    """`make test` installs with a C compiler: the service's reader must not fall back unnoticed."""
+    assert take_whole_txns_c is not None, "csnd.reader._txnscan was not built (is a C compiler installed?)"
+    if os.environ.get("CSND_IMPL", "").lower() == "python":  # (asked for the twin)
+        assert txnscan.IMPLEMENTATION == "python" and txnscan.take_whole_txns is take_whole_txns_py
+    else:
+        assert txnscan.IMPLEMENTATION == "c" and txnscan.take_whole_txns is take_whole_txns_c
+
+
+class Conn:
+    """`get_copy_data` over a list of results; (0, empty) once they run out, as a drained socket."""
+
+    def __init__(self, results: list[tuple[int, Any]]) -> None:
+        self.results = list(results)
+        self.reads = 0
+
+    def get_copy_data(self, _async: int) -> tuple[int, Any]:
+        self.reads += 1
+        if not self.results:
+            return 0, memoryview(b"")
+        return self.results.pop(0)
+
+
+def copy(payload: bytes) -> tuple[int, memoryview]:
+    return len(payload), memoryview(payload)
+
+
+def xlog(lsn: int, message: bytes) -> bytes:
+    return encode_xlogdata(lsn, lsn + 100, 7, message)
+
+
+def one_row(lsn: int, xid: int, rows: int = 1) -> list[bytes]:
+    frames = [xlog(lsn, encode_begin(lsn + 10 * (rows + 1), 1_000 + xid, xid))]
+    for i in range(rows):
+        frames.append(xlog(lsn + 10 * (i + 1), encode_insert(16384, [b"%d" % i, None])))
+    frames.append(
+        xlog(lsn + 10 * (rows + 1), encode_commit(lsn + 10 * (rows + 1), lsn + 10 * (rows + 2), 2_000 + xid))
+    )
+    return frames
+
+
+def as_read(
+    out: tuple[list[Any], list[tuple[int, Any]], int],
+) -> tuple[list[Any], list[tuple[int, bytes]], int]:
+    txns, back, received = out
+    return txns, [(n, bytes(d)) for n, d in back], received
+
+
+@pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
+def test_whole_transactions_carry_what_the_parser_reads(take: Callable[..., Any]) -> None:
+    frames = one_row(0x1000, 700, rows=3) + one_row(0x2000, 701, rows=0) + one_row(0x3000, 702)
+    conn = Conn([copy(f) for f in frames])
+    txns, back, received = take(conn.get_copy_data, 100, 512, NO_STOP)
+    assert [n for n, _ in back] == [0]  # stopped at the drained socket, which it hands back
+    assert len(txns) == 3 and received == 0x3000 + 20
+    for txn, (first, last) in zip(txns, [(0, 4), (5, 6), (7, 9)], strict=True):
+        begin_at, begin = parse_txn_frame(frames[first])  # type: ignore[misc]
+        commit_at, commit = parse_txn_frame(frames[last])  # type: ignore[misc]
+        assert isinstance(begin, Begin) and isinstance(commit, Commit)
+        assert txn[:4] == (begin_at, begin.final_lsn, begin.commit_time, begin.xid)
+        assert txn[6:] == (commit_at, commit.flags, commit.commit_lsn, commit.end_lsn, commit.commit_time)
+        changes = frames[first + 1 : last]
+        if not changes:
+            assert txn[4] is None and txn[5] is None
+            continue
+        assert txn[4] == b"".join(struct.pack("!I", len(f)) + f for f in changes)
+        assert txn[5] == [0x1000 + 10 * (i + 1) for i in range(3)] if first == 0 else [0x3010]
+        assert len(list(iter_change_frames(txn[4], False))) == len(changes)
+
+
+@pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
+def test_a_transaction_cut_by_another_frame_is_handed_back_as_read(take: Callable[..., Any]) -> None:
+    type_msg = xlog(0x1005, encode_type(16385, "public", "mood"))
+    frames = [*one_row(0x100, 1), *one_row(0x1000, 2)[:2], type_msg]
+    results = [copy(f) for f in frames]
+    conn = Conn(results)
+    txns, back, received = take(conn.get_copy_data, 100, 512, NO_STOP)
+    assert len(txns) == 1 and received == 0x100 + 20
+    assert back == results[3:]  # the same objects, for the general path to read
+    assert conn.reads == 6
+
+
+@pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
+def test_it_stops_after_the_transaction_that_reaches_stop_at(take: Callable[..., Any]) -> None:
+    frames = one_row(0x100, 1) + one_row(0x200, 2) + one_row(0x300, 3)
+    conn = Conn([copy(f) for f in frames])
+    txns, back, received = take(conn.get_copy_data, 100, 512, 0x200)
+    assert [t[3] for t in txns] == [1, 2] and back == [] and received == 0x200 + 20
+    assert conn.reads == 6
+
+
+@pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
+def test_a_failing_read_propagates(take: Callable[..., Any]) -> None:
+    def broken(_async: int) -> tuple[int, Any]:
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError, match="connection reset"):
+        take(broken, 100, 512, NO_STOP)
+
+
+# Any sequence of reads: whole transactions, the frames that cut them, corrupt
+# and short frames, keepalives, an empty or failed read.
+def _frame_kinds(lsn: int) -> st.SearchStrategy[tuple[int, bytes]]:
+    payload = st.one_of(
+        st.builds(lambda x: xlog(lsn, encode_begin(lsn + 50, 9, x)), st.integers(0, 2**32 - 1)),
+        st.builds(lambda v: xlog(lsn, encode_insert(16384, [v])), st.binary(max_size=40)),
+        st.builds(lambda: xlog(lsn, encode_update(16384, [b"1"], old=None))),
+        st.builds(lambda: xlog(lsn, encode_delete(16384, [b"1"]))),
+        st.builds(lambda f: xlog(lsn, encode_commit(lsn, lsn + 8, 11, f)), st.integers(0, 255)),
+        st.builds(lambda: encode_keepalive(lsn, 5, True)),
+        st.builds(lambda: xlog(lsn, encode_type(16385, "s", "t"))),
+        st.binary(max_size=60),  # anything at all, short or not 'w'
+        st.builds(
+            lambda cut, whole: whole[:cut],
+            st.integers(0, 60),
+            st.sampled_from(
+                [
+                    xlog(lsn, encode_begin(1, 2, 3)),
+                    xlog(lsn, encode_commit(1, 2, 3)),
+                    xlog(lsn, encode_insert(1, [b"x"])),
+                ]
+            ),
+        ),
+    )
+    return st.one_of(
+        payload.map(copy),
+        st.sampled_from([(0, memoryview(b"")), (-1, memoryview(b"")), (-2, memoryview(b""))]),
+    )
+
+
+def _whole(lsn: int, xid: int, rows: int) -> list[tuple[int, Any]]:
+    return [copy(f) for f in one_row(lsn, xid, rows)]
+
+
+_whole_txns = st.builds(_whole, st.integers(0, 2**40), st.integers(0, 2**32 - 1), st.integers(0, 8))
+# Whole transactions (which random frames alone rarely make), then single
+# frames of any kind and whole transactions mixed.
+reads = st.tuples(
+    st.lists(_whole_txns, max_size=6),
+    st.lists(
+        st.one_of(st.integers(0, 2**40).flatmap(_frame_kinds).map(lambda r: [r]), _whole_txns), max_size=12
+    ),
+).map(lambda parts: [r for part in parts[0] + parts[1] for r in part])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    results=reads,
+    max_frames=st.one_of(st.integers(0, 8), st.just(1000)),
+    max_changes=st.one_of(st.integers(0, 6), st.just(512)),
+    stop_at=st.one_of(st.just(NO_STOP), st.just(NO_STOP), st.integers(0, 2**41)),
+)
+def test_the_compiled_loop_equals_its_twin(
+    results: list[tuple[int, Any]], max_frames: int, max_changes: int, stop_at: int
+) -> None:
+    a, b = Conn(results), Conn(results)
+    assert take_whole_txns_c is not None
+    got_c = as_read(take_whole_txns_c(a.get_copy_data, max_frames, max_changes, stop_at))
+    got_py = as_read(take_whole_txns_py(b.get_copy_data, max_frames, max_changes, stop_at))
+    assert got_c == got_py
+    assert a.reads == b.reads
+    event(f"{min(len(got_c[0]), 3)} whole transactions (3: three or more)")
+
+
+# --- the live reader's copy loop around it -------------------------------------------------------
+
+
+class _Ended(Exception):
+    pass
+
+
+class PausingConn:
+    """`get_copy_data` over frames, with the socket found drained (0) before the given ones.
+
+    The frames end with a keepalive: a read past it raises `_Ended` (from
+    inside the compiled loop too, which then drops what it read: as it
+    would at a lost connection, which re-sends them).
+    """
+
+    def __init__(self, frames: list[bytes], pauses: set[int]) -> None:
+        self.frames, self.pauses, self.at = frames, set(pauses), 0
+
+    def get_copy_data(self, _async: int) -> tuple[int, Any]:
+        if self.at in self.pauses:
+            self.pauses.discard(self.at)
+            return 0, memoryview(b"")
+        if self.at == len(self.frames):
+            raise _Ended
+        self.at += 1
+        return copy(self.frames[self.at - 1])
+
+
+def _changes_in_order(frames: list[bytes], pauses: set[int], runs: bool) -> list[tuple[str, int]]:
+    """Every event the copy loop yields, flattened to (what, LSN): whole transactions and runs opened."""
+    source = LiveSource("dn1", LiveOptions("", "s", "p"))
+    source._wait = lambda *a, **k: True  # type: ignore[method-assign]
+    source._consume = lambda pgconn: None  # type: ignore[method-assign]
+    source._send_status = lambda *a, **k: None  # type: ignore[method-assign]
+    out: list[tuple[str, int]] = []
+    try:
+        for lsn, msg, _ in source._copy_loop(PausingConn(frames, pauses), runs=runs):  # type: ignore[arg-type]
+            events = msg.events() if isinstance(msg, TxnFrames) else [(lsn, msg)]
+            for at, event in events:
+                if isinstance(event, ChangeFrames):
+                    out += [("change", x) for x in event.lsns]
+                elif isinstance(event, Change):
+                    out.append(("change", at))
+                else:
+                    out.append((type(event).__name__, at))
+    except _Ended:
+        pass
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8),
+    pause_at=st.lists(st.integers(0, 400), max_size=12),
+    type_msg_at=st.lists(st.integers(0, 400), max_size=2),
+)
+def test_the_live_loop_keeps_frame_order_wherever_the_socket_runs_dry(
+    sizes: list[int], pause_at: list[int], type_msg_at: list[int]
+) -> None:
+    """Frames handed back by the whole-transaction loop come first, before the socket's next ones.
+
+    Against the same frames read one by one (no runs), with the socket
+    drained at random frames (a transaction cut by a pause is handed back
+    part-read), and Type messages inside transactions.
+    """
+    frames: list[bytes] = []
+    for i, rows in enumerate(sizes):
+        frames += one_row(0x10000 * (i + 1), 700 + i, rows)
+    for at in sorted(type_msg_at, reverse=True):
+        at = min(at, len(frames))
+        if 0 < at < len(frames) and frames[at - 1][25] != ord("C"):  # (inside a transaction)
+            frames.insert(at, xlog(0x10000 * (len(sizes) + 1), encode_type(16385 + at, "s", "t")))
+    frames.append(encode_keepalive(0x10000 * (len(sizes) + 1), 9))  # (then the stream ends: `_Ended`)
+    pauses = {min(p, len(frames) - 1) for p in pause_at}
+    assert _changes_in_order(frames, pauses, runs=True) == _changes_in_order(frames, set(), runs=False)
