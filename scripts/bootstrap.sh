@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything csnd needs on a fresh Debian machine: the Python venv with
-# the project (editable) and its dev tools, the PostgreSQL 15 server, a Java
-# runtime for Spark and Chromium for the dashboard tests.  Idempotent: what is
-# already there is left alone.
+# the project (editable, its one C module compiled) and its dev tools, the
+# PostgreSQL 15 server, a Java runtime for Spark and Chromium for the dashboard
+# tests.  Idempotent: what is already there is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,10 @@ need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-contrib)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+# the live reader's compiled loop (reader/_txnscan.c): a C compiler and Python's headers
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+    2>/dev/null || need_apt+=(python3-dev)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)  # the dashboard tests run a real headless browser
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2
