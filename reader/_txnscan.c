@@ -81,9 +81,13 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *get_copy_data = args[0];
     Py_ssize_t max_frames = PyLong_AsSsize_t(args[1]);
+    if (max_frames == -1 && PyErr_Occurred())
+        return NULL;
     Py_ssize_t max_changes = PyLong_AsSsize_t(args[2]);
+    if (max_changes == -1 && PyErr_Occurred())
+        return NULL;
     unsigned long long stop_at = PyLong_AsUnsignedLongLong(args[3]);
-    if (PyErr_Occurred())
+    if (stop_at == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
 
     PyObject *one = PyLong_FromLong(1);

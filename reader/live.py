@@ -666,9 +666,19 @@ class LiveSource:
                 raise _Closed
             if ahead:
                 nbytes, data = ahead.popleft()
-            elif runs and held is None and not run_lsns and not parser.in_stream and between():
-                # Between transactions: whole one-piece ones, read by the compiled loop.
-                txns, handed, received = take_whole_txns(get_copy_data, SCAN_FRAMES, RUN_FRAMES, stop_at)
+            elif (
+                runs
+                and held is None
+                and not run_lsns
+                and not parser.in_stream
+                and between()
+                and self._received < stop_at
+            ):
+                # Between transactions: whole one-piece ones, read by the compiled loop.  (Once
+                # `--until-lsn` is reached, frame by frame: the stream ends where it always has.
+                # Its run limit is RUN_FRAMES - 1: a transaction of RUN_FRAMES changes or more
+                # goes on as Begin, runs, Commit, as below.)
+                txns, handed, received = take_whole_txns(get_copy_data, SCAN_FRAMES, RUN_FRAMES - 1, stop_at)
                 ahead.extend(handed)
                 if not txns:
                     continue

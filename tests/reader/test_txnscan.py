@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from csnd.reader import txnscan
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.pgoutput import (
+    CHANGE_FRAME_MIN,
     Begin,
     Change,
     ChangeFrames,
@@ -28,6 +29,7 @@ from csnd.reader.pgoutput import (
     encode_update,
     encode_xlogdata,
     iter_change_frames,
+    parse_hot_frame,
     parse_txn_frame,
 )
 from csnd.reader.txnscan import NO_STOP, take_whole_txns_py
@@ -119,7 +121,9 @@ def test_a_transaction_cut_by_another_frame_is_handed_back_as_read(take: Callabl
     conn = Conn(results)
     txns, back, received = take(conn.get_copy_data, 100, 512, NO_STOP)
     assert len(txns) == 1 and received == 0x100 + 20
-    assert back == results[3:]  # the same objects, for the general path to read
+    assert len(back) == 3 and all(
+        a is b for a, b in zip(back, results[3:], strict=True)
+    )  # (for the general path)
     assert conn.reads == 6
 
 
@@ -133,12 +137,47 @@ def test_it_stops_after_the_transaction_that_reaches_stop_at(take: Callable[...,
 
 
 @pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
-def test_a_failing_read_propagates(take: Callable[..., Any]) -> None:
-    def broken(_async: int) -> tuple[int, Any]:
-        raise OSError("connection reset")
+@pytest.mark.parametrize("good_reads", [0, 3, 4])
+def test_a_failing_read_propagates(take: Callable[..., Any], good_reads: int) -> None:
+    """At the first read, after a whole transaction, or inside one: what was read is dropped (re-sent)."""
+    frames = [copy(f) for f in one_row(0x100, 1) + one_row(0x200, 2)]
+
+    def breaks(_async: int) -> tuple[int, Any]:
+        if not frames or len(frames) == 6 - good_reads:
+            raise OSError("connection reset")
+        return frames.pop(0)
 
     with pytest.raises(OSError, match="connection reset"):
-        take(broken, 100, 512, NO_STOP)
+        take(breaks, 100, 512, NO_STOP)
+
+
+def test_the_limits_are_the_parsers() -> None:
+    assert txnscan.CHANGE_MIN == CHANGE_FRAME_MIN
+
+
+@pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
+@pytest.mark.parametrize(
+    ("frame", "taken"),
+    [
+        (xlog(0x110, encode_insert(16384, [None])), False),  # 34 bytes: too short for a change
+        (xlog(0x110, encode_insert(16384, [None, None])), True),  # 35
+        (xlog(0x100, encode_begin(0x120, 5, 1))[:45], False),
+        (xlog(0x100, encode_begin(0x120, 5, 1)), True),  # 46
+        (xlog(0x120, encode_commit(0x120, 0x128, 6))[:50], False),
+        (xlog(0x120, encode_commit(0x120, 0x128, 6)), True),  # 51
+    ],
+)
+def test_a_frame_at_each_length_limit_is_taken_as_the_parser_takes_it(
+    take: Callable[..., Any], frame: bytes, taken: bool
+) -> None:
+    frames = one_row(0x100, 1, rows=1)
+    tag = frame[25]
+    at = {ord("B"): 0, ord("I"): 1, ord("C"): 2}[tag]
+    frames[at] = frame
+    assert (parse_hot_frame(frame, False) is not None) == taken
+    txns, back, _ = take(Conn([copy(f) for f in frames]).get_copy_data, 100, 512, NO_STOP)
+    assert len(txns) == (1 if taken else 0)
+    assert len(back) == (1 if taken else at + 1)  # (the drained read; or the frames up to the refused one)
 
 
 # Any sequence of reads: whole transactions, the frames that cut them, corrupt
@@ -222,8 +261,10 @@ class PausingConn:
 
     def __init__(self, frames: list[bytes], pauses: set[int]) -> None:
         self.frames, self.pauses, self.at = frames, set(pauses), 0
+        self.reads = 0
 
     def get_copy_data(self, _async: int) -> tuple[int, Any]:
+        self.reads += 1
         if self.at in self.pauses:
             self.pauses.discard(self.at)
             return 0, memoryview(b"")
@@ -233,15 +274,33 @@ class PausingConn:
         return copy(self.frames[self.at - 1])
 
 
-def _changes_in_order(frames: list[bytes], pauses: set[int], runs: bool) -> list[tuple[str, int]]:
+class _SpinCheck:
+    """The loop's `_closed`: asked once a round, it fails a loop that goes round without reading."""
+
+    def __init__(self, conn: PausingConn) -> None:
+        self.conn, self.reads, self.rounds = conn, -1, 0
+
+    def is_set(self) -> bool:
+        if self.conn.reads != self.reads:
+            self.reads, self.rounds = self.conn.reads, 0
+        self.rounds += 1
+        assert self.rounds < 1000, f"the copy loop goes round without reading (after {self.reads} reads)"
+        return False
+
+
+def _changes_in_order(
+    frames: list[bytes], pauses: set[int], runs: bool, until: int | None = None
+) -> list[tuple[str, int]]:
     """Every event the copy loop yields, flattened to (what, LSN): whole transactions and runs opened."""
-    source = LiveSource("dn1", LiveOptions("", "s", "p"))
+    source = LiveSource("dn1", LiveOptions("", "s", "p", until_lsn=until))
     source._wait = lambda *a, **k: True  # type: ignore[method-assign]
     source._consume = lambda pgconn: None  # type: ignore[method-assign]
     source._send_status = lambda *a, **k: None  # type: ignore[method-assign]
+    conn = PausingConn(frames, pauses)
+    source._closed = _SpinCheck(conn)  # type: ignore[assignment]
     out: list[tuple[str, int]] = []
     try:
-        for lsn, msg, _ in source._copy_loop(PausingConn(frames, pauses), runs=runs):  # type: ignore[arg-type]
+        for lsn, msg, _ in source._copy_loop(conn, runs=runs):  # type: ignore[arg-type]
             events = msg.events() if isinstance(msg, TxnFrames) else [(lsn, msg)]
             for at, event in events:
                 if isinstance(event, ChangeFrames):
@@ -252,7 +311,7 @@ def _changes_in_order(frames: list[bytes], pauses: set[int], runs: bool) -> list
                     out.append((type(event).__name__, at))
     except _Ended:
         pass
-    return out
+    return [*out, ("received", source.received_lsn)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -260,15 +319,18 @@ def _changes_in_order(frames: list[bytes], pauses: set[int], runs: bool) -> list
     sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8),
     pause_at=st.lists(st.integers(0, 400), max_size=12),
     type_msg_at=st.lists(st.integers(0, 400), max_size=2),
+    until=st.one_of(st.none(), st.none(), st.just(0), st.integers(0, 0x10000 * 10)),
 )
 def test_the_live_loop_keeps_frame_order_wherever_the_socket_runs_dry(
-    sizes: list[int], pause_at: list[int], type_msg_at: list[int]
+    sizes: list[int], pause_at: list[int], type_msg_at: list[int], until: int | None
 ) -> None:
     """Frames handed back by the whole-transaction loop come first, before the socket's next ones.
 
     Against the same frames read one by one (no runs), with the socket
     drained at random frames (a transaction cut by a pause is handed back
-    part-read), and Type messages inside transactions.
+    part-read), Type messages inside transactions, and `--until-lsn`
+    anywhere (0/0 too): the same events, ending at the same place, with
+    the same received position.
     """
     frames: list[bytes] = []
     for i, rows in enumerate(sizes):
@@ -279,4 +341,4 @@ def test_the_live_loop_keeps_frame_order_wherever_the_socket_runs_dry(
             frames.insert(at, xlog(0x10000 * (len(sizes) + 1), encode_type(16385 + at, "s", "t")))
     frames.append(encode_keepalive(0x10000 * (len(sizes) + 1), 9))  # (then the stream ends: `_Ended`)
     pauses = {min(p, len(frames) - 1) for p in pause_at}
-    assert _changes_in_order(frames, pauses, runs=True) == _changes_in_order(frames, set(), runs=False)
+    assert _changes_in_order(frames, pauses, True, until) == _changes_in_order(frames, set(), False, until)
