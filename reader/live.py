@@ -655,6 +655,17 @@ class LiveSource:
                 out += filt((run.lsns[0], run, run.blob))
             return out
 
+        def at_end() -> bool:
+            """`--until-lsn` is reached with nothing open or held: the stream ends here."""
+            until = self.options.until_lsn
+            return (
+                until is not None
+                and self._received >= until
+                and self.filter.open_transactions == 0
+                and held is None
+                and not run_lsns
+            )
+
         get_copy_data = pgconn.get_copy_data
         # Frames read ahead and not yet handled: by the run loop below, or
         # handed back by `take_whole_txns`.
@@ -706,8 +717,8 @@ class LiveSource:
                     begin, commit = Begin(final_lsn, begin_time, xid), Commit(flags, commit_lsn, end_lsn, ts)
                     txn = TxnFrames(begin_at, begin, changes, commit_at, commit)
                     yield from filt((begin_at, txn, b""))
-                if stop_at <= self._received and self.filter.open_transactions == 0:
-                    self._finish_copy()  # (`--until-lsn`: as below)
+                if at_end():
+                    self._finish_copy()
                     return True
                 continue
             else:
@@ -847,14 +858,7 @@ class LiveSource:
                         held = (start, msg, payload)
                         continue
                     yield from filt((start, msg, payload))
-            until = self.options.until_lsn
-            if (
-                until is not None
-                and self._received >= until
-                and self.filter.open_transactions == 0
-                and held is None
-                and not run_lsns
-            ):
+            if at_end():
                 self._finish_copy()
                 return True
 
