@@ -246,5 +246,14 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__txnscan(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* the limits above, for tests/reader/test_txnscan.py to hold to the parser's */
+    if (m != NULL && (PyModule_AddIntConstant(m, "HEADER", HEADER) < 0 ||
+                      PyModule_AddIntConstant(m, "BEGIN_SIZE", BEGIN_SIZE) < 0 ||
+                      PyModule_AddIntConstant(m, "COMMIT_SIZE", COMMIT_SIZE) < 0 ||
+                      PyModule_AddIntConstant(m, "CHANGE_MIN", CHANGE_MIN) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

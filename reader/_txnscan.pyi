@@ -4,3 +4,8 @@ from typing import Any
 def take_whole_txns(
     get_copy_data: Callable[[int], tuple[int, Any]], max_frames: int, max_changes: int, stop_at: int
 ) -> tuple[list[Any], list[tuple[int, Any]], int]: ...
+
+HEADER: int
+BEGIN_SIZE: int
+COMMIT_SIZE: int
+CHANGE_MIN: int

@@ -30,23 +30,23 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from csnd.core.ids import Lsn, Xid
+from csnd.reader.pgoutput import (
+    CHANGE_FRAME_MIN,
+    CHANGE_TAGS,
+    XLOGDATA_HEADER_SIZE,
+    Begin,
+    Commit,
+    parse_txn_frame,
+)
 
 # (dataStart, final LSN, commit time, xid, blob or None, lsns or None,
 #  Commit's dataStart, flags, commit LSN, end LSN, commit time)
 WholeTxn = tuple[Lsn, Lsn, int, Xid, bytes | None, list[Lsn] | None, Lsn, int, Lsn, Lsn, int]
 CopyData = tuple[int, Any]  # what `PGconn.get_copy_data` returns: (nbytes, memoryview)
 
-_HEADER: Final = 25  # XLogData: 'w', dataStart, walEnd, sendTime; the pgoutput tag follows
-_BEGIN = struct.Struct("!QQqBQqI")  # header, tag, final LSN, commit time, xid
-_COMMIT = struct.Struct("!QQqBBQQq")  # header, tag, flags, commit LSN, end LSN, commit time
-_BEGIN_SIZE: Final = 1 + _BEGIN.size
-_COMMIT_SIZE: Final = 1 + _COMMIT.size
-# A change frame must be longer than this (as `parse_change_frame` requires)
-CHANGE_MIN: Final = 1 + struct.calcsize("!QQqBII")
-_CHANGE_TAGS: Final = frozenset(b"IUD")
-_LENGTH = struct.Struct("!I")
+_LENGTH = struct.Struct("!I")  # a run's framing: uint32 length | XLogData payload
+_START = struct.Struct("!Q")  # an XLogData frame's dataStart, after its 'w'
 NO_STOP: Final = 2**64 - 1
-_START = struct.Struct("!Q")
 
 
 def take_whole_txns_py(
@@ -78,17 +78,17 @@ def take_whole_txns_py(
             return txns, pending, received
         payload = bytes(data)
         n = len(payload)
-        if n <= _HEADER or payload[0] != 0x77:
-            return txns, pending, received
-        tag = payload[_HEADER]
+        # (the parser's own tests and lengths: `parse_change_frame`'s, `parse_txn_frame`)
         if begin is None:
-            if tag != 0x42 or n < _BEGIN_SIZE:
+            txn_frame = parse_txn_frame(payload)
+            if txn_frame is None:
                 return txns, pending, received
-            start, _, _, _, final_lsn, commit_time, xid = _BEGIN.unpack_from(payload, 1)
-            high = start
-            begin = (start, final_lsn, commit_time, xid)
+            high, first = txn_frame
+            if type(first) is not Begin:
+                return txns, pending, received
+            begin = (high, first.final_lsn, first.commit_time, first.xid)
             continue
-        if tag in _CHANGE_TAGS and n > CHANGE_MIN:
+        if n > CHANGE_FRAME_MIN and payload[0] == 0x77 and payload[XLOGDATA_HEADER_SIZE] in CHANGE_TAGS:
             if len(lsns) >= max_changes:
                 return txns, pending, received
             start = _START.unpack_from(payload, 1)[0]
@@ -97,12 +97,17 @@ def take_whole_txns_py(
             parts.append(payload)
             lsns.append(start)
             continue
-        if tag != 0x43 or n < _COMMIT_SIZE:
+        txn_frame = parse_txn_frame(payload)
+        if txn_frame is None:
             return txns, pending, received
-        start, _, _, _, flags, commit_lsn, end_lsn, commit_ts = _COMMIT.unpack_from(payload, 1)
+        start, last = txn_frame
+        if type(last) is not Commit:
+            return txns, pending, received
         received = max(received, high, start)
         blob = b"".join(parts) if lsns else None
-        txns.append((*begin, blob, lsns or None, start, flags, commit_lsn, end_lsn, commit_ts))
+        txns.append(
+            (*begin, blob, lsns or None, start, last.flags, last.commit_lsn, last.end_lsn, last.commit_time)
+        )
         begin, parts, lsns, pending = None, [], [], []
 
 

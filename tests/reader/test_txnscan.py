@@ -15,6 +15,7 @@ from csnd.reader import txnscan
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
+    XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
     ChangeFrames,
@@ -151,8 +152,14 @@ def test_a_failing_read_propagates(take: Callable[..., Any], good_reads: int) ->
         take(breaks, 100, 512, NO_STOP)
 
 
-def test_the_limits_are_the_parsers() -> None:
-    assert txnscan.CHANGE_MIN == CHANGE_FRAME_MIN
+def test_the_compiled_limits_are_the_parsers() -> None:
+    """The C file writes the frame layouts' lengths out; the twin uses the parser's own."""
+    from csnd.reader import _txnscan
+
+    assert _txnscan.HEADER == XLOGDATA_HEADER_SIZE
+    assert _txnscan.CHANGE_MIN == CHANGE_FRAME_MIN
+    assert len(xlog(0, encode_begin(0, 0, 0))) == _txnscan.BEGIN_SIZE
+    assert len(xlog(0, encode_commit(0, 0, 0))) == _txnscan.COMMIT_SIZE
 
 
 @pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)
