@@ -39,8 +39,12 @@ import enum
 import fcntl
 import multiprocessing as mp
 import multiprocessing.forkserver as mp_forkserver
+import os
+import pickle
 import queue
+import select
 import signal
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -210,6 +214,8 @@ class DecoderPool:
         for conn in [r for r, _ in pipes] + [q._reader for q in self._in]:
             _widen_pipe(conn.fileno())
         self._out: list[Any] = [r for r, _ in pipes]
+        for conn in self._out:  # read by `_recv_message`, never by a blocking recv()
+            os.set_blocking(conn.fileno(), False)
         self._procs = [
             ctx.Process(
                 target=_worker_entry,
@@ -493,28 +499,23 @@ class DecoderPool:
             feeder.join(timeout=5)
 
     def _result(self, worker: int) -> list[Any]:
-        conn = self._out[worker]
-        while True:
-            if not conn.poll(LIVENESS_POLL_S):
-                self._check_worker(worker)
-                continue
-            try:
-                kind, payload = conn.recv()
-            except (EOFError, OSError):
-                self._procs[worker].join(timeout=5)
-                self._check_worker(worker)
-                raise WorkerError(
-                    f"decoder worker {worker} (pid {self._procs[worker].pid}) closed its result pipe "
-                    "without exiting",
-                    node=self.node,
-                ) from None
-            if kind == "ok":
-                return payload  # type: ignore[no-any-return]
-            assert kind == "error"
-            err, tb = payload
-            if not isinstance(err, CsndError):  # (the worker sends only ours; anything else is a bug)
-                err = InternalError(f"decoder worker {worker} failed: {err!r}", node=self.node)
-            raise err from RemoteTraceback(tb)
+        try:
+            kind, payload = _recv_message(self._out[worker].fileno(), lambda: self._check_worker(worker))
+        except (EOFError, OSError):
+            self._procs[worker].join(timeout=5)
+            self._check_worker(worker)
+            raise WorkerError(
+                f"decoder worker {worker} (pid {self._procs[worker].pid}) closed its result pipe "
+                "without exiting",
+                node=self.node,
+            ) from None
+        if kind == "ok":
+            return payload  # type: ignore[no-any-return]
+        assert kind == "error"
+        err, tb = payload
+        if not isinstance(err, CsndError):  # (the worker sends only ours; anything else is a bug)
+            err = InternalError(f"decoder worker {worker} failed: {err!r}", node=self.node)
+        raise err from RemoteTraceback(tb)
 
     def _sync(self) -> None:
         """The stream ended: wait until every worker has applied all it was sent, and raise its error if any.
@@ -599,6 +600,46 @@ class DecoderPool:
             q.close()
         for conn in self._out:
             conn.close()
+
+
+def _recv_message(fd: int, idle: Callable[[], None]) -> Any:
+    """One object as a worker's `Connection.send` framed it, read from non-blocking `fd`.
+
+    Not `Connection.recv()`: once a message's first bytes are in, that waits
+    for the rest with no timeout, and a worker stopped or orphaned halfway
+    through writing a result larger than the pipe's free room never sends
+    it -- the run hung instead of failing.  Here every wait is at most
+    `LIVENESS_POLL_S`, after which `idle()` runs (the worker's liveness
+    check: it raises to end the wait).  End-of-file raises EOFError.
+
+    The framing is multiprocessing.connection's: a 4-byte big-endian signed
+    length, or -1 and an 8-byte length for 2 GiB and more, then a pickle.
+    """
+    (size,) = struct.unpack("!i", _read_exactly(fd, 4, idle))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exactly(fd, 8, idle))
+    return pickle.loads(_read_exactly(fd, size, idle))
+
+
+def _read_exactly(fd: int, size: int, idle: Callable[[], None]) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    poller = None
+    while got < size:
+        try:
+            n = os.readv(fd, [view[got:]])
+        except BlockingIOError:
+            if poller is None:  # (poll, not select: a busy service may hold fds above 1024)
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+            if not poller.poll(LIVENESS_POLL_S * 1000):
+                idle()
+            continue
+        if n == 0:
+            raise EOFError(f"end of file after {got} of {size} bytes")
+        got += n
+    return buf
 
 
 def _server_lost(p: Any) -> bool:

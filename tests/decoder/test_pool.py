@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from csnd.core.errors import DecodeError, RemoteTraceback, WorkerError
 from csnd.core.ids import Lsn
 from csnd.decoder.change import DecodedItem, DecodedRun
-from csnd.decoder.pool import PIPE_BYTES, BatchEnd, DecoderPool
+from csnd.decoder.pool import PIPE_BYTES, BatchEnd, DecoderPool, _recv_message, start_worker_server
 from csnd.reader import pgoutput as p
 from csnd.reader.events import Event
 from csnd.reader.recorded import RecordedSource
@@ -250,3 +252,79 @@ def test_a_worker_leaves_when_its_parent_dies_halfway_through_sending_a_batch() 
     # (the worker and the fork server share the parent's stderr: end of file once both are gone)
     stderr = parent.stderr.read() if parent.stderr is not None else ""
     assert "Traceback" not in stderr, stderr
+
+
+# --- reading results ------------------------------------------------------------------------
+
+
+def _never_idle() -> None:
+    raise AssertionError("waited for bytes that were already written")
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.one_of(st.integers(0, 20_000), st.sampled_from([16_380, 16_384, 16_385, 3 * PIPE_BYTES])))
+def test_a_result_reads_back_as_the_worker_sent_it(size: int) -> None:
+    """Connection.send frames small and large messages differently (one write or two); both read back whole."""
+    reader, writer = start_worker_server().Pipe(duplex=False)
+    os.set_blocking(reader.fileno(), False)
+    sent = ("ok", [b"r" * size, "line"])
+    sender = threading.Thread(target=writer.send, args=(sent,))  # (larger than the pipe: it waits for us)
+    sender.start()
+    try:
+        got = _recv_message(reader.fileno(), lambda: None if sender.is_alive() else _never_idle())
+    finally:
+        sender.join(timeout=30)
+        reader.close()
+        writer.close()
+    assert got == sent
+
+
+def test_a_result_cut_off_by_end_of_file_is_an_eof_error() -> None:
+    reader, writer = start_worker_server().Pipe(duplex=False)
+    os.set_blocking(reader.fileno(), False)
+    os.write(writer.fileno(), struct.pack("!i", 1000) + b"x" * 10)
+    writer.close()
+    try:
+        with pytest.raises(EOFError, match="after 10 of 1000 bytes"):
+            _recv_message(reader.fileno(), _never_idle)
+    finally:
+        reader.close()
+
+
+def test_a_result_half_written_when_the_fork_server_died_fails_the_run_instead_of_hanging() -> None:
+    """A worker stopped halfway through writing a result larger than the pipe's free room never finishes it.
+
+    `csnd replay` hung so when its workers were paused mid-write and their
+    fork server killed: the collector waited, without a timeout, for the rest.
+    Here the result pipe is one whose write end the test holds, so the half
+    message is placed exactly.
+    """
+    pool = DecoderPool("dn1", 1, binary=True)
+    reader, writer = start_worker_server().Pipe(duplex=False)
+    os.set_blocking(reader.fileno(), os.get_blocking(pool._out[0].fileno()))  # as the pool set its own
+    real_out, pool._out[0] = pool._out[0], reader
+    worker = pool._procs[0].pid
+    assert worker is not None
+    outcome: list[BaseException | None] = []
+
+    def collect() -> None:
+        try:
+            pool._result(0)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    try:
+        os.write(writer.fileno(), struct.pack("!i", 1000) + b"x" * 10)
+        os.kill(parent_of(worker), signal.SIGKILL)
+        collector = threading.Thread(target=collect, daemon=True)
+        collector.start()
+        collector.join(timeout=60)  # a ceiling, not a timing goal
+        assert not collector.is_alive(), "the collector still waits for the rest of a result that never comes"
+        (err,) = outcome
+        assert isinstance(err, WorkerError) and "the decoder fork server died" in str(err), err
+    finally:
+        pool.close()
+        real_out.close()
+        writer.close()
+    wait_until_gone([worker], 30, "the worker outlived its fork server")
