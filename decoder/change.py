@@ -23,12 +23,14 @@ from typing import TypeAlias, final
 
 from csnd.core.ids import Lsn, Xid
 from csnd.reader.pgoutput import (
+    ST_XID,
     Begin,
     Commit,
     Keepalive,
     LogicalMessage,
     Origin,
     Relation,
+    ScannedTxn,
     StreamAbort,
     StreamCommit,
     StreamStart,
@@ -99,30 +101,17 @@ class DecodedRun:
         return f"DecodedRun(xid={self.xid}, n={len(self.lsns)}, first={self.lsns[0] if self.lsns else None})"
 
 
-@final  # (as DecodedChange)
-class WholeTxn:
-    """A complete non-streamed transaction of row changes, as far as its stream says: Begin, positions, Commit.
-
-    When its node is the only one (and in single-node CSN mode, where the
-    commit LSN is the CSN), the decoder pool hands a transaction whose Begin,
-    row changes and Commit fell in one batch, with nothing else between them,
-    to a worker whole, and the worker writes its transaction line
-    (`csnd.core.lines`) where it decoded the changes.  `begin_at` /
-    `commit_at` are the two messages' stream positions, `lsns` the changes'
-    (as in `DecodedRun`).
-    """
-
-    __slots__ = ("begin_at", "begin", "commit_at", "commit", "lsns")
-
-    def __init__(self, begin_at: Lsn, begin: Begin, commit_at: Lsn, commit: Commit, lsns: list[Lsn]) -> None:
-        self.begin_at = begin_at
-        self.begin = begin
-        self.commit_at = commit_at
-        self.commit = commit
-        self.lsns = lsns
-
-    def __repr__(self) -> str:
-        return f"WholeTxn(xid={self.begin.xid}, n={len(self.lsns)}, commit={self.commit.commit_lsn})"
+# A complete non-streamed transaction of row changes, as far as its stream says:
+# Begin, positions, Commit -- a `reader.pgoutput.ScannedTxn` tuple (its `ST_*`
+# indices), so that the transactions a live reader scanned go on to the sender
+# with no object per transaction.  When its node is the only one (and in
+# single-node CSN mode, where the commit LSN is the CSN), the decoder pool
+# hands a transaction whose Begin, row changes and Commit fell in one batch,
+# with nothing else between them, to a worker whole, and the worker writes its
+# transaction line (`csnd.core.lines`) where it decoded the changes.  Its
+# `ST_LSNS` are the changes' positions (as in `DecodedRun`), never empty; its
+# `ST_BLOB` is not read past the pool (it may be None).
+WholeTxn: TypeAlias = ScannedTxn
 
 
 @final  # (as DecodedChange)
@@ -146,7 +135,8 @@ class WholeTxns:
         return len(self.txns)
 
     def __repr__(self) -> str:
-        return f"WholeTxns(n={len(self.txns)}, first={self.txns[0] if self.txns else None})"
+        first = f"xid {self.txns[0][ST_XID]}" if self.txns else None
+        return f"WholeTxns(n={len(self.txns)}, first={first})"
 
 
 # What the decoder pool hands on as the reader framed it: every pgoutput

@@ -57,6 +57,12 @@ from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
+    ST_BEGIN_AT,
+    ST_BLOB,
+    ST_COMMIT_LSN,
+    ST_COMMIT_TIME,
+    ST_LSNS,
+    ST_XID,
     Begin,
     Change,
     ChangeFrames,
@@ -65,7 +71,10 @@ from csnd.reader.pgoutput import (
     Relation,
     Truncate,
     TxnFrames,
+    TxnRun,
     TypeMsg,
+    scanned_txn,
+    scanned_txn_frames,
 )
 
 # A batch ends at this many changes or this many bytes of raw change data,
@@ -147,9 +156,10 @@ BATCH_END: Final = BatchEnd.BATCH_END  # `DecoderPool.run`'s mark after each bat
 def _wire(lsn: int, msg: Truncate | Relation | TypeMsg) -> tuple[Any, ...]:
     """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
 
-    (A row change's tuple, `(lsn, kind, xid, relid, data)`, and a run of raw
-    change frames', `(lsn, "F", xid, (in_stream, head), blob)`, are built inline on
-    the reader's hot path; `decoder.worker.decode_batch` reads all three.)
+    (A row change's tuple, `(lsn, kind, xid, relid, data)`, a run of raw change
+    frames', `(lsn, "F", xid, (in_stream, head), blob)`, and a scanned whole
+    transaction's, `(commit_lsn, "W", xid, commit_time, blob)`, are built inline on
+    the reader's hot path; `decoder.worker.decode_batch` reads them all.)
     """
     if isinstance(msg, Truncate):
         return (lsn, "T", msg.xid, msg.options, msg.relids)
@@ -171,11 +181,21 @@ class _Run:
         self.lsns: list[Lsn] = []
 
 
+@final
+class _Wholes:
+    """In a batch's skeleton: consecutive whole transactions whose lines the workers write (`WholeTxn`)."""
+
+    __slots__ = ("txns",)
+
+    def __init__(self, txns: list[WholeTxn]) -> None:
+        self.txns = txns
+
+
 _NO_RUN: Final = object()  # no run open: the next change starts one
 
 # An entry of a batch's skeleton: a run of row changes stands for them, a Truncate
 # for its decoded tables; everything else goes on as it is.
-SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run | WholeTxn
+SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run | _Wholes
 
 
 class DecoderPool:
@@ -296,32 +316,68 @@ class DecoderPool:
                     cut()
 
             self._cut_drained = cut_drained
+
+            def whole_txn(msg: TxnFrames) -> None:
+                """A whole transaction into the batch (the caller cuts it if it is full)."""
+                nonlocal pending, pending_bytes
+                changes = msg.changes
+                if changes is None:
+                    keep((msg.begin_at, msg.begin))
+                    keep((msg.commit_at, msg.commit))
+                    return
+                lsns = changes.lsns
+                wire((lsns[0], "F", None, (False, changes.head), changes.blob))
+                if write_lines:
+                    keep(
+                        (
+                            msg.begin_at,
+                            _Wholes(
+                                [scanned_txn(msg.begin_at, msg.begin, None, lsns, msg.commit_at, msg.commit)]
+                            ),
+                        )
+                    )
+                    wire((len(lsns), "L", msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
+                else:
+                    run = _Run(None)
+                    run.lsns = lsns
+                    keep((msg.begin_at, msg.begin))
+                    keep((lsns[0], run))
+                    keep((msg.commit_at, msg.commit))
+                pending += len(lsns)
+                pending_bytes += len(changes.blob)
+
             gated = self.reports_pauses
             for event in events:
                 msg = event[1]
                 cls = type(msg)
+                if cls is TxnRun:  # a live node's whole transactions, as its compiled loop read them
+                    run_xid, whole_at = _NO_RUN, -1
+                    if not write_lines:
+                        for txn in msg.frames():
+                            whole_txn(txn)
+                    else:
+                        wholes: _Wholes | None = None  # the open stretch of ones with changes
+                        for t in msg.txns:
+                            blob = t[ST_BLOB]
+                            if blob is None:  # none: its Begin and Commit go on as they came
+                                wholes = None
+                                txn = scanned_txn_frames(t)
+                                keep((txn.begin_at, txn.begin))
+                                keep((txn.commit_at, txn.commit))
+                                continue
+                            if wholes is None:
+                                wholes = _Wholes([])
+                                keep((t[ST_BEGIN_AT], wholes))
+                            wholes.txns.append(t)
+                            wire((t[ST_COMMIT_LSN], "W", t[ST_XID], t[ST_COMMIT_TIME], blob))
+                            pending += len(t[ST_LSNS])
+                            pending_bytes += len(blob)
+                    if pending >= limit or pending_bytes >= BATCH_BYTES:
+                        cut()
+                    continue
                 if cls is TxnFrames:  # a live node's whole transaction: one event for all of it
                     run_xid, whole_at = _NO_RUN, -1
-                    changes = msg.changes
-                    if changes is None:
-                        keep((msg.begin_at, msg.begin))
-                        keep((msg.commit_at, msg.commit))
-                        continue
-                    lsns = changes.lsns
-                    wire((lsns[0], "F", None, (False, changes.head), changes.blob))
-                    if write_lines:
-                        keep(
-                            (msg.begin_at, WholeTxn(msg.begin_at, msg.begin, msg.commit_at, msg.commit, lsns))
-                        )
-                        wire((len(lsns), "L", msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
-                    else:
-                        run = _Run(None)
-                        run.lsns = lsns
-                        keep((msg.begin_at, msg.begin))
-                        keep((lsns[0], run))
-                        keep((msg.commit_at, msg.commit))
-                    pending += len(lsns)
-                    pending_bytes += len(changes.blob)
+                    whole_txn(msg)
                     if pending >= limit or pending_bytes >= BATCH_BYTES:
                         cut()
                     continue
@@ -353,12 +409,12 @@ class DecoderPool:
                     # Begin, row changes, Commit and nothing else, all in this batch:
                     # the worker writes the line (`WholeTxn`).
                     events_now = batch.events
-                    lsns = []
+                    lsns: list[Lsn] = []
                     for _, r in events_now[whole_at + 1 :]:
                         lsns += r.lsns  # type: ignore[union-attr]  # (only runs follow the Begin)
                     begin_at, begin = cast("tuple[Lsn, Begin]", events_now[whole_at])
                     del events_now[whole_at:]
-                    keep((begin_at, WholeTxn(begin_at, begin, event[0], msg, lsns)))
+                    keep((begin_at, _Wholes([scanned_txn(begin_at, begin, None, lsns, event[0], msg)])))
                     wire((len(lsns), "L", begin.xid, msg.commit_lsn, msg.commit_time))
                     whole_at = -1
                     continue
@@ -471,12 +527,13 @@ class DecoderPool:
                 lines: list[str] = []
                 whole_at = INVALID_LSN
                 for lsn, msg in item.events:
-                    if type(msg) is WholeTxn:
+                    if type(msg) is _Wholes:
                         if not wholes:
                             whole_at = lsn
-                        wholes.append(msg)
-                        lines.append(decoded[at])
-                        at += 1
+                        n = len(msg.txns)
+                        wholes += msg.txns
+                        lines += decoded[at : at + n]
+                        at += n
                         continue
                     if wholes:
                         yield whole_at, WholeTxns(wholes, lines)

@@ -39,7 +39,9 @@ def decode_batch(
     transaction's mark, `(n, "L", xid, commit_lsn, commit_time)` after its
     changes, turns the last n bodies into its transaction line
     (`decoder.change.WholeTxn`; single-node mode: the commit LSN is the CSN,
-    and with no cid marker every change has cid 0).
+    and with no cid marker every change has cid 0); `(commit_lsn, "W", xid,
+    commit_time, blob)` is the same for a transaction whose changes are all
+    in `blob`, in one tuple.
     """
     out: list[Any] = []
     append = out.append
@@ -47,6 +49,12 @@ def decode_batch(
         if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is (in_stream, head)
             for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, *a):
                 append(row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary))
+        elif kind == "W":  # a scanned whole transaction: b its run's frames (4-byte head), then its line
+            bodies = [
+                row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary)
+                for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, False)
+            ]
+            append(single_node_line(node, lsn, None, xid, lsn, a, 0, bodies))
         elif kind == "L":
             bodies = out[-lsn:]
             del out[-lsn:]

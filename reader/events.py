@@ -19,11 +19,12 @@ from csnd.reader.pgoutput import (
     Message,
     PgOutputParser,
     TxnFrames,
+    TxnRun,
     parse_frame,
     parse_hot_frame,
 )
 
-Event = tuple[Lsn, Message | Keepalive | ChangeFrames | TxnFrames]
+Event = tuple[Lsn, Message | Keepalive | ChangeFrames | TxnFrames | TxnRun]
 
 
 def iter_events(

@@ -60,6 +60,7 @@ from csnd.reader.pgoutput import (
     Message,
     PgOutputParser,
     TxnFrames,
+    TxnRun,
     XLogData,
     encode_status_update,
     parse_frame,
@@ -699,24 +700,7 @@ class LiveSource:
                     self.backoff.flowing()
                 if received > self._received:
                     self._received = received
-                for t in txns:
-                    (
-                        begin_at,
-                        final_lsn,
-                        begin_time,
-                        xid,
-                        blob,
-                        lsns,
-                        commit_at,
-                        flags,
-                        commit_lsn,
-                        end_lsn,
-                        ts,
-                    ) = t
-                    changes = None if blob is None or lsns is None else ChangeFrames(blob, False, None, lsns)
-                    begin, commit = Begin(final_lsn, begin_time, xid), Commit(flags, commit_lsn, end_lsn, ts)
-                    txn = TxnFrames(begin_at, begin, changes, commit_at, commit)
-                    yield from filt((begin_at, txn, b""))
+                yield from filt((txns[0][0], TxnRun(txns), b""))
                 if at_end():
                     self._finish_copy()
                     return True

@@ -29,6 +29,7 @@ from csnd.core.errors import ConfigError, CsndError, StreamFormatError, Truncate
 from csnd.core.ids import lsn_to_str
 from csnd.reader.live import LiveSource
 from csnd.reader.pgoutput import (
+    ST_END_LSN,
     ChangeFrames,
     Commit,
     Keepalive,
@@ -37,6 +38,7 @@ from csnd.reader.pgoutput import (
     StreamAbort,
     StreamCommit,
     TxnFrames,
+    TxnRun,
     parse_frame,
 )
 from csnd.reader.resume import Item, ResumeFilter
@@ -65,13 +67,15 @@ _PRUNE_FRAMES: Final = 10_000
 
 
 def durable_after(
-    lsn: int, msg: Message | Keepalive | ChangeFrames | TxnFrames, open_txns: int, current: int
+    lsn: int, msg: Message | Keepalive | ChangeFrames | TxnFrames | TxnRun, open_txns: int, current: int
 ) -> int:
     """The position a file holding everything up to `msg` may confirm (END LSNs; see the module docstring)."""
     if isinstance(msg, (Commit, StreamCommit)):
         return max(current, msg.end_lsn)
     if isinstance(msg, TxnFrames):
         return max(current, msg.commit.end_lsn)
+    if isinstance(msg, TxnRun):
+        return max(current, msg.txns[-1][ST_END_LSN])
     if isinstance(msg, StreamAbort) and msg.xid == msg.subxid:
         return max(current, lsn)
     if isinstance(msg, Keepalive) and open_txns == 0:

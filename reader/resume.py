@@ -38,8 +38,10 @@ import struct
 from collections import deque
 from typing import Final
 
-from csnd.core.ids import INVALID_LSN, Lsn
+from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.reader.pgoutput import (
+    ST_END_LSN,
+    ST_XID,
     XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
@@ -56,6 +58,7 @@ from csnd.reader.pgoutput import (
     StreamStop,
     Truncate,
     TxnFrames,
+    TxnRun,
     TypeMsg,
     encode_relation,
     encode_stream_start,
@@ -64,7 +67,7 @@ from csnd.reader.pgoutput import (
     encode_xlogdata,
 )
 
-Item = tuple[Lsn, "Message | Keepalive | ChangeFrames | TxnFrames", bytes]
+Item = tuple[Lsn, "Message | Keepalive | ChangeFrames | TxnFrames | TxnRun", bytes]
 """`(lsn, message, CopyData payload)`; the payload is what a recording stores."""
 
 _NO_POS: Final = (-1, 0)
@@ -168,6 +171,17 @@ class ResumeFilter:
             if self.completed.get(done) == end:
                 del self.completed[done]
 
+    def _complete_many(self, xids: list[Xid], ends: list[Lsn]) -> None:
+        """`_complete` for each, in order, with one pass over what may be forgotten."""
+        self.completed.update(zip(xids, ends, strict=True))
+        order = self._completed_order
+        order.extend(zip(ends, xids, strict=True))
+        limit = min(self._confirmed_to, self._conn_floor)
+        while order and order[0][0] <= limit:
+            end, done = order.popleft()
+            if self.completed.get(done) == end:
+                del self.completed[done]
+
     # --- the filter -----------------------------------------------------------------
 
     def feed(self, item: Item) -> list[Item]:
@@ -179,6 +193,8 @@ class ResumeFilter:
             if self._skip_txn:
                 return self._drop()
             return [item] if self.progress[xid].admit(lsn) else self._drop()
+        if type(msg) is TxnRun and self._block is None:  # (a live reader's batch of whole transactions)
+            return self._whole_run(item, msg)
         if type(msg) is TxnFrames and self._block is None:  # (a live reader's whole transaction)
             return self._whole(item, msg)
         if type(msg) is ChangeFrames and self._block is None:  # (a live reader's run of them)
@@ -223,6 +239,25 @@ class ResumeFilter:
             return out
         self._conn_floor = max(self._conn_floor, end_lsn)
         self._complete(xid, end_lsn)
+        return [item]
+
+    def _whole_run(self, item: Item, run: TxnRun) -> list[Item]:
+        """Whole transactions: all new, they pass as one; else each is judged as its `TxnFrames`."""
+        txns = run.txns
+        xids = [t[ST_XID] for t in txns]
+        if (
+            self._txn is not None
+            or not self.completed.keys().isdisjoint(xids)
+            or (self.progress and not self.progress.keys().isdisjoint(xids))
+            or len(set(xids)) != len(xids)  # (a corrupt stream's repeat: dropped there, as it always was)
+        ):
+            out: list[Item] = []
+            for txn in run.frames():
+                out += self._whole((txn.begin_at, txn, b""), txn)
+            return out
+        ends = [t[ST_END_LSN] for t in txns]
+        self._conn_floor = max(self._conn_floor, ends[-1])  # (commits come in end-LSN order)
+        self._complete_many(xids, ends)
         return [item]
 
     def _run(self, item: Item, run: ChangeFrames) -> list[Item]:

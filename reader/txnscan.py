@@ -4,9 +4,9 @@ On a busy node nearly every transaction the walsender sends is one piece:
 its Begin, its row changes (Insert, Update, Delete) and its Commit, one
 after another, nothing else between them.  `take_whole_txns` reads such
 transactions with the connection's `get_copy_data` and returns each as a
-tuple of its fields and its changes framed as a `ChangeFrames` run (`uint32
-length | XLogData payload` per frame), which is all `reader.live` needs to
-make a `TxnFrames`.  It stops at the first frame that is not part of one --
+`ScannedTxn`, a tuple of its fields and its changes framed as a `ChangeFrames`
+run (`uint32 length | XLogData payload` per frame), which `reader.live` hands
+on as one `TxnRun`.  It stops at the first frame that is not part of one --
 a keepalive, a Relation, a Begin or Commit too short for its fields, a
 transaction of more than `max_changes` changes, an empty or failed read --
 and hands that frame back, with the frames of the transaction it was in,
@@ -36,12 +36,10 @@ from csnd.reader.pgoutput import (
     XLOGDATA_HEADER_SIZE,
     Begin,
     Commit,
+    ScannedTxn,
     parse_txn_frame,
 )
 
-# (dataStart, final LSN, commit time, xid, blob or None, lsns or None,
-#  Commit's dataStart, flags, commit LSN, end LSN, commit time)
-WholeTxn = tuple[Lsn, Lsn, int, Xid, bytes | None, list[Lsn] | None, Lsn, int, Lsn, Lsn, int]
 CopyData = tuple[int, Any]  # what `PGconn.get_copy_data` returns: (nbytes, memoryview)
 
 _LENGTH = struct.Struct("!I")  # a run's framing: uint32 length | XLogData payload
@@ -51,7 +49,7 @@ NO_STOP: Final = 2**64 - 1
 
 def take_whole_txns_py(
     get_copy_data: Callable[[int], CopyData], max_frames: int, max_changes: int, stop_at: int
-) -> tuple[list[WholeTxn], list[CopyData], int]:
+) -> tuple[list[ScannedTxn], list[CopyData], int]:
     """`(whole transactions, frames handed back, highest dataStart read)`; see the module docstring.
 
     Reads until a frame ends the batch, until `max_frames` were read (checked
@@ -60,7 +58,7 @@ def take_whole_txns_py(
     for none).  The highest dataStart counts only whole transactions' frames:
     the caller reads the handed-back ones itself.
     """
-    txns: list[WholeTxn] = []
+    txns: list[ScannedTxn] = []
     pending: list[CopyData] = []
     received = high = 0
     frames = 0

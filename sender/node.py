@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from csnd.core.errors import (
     ConfigError,
@@ -72,6 +72,13 @@ from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import (
+    ST_COMMIT_AT,
+    ST_COMMIT_LSN,
+    ST_COMMIT_TIME,
+    ST_END_LSN,
+    ST_FINAL_LSN,
+    ST_LSNS,
+    ST_XID,
     Begin,
     Commit,
     Keepalive,
@@ -83,6 +90,7 @@ from csnd.reader.pgoutput import (
     StreamStart,
     StreamStop,
     TypeMsg,
+    scanned_txn_frames,
 )
 from csnd.sender.confirmable import ConfirmableLsn
 from csnd.sender.opentxn import OpenTxn, open_at_end, position_error
@@ -265,38 +273,35 @@ class NodeSender:
             or self._ready
         ):
             return self._one_by_one(run)
-        csns: list[Csn] = []
-        ticks: list[Csn] = []
-        for w in txns:
-            if not _in_place(w):
-                return self._one_by_one(run)
-            csns.append(_as_csn(w.commit.commit_lsn))
-            ticks.append(_as_csn(w.commit.end_lsn - 1))
+        if not all(map(_in_place, txns)):
+            return self._one_by_one(run)
+        commit_lsns: list[Lsn] = [w[ST_COMMIT_LSN] for w in txns]
+        csns = cast("list[Csn]", commit_lsns)  # (single-node mode: the commit LSN is the CSN)
+        ticks = cast("list[Csn]", [w[ST_END_LSN] - 1 for w in txns])
         resume = self.resume_csn
         if (resume is not None and csns[0] <= resume) or not self._orderer.commit_run(csns, ticks):
             return self._one_by_one(run)  # (a restart's re-sent ones are dropped there)
         n = len(txns)
         last = txns[-1]
-        if last.commit_at:
-            self._last_lsn = last.commit_at
+        if last[ST_COMMIT_AT]:
+            self._last_lsn = last[ST_COMMIT_AT]
         self._finished += n
-        commit = last.commit
-        xids = [w.begin.xid for w in txns]
+        xids = [w[ST_XID] for w in txns]
         finished = FinishedTxn(
             self.node,
             csns[-1],
             None,
             xids[-1],
-            commit.commit_lsn,
-            commit.end_lsn,
-            commit.commit_time,
+            last[ST_COMMIT_LSN],
+            last[ST_END_LSN],
+            last[ST_COMMIT_TIME],
             (),
-            sum(len(w.lsns) for w in txns),
+            sum([len(w[ST_LSNS] or ()) for w in txns]),  # (never None in a WholeTxn)
         )
-        finished.written = WrittenLines(csns, xids, [w.commit.commit_lsn for w in txns], run.lines)
+        finished.written = WrittenLines(csns, xids, commit_lsns, run.lines)
         finished.seq = self._finished - 1
         confirm = self._confirm
-        confirm.passed(commit.end_lsn)
+        confirm.passed(last[ST_END_LSN])
         finished.confirmable = confirm.value
         self.released += n
         return [finished]
@@ -320,7 +325,8 @@ class NodeSender:
         The same checks, without a buffer: it holds no changes, only the
         worker's line (`FinishedTxn.written`).
         """
-        begin, commit, lsns = w.begin, w.commit, w.lsns
+        txn_frames = scanned_txn_frames(w)
+        begin, commit, lsns = txn_frames.begin, txn_frames.commit, cast("list[Lsn]", w[ST_LSNS])
         if self._gtm:
             raise InternalError(
                 "a whole transaction's line reached a gtm-mode sender; its csn comes from a marker",
@@ -330,17 +336,17 @@ class NodeSender:
             )
         if self._cur is not None or self._block is not None or not _in_place(w):
             # (the errors as the message-by-message path finds them)
-            self._begin(w.begin_at, begin)
+            self._begin(txn_frames.begin_at, begin)
             txn = self._cur
             assert txn is not None
             if lsns[-1] > txn.bound or not _sorted(lsns):
                 txn.buf.close()
                 self._cur = None
                 raise position_error(self.node, txn, lsns, None)
-            self._commit(w.commit_at, commit)
+            self._commit(txn_frames.commit_at, commit)
             raise InternalError("a whole transaction failed a check and passed it again", node=self.node)
-        if w.commit_at:
-            self._last_lsn = w.commit_at
+        if txn_frames.commit_at:
+            self._last_lsn = txn_frames.commit_at
         seq = self._finished
         self._finished = seq + 1
         xid, commit_lsn, end_lsn = begin.xid, commit.commit_lsn, commit.end_lsn
@@ -786,8 +792,12 @@ def _sorted(lsns: list[Lsn]) -> bool:
 
 def _in_place(w: WholeTxn) -> bool:
     """Whether a whole transaction's positions are as its Begin and Commit say: its changes in order, none past its commit."""
-    commit_lsn = w.commit.commit_lsn
-    return w.begin.final_lsn == commit_lsn and w.lsns[-1] <= commit_lsn and _sorted(w.lsns)
+    commit_lsn, lsns = w[ST_COMMIT_LSN], w[ST_LSNS]
+    return (
+        w[ST_FINAL_LSN] == commit_lsn
+        and lsns[-1] <= commit_lsn  # type: ignore[index]  # (never None in a WholeTxn)
+        and (len(lsns) == 1 or _sorted(lsns))  # type: ignore[arg-type]
+    )
 
 
 # What `feed` does with each `PassThroughItem`.  A handler takes the message of its

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.core.ids import Lsn
+from csnd.core.ids import Lsn, Xid
 from csnd.reader import pgoutput as p
 from csnd.reader.resume import Item, ResumeFilter
 from tests.fixtures.witness import assemble
@@ -151,6 +151,33 @@ def _as_whole(items: list[Item], data: Any) -> list[Item]:
                 continue
         out.append(items[i])
         i += 1
+    return _as_txn_runs(out, data)
+
+
+def _as_txn_runs(items: list[Item], data: Any) -> list[Item]:
+    """Consecutive `TxnFrames` as one `TxnRun` (the compiled loop's batch), cut where the draw says."""
+    out: list[Item] = []
+    for item in items:
+        m = item[1]
+        if type(m) is not p.TxnFrames:
+            out.append(item)
+            continue
+        changes = m.changes
+        scanned = p.scanned_txn(
+            m.begin_at,
+            m.begin,
+            None if changes is None else changes.blob,
+            None if changes is None else changes.lsns,
+            m.commit_at,
+            m.commit,
+        )
+        last = out[-1][1] if out else None
+        if type(last) is p.TxnRun and data.draw(st.booleans()):
+            last.txns.append(scanned)
+        elif data.draw(st.booleans()):
+            out.append((m.begin_at, p.TxnRun([scanned]), b""))
+        else:
+            out.append(item)
     return out
 
 
@@ -158,7 +185,13 @@ def _deliver(f: ResumeFilter, items: list[Item]) -> list[tuple[int, Any]]:
     out: list[tuple[int, Any]] = []
     for item in items:
         for lsn, m, _ in f.feed(item):
-            for lsn_e, e in m.events() if type(m) is p.TxnFrames else [(lsn, m)]:
+            if type(m) is p.TxnRun:
+                events: list[tuple[int, Any]] = [e for txn in m.frames() for e in txn.events()]
+            elif type(m) is p.TxnFrames:
+                events = list(m.events())
+            else:
+                events = [(lsn, m)]
+            for lsn_e, e in events:
                 if type(e) is p.ChangeFrames:  # (back to single changes, for the oracle)
                     for lsn_i, kind, xid, relid, tuple_data in p.iter_change_frames(e.blob, False, e.head):
                         out.append((lsn_i, p.Change(kind, xid, relid, tuple_data)))
@@ -180,7 +213,8 @@ def test_cut_and_resend_is_invisible_when_changes_come_in_runs(
 ) -> None:
     """A run is judged change by change: re-sent in runs cut elsewhere, only its new tail passes.
 
-    And a whole transaction (`TxnFrames`) passes whole only if it is new.
+    And a whole transaction (`TxnFrames`), or a batch of them (`TxnRun`), passes whole only if
+    it is new.
     """
     _check_cut_and_resend(stream, data, runs=True)
 
@@ -279,3 +313,70 @@ def test_confirmed_transactions_are_forgotten_so_memory_stays_bounded() -> None:
     for item in items:
         f.feed(item)
     assert len(f.completed) == 1
+
+
+def _scanned(xid: int, lsn: int) -> p.ScannedTxn:
+    """A one-insert transaction as the compiled loop reads it (`_plain_txn`'s, scanned)."""
+    payload = p.encode_xlogdata(lsn, lsn, 0, p.encode_insert(1, [str(xid)]))
+    blob = struct.pack("!I", len(payload)) + payload
+    return (
+        Lsn(lsn),
+        Lsn(lsn + 8),
+        0,
+        Xid(xid),
+        blob,
+        [Lsn(lsn)],
+        Lsn(lsn + 8),
+        0,
+        Lsn(lsn + 8),
+        Lsn(lsn + 16),
+        0,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 60), st.data())
+def test_batches_of_whole_transactions_re_sent_after_reconnects_come_once_each(n: int, data: Any) -> None:
+    """`TxnRun`s of many plain transactions, cut anywhere and re-sent after reconnects in other cuts.
+
+    Each new connection re-sends what ends after the confirmed position.  Every
+    transaction comes once, in order, and the filter ends in the state it reaches
+    when each transaction comes as a `TxnFrames` of its own.
+    """
+    txns = [_scanned(1000 + i, 0x100 + 0x20 * i) for i in range(n)]
+    connections: list[list[int]] = []  # each connection's batch sizes
+    confirms: list[int] = []  # transactions durable after each connection
+    start = 0
+    for _ in range(data.draw(st.integers(1, 4))):
+        stop = data.draw(st.integers(start, n))
+        sizes: list[int] = []
+        while start + sum(sizes) < stop:
+            sizes.append(data.draw(st.integers(1, stop - start - sum(sizes))))
+        connections.append(sizes)
+        start = data.draw(st.integers(start, stop))  # (a confirmed position only moves forward)
+        confirms.append(start)
+    connections.append([n - start] if start < n else [])
+
+    def run(batched: bool) -> tuple[list[int], dict[int, int]]:
+        f = ResumeFilter()
+        got: list[int] = []
+        at = 0
+        for k, sizes in enumerate(connections):
+            for size in sizes:
+                batch = txns[at : at + size]
+                events = [p.TxnRun(batch)] if batched else [p.scanned_txn_frames(t) for t in batch]
+                for m in events:
+                    for _, out, _ in f.feed((Lsn(0), m, b"")):
+                        done = out.frames() if type(out) is p.TxnRun else [out]
+                        got += [txn.begin.xid for txn in done]  # type: ignore[union-attr]
+                at += size
+            if k < len(confirms):
+                confirmed = txns[confirms[k] - 1][9] if confirms[k] else 0
+                f.confirmed(confirmed)
+                f.reconnected(confirmed)
+                at = confirms[k]
+        return got, f.completed
+
+    got, completed = run(batched=True)
+    assert got == [1000 + i for i in range(n)]
+    assert (got, completed) == run(batched=False)

@@ -21,6 +21,7 @@ from csnd.reader.pgoutput import (
     ChangeFrames,
     Commit,
     TxnFrames,
+    TxnRun,
     encode_begin,
     encode_commit,
     encode_delete,
@@ -308,7 +309,13 @@ def _changes_in_order(
     out: list[tuple[str, int]] = []
     try:
         for lsn, msg, _ in source._copy_loop(conn, runs=runs):  # type: ignore[arg-type]
-            events = msg.events() if isinstance(msg, TxnFrames) else [(lsn, msg)]
+            events: list[tuple[int, object]]
+            if isinstance(msg, TxnRun):
+                events = [e for txn in msg.frames() for e in txn.events()]
+            elif isinstance(msg, TxnFrames):
+                events = list(msg.events())
+            else:
+                events = [(lsn, msg)]
             for at, event in events:
                 if isinstance(event, ChangeFrames):
                     out += [("change", x) for x in event.lsns]

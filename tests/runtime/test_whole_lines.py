@@ -126,6 +126,36 @@ def _folded(events: Iterator[Event]) -> Iterator[Event]:
     yield from held
 
 
+def _head4(run: p.ChangeFrames) -> bytes:
+    """A run's frames with a 4-byte head, as the live reader frames them (a recording's may carry a CRC)."""
+    out, pos, blob = [], 0, run.blob
+    while pos < len(blob):
+        (n,) = struct.unpack_from("!I", blob, pos)
+        out.append(blob[pos : pos + 4] + blob[pos + run.head : pos + run.head + n])
+        pos += run.head + n
+    return b"".join(out)
+
+
+def _batched(events: Iterator[Event], size: int) -> Iterator[Event]:
+    """Consecutive whole transactions as one `TxnRun` of up to `size`, as the live reader's compiled loop reads them."""
+    batch: list[p.ScannedTxn] = []
+    for event in events:
+        m = event[1]
+        if type(m) is p.TxnFrames:
+            changes = m.changes
+            blob, lsns = (None, None) if changes is None else (_head4(changes), changes.lsns)
+            batch.append(p.scanned_txn(m.begin_at, m.begin, blob, lsns, m.commit_at, m.commit))
+            if len(batch) < size:
+                continue
+        if batch:
+            yield batch[0][0], p.TxnRun(batch)
+            batch = []
+        if type(m) is not p.TxnFrames:
+            yield event
+    if batch:
+        yield batch[0][0], p.TxnRun(batch)
+
+
 def _lines(
     path: Path,
     raw: bool,
@@ -133,10 +163,12 @@ def _lines(
     write_lines: bool,
     fold: bool = False,
     changelog: Path | None = None,
+    txn_runs: int = 0,
 ) -> tuple[list[str], int]:
     """The lines of the stream at `path` through pool, sender and `write_alone`, and how many came whole.
 
-    With `changelog`, into a service's changelog there (its transaction lines, read back).
+    With `changelog`, into a service's changelog there (its transaction lines, read back);
+    with `txn_runs` (and `fold`), whole transactions come as `TxnRun`s of up to that many.
     """
     pool = DecoderPool("dn1", 2, binary=True, batch_changes=batch_changes)
     pool.write_lines = write_lines
@@ -145,7 +177,11 @@ def _lines(
     log = Changelog(str(changelog)) if changelog is not None else None
     sink: _Lines | ChangelogSink = _Lines() if log is None else ChangelogSink(log)
     events = RecordedSource(str(path)).events(raw_changes=raw)
-    for lsn, item in pool.run(_folded(events) if fold else events):
+    if fold:
+        events = _folded(events)
+        if txn_runs:
+            events = _batched(events, txn_runs)
+    for lsn, item in pool.run(events):
         if isinstance(item, BatchEnd):
             continue
         whole += len(item) if type(item) is WholeTxns else 0
@@ -161,9 +197,14 @@ def _lines(
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(txns=st.lists(_TXN, min_size=1, max_size=8), batch_changes=st.integers(1, 6), raw=st.booleans())
+@given(
+    txns=st.lists(_TXN, min_size=1, max_size=8),
+    batch_changes=st.integers(1, 6),
+    raw=st.booleans(),
+    txn_runs=st.integers(1, 4),
+)
 def test_lines_written_by_the_workers_are_the_coordinators(
-    tmp_path: Path, txns: list[tuple[list[str], str]], batch_changes: int, raw: bool
+    tmp_path: Path, txns: list[tuple[list[str], str]], batch_changes: int, raw: bool, txn_runs: int
 ) -> None:
     path = tmp_path / "s.pgstream"
     _write_stream(path, txns)
@@ -177,6 +218,10 @@ def test_lines_written_by_the_workers_are_the_coordinators(
     if raw:  # as a live reader hands them on: the plain ones in one event each, so all of them whole
         assert _lines(path, raw, batch_changes, write_lines=False, fold=True) == (expected, 0)
         assert _lines(path, raw, batch_changes, write_lines=True, fold=True) == (expected, plain)
+        # and in batches of them, as the compiled loop reads them (empty ones among them)
+        for write in (False, True):
+            got_runs = _lines(path, raw, batch_changes, write_lines=write, fold=True, txn_runs=txn_runs)
+            assert got_runs == (expected, plain if write else 0)
         # into a changelog, whose sink appends a run of lines in one call
         txn_lines = [line for line in expected if not line.startswith("relation ")]
         for k, write in enumerate((False, True)):
@@ -227,3 +272,26 @@ def test_a_whole_transaction_with_a_commit_time_past_year_9999_is_refused_naming
     with pytest.raises(TimestampError) as raised:
         list(checked_commit_times(iter([(Lsn(0x1000), whole)]), "dn1"))
     assert (raised.value.node, raised.value.lsn, raised.value.xid) == ("dn1", 0x1800, 777)
+
+
+def test_a_batch_of_whole_transactions_with_a_commit_time_past_year_9999_is_refused_naming_it() -> None:
+    """As for one: the batch's bad transaction is named, not the batch's first."""
+    good = p.scanned_txn(
+        Lsn(0x1000),
+        p.Begin(Lsn(0x1800), 0, Xid(776)),
+        None,
+        None,
+        Lsn(0x1800),
+        p.Commit(0, Lsn(0x1800), Lsn(0x1810), 5),
+    )
+    bad = p.scanned_txn(
+        Lsn(0x2000),
+        p.Begin(Lsn(0x2800), 0, Xid(777)),
+        None,
+        None,
+        Lsn(0x2800),
+        p.Commit(0, Lsn(0x2800), Lsn(0x2810), PG_TIME_MAX_US + 1),
+    )
+    with pytest.raises(TimestampError) as raised:
+        list(checked_commit_times(iter([(Lsn(0x1000), p.TxnRun([good, bad]))]), "dn1"))
+    assert (raised.value.node, raised.value.lsn, raised.value.xid) == ("dn1", 0x2800, 777)

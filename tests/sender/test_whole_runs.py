@@ -19,7 +19,6 @@ from csnd.coordinator import AloneOrder
 from csnd.core.errors import CsnOrderViolation, LsnOrderViolation
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.decoder.change import WholeTxn, WholeTxns
-from csnd.reader import pgoutput as p
 from csnd.runtime.coordinator import write_alone
 from csnd.sender import CsnOrderer, FinishedTxn, NodeSender
 from tests.runtime.queued import EndedLines
@@ -131,16 +130,20 @@ def _run_of(first_commit: int, n: int, bad: int | None = None) -> WholeTxns:
     for k in range(n):
         commit = first_commit + 0x100 * k
         final = commit + 8 if k == bad else commit
-        begin = p.Begin(Lsn(final), 0, Xid(700 + k))
-        txns.append(
-            WholeTxn(
-                Lsn(commit - 0x40),
-                begin,
-                Lsn(commit),
-                p.Commit(0, Lsn(commit), Lsn(commit + 0x10), 5),
-                [Lsn(commit - 0x20)],
-            )
+        whole: WholeTxn = (
+            Lsn(commit - 0x40),
+            Lsn(final),
+            0,
+            Xid(700 + k),
+            None,
+            [Lsn(commit - 0x20)],
+            Lsn(commit),
+            0,
+            Lsn(commit),
+            Lsn(commit + 0x10),
+            5,
         )
+        txns.append(whole)
         lines.append(f"line {k}")
     return WholeTxns(txns, lines)
 
