@@ -106,7 +106,9 @@ class ResumeFilter:
 
     def __init__(self) -> None:
         self.completed: dict[int, int] = {}  # xid -> end LSN of its delivered commit/abort
-        self._completed_order: deque[tuple[int, int]] = deque()  # (end LSN, xid), in delivery order
+        # What `completed` holds, in delivery order, as it came: (the last end LSN, xids, end LSNs)
+        # of each transaction or batch of them (`_forget`).
+        self._completed_order: deque[tuple[int, list[Xid], list[Lsn]]] = deque()
         self._confirmed_to = 0  # set by `confirmed` (another thread)
         self.progress: dict[int, _Progress] = {}  # open (partly delivered) transactions
         self.streams_open: set[int] = set()  # streamed xids with a delivered first segment
@@ -163,24 +165,23 @@ class ResumeFilter:
         ones are at the front of `_completed_order`.
         """
         self.completed[xid] = end_lsn
-        order = self._completed_order
-        order.append((end_lsn, xid))
-        limit = min(self._confirmed_to, self._conn_floor)
-        while order and order[0][0] <= limit:
-            end, done = order.popleft()
-            if self.completed.get(done) == end:
-                del self.completed[done]
+        self._completed_order.append((end_lsn, [Xid(xid)], [Lsn(end_lsn)]))
+        self._forget()
 
     def _complete_many(self, xids: list[Xid], ends: list[Lsn]) -> None:
-        """`_complete` for each, in order, with one pass over what may be forgotten."""
+        """`_complete` for each, in order (a batch: forgotten together once its last may be)."""
         self.completed.update(zip(xids, ends, strict=True))
-        order = self._completed_order
-        order.extend(zip(ends, xids, strict=True))
+        self._completed_order.append((ends[-1], xids, ends))
+        self._forget()
+
+    def _forget(self) -> None:
+        order, completed = self._completed_order, self.completed
         limit = min(self._confirmed_to, self._conn_floor)
         while order and order[0][0] <= limit:
-            end, done = order.popleft()
-            if self.completed.get(done) == end:
-                del self.completed[done]
+            _, xids, ends = order.popleft()
+            # (an xid completed again since -- after a wraparound -- keeps its newer entry)
+            for done in [x for x, end in zip(xids, ends, strict=True) if completed.get(x) == end]:
+                del completed[done]
 
     # --- the filter -----------------------------------------------------------------
 

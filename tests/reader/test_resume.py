@@ -340,8 +340,8 @@ def test_batches_of_whole_transactions_re_sent_after_reconnects_come_once_each(n
     """`TxnRun`s of many plain transactions, cut anywhere and re-sent after reconnects in other cuts.
 
     Each new connection re-sends what ends after the confirmed position.  Every
-    transaction comes once, in order, and the filter ends in the state it reaches
-    when each transaction comes as a `TxnFrames` of its own.
+    transaction comes once, in order, as when each comes as a `TxnFrames` of its own,
+    and the filter remembers little more than it does then.
     """
     txns = [_scanned(1000 + i, 0x100 + 0x20 * i) for i in range(n)]
     connections: list[list[int]] = []  # each connection's batch sizes
@@ -379,4 +379,8 @@ def test_batches_of_whole_transactions_re_sent_after_reconnects_come_once_each(n
 
     got, completed = run(batched=True)
     assert got == [1000 + i for i in range(n)]
-    assert (got, completed) == run(batched=False)
+    got_one, completed_one = run(batched=False)
+    assert got_one == got
+    # A batch is forgotten once its last may be: only the one across the line is still held.
+    assert completed_one.items() <= completed.items()
+    assert len(completed) - len(completed_one) < max((k for sizes in connections for k in sizes), default=1)
