@@ -15,9 +15,9 @@ import traceback
 from typing import Any
 
 from csnd.core.errors import CsndError, InternalError
-from csnd.core.lines import single_node_line
+from csnd.core.lines import one_change_line, single_node_line
 from csnd.decoder.rows import RelationCache, decode_change, row_change_body
-from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames
+from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames, one_change_frame
 
 # How often an idle worker checks that its parent is still there.
 PARENT_POLL_S = 1.0
@@ -50,6 +50,12 @@ def decode_batch(
             for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, *a):
                 append(row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary))
         elif kind == "W":  # a scanned whole transaction: b its run's frames (4-byte head), then its line
+            one = one_change_frame(b)
+            if one is not None:  # (a one-row transaction: no loop, one format)
+                start, kind_i, relid, data_at = one
+                body = row_change_body(kind_i, None, relid, b[data_at:], start, cache, binary)
+                append(one_change_line(node, lsn, xid, a, body))
+                continue
             bodies = [
                 row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary)
                 for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, False)

@@ -80,3 +80,29 @@ def single_node_line(
             JSON_TAIL,
         )
     )
+
+
+# `single_node_line` of one change with no gid and cid 0, its CSN the commit LSN: one format.
+_ONE_CHANGE_LINE: Final = (
+    '{"csn": %d, "gid": null, "commit_time": "%s", "nodes": {%s: {"xid": %d, "commit_lsn": "%X/%X"}}, '
+    '"changes": [{"node": %s, "cid": 0, %s}]}'
+)
+
+
+def one_change_line(node: str, commit_lsn: int, xid: int, commit_time: int, body: str) -> str:
+    """The line of a single-node-mode transaction of one change: `single_node_line`'s text in one format.
+
+    A decoder worker writes one per one-row transaction; the three helpers'
+    calls were a third of that (tests hold the two to the same text).
+    """
+    key = node_key(node)
+    return _ONE_CHANGE_LINE % (
+        commit_lsn,
+        pg_time_to_iso(commit_time),
+        key,
+        xid,
+        commit_lsn >> 32,
+        commit_lsn & 0xFFFFFFFF,
+        key,
+        body,
+    )

@@ -206,6 +206,9 @@ from csnd.reader.pgoutput.parse import (
     iter_change_frames as iter_change_frames,
 )
 from csnd.reader.pgoutput.parse import (
+    one_change_frame as one_change_frame,
+)
+from csnd.reader.pgoutput.parse import (
     parse_change_frame as parse_change_frame,
 )
 from csnd.reader.pgoutput.parse import (

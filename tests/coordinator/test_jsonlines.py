@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csnd.coordinator import JSON_TAIL, CsnMerge, GlobalTxn, NodeBatch, NodeCommit, json_head
-from csnd.core.ids import PG_EPOCH, Csn, Lsn, Xid, lsn_to_str
+from csnd.core.ids import PG_EPOCH, PG_TIME_MAX_US, PG_TIME_MIN_US, Csn, Lsn, Xid, lsn_to_str
+from csnd.core.lines import one_change_line, single_node_line
 from tests.coordinator.helpers import CLOCK
 
 DN2 = 1 << 32  # dn2 is past the 32-bit boundary: its LSNs print as 1/...
@@ -154,3 +155,20 @@ def test_the_head_is_the_json_of_the_transaction(
         "changes": [],
     }
     assert list(line["nodes"]) == list(nodes)  # (in the order given)
+
+
+@given(
+    node=st.text(min_size=1, max_size=8),
+    commit_lsn=st.integers(0, 2**64 - 1),
+    xid=st.integers(0, 2**32 - 1),
+    commit_time=st.one_of(
+        st.integers(PG_TIME_MIN_US, PG_TIME_MAX_US), st.integers(-(10**6), 10**6).map(lambda s: s * 1_000_000)
+    ),
+    body=st.text(max_size=20),
+)
+def test_a_one_change_line_is_the_single_node_line_of_one_change(
+    node: str, commit_lsn: int, xid: int, commit_time: int, body: str
+) -> None:
+    """The decoder workers' one-format line of a one-row transaction, against the general one (any node name)."""
+    want = single_node_line(node, commit_lsn, None, xid, commit_lsn, commit_time, 0, [body])
+    assert one_change_line(node, commit_lsn, xid, commit_time, body) == want

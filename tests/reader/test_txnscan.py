@@ -31,6 +31,7 @@ from csnd.reader.pgoutput import (
     encode_update,
     encode_xlogdata,
     iter_change_frames,
+    one_change_frame,
     parse_hot_frame,
     parse_txn_frame,
 )
@@ -356,3 +357,24 @@ def test_the_live_loop_keeps_frame_order_wherever_the_socket_runs_dry(
     frames.append(encode_keepalive(0x10000 * (len(sizes) + 1), 9))  # (then the stream ends: `_Ended`)
     pauses = {min(p, len(frames) - 1) for p in pause_at}
     assert _changes_in_order(frames, pauses, True, until) == _changes_in_order(frames, set(), False, until)
+
+
+@given(st.lists(st.sampled_from("IUD"), min_size=0, max_size=3), st.integers(0, 2**64 - 1000))
+def test_one_change_frame_reads_a_run_of_one_as_iter_change_frames_does(kinds: list[str], lsn: int) -> None:
+    """The decoder workers' short way for a one-row transaction's run; a run of any other length is None."""
+    encoders = {
+        "I": lambda: encode_insert(16384, [b"\x00\x00\x00\x07", b"x"]),
+        "U": lambda: encode_update(16384, [b"\x00\x00\x00\x07", None]),
+        "D": lambda: encode_delete(16384, [b"\x00\x00\x00\x07", None]),
+    }
+    frames = [xlog(lsn, encoders[k]()) for k in kinds]
+    blob = b"".join(struct.pack("!I", len(f)) + f for f in frames)
+    one = one_change_frame(blob)
+    if len(kinds) != 1:
+        assert one is None
+        return
+    assert one is not None
+    start, kind, relid, data_at = one
+    ((want_lsn, want_kind, want_xid, want_relid, want_data),) = list(iter_change_frames(blob, False))
+    assert (start, kind, relid, blob[data_at:]) == (want_lsn, want_kind, want_relid, want_data)
+    assert want_xid is None
