@@ -33,6 +33,7 @@ from csnd.changelog import record as rec
 from csnd.changelog import segment as sg
 from csnd.changelog.recent import RecentCsns
 from csnd.changelog.relations import RelationStore
+from csnd.changelog.tail import DurableTail
 from csnd.core.durable import sync_directory
 from csnd.core.errors import (
     ChangelogCorrupt,
@@ -63,6 +64,10 @@ LOCK_NAME: Final = "LOCK"
 # How many of the newest durable CSNs are kept for counting a consumer's lag
 # (count_after): 8 bytes each.  A count up to this many costs one bisection.
 RECENT_CSNS: Final = 10_000
+
+# The newest durable records' payloads kept in memory, for readers that keep up
+# (`DurableTail`): served from there, a record costs no read and no CRC check.
+TAIL_BYTES: Final = 16 << 20
 
 
 class SteadyWall:
@@ -111,6 +116,7 @@ class SyncPoint:
     # (segment, bytes written, last csn, its time, index entries) at begin_sync
     segments: list[tuple[sg.Segment, int, int, int, int]]
     csns: list[int]  # of the records it covers, in order
+    lines: list[bytes | None]  # their payloads (None: one appended in pieces)
 
 
 class Changelog:
@@ -127,6 +133,7 @@ class Changelog:
         index_interval: int = DEFAULT_INDEX_INTERVAL,
         monotonic: Callable[[], float] = time.monotonic,
         recent_csns: int = RECENT_CSNS,
+        tail_bytes: int = TAIL_BYTES,
     ) -> None:
         if segment_bytes <= 0 or index_interval <= 0:
             raise ConfigError("changelog segment size and index interval must be positive")
@@ -172,6 +179,8 @@ class Changelog:
         self._durable_csn = self._appended_csn
         # The newest durable CSNs, for consumers' lag (count_after), from the newest segment's scan on.
         self._unsynced_csns: list[int] = []  # appended since the last begin_sync
+        self._unsynced_lines: list[bytes | None] = []  # their payloads (None: appended in pieces)
+        self._tail = DurableTail(tail_bytes, self._durable_csn)
         seed = last.opened_csns if last else []
         self._recent = RecentCsns(recent_csns, seed[0] - 1 if seed else 0, seed)
         self._reader_limit: int | None = None  # readers see no record past it (hold_readers)
@@ -247,7 +256,9 @@ class Changelog:
                 finally:
                     os.close(fd)
             _fsync_covered(
-                SyncPoint(sealed_fds=[], fd=self._fd, directory_of=segs[-1].path, segments=[], csns=[])
+                SyncPoint(
+                    sealed_fds=[], fd=self._fd, directory_of=segs[-1].path, segments=[], csns=[], lines=[]
+                )
             )
 
         self._guard(step)
@@ -271,6 +282,7 @@ class Changelog:
         encode, pending, meta, unsynced = rec.encode, self._pending, self._pending_meta, self._unsynced_csns
         last, most = self._appended_csn, rec.MAX_PAYLOAD
         added = 0
+        before = len(unsynced)
         try:
             for csn, line in zip(csns, lines, strict=True):
                 if csn <= last or not 0 < csn <= rec.MAX_U64:
@@ -286,6 +298,7 @@ class Changelog:
         finally:
             self._pending_bytes += added
             self._appended_csn = last
+            self._unsynced_lines += lines[: len(unsynced) - before]
         if self._pending_bytes >= FLUSH_BYTES:
             self._guard(self._flush)
 
@@ -363,6 +376,7 @@ class Changelog:
         self._open = None
         self._appended_csn = r.csn
         self._unsynced_csns.append(r.csn)
+        self._unsynced_lines.append(None)
 
     def abort_record(self) -> None:
         """Drop the open record (its transaction was given up): cut its bytes off the segment."""
@@ -408,8 +422,10 @@ class Changelog:
                 (seg, seg.written, seg.w_last_csn, seg.w_last_time, len(seg.index_csns)) for seg in dirty
             ],
             csns=self._unsynced_csns,
+            lines=self._unsynced_lines,
         )
         self._sealed_fds, self._dir_dirty, self._unsynced_csns = [], False, []
+        self._unsynced_lines = []
         return point
 
     def fsync(self, point: SyncPoint) -> None:
@@ -432,6 +448,7 @@ class Changelog:
             self._view = tuple(s for s in self._segments if s.last_csn)
             self._durable_csn = self._view[-1].last_csn
             self._recent.extend(point.csns)
+            self._tail.extend(point.csns, point.lines)
             self._cond.notify_all()
         return self._durable_csn
 
@@ -573,8 +590,9 @@ class Changelog:
             self._segments, self._dirty, self._dir_dirty = [], [], False
             self._view = ()
             self._durable_csn = self._appended_csn = 0
-            self._unsynced_csns = []
+            self._unsynced_csns, self._unsynced_lines = [], []
             self._recent = RecentCsns(self._recent.keep)
+            self._tail.clear()
 
     @property
     def newest_csn(self) -> int:
@@ -665,13 +683,16 @@ class Changelog:
         """
         with self._cond:
             view = self._view
-            bounds = [(s.end, s.durable_n) for s in view]
             limit = self._reader_limit
-        if limit is not None:  # (held back: nothing past the limit is shown)
-            until_csn = limit if until_csn is None else min(until_csn, limit)
-            if after_csn >= limit:
-                return iter(())
-        _check_retained(view, after_csn)
+            if limit is not None:  # (held back: nothing past the limit is shown)
+                until_csn = limit if until_csn is None else min(until_csn, limit)
+                if after_csn >= limit:
+                    return iter(())
+            _check_retained(view, after_csn)
+            tail = self._tail.after(after_csn, until_csn, whole_up_to)
+            if tail is not None:  # (all of it in memory: as the segments hold it, unread)
+                return zip(tail[0], tail[1], strict=True)
+            bounds = [(s.end, s.durable_n) for s in view]
         return self._iterate(view, bounds, after_csn, until_csn, whole_up_to)
 
     def check_retained(self, after_csn: int) -> None:
@@ -755,6 +776,7 @@ class Changelog:
             self._view = tuple(s for s in keep if s.last_csn)
             # (a lag counts retained records only: one behind the dropped ones is a lower bound)
             self._recent.drop_through(max(s.last_csn for s in gone))
+            self._tail.drop_through(max(s.last_csn for s in gone))
 
         def unlink() -> None:
             for seg in gone:

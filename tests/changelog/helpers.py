@@ -26,6 +26,12 @@ def payload(csn: int) -> bytes:
 
 
 def write_log(directory: str, records: Records, *, sync_every: int = 3, **kw: object) -> Changelog:
+    """A changelog holding `records`; reads come from its segments unless `tail_bytes` is given.
+
+    (Its tail would otherwise serve every read of a log this small from memory:
+    tests/changelog/test_tail.py holds the two to the same records.)
+    """
+    kw.setdefault("tail_bytes", 0)
     log = Changelog(directory, **kw)  # type: ignore[arg-type]
     for i, (csn, line) in enumerate(records):
         log.append(csn, line)
