@@ -276,22 +276,15 @@ def test_a_whole_transaction_with_a_commit_time_past_year_9999_is_refused_naming
 
 def test_a_batch_of_whole_transactions_with_a_commit_time_past_year_9999_is_refused_naming_it() -> None:
     """As for one: the batch's bad transaction is named, not the batch's first."""
-    good = p.scanned_txn(
-        Lsn(0x1000),
-        p.Begin(Lsn(0x1800), 0, Xid(776)),
-        None,
-        None,
-        Lsn(0x1800),
-        p.Commit(0, Lsn(0x1800), Lsn(0x1810), 5),
-    )
-    bad = p.scanned_txn(
-        Lsn(0x2000),
-        p.Begin(Lsn(0x2800), 0, Xid(777)),
-        None,
-        None,
-        Lsn(0x2800),
-        p.Commit(0, Lsn(0x2800), Lsn(0x2810), PG_TIME_MAX_US + 1),
-    )
+
+    def scanned(at: int, xid: int, commit_time: int) -> p.ScannedTxn:
+        commit = Lsn(at + 0x800)
+        begin = p.Begin(commit, 0, Xid(xid))
+        return p.scanned_txn(
+            Lsn(at), begin, None, None, commit, p.Commit(0, commit, Lsn(commit + 0x10), commit_time)
+        )
+
+    good, bad = scanned(0x1000, 776, 5), scanned(0x2000, 777, PG_TIME_MAX_US + 1)
     with pytest.raises(TimestampError) as raised:
         list(checked_commit_times(iter([(Lsn(0x1000), p.TxnRun([good, bad]))]), "dn1"))
     assert (raised.value.node, raised.value.lsn, raised.value.xid) == ("dn1", 0x2800, 777)
