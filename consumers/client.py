@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import queue
 import socket
 import tempfile
@@ -519,6 +520,39 @@ class Changefeed:
             )
             joining.drop()
             self._joining = None
+
+    def take_ready(self, most: int) -> list[tuple[int, bytes]]:
+        """The plain lines already received and next in order, up to `most`, without waiting.
+
+        [] when none is: nothing has arrived, or what comes next is a relation
+        line or a line that came in pieces (take those with `next_spooled`).
+        For a consumer that passes a backlog on (`csnd subscribe`): a run of
+        lines per call instead of one call per line.  Each is handed out as by
+        `next`: in CSN order, checked.
+        """
+        if self._handed_large is not None:
+            self._handed_large.close()
+            self._handed_large = None
+        pending = self._pending
+        run: list[tuple[int, bytes]] = []
+        take, keep = pending.popleft, run.append
+        while pending and len(run) < most:
+            rec = pending[0]
+            if type(rec) is RelationRecord or type(rec[1]) is not bytes:
+                break
+            keep(take())  # type: ignore[arg-type]  # (its line is bytes: tested just above)
+        if run:
+            csns = [csn for csn, _ in run]
+            last = self.last_csn
+            if (last is not None and csns[0] <= last) or not all(map(operator.lt, csns, csns[1:])):
+                for csn in csns:  # (as `_hand_out`: a repeat would be handed out a duplicate)
+                    if last is not None and csn <= last:
+                        raise ChangefeedError(
+                            f"{self.address} sent csn {csn} after csn {last}; reconnect to recover"
+                        )
+                    last = csn
+            self.last_csn = self._after = csns[-1]
+        return run
 
     def _hand_out(self) -> tuple[int, bytes | LargeLine]:
         rec = self._pending.popleft()

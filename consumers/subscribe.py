@@ -29,6 +29,8 @@ from typing import Any, Final
 
 # While lines keep arriving, flush and acknowledge at least this often.
 ACK_EVERY: Final = 1000
+# At most this many lines are written in one go (a run the client has received).
+RUN_LINES: Final = 512
 # stdout's buffer: lines are written out when it fills, or before an acknowledgement.
 OUT_BUFFER_BYTES: Final = 1 << 16
 # A spooled large line is copied to stdout in reads of this size.
@@ -168,6 +170,16 @@ def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
             unflushed = None
 
     while limit is None or printed < limit:
+        run = feed.take_ready(RUN_LINES if limit is None else min(RUN_LINES, limit - printed))
+        if run:  # (a backlog: written a run at a time)
+            out.write(b"\n".join([line for _, line in run]))
+            out.write(b"\n")
+            before, printed = printed, printed + len(run)
+            unflushed = run[-1][0]
+            last_line_at = time.monotonic()
+            if printed // ACK_EVERY != before // ACK_EVERY:
+                flush()
+            continue
         rec = feed.next_spooled(timeout=0)
         if rec is None:
             flush()

@@ -19,6 +19,7 @@ import pytest
 
 from csnd.changelog import Changelog
 from csnd.consumers.client import Changefeed, LargeLine, fetch
+from csnd.core.errors import ChangefeedError
 from csnd.service import FeedSettings, RunningServer
 from tests.service.feedkit import change, serve
 
@@ -145,5 +146,69 @@ def test_a_line_longer_to_send_than_the_silence_timeout_still_arrives(tmp_path: 
                 assert feed.next(timeout=120) == (1, big)
                 took = time.monotonic() - started
                 assert feed.reconnects == 0, f"dropped while the line was sent ({took:.1f} s)"
+        finally:
+            srv.stop()
+
+
+def test_lines_taken_in_runs_are_the_lines_one_by_one_and_a_run_stops_before_a_large_one(
+    feed_of_large: tuple[RunningServer, dict[int, bytes]],
+) -> None:
+    """`take_ready` (how `csnd subscribe` writes a backlog) never hands out a line that came in pieces."""
+    srv, written = feed_of_large
+    got: list[tuple[int, bytes]] = []
+    with Changefeed(srv.address) as feed:
+        while len(got) < len(written):
+            run = feed.take_ready(10)
+            if run:
+                assert all(type(line) is bytes and len(line) <= BOUND for _, line in run)
+                got += run
+                continue
+            rec = feed.next_spooled(timeout=60)
+            assert rec is not None
+            csn, line = rec
+            got.append((csn, line.read() if isinstance(line, LargeLine) else line))
+    assert got == sorted(written.items())
+
+
+def test_a_backlog_of_small_lines_is_taken_in_runs(tmp_path: object) -> None:
+    written = {csn: big_line(csn, 1) for csn in range(1, 41)}
+    with Changelog(os.path.join(str(tmp_path), "log")) as log:
+        for csn, line in written.items():
+            log.append(csn, line)
+        log.sync()
+        srv = serve(log)
+        try:
+            with Changefeed(srv.address) as feed:
+                first = feed.next_spooled(timeout=60)  # (waits for the stream's first message)
+                assert first is not None
+                got, runs = [first], []
+                while len(got) < len(written):
+                    run = feed.take_ready(10)
+                    if not run:
+                        one = feed.next(timeout=60)
+                        assert one is not None
+                        run = [one]
+                    runs.append(len(run))
+                    got += run
+                assert got == sorted(written.items())
+                assert max(runs) == 10 and feed.last_csn == 40
+        finally:
+            srv.stop()
+
+
+def test_lines_taken_in_runs_out_of_order_are_refused_naming_both(tmp_path: object) -> None:
+    with Changelog(os.path.join(str(tmp_path), "log")) as log:
+        srv = serve(log)
+        try:
+            with Changefeed(srv.address) as feed:
+                feed.last_csn = 3
+                feed._pending.extend([(5, b"five"), (4, b"four")])  # (as a faulty service would send them)
+                with pytest.raises(ChangefeedError, match="sent csn 4 after csn 5; reconnect to recover"):
+                    feed.take_ready(10)
+                feed._pending.clear()
+                feed.last_csn = 9
+                feed._pending.extend([(9, b"nine")])
+                with pytest.raises(ChangefeedError, match="sent csn 9 after csn 9"):
+                    feed.take_ready(10)
         finally:
             srv.stop()
