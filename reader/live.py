@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import select
-import struct
 import threading
 import time
 from collections import deque
@@ -51,7 +50,9 @@ from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
+    RUN_FRAME_LENGTH,
     XLOGDATA_HEADER_SIZE,
+    XLOGDATA_START,
     Begin,
     ChangeFrames,
     Commit,
@@ -114,8 +115,6 @@ _OBJECT_IN_USE: Final = "55006"
 RUN_FRAMES: Final = 512
 # At most this many frames are read by one `take_whole_txns` (then `close()` is checked).
 SCAN_FRAMES: Final = 256
-_FRAME_LENGTH: Final = struct.Struct("!I")  # a run's framing: uint32 length | XLogData payload
-_DATA_START: Final = struct.Struct("!Q")  # an XLogData frame's dataStart, after its 'w'
 
 
 @dataclass
@@ -630,7 +629,7 @@ class LiveSource:
         # The open run of row-change frames (`runs`): framed payloads and dataStarts.
         run_parts: list[bytes] = []
         run_lsns: list[Lsn] = []
-        frame_length, data_start = _FRAME_LENGTH.pack, _DATA_START.unpack_from
+        frame_length, data_start = RUN_FRAME_LENGTH.pack, XLOGDATA_START.unpack_from
 
         # A Begin held back (`runs`) while its transaction may still come whole:
         # its changes and Commit next, with nothing else between (`TxnFrames`).

@@ -34,12 +34,12 @@ delivered.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from typing import Final
 
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.reader.pgoutput import (
+    RUN_FRAME_LENGTH,
     ST_END_LSN,
     ST_XID,
     XLOGDATA_HEADER_SIZE,
@@ -400,11 +400,8 @@ def run_tail(run: ChangeFrames, first: int) -> ChangeFrames:
     """The frames of `run` from its `first` on, as a run of their own."""
     pos, blob, head = 0, run.blob, run.head
     for _ in range(first):
-        pos += head + _FRAME_LENGTH.unpack_from(blob, pos)[0]
+        pos += head + RUN_FRAME_LENGTH.unpack_from(blob, pos)[0]
     return ChangeFrames(blob[pos:], run.in_stream, run.xid, run.lsns[first:], head)
-
-
-_FRAME_LENGTH: Final = struct.Struct("!I")  # (a run frame's head starts with the payload's length)
 
 
 def _without_xid(item: Item) -> Item:

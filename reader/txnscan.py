@@ -25,7 +25,6 @@ environment (to compare them).  `IMPLEMENTATION` says which one runs.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -33,7 +32,9 @@ from csnd.core.ids import Lsn, Xid
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
+    RUN_FRAME_LENGTH,
     XLOGDATA_HEADER_SIZE,
+    XLOGDATA_START,
     Begin,
     Commit,
     ScannedTxn,
@@ -42,8 +43,6 @@ from csnd.reader.pgoutput import (
 
 CopyData = tuple[int, Any]  # what `PGconn.get_copy_data` returns: (nbytes, memoryview)
 
-_LENGTH = struct.Struct("!I")  # a run's framing: uint32 length | XLogData payload
-_START = struct.Struct("!Q")  # an XLogData frame's dataStart, after its 'w'
 NO_STOP: Final = 2**64 - 1
 
 
@@ -89,9 +88,9 @@ def take_whole_txns_py(
         if n > CHANGE_FRAME_MIN and payload[0] == 0x77 and payload[XLOGDATA_HEADER_SIZE] in CHANGE_TAGS:
             if len(lsns) >= max_changes:
                 return txns, pending, received
-            start = _START.unpack_from(payload, 1)[0]
+            start = XLOGDATA_START.unpack_from(payload, 1)[0]
             high = max(high, start)
-            parts.append(_LENGTH.pack(n))
+            parts.append(RUN_FRAME_LENGTH.pack(n))
             parts.append(payload)
             lsns.append(start)
             continue

@@ -83,7 +83,13 @@ from csnd.reader.pgoutput.encode import (
     encode_xlogdata as encode_xlogdata,
 )
 from csnd.reader.pgoutput.layouts import (
+    RUN_FRAME_LENGTH as RUN_FRAME_LENGTH,
+)
+from csnd.reader.pgoutput.layouts import (
     XLOGDATA_HEADER_SIZE as XLOGDATA_HEADER_SIZE,
+)
+from csnd.reader.pgoutput.layouts import (
+    XLOGDATA_START as XLOGDATA_START,
 )
 from csnd.reader.pgoutput.messages import (
     MESSAGE_NAMES as MESSAGE_NAMES,

@@ -26,3 +26,7 @@ _COLUMN_TAIL = struct.Struct("!Ii")  # type oid, typmod
 _STATUS_UPDATE = struct.Struct("!cQQQqB")
 
 XLOGDATA_HEADER_SIZE: Final = 1 + _XLOGDATA.size
+# A run's framing of change frames (`ChangeFrames`, a format-1 recording):
+# uint32 length | XLogData payload; and an XLogData frame's dataStart, after its 'w'.
+RUN_FRAME_LENGTH: Final = _U32
+XLOGDATA_START: Final = _U64
