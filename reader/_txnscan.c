@@ -99,6 +99,9 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     uint64_t received = 0, high = 0;
     Py_ssize_t frames = 0;
     int in_txn = 0;
+    /* the frame being looked at: released at the end of its turn, or at `done` on an error */
+    Py_buffer view;
+    int have_view = 0;
     uint64_t begin_at = 0, final_lsn = 0, xid = 0;
     int64_t begin_time = 0;
     if (one == NULL || txns == NULL || pending == NULL)
@@ -125,9 +128,9 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (nbytes <= 0)
             break;
 
-        Py_buffer view;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(got, 1), &view, PyBUF_SIMPLE) < 0)
             goto done;
+        have_view = 1;
         const unsigned char *p = view.buf;
         Py_ssize_t n = view.len;
         int stop = 0;
@@ -148,7 +151,6 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             unsigned char tag = p[HEADER];
             if ((tag == 'I' || tag == 'U' || tag == 'D') && n > CHANGE_MIN) {
                 if (lsns == NULL && (lsns = PyList_New(0)) == NULL) {
-                    PyBuffer_Release(&view);
                     goto done;
                 }
                 if (PyList_GET_SIZE(lsns) >= max_changes || n > UINT32_MAX) {
@@ -161,7 +163,6 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     if (lsn == NULL || PyList_Append(lsns, lsn) < 0 || buffer_put(&buf, length, 4) < 0 ||
                         buffer_put(&buf, p, n) < 0) {
                         Py_XDECREF(lsn);
-                        PyBuffer_Release(&view);
                         goto done;
                     }
                     Py_DECREF(lsn);
@@ -186,7 +187,6 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     lsns = NULL;
                     if (blob == NULL) {
                         Py_DECREF(run);
-                        PyBuffer_Release(&view);
                         goto done;
                     }
                 }
@@ -198,7 +198,6 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                               (unsigned long long)end_lsn, (long long)commit_time);
                 if (txn == NULL || PyList_Append(txns, txn) < 0) {
                     Py_XDECREF(txn);
-                    PyBuffer_Release(&view);
                     goto done;
                 }
                 Py_DECREF(txn);
@@ -211,18 +210,20 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 Py_CLEAR(lsns);
                 /* the frames taken are in `txns` now: none to hand back */
                 if (PyList_SetSlice(pending, 0, PyList_GET_SIZE(pending), NULL) < 0) {
-                    PyBuffer_Release(&view);
                     goto done;
                 }
             }
         }
         PyBuffer_Release(&view);
+        have_view = 0;
         if (stop)
             break;
     }
     out = result(txns, pending, received);
 
 done:
+    if (have_view)
+        PyBuffer_Release(&view);
     PyMem_Free(buf.data);
     Py_XDECREF(lsns);
     Py_XDECREF(one);
