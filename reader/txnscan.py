@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
-from csnd.core.ids import Lsn, Xid
+from csnd.core.ids import Lsn
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
@@ -39,6 +39,7 @@ from csnd.reader.pgoutput import (
     Commit,
     ScannedTxn,
     parse_txn_frame,
+    scanned_txn,
 )
 
 CopyData = tuple[int, Any]  # what `PGconn.get_copy_data` returns: (nbytes, memoryview)
@@ -61,7 +62,7 @@ def take_whole_txns_py(
     pending: list[CopyData] = []
     received = high = 0
     frames = 0
-    begin: tuple[Lsn, Lsn, int, Xid] | None = None
+    begin: tuple[Lsn, Begin] | None = None  # the open transaction's Begin and where it came
     parts: list[bytes] = []
     lsns: list[Lsn] = []
     while True:
@@ -83,7 +84,7 @@ def take_whole_txns_py(
             high, first = txn_frame
             if type(first) is not Begin:
                 return txns, pending, received
-            begin = (high, first.final_lsn, first.commit_time, first.xid)
+            begin = (high, first)
             continue
         if n > CHANGE_FRAME_MIN and payload[0] == 0x77 and payload[XLOGDATA_HEADER_SIZE] in CHANGE_TAGS:
             if len(lsns) >= max_changes:
@@ -102,9 +103,7 @@ def take_whole_txns_py(
             return txns, pending, received
         received = max(received, high, start)
         blob = b"".join(parts) if lsns else None
-        txns.append(
-            (*begin, blob, lsns or None, start, last.flags, last.commit_lsn, last.end_lsn, last.commit_time)
-        )
+        txns.append(scanned_txn(*begin, blob, lsns or None, start, last))
         begin, parts, lsns, pending = None, [], [], []
 
 
