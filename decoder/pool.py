@@ -361,9 +361,7 @@ class DecoderPool:
                             blob = t[ST_BLOB]
                             if blob is None:  # none: its Begin and Commit go on as they came
                                 wholes = None
-                                txn = scanned_txn_frames(t)
-                                keep((txn.begin_at, txn.begin))
-                                keep((txn.commit_at, txn.commit))
+                                whole_txn(scanned_txn_frames(t))
                                 continue
                             if wholes is None:
                                 wholes = _Wholes([])
