@@ -545,11 +545,8 @@ class Changefeed:
             csns = [csn for csn, _ in run]
             last = self.last_csn
             if (last is not None and csns[0] <= last) or not all(map(operator.lt, csns, csns[1:])):
-                for csn in csns:  # (as `_hand_out`: a repeat would be handed out a duplicate)
-                    if last is not None and csn <= last:
-                        raise ChangefeedError(
-                            f"{self.address} sent csn {csn} after csn {last}; reconnect to recover"
-                        )
+                for csn in csns:  # (the first out of place, named as `_hand_out` names it)
+                    self._check_follows(csn, last)
                     last = csn
             self.last_csn = self._after = csns[-1]
         return run
@@ -559,14 +556,19 @@ class Changefeed:
         if type(rec) is RelationRecord:
             return rec
         csn, line = rec
-        last = self.last_csn
-        if last is not None and csn <= last:
-            # The service sends each transaction once, in order; a repeat here
-            # would be a bug on one side, and handing it out a duplicate.
-            raise ChangefeedError(f"{self.address} sent csn {csn} after csn {last}; reconnect to recover")
+        self._check_follows(csn, self.last_csn)
         self.last_csn = csn
         self._after = csn
         return csn, line
+
+    def _check_follows(self, csn: int, last: int | None) -> None:
+        """Refuse `csn` unless it comes after `last`, the CSN handed out before it.
+
+        The service sends each transaction once, in order; a repeat here would
+        be a bug on one side, and handing it out a duplicate.
+        """
+        if last is not None and csn <= last:
+            raise ChangefeedError(f"{self.address} sent csn {csn} after csn {last}; reconnect to recover")
 
     def _connect(self, deadline: float | None) -> bool:
         """Opens a stream after the last transaction handed out; False if `deadline` passed first."""
