@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything csnd needs on a fresh Debian machine: the Python venv with
-# the project (editable, its one C module compiled) and its dev tools, the
+# the project (editable, its two C modules compiled) and its dev tools, the
 # PostgreSQL 15 server, a Java runtime for Spark and Chromium for the dashboard
 # tests.  Idempotent: what is already there is left alone.
 set -euo pipefail
@@ -10,10 +10,12 @@ need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-contrib)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
-# the live reader's compiled loop (reader/_txnscan.c): a C compiler and Python's headers
+# the live reader's compiled loop (reader/_txnscan.c) and the changelog's record
+# encoding (csnd/changelog/_frames.c): a C compiler, Python's headers and zlib's
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     2>/dev/null || need_apt+=(python3-dev)
+[ -e /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)  # the dashboard tests run a real headless browser
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2

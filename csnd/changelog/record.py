@@ -30,9 +30,11 @@ payload is rejected by the CRC.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import zlib
+from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 MARK: Final = b"\xd3\x9c\x1e\x7a"
@@ -70,6 +72,50 @@ def encode(csn: int, time_us: int, payload: bytes) -> bytes:
     n = len(payload)
     crc = zlib.crc32(payload, zlib.crc32(_FRAME_TAIL.pack(n, csn, time_us)))
     return _FRAME.pack(MARK, crc, n, csn, time_us) + payload
+
+
+def encode_frames_py(
+    csns: Sequence[int], payloads: Sequence[bytes], time_us: int, after_csn: int, max_payload: int
+) -> list[bytes]:
+    """The records of a run appended at `time_us`, stopping before the first that may not follow.
+
+    A record may follow when its CSN is in 1..2^64-1 and above the one
+    before it (`after_csn` for the first) and its payload is at most
+    `max_payload` bytes (and `MAX_PAYLOAD`).  The caller appends the records
+    it gets and names the one it stopped at.  A CSN that is no int, or a
+    payload that is not bytes, is a TypeError.  `encode_frames` is this, in
+    C (`_frames.c`) when it was built.
+    """
+    if len(csns) != len(payloads):
+        raise ValueError(f"encode_frames: {len(csns)} csns for {len(payloads)} payloads")
+    out: list[bytes] = []
+    last = after_csn
+    for csn, payload in zip(csns, payloads, strict=True):
+        if not isinstance(csn, int):
+            raise TypeError(f"a changelog csn must be an int, not {type(csn).__name__}")
+        if not isinstance(payload, bytes):
+            raise TypeError(f"a changelog payload must be bytes, not {type(payload).__name__}")
+        if not 0 < csn <= MAX_U64 or csn <= last or len(payload) > min(max_payload, MAX_PAYLOAD):
+            break
+        out.append(encode(csn, time_us, payload))
+        last = csn
+    return out
+
+
+def _load_encode_frames() -> tuple[
+    Callable[[Sequence[int], Sequence[bytes], int, int, int], list[bytes]], str
+]:
+    """The compiled `encode_frames`, unless it was not built or `CSND_IMPL=python` asks for the twin."""
+    if os.environ.get("CSND_IMPL", "").lower() == "python":
+        return encode_frames_py, "python"
+    try:
+        from csnd.changelog._frames import encode_frames as compiled
+    except ImportError:  # (no compiler at install: the same, in Python)
+        return encode_frames_py, "python"
+    return compiled, "c"
+
+
+encode_frames, FRAMES_IMPLEMENTATION = _load_encode_frames()
 
 
 def encode_head(csn: int, time_us: int, length: int, payload_crc: int) -> bytes:

@@ -81,6 +81,40 @@ def test_reads_match_oracle(
         assert list(log.read(0)) == records
 
 
+@SETTINGS
+@given(
+    records=record_lists(max_size=60),
+    cuts=st.lists(st.integers(1, 12), min_size=1, max_size=20),
+    seg=st.sampled_from([60, 300, 1000, 1 << 20]),
+    interval=st.sampled_from([1, 40, 64, 500]),
+)
+def test_runs_appended_together_write_the_index_a_rebuild_would(
+    tmp_path_factory: pytest.TempPathFactory, records: Records, cuts: list[int], seg: int, interval: int
+) -> None:
+    """Runs of records flushed together: every segment's index is `record.sparse` of its records."""
+    d = str(tmp_path_factory.mktemp("log"))
+    with Changelog(d, segment_bytes=seg, index_interval=interval, tail_bytes=0) as log:
+        at, k = 0, 0
+        while at < len(records):
+            run = records[at : at + cuts[k % len(cuts)]]
+            log.append_many([c for c, _ in run], [p for _, p in run])
+            at, k = at + len(run), k + 1
+            if k % 3 == 0:
+                log.sync()
+        log.sync()
+        log._check()
+        assert list(log.read(0)) == records
+        for name in segments(d):
+            buf = (Path(d) / name).read_bytes()
+            header = rec.decode_header(buf)
+            assert isinstance(header, rec.SegmentHeader)
+            found = rec.scan(buf, rec.SEGMENT_HEAD, header.prev_csn)
+            assert found.damage is None and found.end == len(buf)
+            want = rec.sparse(found.csns, found.offsets, interval)
+            index = (Path(d) / rec.index_name(name)).read_bytes()
+            assert rec.decode_index(index, header.first_csn, len(buf)) == want
+
+
 def test_records_are_invisible_until_sync(tmp_path: Path) -> None:
     with Changelog(str(tmp_path)) as log:
         log.append(5, b"a")

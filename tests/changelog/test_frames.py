@@ -1,0 +1,86 @@
+"""`encode_frames`: the compiled run encoding against its Python twin, and the twin against `encode`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csnd.changelog import record as rec
+
+encode_frames_c: Callable[..., Any] | None
+try:
+    from csnd.changelog._frames import encode_frames as encode_frames_c
+except ImportError:  # (reported by test_the_compiled_encoding_is_built)
+    encode_frames_c = None
+
+IMPLEMENTATIONS = [rec.encode_frames_py] + ([] if encode_frames_c is None else [encode_frames_c])
+
+# CSNs around the edges: 0 and negatives are no CSN, nor is anything above 2^64-1.
+csn_values = st.one_of(
+    st.integers(min_value=-3, max_value=40),
+    st.integers(min_value=rec.MAX_U64 - 3, max_value=rec.MAX_U64 + 3),
+    st.integers(min_value=-(2**70), max_value=2**70),
+)
+runs = st.lists(st.tuples(csn_values, st.binary(max_size=64)), max_size=12)
+
+
+def test_the_compiled_encoding_is_built() -> None:
+    """`make test` installs with a C compiler: the changelog must not fall back unnoticed."""
+    assert encode_frames_c is not None, "csnd.changelog._frames was not built (is a C compiler installed?)"
+    if os.environ.get("CSND_IMPL", "").lower() == "python":  # (asked for the twin)
+        assert rec.FRAMES_IMPLEMENTATION == "python" and rec.encode_frames is rec.encode_frames_py
+    else:
+        assert rec.FRAMES_IMPLEMENTATION == "c" and rec.encode_frames is encode_frames_c
+
+
+@given(
+    run=runs,
+    after=st.integers(min_value=0, max_value=rec.MAX_U64),
+    most=st.integers(0, 80),
+    time_us=st.integers(min_value=0, max_value=rec.MAX_U64),
+)
+def test_the_twins_encode_the_same_records_and_stop_at_the_same_one(
+    run: list[tuple[int, bytes]], after: int, most: int, time_us: int
+) -> None:
+    csns, payloads = [c for c, _ in run], [p for _, p in run]
+    results = [f(csns, payloads, time_us, after, most) for f in IMPLEMENTATIONS]
+    assert all(r == results[0] for r in results[1:])
+
+
+@given(run=runs, after=st.integers(min_value=0, max_value=50), most=st.integers(0, 80))
+def test_a_run_is_the_records_encode_gives_up_to_the_first_that_may_not_follow(
+    run: list[tuple[int, bytes]], after: int, most: int
+) -> None:
+    """The oracle: `encode` one record at a time while each may follow the one before."""
+    csns, payloads = [c for c, _ in run], [p for _, p in run]
+    expected: list[bytes] = []
+    last = after
+    for csn, payload in run:
+        if not (last < csn <= rec.MAX_U64 and len(payload) <= most):
+            break
+        expected.append(rec.encode(csn, 99, payload))
+        last = csn
+    for f in IMPLEMENTATIONS:
+        frames = f(csns, payloads, 99, after, most)
+        assert frames == expected
+        # and each reads back as the record it is
+        for frame, csn, payload in zip(frames, csns, payloads, strict=False):
+            assert rec.frame_at(frame, 0) == (rec.OK, csn, 99, len(frame))
+            assert frame[rec.FRAME_HEAD :] == payload
+
+
+@pytest.mark.parametrize("f", IMPLEMENTATIONS)
+def test_bad_arguments_are_clear_errors(f: Callable[..., Any]) -> None:
+    with pytest.raises(ValueError, match="2 csns for 1 payloads"):
+        f([1, 2], [b"a"], 0, 0, 10)
+    with pytest.raises(TypeError, match="csn must be an int, not str"):
+        f(["1"], [b"a"], 0, 0, 10)
+    with pytest.raises(TypeError, match="payload must be bytes, not str"):
+        f([1], ["a"], 0, 0, 10)
+    assert f((), (), 0, 0, 10) == []
+    assert f((1, 2), (b"x", b"y"), 0, 0, 10) == [rec.encode(1, 0, b"x"), rec.encode(2, 0, b"y")]
