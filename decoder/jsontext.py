@@ -277,3 +277,25 @@ def text_json(decode: V.TextDecoder) -> TextJson:
 
 
 _build_catalogue()
+
+
+# The types whose values the compiled row reader (`_rows.c`) writes itself, by
+# the code it knows them by.  Keyed by a column's pair of builders: a column
+# whose builders are these writes the same text as the compiled reader.
+_COMPILED_TYPES: Final = {
+    "int2": "h", "int4": "i", "int8": "q", "bool": "b",
+    "text": "s", "varchar": "s", "bpchar": "s", "name": "s",
+}  # fmt: skip
+_COMPILED_CODES: Final[dict[tuple[BinaryJson, TextJson], str]] = {}
+for _name, _code in _COMPILED_TYPES.items():
+    _oid = V.builtin_type_oid(_name)
+    assert _oid is not None, _name
+    _binary = V.binary_decoder(_oid)
+    assert _binary is not None, _name
+    _COMPILED_CODES[(binary_json(_binary), text_json(V.text_decoder(_oid)))] = _code
+
+
+def compiled_codes(columns: list[tuple[str, BinaryJson, TextJson]]) -> bytes | None:
+    """The compiled row reader's code of each column (`key, binary builder, text builder`), or None if one has none."""
+    codes = [_COMPILED_CODES.get((binary, text)) for _, binary, text in columns]
+    return None if None in codes else "".join(codes).encode()  # type: ignore[arg-type]

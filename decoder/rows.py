@@ -46,9 +46,10 @@ unreadable in a binary stream, unless the caller declared it an enum
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from types import CodeType
 from typing import Final
 
@@ -127,7 +128,7 @@ class Table:
         self.json_key_columns = [(i, *c) for i, c in enumerate(self.json_columns) if msg.columns[i].is_key]
         self.name_of = {key: name for name, (key, _, _) in zip(self.names, self.json_columns, strict=True)}
         self.type_labels = type_labels
-        self.read_row = _compile_row_reader(self.json_columns, binary_first)
+        self.read_row = row_reader(self.json_columns, binary_first)
         # The key list is rendered once here, into the fixed text every change of the
         # table starts with: the per-change cost of `key` is the bytes it adds.
         self.key = [c.name for c in msg.columns if c.is_key]
@@ -371,6 +372,34 @@ _BUILDERS: Final = {
 }
 
 RowReader = Callable[[bytes, int, int], "tuple[str, int] | None"]
+
+
+def row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first: bool) -> RowReader:
+    """A table's row reader: the compiled one (`_rows.c`) when every column is of a type it writes.
+
+    Otherwise, or when it was not built or `CSND_IMPL=python` asks for the
+    twins, the reader `_compile_row_reader` compiles in Python (the compiled
+    one's specification: the same results, held so by tests).
+    """
+    compiled = _read_row_c
+    codes = None if compiled is None else J.compiled_codes(columns)
+    if compiled is None or codes is None:
+        return _compile_row_reader(columns, binary_first)
+    keys = tuple(key.encode() for key, _, _ in columns)
+    return partial(compiled, codes, keys, J.quote)
+
+
+def _load_read_row() -> Callable[..., tuple[str, int] | None] | None:
+    if os.environ.get("CSND_IMPL", "").lower() == "python":
+        return None
+    try:
+        from csnd.decoder._rows import read_row
+    except ImportError:  # (no compiler at install: the Python readers)
+        return None
+    return read_row
+
+
+_read_row_c: Final = _load_read_row()
 
 
 def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first: bool) -> RowReader:

@@ -1,0 +1,208 @@
+"""The compiled row reader (`_rows.c`) against its twin, the row reader compiled in Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from functools import partial
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csnd.decoder import RelationCache, rows
+from csnd.decoder.rows import row_change_body
+from csnd.reader import pgoutput as p
+from csnd.reader.pgoutput import Column, Relation
+
+try:
+    from csnd.decoder._rows import read_row as read_row_c
+except ImportError:  # (reported by test_the_compiled_row_reader_is_built)
+    read_row_c = None  # type: ignore[assignment]
+
+# The types the compiled reader writes, with their OIDs.
+TYPES = {
+    "int2": 21,
+    "int4": 23,
+    "int8": 20,
+    "bool": 16,
+    "text": 25,
+    "varchar": 1043,
+    "bpchar": 1042,
+    "name": 19,
+}
+SIZES = {"int2": 2, "int4": 4, "int8": 8}
+# Characters JSON escapes, or that are not ASCII, among plain ones: where a writer's escaping goes wrong.
+_ASCII = st.characters(min_codepoint=0x20, max_codepoint=0x7E)  # (a backslash or a quote alone among them)
+_TRICKY = st.sampled_from(list('ab %"\\/\n\r\t\b\f\x01\x1f\x7f\x80üé€😀\u2028'))
+
+
+def _relation(types: list[str], relid: int = 16500) -> Relation:
+    columns = [Column(1 if i == 0 else 0, f'c{i} é"%', TYPES[t], -1) for i, t in enumerate(types)]
+    m = p.parse_message(p.encode_relation(relid, "public", "t", "d", columns), False)
+    assert isinstance(m, Relation)
+    return m
+
+
+def _value(kind: bytes, raw: bytes) -> bytes:
+    return kind + struct.pack("!i", len(raw)) + raw
+
+
+@st.composite
+def _cell(draw: st.DrawFn, type_name: str) -> bytes:
+    """One column's bytes in a tuple: mostly what PostgreSQL sends, sometimes anything."""
+    choice = draw(st.integers(0, 9))
+    if choice == 0:
+        return b"n"
+    if choice == 1:
+        return draw(st.sampled_from([b"u", b"x", b""]))  # unchanged TOAST, an unknown kind, nothing
+    if choice == 2:  # any bytes as a binary or text value
+        return _value(draw(st.sampled_from([b"b", b"t"])), draw(st.binary(max_size=10)))
+    if type_name in SIZES:
+        size = SIZES[type_name]
+        n = draw(st.integers(-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1))
+        if choice <= 6:
+            return _value(b"b", n.to_bytes(size, "big", signed=True))
+        text = draw(st.sampled_from([str(n), f"0{n}", f"+{n}", f" {n}", "-0", "0", f"{n}_0"]))
+        return _value(b"t", text.encode())
+    if type_name == "bool":
+        if choice <= 6:
+            return _value(b"b", draw(st.sampled_from([b"\x00", b"\x01", b"\x02", b"\x01\x00"])))
+        return _value(b"t", draw(st.sampled_from([b"t", b"f", b"true", b"T"])))
+    text = draw(st.text(_TRICKY, max_size=12) | st.text(_ASCII, max_size=12) | st.text(max_size=12))
+    return _value(b"b" if choice <= 6 else b"t", text.encode("utf-8", "surrogatepass"))
+
+
+@st.composite
+def _table_and_tuple(draw: st.DrawFn) -> tuple[list[str], bytes, int]:
+    types = draw(st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=5))
+    cells = [draw(_cell(t)) for t in types]
+    count = len(types) + draw(st.sampled_from([0, 0, 0, 0, 1, -1]))
+    data = b"N" + struct.pack("!h", count) + b"".join(cells)
+    cut = draw(st.none() | st.integers(0, len(data)))
+    if cut is not None:
+        data = data[:cut]
+    end = draw(st.sampled_from([len(data), len(data), max(len(data) - 1, 0)]))
+    return types, data, end
+
+
+def _readers(types: list[str], binary: bool) -> tuple[Any, Any]:
+    cache = RelationCache(binary=binary)
+    cache.apply(_relation(types), 0)
+    table = cache.table(16500)
+    return table.read_row, rows._compile_row_reader(table.json_columns, binary)
+
+
+def test_the_compiled_row_reader_is_built() -> None:
+    """`make test` installs with a C compiler: the decoders must not fall back unnoticed."""
+    assert read_row_c is not None, "csnd.decoder._rows was not built (is a C compiler installed?)"
+    compiled, _ = _readers(["int8", "int4"], True)
+    if os.environ.get("CSND_IMPL", "").lower() == "python":  # (asked for the twins)
+        assert not isinstance(compiled, partial)
+    else:
+        assert isinstance(compiled, partial) and compiled.func is read_row_c
+
+
+def test_a_table_with_a_column_the_compiled_reader_does_not_write_gets_the_python_reader() -> None:
+    cache = RelationCache(binary=True)
+    columns = [Column(1, "id", 20, -1), Column(0, "n", 1700, -1)]  # int8, numeric
+    m = p.parse_message(p.encode_relation(16501, "public", "u", "d", columns), False)
+    assert isinstance(m, Relation)
+    cache.apply(m, 0)
+    assert not isinstance(cache.table(16501).read_row, partial)
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=_table_and_tuple(), binary=st.booleans())
+def test_the_compiled_reader_says_what_its_twin_says_or_gives_up(
+    case: tuple[list[str], bytes, int], binary: bool
+) -> None:
+    """The same JSON and end for any tuple -- or None, which sends the caller to the checked path.
+
+    The compiled reader may give up where the twin would not (an integer in a
+    form that is not PostgreSQL's own); the checked path then writes the twin's
+    text.  It gives up no more than that: on PostgreSQL's own forms the two agree.
+    """
+    types, data, end = case
+    compiled, twin = _readers(types, binary)
+    got, want = compiled(data, 1, end), twin(data, 1, end)
+    assert got == want or got is None
+    if got is not None:
+        new = json.loads(got[0])
+        assert list(new) == [f'c{i} é"%' for i in range(len(types))]
+
+
+@st.composite
+def _own_cell(draw: st.DrawFn, type_name: str, binary: bool) -> bytes:
+    """A value as PostgreSQL sends it: binary in a binary stream, else its output function's text."""
+    if draw(st.integers(0, 5)) == 0:
+        return b"n"
+    if type_name in SIZES:
+        size = SIZES[type_name]
+        n = draw(st.integers(-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1))
+        return _value(b"b", n.to_bytes(size, "big", signed=True)) if binary else _value(b"t", str(n).encode())
+    if type_name == "bool":
+        v = draw(st.booleans())
+        return _value(b"b", bytes([v])) if binary else _value(b"t", b"t" if v else b"f")
+    plain = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00")
+    text = draw(
+        st.text(_ASCII, max_size=12)
+        | st.text(_TRICKY.filter(lambda c: c != "\x00"), max_size=12)
+        | st.text(plain, max_size=12)
+    )
+    return _value(b"b" if binary else b"t", text.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    types=st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=6),
+    binary=st.booleans(),
+)
+def test_on_what_postgresql_sends_the_compiled_reader_never_gives_up(
+    data: st.DataObject, types: list[str], binary: bool
+) -> None:
+    cells = [data.draw(_own_cell(t, binary)) for t in types]
+    row = b"N" + struct.pack("!h", len(types)) + b"".join(cells)
+    compiled, twin = _readers(types, binary)
+    got = compiled(row, 1, len(row))
+    assert got is not None and got == twin(row, 1, len(row)) and got[1] == len(row)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_a_decoder_writes_the_same_body_with_either_reader(binary: bool) -> None:
+    types = ["int8", "int4", "bool", "text", "varchar"]
+    compiled, twin = _readers(types, binary)
+    cells = [
+        _value(b"b", (1 << 40).to_bytes(8, "big", signed=True)),
+        b"n",
+        _value(b"b", b"\x01"),
+        _value(b"b", 'a "quoted"\n\ttab, ü and \x7f'.encode()),
+        _value(b"t", b"plain"),
+    ]
+    data = b"N" + struct.pack("!h", len(types)) + b"".join(cells)
+    got = compiled(data, 1, len(data))
+    assert got is not None and got == twin(data, 1, len(data))
+    assert json.loads(got[0]) == {
+        'c0 é"%': 1 << 40,
+        'c1 é"%': None,
+        'c2 é"%': True,
+        'c3 é"%': 'a "quoted"\n\ttab, ü and \x7f',
+        'c4 é"%': "plain",
+    }
+    cache = RelationCache(binary=binary)
+    cache.apply(_relation(types), 0)
+    body = row_change_body("I", None, 16500, data, 0x10, cache, binary)
+    assert json.loads("{" + body + "}")["new"] == json.loads(got[0])
+
+
+@pytest.mark.parametrize("text", ["a\\b", 'a"b', "a\x7fb", "a\nb", "aüb", "a\x1fb", "a/b", "", "%s"])
+def test_each_character_json_escapes_is_escaped_as_the_twin_does(text: str) -> None:
+    """One such character among plain ASCII: the compiled reader's own fast path must not take it as plain."""
+    compiled, twin = _readers(["text"], True)
+    row = b"N" + struct.pack("!h", 1) + _value(b"b", text.encode())
+    got = compiled(row, 1, len(row))
+    assert got is not None and got == twin(row, 1, len(row))
+    assert json.loads(got[0]) == {'c0 é"%': text}
