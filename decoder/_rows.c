@@ -17,6 +17,13 @@
  * value).  `keys` holds each column's `"name": ` as UTF-8 bytes, and `quote`
  * is json.encoder.encode_basestring, called for a string with a character
  * that needs escaping (or that is not ASCII), so the escapes are its own.
+ *
+ * `one_change_line(node_key, commit_lsn, xid, commit_time, body)` is
+ * csnd.core.lines.one_change_line (its twin) with the node's JSON key given:
+ * the line of a lone node's transaction of one change, which a decoder
+ * writes for every one-row transaction.  None when a part is not ASCII or
+ * the commit time is outside years 1-9999; the twin then writes it, or
+ * raises the error that names the time.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -249,16 +256,125 @@ error:
     return NULL;
 }
 
+/* Days since 1970-01-01 -> (year, month, day): Howard Hinnant's civil_from_days. */
+static void
+civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d)
+{
+    z += 719468;
+    const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    const unsigned doe = (unsigned)(z - era * 146097);
+    const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    const unsigned mp = (5 * doy + 2) / 153;
+    *d = doy - (153 * mp + 2) / 5 + 1;
+    *m = mp < 10 ? mp + 3 : mp - 9;
+    *y = (int64_t)yoe + era * 400 + (*m <= 2);
+}
+
+#define PG_EPOCH_UNIX_S 946684800LL /* 2000-01-01 */
+#define US 1000000LL
+
+/* `pg_time_to_iso`: microseconds since 2000-01-01 UTC as datetime.isoformat() with +00:00; 0 if out of years 1-9999. */
+static int
+iso_time(long long us, char *out, size_t size)
+{
+    long long seconds = us / US, micros = us % US;
+    if (micros < 0) { /* floor, as divmod */
+        micros += US;
+        seconds -= 1;
+    }
+    long long unix_s = seconds + PG_EPOCH_UNIX_S;
+    long long days = unix_s / 86400, in_day = unix_s % 86400;
+    if (in_day < 0) {
+        in_day += 86400;
+        days -= 1;
+    }
+    int64_t y;
+    unsigned m, d;
+    civil_from_days(days, &y, &m, &d);
+    if (y < 1 || y > 9999)
+        return 0;
+    int hh = (int)(in_day / 3600), mm = (int)(in_day / 60 % 60), ss = (int)(in_day % 60);
+    if (micros)
+        return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d.%06lld+00:00", (int)y, m, d, hh, mm, ss, micros);
+    return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d+00:00", (int)y, m, d, hh, mm, ss);
+}
+
+static PyObject *
+one_change_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "one_change_line takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *key = args[0], *body = args[4];
+    if (!PyUnicode_Check(key) || !PyUnicode_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "one_change_line: the node key and the body must be str");
+        return NULL;
+    }
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(args[1]);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear(); /* (no LSN: the twin writes whatever it is) */
+        Py_RETURN_NONE;
+    }
+    int overflow, time_overflow;
+    long long xid = PyLong_AsLongLongAndOverflow(args[2], &overflow);
+    if (xid == -1 && PyErr_Occurred())
+        return NULL;
+    long long commit_time = PyLong_AsLongLongAndOverflow(args[3], &time_overflow);
+    if (commit_time == -1 && PyErr_Occurred())
+        return NULL;
+    char when[48];
+    if (overflow || time_overflow || commit_time > 9223372036854775807LL - US || commit_time < -9223372036854775807LL + US ||
+        !PyUnicode_IS_ASCII(key) || !PyUnicode_IS_ASCII(body) || !iso_time(commit_time, when, sizeof when))
+        Py_RETURN_NONE; /* the twin writes it, or names the bad time */
+    char head[256];
+    int head_len = snprintf(head, sizeof head, "{\"csn\": %llu, \"gid\": null, \"commit_time\": \"%s\", \"nodes\": {",
+                            lsn, when);
+    char mid[160];
+    int mid_len = snprintf(mid, sizeof mid, ": {\"xid\": %lld, \"commit_lsn\": \"%llX/%llX\"}}, \"changes\": [{\"node\": ",
+                           xid, lsn >> 32, lsn & 0xFFFFFFFFull);
+    static const char cid[] = ", \"cid\": 0, ";
+    static const char tail[] = "}]}";
+    Py_ssize_t key_len = PyUnicode_GET_LENGTH(key), body_len = PyUnicode_GET_LENGTH(body);
+    Py_ssize_t total = head_len + key_len + mid_len + key_len + (Py_ssize_t)(sizeof cid - 1) + body_len +
+                       (Py_ssize_t)(sizeof tail - 1);
+    PyObject *line = PyUnicode_New(total, 127);
+    if (line == NULL)
+        return NULL;
+    char *at = (char *)PyUnicode_DATA(line);
+    memcpy(at, head, (size_t)head_len);
+    at += head_len;
+    memcpy(at, PyUnicode_DATA(key), (size_t)key_len);
+    at += key_len;
+    memcpy(at, mid, (size_t)mid_len);
+    at += mid_len;
+    memcpy(at, PyUnicode_DATA(key), (size_t)key_len);
+    at += key_len;
+    memcpy(at, cid, sizeof cid - 1);
+    at += sizeof cid - 1;
+    memcpy(at, PyUnicode_DATA(body), (size_t)body_len);
+    at += body_len;
+    memcpy(at, tail, sizeof tail - 1);
+    return line;
+}
+
 static PyMethodDef methods[] = {
     {"read_row", (PyCFunction)(void (*)(void))read_row, METH_FASTCALL,
      "read_row(codes, keys, quote, data, pos, end) -> (row JSON, end of the tuple) or None\n\n"
      "A table's compiled row reader (see rows._compile_row_reader, its twin)."},
+    {"one_change_line", (PyCFunction)(void (*)(void))one_change_line, METH_FASTCALL,
+     "one_change_line(node_key, commit_lsn, xid, commit_time, body) -> str or None\n\n"
+     "csnd.core.lines.one_change_line with the node's JSON key given; None: let the twin write it."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "csnd.decoder._rows",
-    "A table's row reader for common column types, compiled (twin: rows._compile_row_reader).", -1, methods,
+    "A table's row reader for common column types and a one-change line, compiled (twins in Python).", -1,
+    methods,
 };
 
 PyMODINIT_FUNC

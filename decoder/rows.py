@@ -389,17 +389,18 @@ def row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first
     return partial(compiled, codes, keys, J.quote)
 
 
-def _load_read_row() -> Callable[..., tuple[str, int] | None] | None:
+def _load_compiled() -> tuple[Callable[..., tuple[str, int] | None] | None, Callable[..., str | None] | None]:
+    """`_rows.c`'s row reader and one-change line, unless it was not built or `CSND_IMPL=python` asks for the twins."""
     if os.environ.get("CSND_IMPL", "").lower() == "python":
-        return None
+        return None, None
     try:
-        from csnd.decoder._rows import read_row
-    except ImportError:  # (no compiler at install: the Python readers)
-        return None
-    return read_row
+        from csnd.decoder._rows import one_change_line, read_row
+    except ImportError:  # (no compiler at install: the Python twins)
+        return None, None
+    return read_row, one_change_line
 
 
-_read_row_c: Final = _load_read_row()
+_read_row_c, one_change_line_c = _load_compiled()
 
 
 def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first: bool) -> RowReader:

@@ -15,8 +15,8 @@ import traceback
 from typing import Any
 
 from csnd.core.errors import CsndError, InternalError
-from csnd.core.lines import one_change_line, single_node_line
-from csnd.decoder.rows import RelationCache, decode_change, row_change_body
+from csnd.core.lines import node_key, one_change_line, single_node_line
+from csnd.decoder.rows import RelationCache, decode_change, one_change_line_c, row_change_body
 from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames, one_change_frame
 
 # How often an idle worker checks that its parent is still there.
@@ -45,6 +45,7 @@ def decode_batch(
     """
     out: list[Any] = []
     append = out.append
+    key = node_key(node)
     for lsn, kind, xid, a, b in batch:
         if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is (in_stream, head)
             for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, *a):
@@ -54,7 +55,9 @@ def decode_batch(
             if one is not None:  # (a one-row transaction: no loop, one format)
                 start, kind_i, relid, data_at = one
                 body = row_change_body(kind_i, None, relid, b[data_at:], start, cache, binary)
-                append(one_change_line(node, lsn, xid, a, body))
+                # (compiled, unless a part is not ASCII or the time is out of range: then the twin)
+                line = None if one_change_line_c is None else one_change_line_c(key, lsn, xid, a, body)
+                append(one_change_line(node, lsn, xid, a, body) if line is None else line)
                 continue
             bodies = [
                 row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary)

@@ -1,4 +1,4 @@
-"""The compiled row reader (`_rows.c`) against its twin, the row reader compiled in Python."""
+"""`_rows.c` against its twins: the row reader compiled in Python, and `csnd.core.lines.one_change_line`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from csnd.core.errors import TimestampError
+from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
+from csnd.core.lines import node_key, one_change_line
 from csnd.decoder import RelationCache, rows
-from csnd.decoder.rows import row_change_body
+from csnd.decoder.rows import one_change_line_c, row_change_body
 from csnd.reader import pgoutput as p
 from csnd.reader.pgoutput import Column, Relation
 
@@ -206,3 +209,32 @@ def test_each_character_json_escapes_is_escaped_as_the_twin_does(text: str) -> N
     got = compiled(row, 1, len(row))
     assert got is not None and got == twin(row, 1, len(row))
     assert json.loads(got[0]) == {'c0 é"%': text}
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    node=st.text(max_size=6) | st.sampled_from(["dn1", "", 'n"1']),
+    commit_lsn=st.integers(0, 2**64 - 1) | st.integers(2**64, 2**65),
+    xid=st.integers(0, 2**32 - 1) | st.integers(-(2**70), 2**70),
+    commit_time=st.integers(PG_TIME_MIN_US - 10, PG_TIME_MAX_US + 10)
+    | st.sampled_from([0, -1, 1, PG_TIME_MIN_US, PG_TIME_MAX_US, 10**6, -(10**6), -(10**6) - 1])
+    | st.integers(-(2**70), 2**70),
+    body=st.text(_ASCII, max_size=20) | st.text(max_size=8),
+)
+def test_the_compiled_one_change_line_is_its_twins_line_or_leaves_it_to_the_twin(
+    node: str, commit_lsn: int, xid: int, commit_time: int, body: str
+) -> None:
+    """The same text whenever it writes one; None only for a part that is not ASCII or a time out of range."""
+    assert one_change_line_c is not None
+    got = one_change_line_c(node_key(node), commit_lsn, xid, commit_time, body)
+    in_range = PG_TIME_MIN_US <= commit_time <= PG_TIME_MAX_US
+    try:
+        want: str | None = one_change_line(node, commit_lsn, xid, commit_time, body)
+    except TimestampError:
+        want = None
+        assert not in_range
+    if got is None:
+        plain = node_key(node).isascii() and body.isascii()
+        assert not (plain and in_range and commit_lsn < 2**64 and -(2**63) <= xid < 2**63)
+    else:
+        assert got == want
