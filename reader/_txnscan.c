@@ -9,10 +9,23 @@
  * returns whole one-piece transactions (Begin, row changes, Commit), the
  * frames it could not take (exactly as `get_copy_data` returned them) and
  * the highest dataStart of the transactions taken.
+ *
+ * `CopyReader(pgconn, error_class)` is `pgconn.get_copy_data` for a psycopg
+ * connection, calling libpq's PQgetCopyData itself.  Handed one in place of
+ * `get_copy_data`, the loop reads the frames it takes straight from libpq's
+ * buffers, with no Python object per frame (psycopg makes a buffer object,
+ * a memoryview and a tuple for each): on one-row transactions those were a
+ * large part of the reader's time.  It uses the libpq psycopg loaded, found
+ * among the process's shared objects (`bind_libpq`: exactly one must be
+ * there, of the version psycopg reports).
  */
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <link.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #define HEADER 25            /* 'w', dataStart, walEnd, sendTime */
@@ -66,6 +79,233 @@ buffer_put(Buffer *b, const void *src, Py_ssize_t n)
     return 0;
 }
 
+/* --- libpq, as psycopg loaded it ---------------------------------------------------------- */
+
+typedef int (*get_copy_data_fn)(void *conn, char **buffer, int async);
+typedef void (*freemem_fn)(void *ptr);
+typedef char *(*error_message_fn)(const void *conn);
+typedef int (*lib_version_fn)(void);
+
+static get_copy_data_fn pq_get_copy_data;
+static freemem_fn pq_freemem;
+static error_message_fn pq_error_message;
+
+typedef struct {
+    int count;
+    char path[4096];
+} Found;
+
+static int
+find_libpq(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    Found *found = data;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    if (strncmp(base, "libpq", 5) == 0 && (base[5] == '.' || base[5] == '-')) {
+        if (found->count++ == 0)
+            snprintf(found->path, sizeof found->path, "%s", name);
+    }
+    return 0;
+}
+
+/* bind_libpq(version) -> None when bound, else why not (a str). */
+static PyObject *
+bind_libpq(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long want = PyLong_AsLong(arg);
+    if (want == -1 && PyErr_Occurred())
+        return NULL;
+    Found found = {0, {0}};
+    dl_iterate_phdr(find_libpq, &found);
+    if (found.count != 1)
+        return PyUnicode_FromFormat("%d libpq libraries are loaded, not one", found.count);
+    void *lib = dlopen(found.path, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL)
+        return PyUnicode_FromFormat("cannot open the loaded libpq %s", found.path);
+    get_copy_data_fn get = (get_copy_data_fn)dlsym(lib, "PQgetCopyData");
+    freemem_fn freemem = (freemem_fn)dlsym(lib, "PQfreemem");
+    error_message_fn message = (error_message_fn)dlsym(lib, "PQerrorMessage");
+    lib_version_fn version = (lib_version_fn)dlsym(lib, "PQlibVersion");
+    dlclose(lib); /* (NOLOAD took a reference of its own; psycopg's keeps it loaded) */
+    if (get == NULL || freemem == NULL || message == NULL || version == NULL)
+        return PyUnicode_FromFormat("%s lacks a function the reader needs", found.path);
+    if (version() != want)
+        return PyUnicode_FromFormat("%s is libpq %d, psycopg uses %ld", found.path, version(), want);
+    pq_get_copy_data = get;
+    pq_freemem = freemem;
+    pq_error_message = message;
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *pgconn; /* the psycopg PGconn: its pgconn_ptr is None once it is closed */
+    PyObject *error_class;
+} CopyReader;
+
+static PyTypeObject CopyReaderType;
+
+/* The PGconn of `r`, or NULL with error_class raised when the connection is closed. */
+static void *
+conn_of(CopyReader *r)
+{
+    PyObject *ptr = PyObject_GetAttrString(r->pgconn, "pgconn_ptr");
+    if (ptr == NULL)
+        return NULL;
+    void *conn = ptr == Py_None ? NULL : PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (conn == NULL && !PyErr_Occurred())
+        PyErr_SetString(r->error_class, "the connection is closed");
+    return conn;
+}
+
+/* psycopg's error for a failed read: "receiving copy data failed: <libpq's message>". */
+static void
+copy_failed(CopyReader *r, void *conn)
+{
+    const char *message = pq_error_message(conn);
+    size_t n = message ? strlen(message) : 0;
+    while (n > 0 && (message[n - 1] == '\n' || message[n - 1] == ' '))
+        n--;
+    PyObject *text = PyUnicode_DecodeUTF8(message ? message : "", (Py_ssize_t)n, "replace");
+    if (text != NULL) {
+        PyErr_Format(r->error_class, "receiving copy data failed: %U", text);
+        Py_DECREF(text);
+    }
+}
+
+/* (n, bytes) as psycopg's get_copy_data returns it (bytes for its memoryview); frees `raw`. */
+static PyObject *
+copy_item(int n, char *raw)
+{
+    PyObject *item = raw ? Py_BuildValue("(iy#)", n, raw, (Py_ssize_t)n) : Py_BuildValue("(iy#)", n, "", (Py_ssize_t)0);
+    if (raw)
+        pq_freemem(raw);
+    return item;
+}
+
+static PyObject *
+CopyReader_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    CopyReader *r = (CopyReader *)self;
+    int async_;
+    if (kwargs != NULL || !PyArg_ParseTuple(args, "i:get_copy_data", &async_)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "get_copy_data takes one positional argument");
+        return NULL;
+    }
+    void *conn = conn_of(r);
+    if (conn == NULL)
+        return NULL;
+    char *raw = NULL;
+    int n = pq_get_copy_data(conn, &raw, async_);
+    if (n == -2) {
+        copy_failed(r, conn);
+        return NULL;
+    }
+    return copy_item(n, raw);
+}
+
+static PyObject *
+CopyReader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *pgconn, *error_class;
+    static char *names[] = {"pgconn", "error_class", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:CopyReader", names, &pgconn, &error_class))
+        return NULL;
+    if (pq_get_copy_data == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "libpq is not bound (bind_libpq)");
+        return NULL;
+    }
+    if (!PyExceptionClass_Check(error_class)) {
+        PyErr_SetString(PyExc_TypeError, "error_class must be an exception class");
+        return NULL;
+    }
+    CopyReader *r = (CopyReader *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    r->pgconn = Py_NewRef(pgconn);
+    r->error_class = Py_NewRef(error_class);
+    return (PyObject *)r;
+}
+
+static void
+CopyReader_dealloc(PyObject *self)
+{
+    CopyReader *r = (CopyReader *)self;
+    Py_XDECREF(r->pgconn);
+    Py_XDECREF(r->error_class);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject CopyReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "csnd.reader._txnscan.CopyReader",
+    .tp_basicsize = sizeof(CopyReader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "CopyReader(pgconn, error_class): pgconn.get_copy_data through libpq directly.",
+    .tp_new = CopyReader_new,
+    .tp_dealloc = CopyReader_dealloc,
+    .tp_call = CopyReader_call,
+};
+
+/* The frames of the open transaction read by a CopyReader: libpq's own buffers, freed once it
+   is taken, or handed back as (n, bytes) items when the loop stops inside it. */
+typedef struct {
+    char **raw;
+    int *len;
+    Py_ssize_t n, cap;
+} Held;
+
+static int
+held_push(Held *h, char *raw, int len)
+{
+    if (h->n == h->cap) {
+        Py_ssize_t cap = h->cap ? h->cap * 2 : 16;
+        char **r = PyMem_Realloc(h->raw, (size_t)cap * sizeof *r);
+        if (r != NULL)
+            h->raw = r;
+        int *l = r ? PyMem_Realloc(h->len, (size_t)cap * sizeof *l) : NULL;
+        if (l != NULL)
+            h->len = l;
+        if (r == NULL || l == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->cap = cap;
+    }
+    h->raw[h->n] = raw;
+    h->len[h->n] = len;
+    h->n++;
+    return 0;
+}
+
+static void
+held_free(Held *h)
+{
+    for (Py_ssize_t i = 0; i < h->n; i++)
+        pq_freemem(h->raw[i]);
+    h->n = 0;
+}
+
+/* The held frames onto `pending`, in order, as get_copy_data would have returned them. */
+static int
+held_hand_back(Held *h, PyObject *pending)
+{
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < h->n; i++) {
+        PyObject *item = failed ? NULL : Py_BuildValue("(iy#)", h->len[i], h->raw[i], (Py_ssize_t)h->len[i]);
+        if (item == NULL || PyList_Append(pending, item) < 0)
+            failed = 1;
+        Py_XDECREF(item);
+        pq_freemem(h->raw[i]);
+    }
+    h->n = 0;
+    return failed ? -1 : 0;
+}
+
 static PyObject *
 result(PyObject *txns, PyObject *pending, uint64_t received)
 {
@@ -96,6 +336,9 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *lsns = NULL;
     PyObject *out = NULL;
     Buffer buf = {NULL, 0, 0};
+    CopyReader *direct = Py_IS_TYPE(get_copy_data, &CopyReaderType) ? (CopyReader *)get_copy_data : NULL;
+    void *conn = NULL;
+    Held held = {NULL, NULL, 0, 0};
     uint64_t received = 0, high = 0;
     Py_ssize_t frames = 0;
     int in_txn = 0;
@@ -106,33 +349,62 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int64_t begin_time = 0;
     if (one == NULL || txns == NULL || pending == NULL)
         goto done;
+    if (direct != NULL && (conn = conn_of(direct)) == NULL)
+        goto done;
 
     for (;;) {
         if (!in_txn && (frames >= max_frames || received >= stop_at))
             break;
-        PyObject *got = PyObject_CallOneArg(get_copy_data, one);
-        if (got == NULL)
-            goto done;
-        frames++;
-        int appended = PyList_Append(pending, got);
-        Py_DECREF(got);
-        if (appended < 0)
-            goto done;
-        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
-            PyErr_SetString(PyExc_TypeError, "get_copy_data must return (nbytes, data)");
-            goto done;
-        }
-        long nbytes = PyLong_AsLong(PyTuple_GET_ITEM(got, 0));
-        if (nbytes == -1 && PyErr_Occurred())
-            goto done;
-        if (nbytes <= 0)
-            break;
+        const unsigned char *p;
+        Py_ssize_t n;
+        if (direct != NULL) { /* libpq's buffer itself: held until its transaction is taken */
+            char *raw = NULL;
+            int got_n = pq_get_copy_data(conn, &raw, 1);
+            if (got_n == -2) {
+                copy_failed(direct, conn);
+                goto done;
+            }
+            frames++;
+            if (got_n <= 0 || raw == NULL) {
+                PyObject *item = held_hand_back(&held, pending) < 0 ? NULL : copy_item(got_n, raw);
+                if (item == NULL || PyList_Append(pending, item) < 0) {
+                    Py_XDECREF(item);
+                    goto done;
+                }
+                Py_DECREF(item);
+                break;
+            }
+            if (held_push(&held, raw, got_n) < 0) {
+                pq_freemem(raw);
+                goto done;
+            }
+            p = (const unsigned char *)raw;
+            n = got_n;
+        } else {
+            PyObject *got = PyObject_CallOneArg(get_copy_data, one);
+            if (got == NULL)
+                goto done;
+            frames++;
+            int appended = PyList_Append(pending, got);
+            Py_DECREF(got);
+            if (appended < 0)
+                goto done;
+            if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
+                PyErr_SetString(PyExc_TypeError, "get_copy_data must return (nbytes, data)");
+                goto done;
+            }
+            long nbytes = PyLong_AsLong(PyTuple_GET_ITEM(got, 0));
+            if (nbytes == -1 && PyErr_Occurred())
+                goto done;
+            if (nbytes <= 0)
+                break;
 
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(got, 1), &view, PyBUF_SIMPLE) < 0)
-            goto done;
-        have_view = 1;
-        const unsigned char *p = view.buf;
-        Py_ssize_t n = view.len;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(got, 1), &view, PyBUF_SIMPLE) < 0)
+                goto done;
+            have_view = 1;
+            p = view.buf;
+            n = view.len;
+        }
         int stop = 0;
         if (n <= HEADER || p[0] != 'w') {
             stop = 1;
@@ -209,21 +481,28 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 buf.len = 0;
                 Py_CLEAR(lsns);
                 /* the frames taken are in `txns` now: none to hand back */
+                held_free(&held);
                 if (PyList_SetSlice(pending, 0, PyList_GET_SIZE(pending), NULL) < 0) {
                     goto done;
                 }
             }
         }
-        PyBuffer_Release(&view);
-        have_view = 0;
+        if (have_view) {
+            PyBuffer_Release(&view);
+            have_view = 0;
+        }
         if (stop)
             break;
     }
-    out = result(txns, pending, received);
+    if (held_hand_back(&held, pending) == 0)
+        out = result(txns, pending, received);
 
 done:
     if (have_view)
         PyBuffer_Release(&view);
+    held_free(&held);
+    PyMem_Free(held.raw);
+    PyMem_Free(held.len);
     PyMem_Free(buf.data);
     Py_XDECREF(lsns);
     Py_XDECREF(one);
@@ -233,6 +512,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"bind_libpq", bind_libpq, METH_O,
+     "bind_libpq(version) -> None, or why the loaded libpq cannot be used (a str)\n\n"
+     "Finds the one libpq the process loaded (psycopg's), of libpq version `version`, for CopyReader."},
     {"take_whole_txns", (PyCFunction)(void (*)(void))take_whole_txns, METH_FASTCALL,
      "take_whole_txns(get_copy_data, max_frames, max_changes, stop_at) -> (txns, handed_back, received)\n\n"
      "See csnd.reader.txnscan.take_whole_txns_py, its twin."},
@@ -247,7 +529,13 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__txnscan(void)
 {
+    if (PyType_Ready(&CopyReaderType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddType(m, &CopyReaderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     /* the limits above, for tests/reader/test_txnscan.py to hold to the parser's */
     if (m != NULL && (PyModule_AddIntConstant(m, "HEADER", HEADER) < 0 ||
                       PyModule_AddIntConstant(m, "BEGIN_SIZE", BEGIN_SIZE) < 0 ||

@@ -9,3 +9,9 @@ HEADER: int
 BEGIN_SIZE: int
 COMMIT_SIZE: int
 CHANGE_MIN: int
+
+def bind_libpq(version: int) -> str | None: ...
+
+class CopyReader:
+    def __init__(self, pgconn: Any, error_class: type[BaseException]) -> None: ...
+    def __call__(self, async_: int) -> tuple[int, bytes]: ...

@@ -78,7 +78,7 @@ from csnd.reader.reconnect import (
 )
 from csnd.reader.resume import Item, ResumeFilter
 from csnd.reader.shutdown import ShutdownProbe
-from csnd.reader.txnscan import NO_STOP, CopyData, take_whole_txns
+from csnd.reader.txnscan import NO_STOP, CopyData, copy_reader, take_whole_txns
 
 log = logging.getLogger("csnd.reader.live")
 
@@ -666,7 +666,7 @@ class LiveSource:
                 and not run_lsns
             )
 
-        get_copy_data = pgconn.get_copy_data
+        get_copy_data = copy_reader(pgconn)  # (libpq's own call when it can: see txnscan)
         # Frames read ahead and not yet handled: by the run loop below, or
         # handed back by `take_whole_txns`.
         ahead: deque[CopyData] = deque()

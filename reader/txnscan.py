@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from csnd.core.ids import Lsn
 from csnd.reader.pgoutput import (
@@ -119,3 +119,43 @@ def _load() -> tuple[Callable[[Callable[[int], CopyData], int, int, int], Any], 
 
 
 take_whole_txns, IMPLEMENTATION = _load()
+
+
+def _load_copy_reader() -> tuple[Callable[[Any, type[BaseException]], Callable[[int], CopyData]] | None, str]:
+    """The compiled loop's own reader of a connection, and why it is not used when it is not.
+
+    It calls libpq's PQgetCopyData itself, on the libpq psycopg loaded
+    (`_txnscan.bind_libpq`), so the frames the loop takes make no Python
+    objects at all.
+    """
+    if IMPLEMENTATION != "c":
+        return None, "the compiled loop is not in use"
+    from psycopg import pq
+
+    from csnd.reader import _txnscan
+
+    if pq.__impl__ not in ("binary", "c"):  # (psycopg's pure-Python libpq wrapper: its own copy of the calls)
+        return None, f"psycopg's libpq wrapper is its {pq.__impl__} one"
+    why_not = _txnscan.bind_libpq(pq.version())
+    if why_not is not None:
+        return None, why_not
+    return _txnscan.CopyReader, "libpq's PQgetCopyData"
+
+
+_CopyReader, COPY_READER = _load_copy_reader()
+
+
+def copy_reader(pgconn: Any) -> Callable[[int], CopyData]:
+    """`pgconn.get_copy_data`, or the compiled loop's reader of the same connection (`COPY_READER` says which).
+
+    The two return the same `(nbytes, data)` and raise the same
+    `psycopg.OperationalError` ("receiving copy data failed: ...", or "the
+    connection is closed"); the compiled loop reads through its own reader
+    without making a Python object per frame.
+    """
+    import psycopg
+    from psycopg import pq
+
+    if _CopyReader is None or not isinstance(pgconn, pq.PGconn):  # (a stand-in: tests, benches)
+        return cast("Callable[[int], CopyData]", pgconn.get_copy_data)
+    return _CopyReader(pgconn, psycopg.OperationalError)

@@ -7,10 +7,13 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from csnd.core.ids import lsn_from_str
+from csnd.reader import live as live_module
 from csnd.reader import txnscan
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.pgoutput import (
@@ -20,6 +23,7 @@ from csnd.reader.pgoutput import (
     Change,
     ChangeFrames,
     Commit,
+    Keepalive,
     TxnFrames,
     TxnRun,
     encode_begin,
@@ -36,6 +40,8 @@ from csnd.reader.pgoutput import (
     parse_txn_frame,
 )
 from csnd.reader.txnscan import NO_STOP, take_whole_txns_py
+from csnd.testing import pgworkload as workload
+from tests.fixtures.pg import PgDatabase
 
 take_whole_txns_c: Callable[..., Any] | None
 try:
@@ -53,6 +59,8 @@ def test_the_compiled_loop_is_built() -> None:
         assert txnscan.IMPLEMENTATION == "python" and txnscan.take_whole_txns is take_whole_txns_py
     else:
         assert txnscan.IMPLEMENTATION == "c" and txnscan.take_whole_txns is take_whole_txns_c
+        # and it reads a psycopg connection through libpq's own calls
+        assert txnscan.COPY_READER == "libpq's PQgetCopyData", txnscan.COPY_READER
 
 
 class Conn:
@@ -378,3 +386,86 @@ def test_one_change_frame_reads_a_run_of_one_as_iter_change_frames_does(kinds: l
     ((want_lsn, want_kind, want_xid, want_relid, want_data),) = list(iter_change_frames(blob, False))
     assert (start, kind, relid, blob[data_at:]) == (want_lsn, want_kind, want_relid, want_data)
     assert want_xid is None
+
+
+# --- libpq's own reader (`copy_reader`) against psycopg's `get_copy_data`, on a real server -------
+
+
+def _flat(msg: object, at: int) -> list[tuple[Any, ...]]:
+    """A live event as plain tuples: every message's fields, every change frame's data."""
+    if isinstance(msg, TxnRun):
+        return [x for txn in msg.frames() for e in txn.events() for x in _flat(e[1], e[0])]
+    if isinstance(msg, TxnFrames):
+        return [x for e in msg.events() for x in _flat(e[1], e[0])]
+    if isinstance(msg, ChangeFrames):
+        return [("change", *c) for c in iter_change_frames(msg.blob, msg.in_stream, msg.head)]
+    if isinstance(msg, Change):
+        return [("change", at, msg.kind, msg.xid, msg.relid, msg.data)]
+    slots = [s for cls in type(msg).__mro__ for s in getattr(cls, "__slots__", ())]
+    return [(type(msg).__name__, at, *(repr(getattr(msg, s, None)) for s in slots))]
+
+
+def _read_live(pg: PgDatabase, slot: str, end: str) -> tuple[list[tuple[Any, ...]], int]:
+    src = LiveSource("dn1", LiveOptions(pg.url, slot, "csnd_pub", until_lsn=lsn_from_str(end)))
+    out: list[tuple[Any, ...]] = []
+    batches = 0
+    for lsn, msg in src.events(raw_changes=True):
+        batches += isinstance(msg, TxnRun)
+        if not isinstance(msg, Keepalive):  # (the server's clock and WAL end: not the stream's content)
+            out += _flat(msg, lsn)
+    return out, batches
+
+
+def test_the_live_reader_reads_the_same_through_libpq_as_through_psycopg(
+    pg: PgDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots over the same WAL: one read with the compiled loop's own libpq calls, one with psycopg's.
+
+    The WAL holds what the loop takes (one-row and many-row transactions)
+    and what it hands back (Relation messages, a transaction too large for
+    one run, a truncate, keepalives), so both of its paths are crossed.
+    """
+    if txnscan.COPY_READER != "libpq's PQgetCopyData":
+        assert os.environ.get("CSND_IMPL", "").lower() == "python", txnscan.COPY_READER
+        pytest.skip("CSND_IMPL=python: the compiled loop and its reader are not in use")
+    workload.setup(pg.dsn)
+    pg.execute("SELECT pg_create_logical_replication_slot('direct', 'pgoutput')")
+    pg.execute("SELECT pg_create_logical_replication_slot('through_psycopg', 'pgoutput')")
+    workload.run(pg.dsn, rounds=1)
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS scan_ab (id int PRIMARY KEY, v text)")
+        for i in range(300):
+            conn.execute("INSERT INTO scan_ab VALUES (%s, %s)", (i, f'v{i} é \\ "'))
+        with conn.transaction():
+            conn.execute("INSERT INTO scan_ab SELECT g, 'big' FROM generate_series(1000, 1800) g")
+        conn.execute("TRUNCATE scan_ab")
+    end = pg.current_lsn()
+    direct, direct_batches = _read_live(pg, "direct", end)
+    monkeypatch.setattr(live_module, "copy_reader", lambda pgconn: pgconn.get_copy_data)
+    plain, plain_batches = _read_live(pg, "through_psycopg", end)
+    assert direct == plain
+    assert direct_batches > 0 and plain_batches > 0  # (the compiled loop took batches both ways)
+    assert sum(1 for e in direct if e[0] == "change") >= 300 + 801
+
+
+def test_libpq_s_own_reader_fails_as_psycopg_does(pg: PgDatabase) -> None:
+    """Not in COPY, and closed: the same psycopg.OperationalError, the same words."""
+    if txnscan.COPY_READER != "libpq's PQgetCopyData":
+        pytest.skip(f"not in use: {txnscan.COPY_READER}")
+    other = psycopg.connect(pg.dsn, autocommit=True)
+    with pytest.raises(psycopg.OperationalError) as theirs:
+        other.pgconn.get_copy_data(1)
+    other.close()
+    conn = psycopg.connect(pg.dsn, autocommit=True)  # (libpq adds each failure's words to the last ones)
+    pgconn = conn.pgconn
+    reader = txnscan.copy_reader(pgconn)
+    assert reader is not pgconn.get_copy_data
+    with pytest.raises(psycopg.OperationalError) as ours:
+        reader(1)
+    assert str(ours.value) == str(theirs.value) and "receiving copy data failed" in str(ours.value)
+    conn.close()
+    with pytest.raises(psycopg.OperationalError, match="the connection is closed"):
+        reader(1)
+    assert take_whole_txns_c is not None
+    with pytest.raises(psycopg.OperationalError, match="the connection is closed"):
+        take_whole_txns_c(reader, 10, 10, NO_STOP)
