@@ -46,7 +46,6 @@ unreadable in a binary stream, unless the caller declared it an enum
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
 from functools import lru_cache, partial
@@ -55,6 +54,7 @@ from typing import Final
 
 from psycopg import DataError
 
+from csnd.core.compiled import compiled_module
 from csnd.core.errors import DecodeError
 from csnd.core.ids import Lsn, lsn_to_str
 from csnd.decoder import jsontext as J
@@ -389,18 +389,9 @@ def row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first
     return partial(compiled, codes, keys, J.quote)
 
 
-def _load_compiled() -> tuple[Callable[..., tuple[str, int] | None] | None, Callable[..., str | None] | None]:
-    """`_rows.c`'s row reader and one-change line, unless it was not built or `CSND_IMPL=python` asks for the twins."""
-    if os.environ.get("CSND_IMPL", "").lower() == "python":
-        return None, None
-    try:
-        from csnd.decoder._rows import one_change_line, read_row
-    except ImportError:  # (no compiler at install: the Python twins)
-        return None, None
-    return read_row, one_change_line
-
-
-_read_row_c, one_change_line_c = _load_compiled()
+_compiled = compiled_module("csnd.decoder._rows")
+_read_row_c: Callable[..., tuple[str, int] | None] | None = None if _compiled is None else _compiled.read_row
+one_change_line_c: Callable[..., str | None] | None = None if _compiled is None else _compiled.one_change_line
 
 
 def _compile_row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first: bool) -> RowReader:

@@ -24,10 +24,10 @@ environment (to compare them).  `IMPLEMENTATION` says which one runs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, Final, cast
 
+from csnd.core.compiled import compiled_module
 from csnd.core.ids import Lsn
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
@@ -107,18 +107,11 @@ def take_whole_txns_py(
         begin, parts, lsns, pending = None, [], [], []
 
 
-def _load() -> tuple[Callable[[Callable[[int], CopyData], int, int, int], Any], str]:
-    """The compiled loop, unless it was not built or `CSND_IMPL=python` asks for the twin."""
-    if os.environ.get("CSND_IMPL", "").lower() == "python":
-        return take_whole_txns_py, "python"
-    try:
-        from csnd.reader._txnscan import take_whole_txns as compiled
-    except ImportError:  # (no compiler at install: the same, in Python)
-        return take_whole_txns_py, "python"
-    return compiled, "c"
-
-
-take_whole_txns, IMPLEMENTATION = _load()
+_compiled = compiled_module("csnd.reader._txnscan")
+take_whole_txns: Callable[[Callable[[int], CopyData], int, int, int], Any] = (
+    take_whole_txns_py if _compiled is None else _compiled.take_whole_txns
+)
+IMPLEMENTATION: Final = "python" if _compiled is None else "c"
 
 
 def _load_copy_reader() -> tuple[Callable[[Any, type[BaseException]], Callable[[int], CopyData]] | None, str]:
@@ -128,18 +121,16 @@ def _load_copy_reader() -> tuple[Callable[[Any, type[BaseException]], Callable[[
     (`_txnscan.bind_libpq`), so the frames the loop takes make no Python
     objects at all.
     """
-    if IMPLEMENTATION != "c":
+    if _compiled is None:
         return None, "the compiled loop is not in use"
     from psycopg import pq
 
-    from csnd.reader import _txnscan
-
     if pq.__impl__ not in ("binary", "c"):  # (psycopg's pure-Python libpq wrapper: its own copy of the calls)
         return None, f"psycopg's libpq wrapper is its {pq.__impl__} one"
-    why_not = _txnscan.bind_libpq(pq.version())
+    why_not = _compiled.bind_libpq(pq.version())
     if why_not is not None:
         return None, why_not
-    return _txnscan.CopyReader, "libpq's PQgetCopyData"
+    return _compiled.CopyReader, "libpq's PQgetCopyData"
 
 
 _CopyReader, COPY_READER = _load_copy_reader()

@@ -30,12 +30,13 @@ payload is rejected by the CRC.
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
+
+from csnd.core.compiled import compiled_module
 
 MARK: Final = b"\xd3\x9c\x1e\x7a"
 _FRAME: Final = struct.Struct(">4sIIQQ")
@@ -102,20 +103,11 @@ def encode_frames_py(
     return out
 
 
-def _load_encode_frames() -> tuple[
-    Callable[[Sequence[int], Sequence[bytes], int, int, int], list[bytes]], str
-]:
-    """The compiled `encode_frames`, unless it was not built or `CSND_IMPL=python` asks for the twin."""
-    if os.environ.get("CSND_IMPL", "").lower() == "python":
-        return encode_frames_py, "python"
-    try:
-        from csnd.changelog._frames import encode_frames as compiled
-    except ImportError:  # (no compiler at install: the same, in Python)
-        return encode_frames_py, "python"
-    return compiled, "c"
-
-
-encode_frames, FRAMES_IMPLEMENTATION = _load_encode_frames()
+_compiled = compiled_module("csnd.changelog._frames")
+encode_frames: Callable[[Sequence[int], Sequence[bytes], int, int, int], list[bytes]] = (
+    encode_frames_py if _compiled is None else _compiled.encode_frames
+)
+FRAMES_IMPLEMENTATION: Final = "python" if _compiled is None else "c"
 
 
 def encode_head(csn: int, time_us: int, length: int, payload_crc: int) -> bytes:

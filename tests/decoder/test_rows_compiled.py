@@ -16,14 +16,16 @@ from csnd.core.errors import TimestampError
 from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
 from csnd.core.lines import node_key, one_change_line
 from csnd.decoder import RelationCache, rows
-from csnd.decoder.rows import one_change_line_c, row_change_body
+from csnd.decoder.rows import row_change_body
 from csnd.reader import pgoutput as p
 from csnd.reader.pgoutput import Column, Relation
 
 try:
+    from csnd.decoder._rows import one_change_line as one_change_line_c
     from csnd.decoder._rows import read_row as read_row_c
 except ImportError:  # (reported by test_the_compiled_row_reader_is_built)
     read_row_c = None  # type: ignore[assignment]
+    one_change_line_c = None  # type: ignore[assignment]
 
 # The types the compiled reader writes, with their OIDs.
 TYPES = {
