@@ -2,10 +2,11 @@
 
 `csnd.reader._txnscan` is the live reader's frame loop in C,
 `csnd.decoder._rows` a decoder's row reader for tables of common column
-types, and `csnd.changelog._frames` the changelog's record encoding for a run
-of records (it links zlib for the CRC).  All are optional: without a C
-compiler the install goes on and csnd runs their Python twins (slower, the
-same output).
+types, `csnd.changelog._frames` the changelog's record encoding for a run
+of records (it links zlib for the CRC), and `csnd.service._feedwire` a
+changefeed batch's protobuf bytes.  All are optional: without a C compiler
+the install goes on and csnd runs their Python twins (slower, the same
+output).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +15,7 @@ setup(
     ext_modules=[
         Extension("csnd.reader._txnscan", ["reader/_txnscan.c"], optional=True),
         Extension("csnd.decoder._rows", ["decoder/_rows.c"], optional=True),
+        Extension("csnd.service._feedwire", ["csnd/service/_feedwire.c"], optional=True),
         Extension("csnd.changelog._frames", ["csnd/changelog/_frames.c"], libraries=["z"], optional=True),
     ]
 )

@@ -37,11 +37,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, cast
 
 import grpc
 
 from csnd import __version__
+from csnd.core.compiled import compiled_module
 from csnd.core.errors import AckError, CsnOutOfRange, SnapshotError, SubscriptionBusy, SubscriptionNotFound
 from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
@@ -148,7 +149,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
 
     def Subscribe(  # noqa: N802
         self, request_iterator: Iterator[pb.SubscribeRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.SubscribeResponse]:
+    ) -> Iterator[pb.SubscribeResponse | bytes]:
         s = self.settings
         stream = _Stream()
         context.add_callback(stream.registered.set)
@@ -255,7 +256,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         stream: _Stream,
         context: grpc.ServicerContext,
         schemas: bool = False,
-    ) -> Iterator[pb.SubscribeResponse]:
+    ) -> Iterator[pb.SubscribeResponse | bytes]:
         s = self.settings
         log = self.log
         builder = BatchBuilder(s.max_batch_bytes)
@@ -509,7 +510,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
 
     # --- Fetch ----------------------------------------------------------------------
 
-    def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[pb.FetchResponse]:  # noqa: N802
+    def Fetch(
+        self, request: pb.FetchRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.FetchResponse | bytes]:  # noqa: N802
         filt = _table_filter(request.tables, context)
         after, until = request.after_csn, request.until_csn
         if until and until < after:
@@ -592,7 +595,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         filt: TableFilter,
         files: bool,
         context: grpc.ServicerContext,
-    ) -> Iterator[pb.FetchResponse]:
+    ) -> Iterator[pb.FetchResponse | bytes]:
         from csnd.service.arrow_rows import RecordTooLarge
 
         try:
@@ -773,11 +776,20 @@ def _batch_of(records: list[Record], make: Callable[[], _Resp]) -> _Resp:
     return resp
 
 
-def _batch_response(records: list[Record]) -> pb.SubscribeResponse:
+# A batch's message, serialized directly (`_feedwire.c`): the servers' Subscribe and Fetch
+# pass bytes through as they are (`server.add_changefeed`).  Without it, the message objects.
+_feedwire = compiled_module("csnd.service._feedwire")
+
+
+def _batch_response(records: list[Record]) -> pb.SubscribeResponse | bytes:
+    if _feedwire is not None:
+        return cast(bytes, _feedwire.batch_message(records))
     return _batch_of(records, pb.SubscribeResponse)
 
 
-def _fetch_response(records: list[Record]) -> pb.FetchResponse:
+def _fetch_response(records: list[Record]) -> pb.FetchResponse | bytes:
+    if _feedwire is not None:  # (FetchResponse carries the batch as field 1 too)
+        return cast(bytes, _feedwire.batch_message(records))
     return _batch_of(records, pb.FetchResponse)
 
 

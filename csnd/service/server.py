@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -123,7 +123,7 @@ def start_changefeed(
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=MAX_WORKERS,
     )
-    pb_grpc.add_ChangefeedServicer_to_server(servicer, server)
+    add_changefeed(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -148,3 +148,40 @@ def start_changefeed(
     if serving:
         running.set_serving()
     return running
+
+
+class _Registration:
+    """Stands in for a server while a generated `add_*Servicer_to_server` hands it its method handlers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, _handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def add_changefeed(servicer: ChangefeedServicer, server: grpc.Server) -> None:
+    """The generated registration of the Changefeed service, with Subscribe and Fetch taking bytes too.
+
+    Their batches come serialized already (`changefeed._batch_response`): the
+    serializer passes bytes through and serializes every other message.
+    """
+    got = _Registration()
+    pb_grpc.add_ChangefeedServicer_to_server(servicer, got)
+    handlers = dict(got.handlers)
+    for name in ("Subscribe", "Fetch"):
+        handler = handlers[name]
+        handlers[name] = handler._replace(response_serializer=_bytes_or(handler.response_serializer))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(got.service, handlers),))
+    server.add_registered_method_handlers(got.service, handlers)
+
+
+def _bytes_or(serialize: Any) -> Any:
+    def serializer(message: object) -> bytes:
+        return message if type(message) is bytes else serialize(message)
+
+    return serializer

@@ -1,0 +1,3 @@
+from collections.abc import Sequence
+
+def batch_message(records: Sequence[tuple[int, bytes]]) -> bytes: ...
