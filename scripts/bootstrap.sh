@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything csnd needs on a fresh Debian machine: the Python venv with
-# the project (editable, its three C modules compiled) and its dev tools, the
+# the project (editable, its four C modules compiled) and its dev tools, the
 # PostgreSQL 15 server, a Java runtime for Spark and Chromium for the dashboard
 # tests.  Idempotent: what is already there is left alone.
 set -euo pipefail
@@ -10,9 +10,9 @@ need_apt=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need_apt+=(postgresql-15 postgresql-contrib)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
-# the live reader's compiled loop (reader/_txnscan.c), the decoders' row reader
-# (decoder/_rows.c) and the changelog's record encoding (csnd/changelog/_frames.c):
-# a C compiler, Python's headers and zlib's
+# the compiled modules (setup.py: the live reader's loop, the decoders' row reader,
+# the changelog's record encoding, the changefeed's batch messages): a C compiler,
+# Python's headers and zlib's
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     2>/dev/null || need_apt+=(python3-dev)
