@@ -14,7 +14,9 @@
  *
  * `codes` has one byte per column: 'h' int2, 'i' int4, 'q' int8, 'b' bool,
  * 's' a string type (text, varchar, bpchar, name: a JSON string of the UTF-8
- * value).  `keys` holds each column's `"name": ` as UTF-8 bytes, and `quote`
+ * value), 'N' numeric (numeric_out's text, quoted), 'T' timestamptz (binary
+ * only: ISO 8601 in UTC, quoted, for years 1-9999) and 'J' jsonb (jsonb_out's
+ * text as it is, checked only at its ends, as the twin does).  `keys` holds each column's `"name": ` as UTF-8 bytes, and `quote`
  * is json.encoder.encode_basestring, called for a string with a character
  * that needs escaping (or that is not ASCII), so the escapes are its own.
  *
@@ -135,13 +137,176 @@ put_string(Out *o, PyObject *quote, const unsigned char *p, Py_ssize_t n)
     return r < 0 ? -1 : 1;
 }
 
+/* Days since 1970-01-01 -> (year, month, day): Howard Hinnant's civil_from_days. */
+static void
+civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d)
+{
+    z += 719468;
+    const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    const unsigned doe = (unsigned)(z - era * 146097);
+    const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    const unsigned mp = (5 * doy + 2) / 153;
+    *d = doy - (153 * mp + 2) / 5 + 1;
+    *m = mp < 10 ? mp + 3 : mp - 9;
+    *y = (int64_t)yoe + era * 400 + (*m <= 2);
+}
+
+#define PG_EPOCH_UNIX_S 946684800LL /* 2000-01-01 */
+#define US 1000000LL
+
+/* `pg_time_to_iso`: microseconds since 2000-01-01 UTC as datetime.isoformat() with +00:00; 0 if out of years 1-9999. */
+static int
+iso_time(long long us, char *out, size_t size)
+{
+    long long seconds = us / US, micros = us % US;
+    if (micros < 0) { /* floor, as divmod */
+        micros += US;
+        seconds -= 1;
+    }
+    long long unix_s = seconds + PG_EPOCH_UNIX_S;
+    long long days = unix_s / 86400, in_day = unix_s % 86400;
+    if (in_day < 0) {
+        in_day += 86400;
+        days -= 1;
+    }
+    int64_t y;
+    unsigned m, d;
+    civil_from_days(days, &y, &m, &d);
+    if (y < 1 || y > 9999)
+        return 0;
+    int hh = (int)(in_day / 3600), mm = (int)(in_day / 60 % 60), ss = (int)(in_day % 60);
+    if (micros)
+        return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d.%06lld+00:00", (int)y, m, d, hh, mm, ss, micros);
+    return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d+00:00", (int)y, m, d, hh, mm, ss);
+}
+
+/* numeric_send's value as numeric_out writes it (what psycopg's Decimal prints): 1 written, 0 give up.
+   Gives up on anything numeric_send does not make: a length that is not its digits', a digit of
+   10000 or more, a non-zero digit past the display scale, an unknown sign. */
+static int
+put_numeric(Out *o, const unsigned char *p, Py_ssize_t n)
+{
+    if (n < 8)
+        return 0;
+    int ndigits = (p[0] << 8) | p[1];
+    int weight = (int16_t)((p[2] << 8) | p[3]);
+    unsigned sign = ((unsigned)p[4] << 8) | p[5];
+    int dscale = (p[6] << 8) | p[7];
+    if (n != 8 + 2 * (Py_ssize_t)ndigits)
+        return 0;
+    const char *special = sign == 0xC000 ? "\"NaN\"" : sign == 0xD000 ? "\"Infinity\"" : sign == 0xF000 ? "\"-Infinity\"" : NULL;
+    if (special != NULL)
+        return ndigits == 0 && out_put(o, special, (Py_ssize_t)strlen(special)) < 0 ? -1 : ndigits == 0;
+    if ((sign != 0x0000 && sign != 0x4000) || dscale > 1000 || weight > 250 || weight < -250)
+        return 0;
+    int nonzero = 0;
+    for (int i = 0; i < ndigits; i++) {
+        int d = (p[8 + 2 * i] << 8) | p[9 + 2 * i];
+        if (d >= 10000)
+            return 0;
+        nonzero |= d != 0;
+        /* the digit group i stands for 10^(4 * (weight - i)): past the scale it must be zero there */
+        int last_place = 4 * (weight - i); /* the exponent of its lowest decimal digit */
+        if (d != 0 && last_place < -dscale) {
+            int keep = last_place + 4 + dscale; /* its digits that lie within the scale, 0..3 */
+            int drop = 4 - keep, div = 1;
+            for (int k = 0; k < drop; k++)
+                div *= 10;
+            if (keep < 0 || d % div != 0)
+                return 0;
+        }
+    }
+    char buf[4200];
+    Py_ssize_t len = 0;
+    buf[len++] = '"';
+    if (sign == 0x4000 && nonzero)
+        buf[len++] = '-';
+    /* the integer part: groups of weight .. 0 (the first without its leading zeros) */
+    int wrote = 0;
+    for (int g = 0; g <= weight; g++) {
+        int i = g; /* group index for 10^(4 * (weight - g)) */
+        int d = i < ndigits ? (p[8 + 2 * i] << 8) | p[9 + 2 * i] : 0;
+        if (!wrote) {
+            if (d == 0)
+                continue;
+            len += snprintf(buf + len, 8, "%d", d);
+            wrote = 1;
+        } else {
+            len += snprintf(buf + len, 8, "%04d", d);
+        }
+    }
+    if (!wrote)
+        buf[len++] = '0';
+    if (dscale > 0) {
+        buf[len++] = '.';
+        /* the fraction's groups: index weight + 1 + k for 10^(-4 (k + 1)) */
+        for (int k = 0, place = 0; place < dscale; k++) {
+            int i = weight + 1 + k;
+            int d = i >= 0 && i < ndigits ? (p[8 + 2 * i] << 8) | p[9 + 2 * i] : 0;
+            char four[5];
+            snprintf(four, sizeof four, "%04d", d);
+            for (int c = 0; c < 4 && place < dscale; c++, place++)
+                buf[len++] = four[c];
+        }
+    }
+    buf[len++] = '"';
+    return out_put(o, buf, len) < 0 ? -1 : 1;
+}
+
+/* jsonb_out's text (a binary value: after its version byte 1) as `_jsonb_text` takes it: checked
+   only at its two ends, as UTF-8.  1 written, 0 give up. */
+static int
+put_jsonb(Out *o, const unsigned char *p, Py_ssize_t n)
+{
+    if (n < 1)
+        return 0;
+    unsigned char first = p[0], last = p[n - 1];
+    char close = first == '{' ? '}' : first == '[' ? ']' : first == '"' ? '"' : first == 't' ? 'e'
+               : first == 'f' ? 'e' : first == 'n' ? 'l' : 0;
+    int digit_ends = (first == '-' || (first >= '0' && first <= '9')) && last >= '0' && last <= '9';
+    if (!((close && last == (unsigned char)close && n > 1) || digit_ends))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] >= 0x80) { /* not ASCII: it must be UTF-8, as the text the twin decodes */
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+            if (text == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                    return -1;
+                PyErr_Clear();
+                return 0;
+            }
+            Py_DECREF(text);
+            break;
+        }
+    }
+    return out_put(o, (const char *)p, n) < 0 ? -1 : 1;
+}
+
 /* One value of column code `code`, of form `kind`, at p[0:n]: 1 written, 0 give up, -1 error. */
 static int
 put_value(Out *o, PyObject *quote, char code, int kind, const unsigned char *p, Py_ssize_t n)
 {
-    char digits[24];
-    if (code == 's')
+    char digits[48];
+    if (code == 's' || (code == 'N' && kind == KIND_TEXT)) /* (numeric's text form: numeric_out's, quoted) */
         return put_string(o, quote, p, n);
+    if (code == 'N')
+        return put_numeric(o, p, n);
+    if (code == 'J') {
+        if (kind == KIND_BINARY && (n < 1 || p[0] != 1))
+            return 0; /* (jsonb_send: version 1, then jsonb_out's text) */
+        return kind == KIND_BINARY ? put_jsonb(o, p + 1, n - 1) : put_jsonb(o, p, n);
+    }
+    if (code == 'T') { /* timestamptz: binary microseconds from 2000 in years 1-9999; else the twin */
+        if (kind != KIND_BINARY || n != 8)
+            return 0;
+        digits[0] = '"';
+        int len = iso_time((long long)be_signed(p, 8), digits + 1, sizeof digits - 2);
+        if (len <= 0)
+            return 0;
+        digits[len + 1] = '"';
+        return out_put(o, digits, len + 2) < 0 ? -1 : 1;
+    }
     if (kind == KIND_TEXT) {
         if (code == 'b') {
             if (n != 1 || (p[0] != 't' && p[0] != 'f'))
@@ -254,50 +419,6 @@ error:
     out_free(&o);
     PyBuffer_Release(&view);
     return NULL;
-}
-
-/* Days since 1970-01-01 -> (year, month, day): Howard Hinnant's civil_from_days. */
-static void
-civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d)
-{
-    z += 719468;
-    const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-    const unsigned doe = (unsigned)(z - era * 146097);
-    const unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    const unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    const unsigned mp = (5 * doy + 2) / 153;
-    *d = doy - (153 * mp + 2) / 5 + 1;
-    *m = mp < 10 ? mp + 3 : mp - 9;
-    *y = (int64_t)yoe + era * 400 + (*m <= 2);
-}
-
-#define PG_EPOCH_UNIX_S 946684800LL /* 2000-01-01 */
-#define US 1000000LL
-
-/* `pg_time_to_iso`: microseconds since 2000-01-01 UTC as datetime.isoformat() with +00:00; 0 if out of years 1-9999. */
-static int
-iso_time(long long us, char *out, size_t size)
-{
-    long long seconds = us / US, micros = us % US;
-    if (micros < 0) { /* floor, as divmod */
-        micros += US;
-        seconds -= 1;
-    }
-    long long unix_s = seconds + PG_EPOCH_UNIX_S;
-    long long days = unix_s / 86400, in_day = unix_s % 86400;
-    if (in_day < 0) {
-        in_day += 86400;
-        days -= 1;
-    }
-    int64_t y;
-    unsigned m, d;
-    civil_from_days(days, &y, &m, &d);
-    if (y < 1 || y > 9999)
-        return 0;
-    int hh = (int)(in_day / 3600), mm = (int)(in_day / 60 % 60), ss = (int)(in_day % 60);
-    if (micros)
-        return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d.%06lld+00:00", (int)y, m, d, hh, mm, ss, micros);
-    return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d+00:00", (int)y, m, d, hh, mm, ss);
 }
 
 static PyObject *

@@ -285,6 +285,7 @@ _build_catalogue()
 _COMPILED_TYPES: Final = {
     "int2": "h", "int4": "i", "int8": "q", "bool": "b",
     "text": "s", "varchar": "s", "bpchar": "s", "name": "s",
+    "numeric": "N", "timestamptz": "T", "jsonb": "J",
 }  # fmt: skip
 _COMPILED_CODES: Final[dict[tuple[BinaryJson, TextJson], str]] = {}
 for _name, _code in _COMPILED_TYPES.items():
