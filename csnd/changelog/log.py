@@ -319,11 +319,7 @@ class Changelog:
 
         def step() -> None:
             self._flush()  # (what is pending goes first: it comes before this record)
-            seg = self._segments[-1] if self._segments else None
-            if seg is None or (seg.written >= self.segment_bytes and seg.w_last_csn):
-                seg = self._roll(csn)
-                header = rec.encode_header(rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn))
-                self._write(seg, [header], 0)
+            seg = self._segment_for(csn)
             self._write(seg, [bytes(rec.FRAME_HEAD)], len(seg.index_csns))
             self._open = _OpenRecord(csn, t, seg, seg.written)
 
@@ -478,56 +474,54 @@ class Changelog:
             raise self._failed from e
 
     def _flush(self) -> None:
+        """Write the pending records, each into the segment it falls in."""
         if not self._pending:
             return
-        frames, meta, size = self._pending, self._pending_meta, self._pending_bytes
+        frames, meta = self._pending, self._pending_meta
         self._pending, self._pending_meta, self._pending_bytes = [], [], 0
+        starts = list(itertools.accumulate(map(len, frames), initial=0))  # (where each starts among them)
+        placed = 0
+        while placed < len(frames):
+            placed = self._place(self._segment_for(meta[placed][0]), frames, meta, starts, placed)
+
+    def _segment_for(self, csn: int) -> sg.Segment:
+        """The segment the record of `csn` goes into: the last, or a new one (its header written) once it is full."""
         seg = self._segments[-1] if self._segments else None
-        if seg is not None and seg.written + size - len(frames[-1]) < self.segment_bytes:
-            self._place(seg, frames, meta)  # (no record of them starts a new segment)
-            return
-        chunk: list[bytes] = []
-        new_entries = len(self._segments[-1].index_csns) if self._segments else 0
-        for frame, (csn, t) in zip(frames, meta, strict=True):
-            seg = self._segments[-1] if self._segments else None
-            if seg is None or (seg.written >= self.segment_bytes and seg.w_last_csn):
-                if seg is not None:
-                    self._write(seg, chunk, new_entries)
-                    chunk = []
-                seg = self._roll(csn)
-                chunk.append(rec.encode_header(rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)))
-                new_entries = 0
-            if not seg.index_offs or seg.written - seg.index_offs[-1] >= self._interval:
-                seg.index_csns.append(csn)
-                seg.index_offs.append(seg.written)
-            chunk.append(frame)
-            seg.written += len(frame)
-            seg.w_last_csn, seg.w_last_time = csn, t
-        self._write(self._segments[-1], chunk, new_entries)
+        if seg is None or (seg.written >= self.segment_bytes and seg.w_last_csn):
+            seg = self._roll(csn)
+            self._write(seg, [rec.encode_header(rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn))], 0)
+        return seg
 
-    def _place(self, seg: sg.Segment, frames: list[bytes], meta: list[tuple[int, int]]) -> None:
-        """`_flush`'s loop for records that all go in `seg`, with a step per index entry, not per record.
+    def _place(
+        self, seg: sg.Segment, frames: list[bytes], meta: list[tuple[int, int]], starts: list[int], first: int
+    ) -> int:
+        """Write `frames[first:]` into `seg` up to the first that would start past its size; the index after it.
 
-        A run of small records is the common case (one-row transactions: the
-        loop's per-record Python was a twentieth of `csnd serve`); the index
-        takes each record `interval` bytes or more after the last indexed one
-        (`record.sparse`), found by bisecting the records' offsets.
+        `starts[k]` is where frame k starts among the frames (`starts[-1]` where
+        they end).  The first always goes in (`_segment_for` chose the segment
+        for it), and each after it that starts below `segment_bytes`: a segment
+        passes its size by one record at most.  The index takes each record
+        `interval` bytes or more after the last indexed one (`record.sparse`),
+        found by bisecting: a step per index entry, not per record (one-row
+        transactions: a loop per record was a twentieth of `csnd serve`).
         """
+        shift = seg.written - starts[first]  # (frame k starts at starts[k] + shift in the segment)
+        end = bisect_left(starts, self.segment_bytes - shift, first + 1, len(frames))
         new_entries = len(seg.index_csns)
-        offsets = list(itertools.accumulate(map(len, frames), initial=seg.written))
-        index_csns, index_offs, n = seg.index_csns, seg.index_offs, len(frames)
-        i = 0
+        index_csns, index_offs = seg.index_csns, seg.index_offs
+        k = first
         if not index_offs:
-            index_csns.append(meta[0][0])
-            index_offs.append(offsets[0])
-            i = 1
-        while (i := bisect_left(offsets, index_offs[-1] + self._interval, i, n)) < n:
-            index_csns.append(meta[i][0])
-            index_offs.append(offsets[i])
-            i += 1
-        seg.written = offsets[n]
-        seg.w_last_csn, seg.w_last_time = meta[-1]
-        self._write(seg, frames, new_entries)
+            index_csns.append(meta[k][0])
+            index_offs.append(starts[k] + shift)
+            k += 1
+        while (k := bisect_left(starts, index_offs[-1] + self._interval - shift, k, end)) < end:
+            index_csns.append(meta[k][0])
+            index_offs.append(starts[k] + shift)
+            k += 1
+        seg.written = starts[end] + shift
+        seg.w_last_csn, seg.w_last_time = meta[end - 1]
+        self._write(seg, frames[first:end], new_entries)
+        return end
 
     def _write(self, seg: sg.Segment, chunk: list[bytes], first_new_entry: int) -> None:
         data = b"".join(chunk)
