@@ -61,6 +61,25 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
+def reaped_cpu_seconds(pid: int) -> float:
+    """cutime + cstime of `pid`: what its children that exited and were waited for had spent."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return 0.0
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process under `pid` (children first, then theirs)."""
+    out, todo = [], _children(pid)
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo += _children(child)
+    return out
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():

@@ -35,7 +35,11 @@ start-up taken out: the steady rate), and one streaming query with
 Trigger.AvailableNow into foreachBatch (start-up included).  Ratios are
 best against best, and (`median`) the median over rounds of each round's
 steady ratio: a round reads every path back to back, so its ratio sees one
-minute of the machine, where one quiet round sets a best.
+minute of the machine, where one quiet round sets a best.  After the
+rounds, the CPU seconds of each process group (this process, which serves
+the changelog; Spark's JVM; Spark's Python processes) per million rows are
+read from /proc around two more reads of every row, less two reads of one
+transaction: where each path's time goes on two cores.
 
 Latency: a writer appends transactions to the served changelog at a steady
 rate (each line's commit_time is the moment it is made, and it is synced
@@ -176,6 +180,9 @@ def kept_batches(path: str, lo: int, hi: int) -> list[Any]:
     return KEPT[key]
 
 
+# Reads of every row (less as many of one transaction) whose CPU is counted, per path.
+CPU_READS = 2
+
 KINDS = ("csnd", "csnd-bytes", "csnd-lines", "ceiling", "mechanism", "export", "parquet")
 
 
@@ -283,6 +290,18 @@ def run(transactions: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[
                     "steady_rows_per_s": rows / max(1e-9, whole - start),
                 }
             )
+    # CPU of each process group per million rows beyond a read of one transaction:
+    # where a path's time goes, which a ratio of rates on a shared machine cannot show.
+    cpu: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        spent = dict.fromkeys(("service", "jvm", "python"), 0.0)
+        for last, sign in ((transactions, 1), (1, -1)) * CPU_READS:
+            before = process_cpu()
+            batch_read(kind, last)
+            after = process_cpu()
+            for group in spent:
+                spent[group] += sign * (after[group] - before[group])
+        cpu[kind] = {group: max(0.0, s) * 1e6 / (rows * CPU_READS) for group, s in spent.items()}
     server.stop()
     log.close()
     spark.stop()
@@ -312,6 +331,7 @@ def run(transactions: int, rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[
                 "steady_ratio_median": paired[k],
                 "batch_ratio": v["batch_rows_per_s"] / base["batch_rows_per_s"],
                 "stream_ratio": v["stream_rows_per_s"] / base["stream_rows_per_s"],
+                "cpu_s_per_million_rows": cpu[k],
             }
             for k, v in best.items()
         },
@@ -387,6 +407,29 @@ def latency(seconds: float = 30.0, rate: float = 200.0, warm_up: float = 10.0) -
     }
 
 
+def process_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process (it serves the changelog), Spark's JVM, and its Python processes.
+
+    The Python processes are every one under the JVM (the worker daemon, its
+    workers, a streaming query's planner), living or exited and reaped.
+    """
+    from bench.loadkit import cpu_seconds, descendants, reaped_cpu_seconds
+
+    out = {"service": cpu_seconds(os.getpid()) or 0.0, "jvm": 0.0, "python": 0.0}
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                is_jvm = f.read().strip() == "java"
+        except OSError:
+            continue
+        if is_jvm:
+            out["jvm"] += cpu_seconds(pid) or 0.0
+            out["python"] += reaped_cpu_seconds(pid)
+        else:
+            out["python"] += (cpu_seconds(pid) or 0.0) + reaped_cpu_seconds(pid)
+    return out
+
+
 def _export(log: Any, directory: str, file_rows: int) -> float:
     """Runs the Parquet export over the whole changelog; the seconds it took to write it all."""
     from csnd.service.parquet import ParquetExport
@@ -440,6 +483,12 @@ def main() -> None:
                 f"  {kind:<12} {v['steady_rows_per_s']:>14,.0f} {v['steady_ratio']:>6.2f} {v['steady_ratio_median']:>6.2f} "
                 f"{v['batch_rows_per_s']:>13,.0f} {v['batch_ratio']:>6.2f} "
                 f"{v['stream_rows_per_s']:>14,.0f} {v['stream_ratio']:>6.2f} {v['start_s']:>10.2f}"
+            )
+        print("  CPU s per million rows beyond a one-transaction read (service / JVM / Python workers):")
+        for kind, v in r["paths"].items():
+            c = v["cpu_s_per_million_rows"]
+            print(
+                f"  {kind:<12} {c['service']:>6.2f} {c['jvm']:>6.2f} {c['python']:>6.2f}  all {sum(c.values()):.2f}"
             )
         print(
             f"  the service built the rows (its first read) at {r['service_build_rows_per_s']:,.0f} rows/s; "
