@@ -34,29 +34,38 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 # The Spark schema, as DDL (DataSource.schema) and as Arrow (what `read` yields).
+# Only gid (single mode), old, new and key (a line written before changes had
+# one) may be null; every other column always has a value, and the schema says
+# so: Spark then reads those values without a null check, which through Arrow's
+# Java vectors cost a tenth of its time on the rows (docs/performance.md).
 SCHEMA_DDL: Final = (
-    "csn long, gid string, commit_time timestamp, seq int, node string, xid long, cid int, "
-    "lsn string, op string, schema string, table string, old string, new string, unchanged array<string>, "
-    "key array<string>"
+    "csn long NOT NULL, gid string, commit_time timestamp NOT NULL, seq int NOT NULL, "
+    "node string NOT NULL, xid long NOT NULL, cid int NOT NULL, lsn string NOT NULL, op string NOT NULL, "
+    "schema string NOT NULL, table string NOT NULL, old string, new string, "
+    "unchanged array<string> NOT NULL, key array<string>"
 )
+NULLABLE: Final = frozenset(("gid", "old", "new", "key"))
 ARROW_SCHEMA: Final = pa.schema(
     [
-        ("csn", pa.int64()),
-        ("gid", pa.string()),
-        # Spark hands Python data sources timestamps as microseconds in UTC.
-        ("commit_time", pa.timestamp("us", tz="UTC")),
-        ("seq", pa.int32()),
-        ("node", pa.string()),
-        ("xid", pa.int64()),
-        ("cid", pa.int32()),
-        ("lsn", pa.string()),
-        ("op", pa.string()),
-        ("schema", pa.string()),
-        ("table", pa.string()),
-        ("old", pa.string()),
-        ("new", pa.string()),
-        ("unchanged", pa.list_(pa.string())),
-        ("key", pa.list_(pa.string())),
+        pa.field(name, column_type, nullable=name in NULLABLE)
+        for name, column_type in (
+            ("csn", pa.int64()),
+            ("gid", pa.string()),
+            # Spark hands Python data sources timestamps as microseconds in UTC.
+            ("commit_time", pa.timestamp("us", tz="UTC")),
+            ("seq", pa.int32()),
+            ("node", pa.string()),
+            ("xid", pa.int64()),
+            ("cid", pa.int32()),
+            ("lsn", pa.string()),
+            ("op", pa.string()),
+            ("schema", pa.string()),
+            ("table", pa.string()),
+            ("old", pa.string()),
+            ("new", pa.string()),
+            ("unchanged", pa.list_(pa.string())),
+            ("key", pa.list_(pa.string())),
+        )
     ]
 )
 COLUMNS: Final = tuple(ARROW_SCHEMA.names)
@@ -288,7 +297,37 @@ class RowBuilder:
                 )
             )
         arrays.append(pa.array(cols[-1], ARROW_SCHEMA.field("key").type))
-        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        batch = pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+        missing = nulls_where_never_null(batch)  # (pyarrow lets a NOT NULL column hold nulls)
+        if missing:
+            nulls = batch.column(missing[0]).is_null().to_numpy(zero_copy_only=False)
+            txn = int(np.searchsorted(np.cumsum(counts), int(np.flatnonzero(nulls)[0]), side="right"))
+            raise ValueError(f"csn {t_csn[txn]}: a change has no {missing[0]}")
+        return batch
+
+
+def source_rows(batch: pa.RecordBatch) -> pa.RecordBatch | None:
+    """`batch` as rows of ARROW_SCHEMA, or None if it does not hold them.
+
+    Spark trusts a NOT NULL column: a null there is read as garbage, not
+    refused, and pyarrow does not check it either.  So a batch from anywhere
+    but this process's RowBuilder is checked here (the counts are kept with
+    the batch: no row is looked at).  A service of an earlier version built
+    its rows with every column nullable: the same columns, once checked, are
+    given the schema's flags (without a copy).
+    """
+    schema = batch.schema
+    if not schema.equals(ARROW_SCHEMA):
+        if schema.names != ARROW_SCHEMA.names or schema.types != ARROW_SCHEMA.types:
+            return None
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=ARROW_SCHEMA)
+    return None if nulls_where_never_null(batch) else batch
+
+
+def nulls_where_never_null(batch: pa.RecordBatch) -> list[str]:
+    """The NOT NULL columns of ARROW_SCHEMA in which `batch` (of its columns) has a null."""
+    columns = zip(ARROW_SCHEMA, batch.columns, strict=True)
+    return [field.name for field, column in columns if column.null_count and not field.nullable]
 
 
 # What pyarrow raises for a value its column's type cannot hold.

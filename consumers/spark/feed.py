@@ -29,7 +29,7 @@ import grpc
 import pyarrow as pa
 
 from csnd.consumers.client import CHANNEL_OPTIONS, WholeLines, permanent_error, wait_reachable
-from csnd.consumers.spark.columns import ARROW_SCHEMA, keep_tables
+from csnd.consumers.spark.columns import ARROW_SCHEMA, keep_tables, nulls_where_never_null, source_rows
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
 from csnd.core.hostid import host_id
@@ -225,7 +225,7 @@ class MappedSpans:
                 self._map, self._path = pa.memory_map(span.path), span.path
             self._map.seek(span.offset)
             data = self._map.read_buffer(span.length)
-            batch = pa.ipc.open_stream(data, options=_ONE_THREAD).read_next_batch()
+            found = pa.ipc.open_stream(data, options=_ONE_THREAD).read_next_batch()
         except (OSError, pa.ArrowInvalid, StopIteration) as e:  # (pyarrow's IOError is an OSError)
             log.info(
                 "csnd source: %s: the rows after csn %d are received instead of read from %s (%s); "
@@ -236,9 +236,10 @@ class MappedSpans:
                 e,
             )
             return None
+        batch = source_rows(found)
         if (
-            len(data) != span.length
-            or not batch.schema.equals(ARROW_SCHEMA)
+            batch is None
+            or len(data) != span.length
             or batch.num_rows != span.rows
             or (batch.num_rows and batch.column(0)[0].as_py() <= span.after_csn)
         ):
@@ -252,8 +253,8 @@ class MappedSpans:
                 span.offset,
                 span.path,
                 len(data),
-                batch.num_rows,
-                "its schema" if batch.schema.equals(ARROW_SCHEMA) else "another schema",
+                found.num_rows,
+                "the source's columns" if batch is not None else "not the source's columns",
             )
             return None
         return batch
@@ -273,12 +274,20 @@ def _ipc_batch(opts: SourceOptions, lo: int, hi: int, data: bytes) -> pa.RecordB
             f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] that are not an Arrow IPC "
             f"stream ({e or 'no record batch'})"
         ) from None
-    if not batch.schema.equals(ARROW_SCHEMA):
+    rows = source_rows(batch)
+    if rows is None:
         raise ChangefeedError(
-            f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] in another schema than the "
-            f"source's ({batch.schema.names}); are the service and the source the same csnd version?"
+            f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] that are not the source's "
+            f"columns ({_columns_said(batch)}); are the service and the source the same csnd version?"
         )
-    return batch
+    return rows
+
+
+def _columns_said(batch: pa.RecordBatch) -> str:
+    """What is wrong with `batch`'s columns, in a few words, for an error."""
+    if batch.schema.names != ARROW_SCHEMA.names or batch.schema.types != ARROW_SCHEMA.types:
+        return f"columns {batch.schema.names}"
+    return f"nulls in {', '.join(nulls_where_never_null(batch))}, which are never null"
 
 
 def csns_after(opts: SourceOptions, start: int, until: int, limit: int) -> list[int]:

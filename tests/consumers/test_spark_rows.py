@@ -5,11 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.consumers.spark.columns import _CHANGE_SEP, ARROW_SCHEMA, COLUMNS, RowBuilder, _fast, _walk, flatten
+from csnd.consumers.spark.columns import (
+    _CHANGE_SEP,
+    ARROW_SCHEMA,
+    COLUMNS,
+    NULLABLE,
+    RowBuilder,
+    _fast,
+    _walk,
+    flatten,
+    source_rows,
+)
 
 _enc = json.JSONEncoder(ensure_ascii=False).encode
 
@@ -283,3 +294,47 @@ def test_bad_lines_name_the_csn(line: bytes, says: str) -> None:
     with pytest.raises(ValueError, match="csn 1") as e:
         RowBuilder().add(1, line)
     assert says in str(e.value)
+
+
+def two_change_line(csn: int) -> bytes:
+    txn = json.loads(txn_example())
+    txn["csn"] = csn
+    return json.dumps(txn).encode()
+
+
+@pytest.mark.parametrize("field", ["lsn", "op", "schema", "table", "cid", "commit_time"])
+def test_a_change_without_a_never_null_field_names_its_csn_and_the_field(field: str) -> None:
+    # (Spark reads a NOT NULL column without a null check: a null there would be garbage)
+    good = json.loads(two_change_line(7))
+    bad = json.loads(two_change_line(8))
+    if field == "commit_time":
+        bad[field] = None
+    else:
+        bad["changes"][1][field] = None
+    b = RowBuilder()
+    b.add(7, json.dumps(good).encode())
+    b.add(8, json.dumps(bad).encode())
+    with pytest.raises(ValueError, match=f"csn 8: .*{field}"):
+        b.take()
+
+
+def test_only_gid_old_new_and_key_may_be_null() -> None:
+    assert {f.name for f in ARROW_SCHEMA if f.nullable} == NULLABLE == {"gid", "old", "new", "key"}
+    batch = flatten([(1, two_change_line(1))])
+    assert source_rows(batch) is batch
+
+
+def test_rows_of_an_earlier_service_are_given_the_schema_and_nulls_refused() -> None:
+    batch = flatten([(1, two_change_line(1)), (2, two_change_line(2))])
+    # (a service of an earlier version: the same columns, every one nullable)
+    loose = pa.schema([f.with_nullable(True) for f in ARROW_SCHEMA])
+    earlier = pa.RecordBatch.from_arrays(batch.columns, schema=loose)
+    rows = source_rows(earlier)
+    assert rows is not None and rows.schema.equals(ARROW_SCHEMA) and rows.equals(batch)
+    lsn = ARROW_SCHEMA.get_field_index("lsn")
+    holed = earlier.set_column(lsn, loose.field(lsn), pa.array(["0/1", None, "0/3", "0/4"], pa.string()))
+    assert source_rows(holed) is None
+    # (a NOT NULL flag does not make pyarrow refuse a null: the counts are checked)
+    strict = pa.RecordBatch.from_arrays(holed.columns, schema=ARROW_SCHEMA)
+    assert source_rows(strict) is None
+    assert source_rows(batch.drop_columns(["key"])) is None

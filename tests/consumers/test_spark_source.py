@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from csnd.changelog import Changelog, SubscriptionStore
+from csnd.consumers.spark.columns import ARROW_SCHEMA
 from csnd.service import RunningServer, start_changefeed
 from tests.consumers.test_spark_rows import brute
 
@@ -90,6 +91,16 @@ def expected_rows(lines: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
 def test_batch_read_equals_the_lines_flattened(spark: Any, served: Served) -> None:
     df = spark.read.format("csnd").option("target", served.target).load()
     assert df.columns == COLS
+    # (Spark reads the NOT NULL columns without a null check; a stream's are the same)
+    nullable = [f.nullable for f in ARROW_SCHEMA]
+    assert (
+        [f.nullable for f in df.schema]
+        == nullable
+        == [f.name in {"gid", "old", "new", "key"} for f in df.schema]
+    )
+    assert [
+        f.nullable for f in spark.readStream.format("csnd").option("target", served.target).load().schema
+    ] == nullable
     assert rows_of(df) == expected_rows(served.lines)
     # A middle range and a table filter, in parallel partitions.
     lo, hi = served.lines[20][0], served.lines[60][0]
