@@ -15,7 +15,10 @@ but is inside a range.  `spark.read.parquet(DIR).where(...)` reads them, and
 Spark's file-stream source streams them exactly once: a file appears whole,
 by rename, and is never changed (its checkpoint remembers the files it
 took).  Names starting with `_` or `.` are hidden from Spark: the ranges
-file and the files being written.
+file and the files being written.  The files' modification times increase
+with their CSNs, by a millisecond at least: that source takes new files
+oldest first, so even a stream that takes a few at a time
+(maxFilesPerTrigger) takes them in CSN order.
 
 A file is cut once it holds FILE_ROWS rows, or when transactions have waited
 FILE_WAIT_S for more; stopping writes what is pending.  A restart resumes
@@ -28,6 +31,7 @@ records are written, and none of an initial snapshot before it is complete
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,6 +56,7 @@ FILE_ROWS: Final = 200_000
 # the Parquet copy may run behind the changelog when the load is light.
 FILE_WAIT_S: Final = 10.0
 RANGES: Final = "_csnd_ranges.json"
+_NS_PER_MS: Final = 1_000_000
 _NAME_RE: Final = re.compile(r"^csn-(\d{20})-(\d{20})\.parquet$")
 
 
@@ -167,6 +172,7 @@ class ParquetExport:
         path = os.path.join(self.directory, name)
         tmp = os.path.join(self.directory, f".{name}.tmp")
         pq.write_table(pa.Table.from_batches([batch]), tmp)
+        self._stamp(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
         sync_directory(path)
@@ -175,6 +181,22 @@ class ParquetExport:
         self.rows += rows
         self._retain()
         self._write_ranges()
+
+    def _stamp(self, tmp: str) -> None:
+        """Gives the new file a modification time a millisecond or more after the newest file's.
+
+        Spark's file-stream source takes new files oldest first, by their
+        times in milliseconds; with maxFilesPerTrigger it takes them in CSN
+        order only if those increase.  The kernel stamps files from a coarse
+        clock (a few milliseconds), which two files cut in quick succession
+        can share, and a clock stepped back would order them the wrong way.
+        """
+        newest = 0
+        if self.files:
+            with contextlib.suppress(FileNotFoundError):  # (removed by hand: no time to follow)
+                newest = os.stat(os.path.join(self.directory, self.files[-1].name)).st_mtime_ns // _NS_PER_MS
+        ms = max(time.time_ns() // _NS_PER_MS, newest + 1)
+        os.utime(tmp, ns=(ms * _NS_PER_MS, ms * _NS_PER_MS))
 
     def _retain(self) -> None:
         """Remove the files whose every transaction the changelog's retention has dropped."""

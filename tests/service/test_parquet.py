@@ -75,6 +75,29 @@ def test_files_cover_contiguous_ranges_with_every_row_once(tmp_path: Path) -> No
         assert rows.equals(pa.Table.from_batches([flatten(sorted({**written, **more}.items()))]))
 
 
+def _mtimes_ms(directory: Path) -> list[int]:
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
+    return [os.stat(directory / n).st_mtime_ns // 1_000_000 for n in names]
+
+
+def test_modification_times_increase_with_the_csns_even_when_the_clock_steps_back(tmp_path: Path) -> None:
+    # (Spark's file-stream source takes new files oldest first, by their times in milliseconds)
+    with Changelog(str(tmp_path / "log")) as log:
+        _append(log, range(1, 301))
+        out = tmp_path / "pq"
+        _export(log, out, 300, file_rows=5)  # (many files, cut faster than the kernel's file clock ticks)
+        times = _mtimes_ms(out)
+        assert len(times) > 40 and all(a < b for a, b in itertools.pairwise(times))
+        # The newest file dated a minute ahead, as if the clock had since stepped back.
+        newest = max(out.glob("csn-*.parquet"))
+        ahead = os.stat(newest).st_mtime_ns + 60 * 10**9
+        os.utime(newest, ns=(ahead, ahead))
+        _append(log, range(301, 321))
+        _export(log, out, 320, file_rows=5)
+        times = _mtimes_ms(out)
+        assert len(times) > 44 and all(a < b for a, b in itertools.pairwise(times))
+
+
 def test_a_light_load_is_written_after_a_wait_and_a_stop_writes_what_is_pending(tmp_path: Path) -> None:
     with Changelog(str(tmp_path / "log")) as log:
         _append(log, [1, 2, 3])
