@@ -3,9 +3,12 @@
     python -m csnd.consumers.examples.current_state --target HOST:PORT \\
         --table public.acct --checkpoint DIR [--key COLUMN,...] \\
         [--parquet DIR] [--postgres DSN] [--max-transactions N] [--available-now]
+    python -m csnd.consumers.examples.current_state --export DIR ... [--max-files N]
 
 A Structured Streaming query reads the `csnd` source (only the table's
-changes: option `tables`) and, in foreachBatch, applies each micro-batch's
+changes: option `tables`) -- or, with --export, the files `csnd serve
+--parquet-dir` writes, with Spark's own file-stream source -- and, in
+foreachBatch, applies each micro-batch's
 changes in (csn, seq) order -- an initial snapshot's reads, inserts and
 updates upsert the row by its key, deletes remove it, a truncate empties the
 copy; an update's `unchanged` (TOAST) columns keep their previous values --
@@ -28,7 +31,8 @@ The sinks:
 
 Exactly once: Spark re-runs a micro-batch it had not committed when it died
 with the same batch id and the same CSN range (offsets are CSNs, and the
-range is in the checkpoint before the batch runs).  Each sink records the
+range is in the checkpoint before the batch runs; from the export, the same
+files, which appear whole, never change, and are taken in CSN order).  Each sink records the
 batch id with the data, atomically, and skips a batch id it already holds,
 so a kill -9 at any moment followed by a restart from the checkpoint leaves
 every change applied exactly once.
@@ -222,9 +226,33 @@ def apply_to_postgres(dsn: str, table: str, batch_id: int, changes: list[tuple[i
 # --- the job -------------------------------------------------------------------------------
 
 
+def export_stream(spark: Any, directory: str, table: str, max_files: int | None) -> Any:
+    """The table's rows in `csnd serve --parquet-dir`'s files, streamed by Spark's file source.
+
+    Each row's `seq` counts every change of its transaction (the export
+    keeps every table's), which orders the table's changes as well.  A
+    stream that falls behind the service's retention finds the files of the
+    transactions it dropped gone: the names' CSN ranges show the gap.
+    """
+    from csnd.consumers.spark.columns import SCHEMA_DDL
+
+    schema, _, name = table.partition(".")
+    reader = spark.readStream.schema(SCHEMA_DDL)
+    if max_files:
+        reader = reader.option("maxFilesPerTrigger", str(max_files))
+    df = reader.parquet(directory)
+    return df.where((df["schema"] == schema) & (df["table"] == name))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="current_state", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help="HOST:PORT of csnd serve")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--target", help="HOST:PORT of csnd serve (read with the csnd source)")
+    source.add_argument(
+        "--export",
+        metavar="DIR",
+        help="the directory csnd serve --parquet-dir writes (read with Spark's file source)",
+    )
     p.add_argument("--table", required=True, help="SCHEMA.TABLE to copy")
     p.add_argument(
         "--key", help="comma-separated key columns (default: each change's own, as the stream names them)"
@@ -232,22 +260,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
     p.add_argument("--parquet", help="directory of the Parquet copy")
     p.add_argument("--postgres", help="DSN of the PostgreSQL copy")
-    p.add_argument("--max-transactions", type=int, help="maxTransactionsPerTrigger")
+    p.add_argument("--max-transactions", type=int, help="maxTransactionsPerTrigger (the csnd source)")
+    p.add_argument("--max-files", type=int, help="maxFilesPerTrigger (--export)")
     p.add_argument("--available-now", action="store_true", help="read what is there now, then exit")
     args = p.parse_args(argv)
     key = [k.strip() for k in (args.key or "").split(",") if k.strip()] or None
     if not (args.parquet or args.postgres):
         p.error("give --parquet DIR, --postgres DSN or both")
+    if (args.export and args.max_transactions) or (args.target and args.max_files):
+        p.error("--max-transactions goes with --target, --max-files with --export")
 
     from csnd.consumers.spark.session import local_session
 
     spark = local_session("csnd-current-state")
     if args.postgres:
         prepare_postgres(args.postgres, args.table)
-    reader = spark.readStream.format("csnd").option("target", args.target).option("tables", args.table)
-    reader = reader.option("name", f"current-state-{pg_table(args.table)}")
-    if args.max_transactions:
-        reader = reader.option("maxTransactionsPerTrigger", str(args.max_transactions))
+    if args.export:
+        changes_df = export_stream(spark, args.export, args.table, args.max_files)
+    else:
+        reader = spark.readStream.format("csnd").option("target", args.target).option("tables", args.table)
+        reader = reader.option("name", f"current-state-{pg_table(args.table)}")
+        if args.max_transactions:
+            reader = reader.option("maxTransactionsPerTrigger", str(args.max_transactions))
+        changes_df = reader.load()
 
     def each_batch(df: Any, batch_id: int) -> None:
         # One table's changes of a micro-batch, in CSN order: the order they must be applied in.
@@ -259,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             apply_to_postgres(args.postgres, args.table, batch_id, changes)
         print(f"current_state: batch {batch_id}: {len(changes)} changes", file=sys.stderr, flush=True)
 
-    writer = reader.load().writeStream.foreachBatch(each_batch).option("checkpointLocation", args.checkpoint)
+    writer = changes_df.writeStream.foreachBatch(each_batch).option("checkpointLocation", args.checkpoint)
     query = writer.trigger(availableNow=True).start() if args.available_now else writer.start()
     query.awaitTermination()
     return 0

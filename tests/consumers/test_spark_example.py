@@ -33,6 +33,7 @@ from csnd.consumers.examples.current_state import (
     read_parquet_state,
 )
 from csnd.service import start_changefeed
+from csnd.service.parquet import ParquetExport
 from csnd.testing.pgserver import free_port
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import start_serve, wait_for
@@ -40,17 +41,27 @@ from tests.service.servekit import start_serve, wait_for
 TABLE, KEY = "public.acct", ["id"]
 
 
-def oracle(lines: list[tuple[int, bytes]]) -> tuple[dict[str, dict[str, Any]], list[tuple[int, int]]]:
-    """The table's final state, applying its changes one by one as the section 7 lines say."""
+def oracle(
+    lines: list[tuple[int, bytes]], seq_among_all: bool = False
+) -> tuple[dict[str, dict[str, Any]], list[tuple[int, int]]]:
+    """The table's final state, applying its changes one by one as the section 7 lines say.
+
+    And each change applied, as (csn, seq): seq counts the table's changes of
+    the transaction (the source's `tables` option), or, `seq_among_all`, all
+    of them (the export, which keeps every table's).
+    """
     state: dict[str, dict[str, Any]] = {}
     applied = []
     for csn, line in lines:
-        seq = 0
+        seq = -1
         for ch in json.loads(line)["changes"]:
+            if seq_among_all:
+                seq += 1
             if (ch["schema"], ch["table"]) != ("public", "acct"):
                 continue
+            if not seq_among_all:
+                seq += 1
             applied.append((csn, seq))
-            seq += 1
             op = ch["op"]
             if op == "truncate":
                 state = {}
@@ -68,11 +79,13 @@ def oracle(lines: list[tuple[int, bytes]]) -> tuple[dict[str, dict[str, Any]], l
 
 
 def job(target: str, tmp: Any, pg: PgDatabase, max_transactions: int, *extra: str) -> subprocess.Popen[bytes]:
+    return _job(tmp, pg, "--target", target, "--max-transactions", str(max_transactions), *extra)
+
+
+def _job(tmp: Any, pg: PgDatabase, *args: str) -> subprocess.Popen[bytes]:
     cmd = [
-        sys.executable, "-m", "csnd.consumers.examples.current_state",
-        "--target", target, "--table", TABLE,
-        "--checkpoint", str(tmp / "ck"), "--parquet", str(tmp / "copy"), "--postgres", pg.dsn,
-        "--max-transactions", str(max_transactions), *extra,
+        sys.executable, "-m", "csnd.consumers.examples.current_state", "--table", TABLE,
+        "--checkpoint", str(tmp / "ck"), "--parquet", str(tmp / "copy"), "--postgres", pg.dsn, *args,
     ]  # fmt: skip
     return subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "job.log", "ab"), start_new_session=True
@@ -124,9 +137,39 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     _check_copies(tmp_path, pg, cluster_lines)
 
 
-def _check_copies(tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]) -> None:
+@pytest.mark.timeout(2400)
+def test_kill_9_of_the_driver_reading_the_export_then_restart_is_exactly_once(
+    tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]
+) -> None:
+    """The same job on `csnd serve --parquet-dir`'s files, through Spark's file-stream source."""
+    export_dir = tmp_path / "export"
+    with Changelog(str(tmp_path / "changelog")) as log:
+        for csn, line in cluster_lines:
+            log.append(csn, line)
+        log.sync()
+        export = ParquetExport(log, str(export_dir), file_rows=150)
+        export.start()
+        export.stop()  # (a stop writes everything durable)
+    assert export.error is None and export.exported_csn == cluster_lines[-1][0]
+    files = len(list(export_dir.glob("csn-*.parquet")))
+    assert files > 12
+    first = _job(tmp_path, pg, "--export", str(export_dir), "--max-files", "1")  # (a file a batch)
+    try:
+        _await_batches(first, pg, tmp_path, 2)  # (some files applied, most still to come)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(60)
+    assert batches_done(pg) < files // 2, "killed mid-stream"
+    second = _job(tmp_path, pg, "--export", str(export_dir), "--max-files", "10", "--available-now")
+    assert second.wait(900) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    _check_copies(tmp_path, pg, cluster_lines, seq_among_all=True)
+
+
+def _check_copies(
+    tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]], seq_among_all: bool = False
+) -> None:
     """Both sinks equal the table as the lines leave it, every change applied exactly once."""
-    want, applied = oracle(cluster_lines)
+    want, applied = oracle(cluster_lines, seq_among_all)
     copy = pg_table(TABLE)
     rows = pg.execute(f'SELECT key::text, row::text FROM "{copy}"')
     got_pg = {json.dumps(json.loads(k)): json.loads(r) for k, r in rows}  # type: ignore[arg-type]
