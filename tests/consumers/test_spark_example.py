@@ -33,8 +33,8 @@ from csnd.consumers.examples.current_state import (
     read_parquet_state,
 )
 from csnd.service import start_changefeed
-from csnd.service.parquet import ParquetExport
 from csnd.testing.pgserver import free_port
+from tests.consumers.test_spark_parquet import export_lines
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import start_serve, wait_for
 
@@ -144,13 +144,7 @@ def test_kill_9_of_the_driver_reading_the_export_then_restart_is_exactly_once(
     """The same job on `csnd serve --parquet-dir`'s files, through Spark's file-stream source."""
     export_dir = tmp_path / "export"
     with Changelog(str(tmp_path / "changelog")) as log:
-        for csn, line in cluster_lines:
-            log.append(csn, line)
-        log.sync()
-        export = ParquetExport(log, str(export_dir), file_rows=150)
-        export.start()
-        export.stop()  # (a stop writes everything durable)
-    assert export.error is None and export.exported_csn == cluster_lines[-1][0]
+        export_lines(log, export_dir, cluster_lines, file_rows=150)
     files = len(list(export_dir.glob("csn-*.parquet")))
     assert files > 12
     first = _job(tmp_path, pg, "--export", str(export_dir), "--max-files", "1")  # (a file a batch)

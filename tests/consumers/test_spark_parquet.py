@@ -14,11 +14,12 @@ from tests.consumers.test_spark_source import COLS, expected_rows, rows_of
 pytestmark = pytest.mark.xdist_group("spark")
 
 
-def _export(log: Changelog, out: Path, lines: list[tuple[int, bytes]]) -> None:
+def export_lines(log: Changelog, out: Path, lines: list[tuple[int, bytes]], file_rows: int = 700) -> None:
+    """Appends `lines` to `log` and exports everything durable to `out`, files of `file_rows` rows."""
     for csn, line in lines:
         log.append(csn, line)
     log.sync()
-    export = ParquetExport(log, str(out), file_rows=700)
+    export = ParquetExport(log, str(out), file_rows=file_rows)
     export.start()
     export.stop()  # (a stop writes everything durable)
     assert export.error is None and export.exported_csn == lines[-1][0]
@@ -31,7 +32,7 @@ def test_spark_reads_the_export_as_the_csnd_source_rows(
     out = tmp_path / "pq"
     half = len(cluster_lines) // 2
     with Changelog(str(tmp_path / "log")) as log:
-        _export(log, out, cluster_lines[:half])
+        export_lines(log, out, cluster_lines[:half])
         df = spark.read.parquet(str(out))
         assert df.columns == COLS
         assert rows_of(df) == expected_rows(cluster_lines[:half])
@@ -53,7 +54,7 @@ def test_spark_reads_the_export_as_the_csnd_source_rows(
             assert q.exception() is None
 
         run()
-        _export(log, out, cluster_lines[half:])
+        export_lines(log, out, cluster_lines[half:])
         run()
     want = [(r["csn"], r["seq"]) for r in expected_rows(cluster_lines)]
     assert sorted(seen) == want  # (every change exactly once)
