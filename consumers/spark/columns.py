@@ -68,6 +68,11 @@ ARROW_SCHEMA: Final = pa.schema(
         )
     ]
 )
+# The rows as csnd sends them (Fetch's messages, the service's files): every
+# column nullable, as services sent them before the NOT NULL flags, so a
+# source of that version still reads a newer service's rows.  `source_rows`
+# gives them ARROW_SCHEMA's flags again, without a copy.
+WIRE_SCHEMA: Final = pa.schema([field.with_nullable(True) for field in ARROW_SCHEMA])
 COLUMNS: Final = tuple(ARROW_SCHEMA.names)
 
 _scan: Final = json.JSONDecoder().raw_decode
@@ -306,15 +311,20 @@ class RowBuilder:
         return batch
 
 
+def wire_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` (ARROW_SCHEMA's columns) in WIRE_SCHEMA, as csnd sends rows; no copy."""
+    return pa.RecordBatch.from_arrays(batch.columns, schema=WIRE_SCHEMA)
+
+
 def source_rows(batch: pa.RecordBatch) -> pa.RecordBatch | None:
     """`batch` as rows of ARROW_SCHEMA, or None if it does not hold them.
 
     Spark trusts a NOT NULL column: a null there is read as garbage, not
     refused, and pyarrow does not check it either.  So a batch from anywhere
     but this process's RowBuilder is checked here (the counts are kept with
-    the batch: no row is looked at).  A service of an earlier version built
-    its rows with every column nullable: the same columns, once checked, are
-    given the schema's flags (without a copy).
+    the batch: no row is looked at).  A service sends its rows with every
+    column nullable (WIRE_SCHEMA): the same columns, once checked, are given
+    the schema's flags (without a copy).
     """
     schema = batch.schema
     if not schema.equals(ARROW_SCHEMA):

@@ -55,7 +55,7 @@ from sortedcontainers import SortedDict
 
 from csnd.changelog import Changelog, RecordPieces
 from csnd.consumers.spark import columns
-from csnd.consumers.spark.columns import ARROW_SCHEMA, RowBuilder
+from csnd.consumers.spark.columns import WIRE_SCHEMA, RowBuilder, wire_rows
 from csnd.service.filtering import TableFilter
 
 # Rows per block (cut between transactions, so a block may be larger by one
@@ -120,8 +120,8 @@ def open_message(message: bytes) -> pa.RecordBatch:
 
 def to_message(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, ARROW_SCHEMA, options=_COMPRESSED) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, WIRE_SCHEMA, options=_COMPRESSED) as writer:
+        writer.write_batch(wire_rows(batch))
     data: bytes = sink.getvalue().to_pybytes()
     return data
 
@@ -267,8 +267,8 @@ class BlockFile(NamedTuple):
             with open(fd, "wb") as f:
                 for message in block.messages:
                     sink = pa.BufferOutputStream()
-                    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
-                        writer.write_batch(open_message(message))
+                    with pa.ipc.new_stream(sink, WIRE_SCHEMA) as writer:
+                        writer.write_batch(open_message(message))  # (WIRE_SCHEMA already)
                     offsets.append(offsets[-1] + f.write(sink.getvalue()))
                     if offsets[-1] > budget_bytes:
                         break

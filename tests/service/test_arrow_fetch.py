@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
 from csnd.consumers.client import WholeLines
-from csnd.consumers.spark.columns import flatten
+from csnd.consumers.spark.columns import flatten, source_rows
 from csnd.consumers.spark.feed import MappedSpans
 from csnd.consumers.spark.options import parse_options
 from csnd.consumers.spark.source import CsnRange, read_partition
@@ -60,10 +60,29 @@ def got(blocks: RowBlocks, after: int, until: int, specs: tuple[str, ...], files
 def opened(message: arrow_rows.Message, filt: TableFilter) -> pa.RecordBatch:
     """A message's rows as a reader gets them: a FileSpan's are every table's, kept as the executor keeps them."""
     if isinstance(message, bytes):
-        return open_message(message)
+        rows = source_rows(open_message(message))  # (as an executor takes them: _ipc_batch)
+        assert rows is not None
+        return rows
     batch = MappedSpans(parse_options({"target": "localhost:1"}, stream=False)).batch(as_pb(message))
     assert batch is not None, message
     return keep_tables(batch, filt)
+
+
+def test_rows_go_out_with_every_column_nullable_as_services_sent_them_before() -> None:
+    # (a Spark source of the version before the NOT NULL columns requires exactly this schema)
+    before = pa.schema(
+        [
+            ("csn", pa.int64()), ("gid", pa.string()), ("commit_time", pa.timestamp("us", tz="UTC")),
+            ("seq", pa.int32()), ("node", pa.string()), ("xid", pa.int64()), ("cid", pa.int32()),
+            ("lsn", pa.string()), ("op", pa.string()), ("schema", pa.string()), ("table", pa.string()),
+            ("old", pa.string()), ("new", pa.string()), ("unchanged", pa.list_(pa.string())),
+            ("key", pa.list_(pa.string())),
+        ]
+    )  # fmt: skip
+    rows = flatten([(1, line(1, [TABLES[0], TABLES[1]]))])
+    sent = open_message(arrow_rows.to_message(rows))
+    assert sent.schema.equals(before) and not rows.schema.equals(before)
+    assert source_rows(sent) == rows  # (the executor's: the source's flags again)
 
 
 def as_pb(span: arrow_rows.FileSpan) -> pb.ArrowFile:
@@ -197,7 +216,7 @@ def test_fetch_over_grpc_and_the_spark_source_take_the_service_rows(tmp_path: An
     try:
         msgs = _fetch(srv.address, after_csn=20, until_csn=250, tables=["public.*"], format="arrow")
         assert msgs and all(m.arrow and not m.batch.transactions for m in msgs)
-        rows = pa.Table.from_batches([open_message(m.arrow) for m in msgs])
+        rows = pa.Table.from_batches([source_rows(open_message(m.arrow)) for m in msgs])
         assert rows.equals(expected(log, 20, 250, ("public.*",)))
         for built_by in ("service", "executor"):
             opts = parse_options(
