@@ -32,7 +32,10 @@ The sinks:
 Exactly once: Spark re-runs a micro-batch it had not committed when it died
 with the same batch id and the same CSN range (offsets are CSNs, and the
 range is in the checkpoint before the batch runs; from the export, the same
-files, which appear whole, never change, and are taken in CSN order).  Each sink records the
+files, which appear whole, never change, and are taken in CSN order).  From
+the export, each sink also keeps the CSN its files cover through, and a
+batch whose files do not begin there (retention removed the ones between
+before the job read them) stops the job with one line naming the range.  Each sink records the
 batch id with the data, atomically, and skips a batch id it already holds,
 so a kill -9 at any moment followed by a restart from the checkpoint leaves
 every change applied exactly once.
@@ -41,6 +44,7 @@ every change applied exactly once.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -48,6 +52,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from csnd.core.durable import sync_directory
+from csnd.core.exportnames import parse_name
+from csnd.core.tablespec import parse_table
 
 # An initial snapshot's rows ("read", docs/design.md section 5) put a row as an insert does.
 _UPSERTS = ("insert", "read")
@@ -135,8 +141,14 @@ def read_parquet_state(directory: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def apply_to_parquet(directory: str, batch_id: int, changes: list[tuple[int, int, Change]]) -> bool:
-    """Applies one micro-batch unless it already was; True when it was applied now."""
+def apply_to_parquet(
+    directory: str, batch_id: int, changes: list[tuple[int, int, Change]], covers: Covers | None = None
+) -> bool:
+    """Applies one micro-batch unless it already was; True when it was applied now.
+
+    `covers`: the CSN range of the export's files the batch read (--export),
+    which must follow the last batch's (see follows).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -144,6 +156,7 @@ def apply_to_parquet(directory: str, batch_id: int, changes: list[tuple[int, int
     progress = parquet_progress(directory)
     if batch_id <= progress["batch_id"]:
         return False  # (a re-run of a batch this sink already holds)
+    through = follows(progress.get("through"), covers, f"the Parquet copy in {directory}")
     state = read_parquet_state(directory)
     apply_changes(state, (c for _, _, c in changes))
     name = f"state-{batch_id:08d}.parquet"
@@ -154,7 +167,7 @@ def apply_to_parquet(directory: str, batch_id: int, changes: list[tuple[int, int
     csn = changes[-1][0] if changes else progress["csn"]
     _write_atomic(
         os.path.join(directory, "_progress.json"),
-        json.dumps({"batch_id": batch_id, "csn": csn, "snapshot": name}).encode(),
+        json.dumps({"batch_id": batch_id, "csn": csn, "snapshot": name, "through": through}).encode(),
     )
     if progress["snapshot"] and progress["snapshot"] != name:
         os.unlink(os.path.join(directory, progress["snapshot"]))
@@ -179,23 +192,29 @@ def prepare_postgres(dsn: str, table: str) -> None:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS csnd_sink_progress (sink text PRIMARY KEY, batch_id bigint, csn bigint)"
         )
+        # (--export: the CSN range the files read so far cover; a table made before it lacks it)
+        conn.execute("ALTER TABLE csnd_sink_progress ADD COLUMN IF NOT EXISTS through bigint")
         conn.execute(
             "CREATE TABLE IF NOT EXISTS csnd_sink_applied (sink text, csn bigint, seq int, PRIMARY KEY (sink, csn, seq))"
         )
 
 
-def apply_to_postgres(dsn: str, table: str, batch_id: int, changes: list[tuple[int, int, Change]]) -> bool:
+def apply_to_postgres(
+    dsn: str, table: str, batch_id: int, changes: list[tuple[int, int, Change]], covers: Covers | None = None
+) -> bool:
     """Applies one micro-batch and records its id in one transaction, unless it already was."""
     import psycopg
 
     copy = pg_table(table)
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("INSERT INTO csnd_sink_progress VALUES (%s, -1, 0) ON CONFLICT DO NOTHING", (copy,))
-        (done,) = conn.execute(
-            "SELECT batch_id FROM csnd_sink_progress WHERE sink = %s FOR UPDATE", (copy,)
+        done, through = conn.execute(
+            "SELECT batch_id, through FROM csnd_sink_progress WHERE sink = %s FOR UPDATE", (copy,)
         ).fetchone()  # type: ignore[misc]
         if batch_id <= done:
             return False
+        through = follows(through, covers, f'the PostgreSQL copy "{copy}"')
+        conn.execute("UPDATE csnd_sink_progress SET through = %s WHERE sink = %s", (through, copy))
         upsert = f'INSERT INTO "{copy}" VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET row = EXCLUDED.row'
         for csn, seq, (op, old, new, unchanged, key) in changes:
             if op == "truncate":
@@ -226,22 +245,69 @@ def apply_to_postgres(dsn: str, table: str, batch_id: int, changes: list[tuple[i
 # --- the job -------------------------------------------------------------------------------
 
 
-def export_stream(spark: Any, directory: str, table: str, max_files: int | None) -> Any:
-    """The table's rows in `csnd serve --parquet-dir`'s files, streamed by Spark's file source.
+# --- the export ------------------------------------------------------------------------
 
-    Each row's `seq` counts every change of its transaction (the export
-    keeps every table's), which orders the table's changes as well.  A
-    stream that falls behind the service's retention finds the files of the
-    transactions it dropped gone: the names' CSN ranges show the gap.
+# (after, last): a batch's files hold every transaction with after < csn <= last
+Covers = tuple[int, int]
+
+
+def export_stream(spark: Any, directory: str, max_files: int | None) -> Any:
+    """`csnd serve --parquet-dir`'s files, streamed by Spark's file source, each row with its file's name.
+
+    Every table's rows: `seq` counts every change of a transaction, which
+    orders a table's changes as well.  The name (column `_file`) says what
+    CSN range the file covers (export_covers).
     """
     from csnd.consumers.spark.columns import SCHEMA_DDL
 
-    schema, _, name = table.partition(".")
     reader = spark.readStream.schema(SCHEMA_DDL)
     if max_files:
         reader = reader.option("maxFilesPerTrigger", str(max_files))
     df = reader.parquet(directory)
-    return df.where((df["schema"] == schema) & (df["table"] == name))
+    return df.select("*", df["_metadata.file_name"].alias("_file"))
+
+
+def export_covers(names: Iterable[str]) -> Covers:
+    """The CSN range a batch's export files cover; ValueError if they leave a gap."""
+    files = sorted(f for n in set(names) if (f := parse_name(n)) is not None)
+    if not files:
+        raise ValueError(
+            f"no export file among {sorted(set(names))}: is this a csnd --parquet-dir directory?"
+        )
+    for a, b in itertools.pairwise(files):
+        if b.after_csn != a.last_csn:
+            raise _gap(a.last_csn, b.after_csn, "this micro-batch's files")
+    return files[0].after_csn, files[-1].last_csn
+
+
+def follows(through: int | None, covers: Covers | None, sink: str) -> int | None:
+    """What a sink covers once it applies a batch covering `covers`, having covered `through`.
+
+    ValueError when the batch does not start where the last one ended:
+    the service's retention removed the files between before this copy read
+    them, and their changes can no longer be applied (the csnd source says
+    so too, as OUT_OF_RANGE).  None: not reading the export.
+    """
+    if covers is None:
+        return through
+    if through is not None and covers[0] > through:
+        raise _gap(through, covers[0], sink)
+    return covers[1]
+
+
+def _gap(after: int, upto: int, where: str) -> ValueError:
+    return ValueError(
+        f"the export's files of csn {after} < csn <= {upto} are gone (removed by csnd serve's retention "
+        f"before {where} read them): their changes cannot be applied; make the copy anew (an empty copy "
+        "and checkpoint), from a service that still retains them"
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -260,15 +326,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
     p.add_argument("--parquet", help="directory of the Parquet copy")
     p.add_argument("--postgres", help="DSN of the PostgreSQL copy")
-    p.add_argument("--max-transactions", type=int, help="maxTransactionsPerTrigger (the csnd source)")
-    p.add_argument("--max-files", type=int, help="maxFilesPerTrigger (--export)")
+    p.add_argument("--max-transactions", type=_positive, help="maxTransactionsPerTrigger (the csnd source)")
+    p.add_argument("--max-files", type=_positive, help="maxFilesPerTrigger (--export)")
     p.add_argument("--available-now", action="store_true", help="read what is there now, then exit")
     args = p.parse_args(argv)
     key = [k.strip() for k in (args.key or "").split(",") if k.strip()] or None
     if not (args.parquet or args.postgres):
         p.error("give --parquet DIR, --postgres DSN or both")
-    if (args.export and args.max_transactions) or (args.target and args.max_files):
+    if (args.export and args.max_transactions is not None) or (args.target and args.max_files is not None):
         p.error("--max-transactions goes with --target, --max-files with --export")
+    try:
+        schema, name = parse_table(args.table)
+    except ValueError as e:
+        p.error(str(e))
 
     from csnd.consumers.spark.session import local_session
 
@@ -276,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.postgres:
         prepare_postgres(args.postgres, args.table)
     if args.export:
-        changes_df = export_stream(spark, args.export, args.table, args.max_files)
+        changes_df = export_stream(spark, args.export, args.max_files)
     else:
         reader = spark.readStream.format("csnd").option("target", args.target).option("tables", args.table)
         reader = reader.option("name", f"current-state-{pg_table(args.table)}")
@@ -285,13 +355,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         changes_df = reader.load()
 
     def each_batch(df: Any, batch_id: int) -> None:
+        covers = None
+        if args.export:  # (every table's rows: the files' names first, then the table's)
+            covers = export_covers(r[0] for r in df.select("_file").distinct().collect())
+            df = df.where(
+                (df["schema"] == schema) & (df["table"] == name) if name else df["schema"] == schema
+            )
         # One table's changes of a micro-batch, in CSN order: the order they must be applied in.
         rows = df.select("csn", "seq", "op", "old", "new", "unchanged", "key").orderBy("csn", "seq").collect()
         changes = changes_of(rows, key)
         if args.parquet:
-            apply_to_parquet(args.parquet, batch_id, changes)
+            apply_to_parquet(args.parquet, batch_id, changes, covers)
         if args.postgres:
-            apply_to_postgres(args.postgres, args.table, batch_id, changes)
+            apply_to_postgres(args.postgres, args.table, batch_id, changes, covers)
         print(f"current_state: batch {batch_id}: {len(changes)} changes", file=sys.stderr, flush=True)
 
     writer = changes_df.writeStream.foreachBatch(each_batch).option("checkpointLocation", args.checkpoint)

@@ -35,14 +35,14 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
 
 from csnd.core.durable import replace_file, sync_directory
 from csnd.core.errors import CsnOutOfRange, OutputError
+from csnd.core.exportnames import ParquetFile, file_name, parse_name
 
 if TYPE_CHECKING:
     from csnd.changelog import Changelog
@@ -57,22 +57,6 @@ FILE_ROWS: Final = 200_000
 FILE_WAIT_S: Final = 10.0
 RANGES: Final = "_csnd_ranges.json"
 _NS_PER_MS: Final = 1_000_000
-_NAME_RE: Final = re.compile(r"^csn-(\d{20})-(\d{20})\.parquet$")
-
-
-class ParquetFile(NamedTuple):
-    name: str
-    after_csn: int  # the range is after_csn < csn <= last_csn
-    last_csn: int
-
-
-def file_name(after_csn: int, last_csn: int) -> str:
-    return f"csn-{after_csn:020d}-{last_csn:020d}.parquet"
-
-
-def parse_name(name: str) -> ParquetFile | None:
-    m = _NAME_RE.match(name)
-    return None if m is None else ParquetFile(name, int(m.group(1)), int(m.group(2)))
 
 
 class ParquetExport:

@@ -28,10 +28,13 @@ from csnd.changelog import Changelog, SubscriptionStore
 from csnd.consumers.examples.current_state import (
     apply_changes,
     changes_of,
+    export_covers,
+    follows,
     parquet_progress,
     pg_table,
     read_parquet_state,
 )
+from csnd.core.exportnames import file_name, parse_name
 from csnd.service import start_changefeed
 from csnd.testing.pgserver import free_port
 from tests.consumers.test_spark_parquet import export_lines
@@ -157,6 +160,39 @@ def test_kill_9_of_the_driver_reading_the_export_then_restart_is_exactly_once(
     second = _job(tmp_path, pg, "--export", str(export_dir), "--max-files", "10", "--available-now")
     assert second.wait(900) == 0, (tmp_path / "job.log").read_text()[-3000:]
     _check_copies(tmp_path, pg, cluster_lines, seq_among_all=True)
+
+
+@pytest.mark.timeout(1200)
+def test_files_retention_removed_before_they_were_read_stop_the_copy_naming_them(
+    tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]
+) -> None:
+    export_dir = tmp_path / "export"
+    with Changelog(str(tmp_path / "changelog")) as log:
+        export_lines(log, export_dir, cluster_lines, file_rows=150)
+    names = sorted(p.name for p in export_dir.glob("csn-*.parquet"))
+    gone = parse_name(names[3])
+    assert gone is not None
+    (export_dir / gone.name).unlink()  # (as retention would: the copy has read three files, one a batch)
+    run = _job(tmp_path, pg, "--export", str(export_dir), "--max-files", "1", "--available-now")
+    assert run.wait(900) != 0
+    said = (tmp_path / "job.log").read_text()
+    assert f"files of csn {gone.after_csn} < csn <= {gone.last_csn} are gone" in said
+    assert batches_done(pg) == 2 and parquet_progress(str(tmp_path / "copy"))["batch_id"] == 2
+
+
+def test_export_covers_and_follows() -> None:
+    names = [file_name(0, 5), file_name(5, 9), file_name(9, 20)]
+    assert export_covers(reversed(names)) == (0, 20)
+    with pytest.raises(ValueError, match="csn 5 < csn <= 9 are gone"):
+        export_covers([names[0], names[2]])
+    with pytest.raises(ValueError, match="no export file"):
+        export_covers(["part-0.parquet"])
+    assert follows(None, (7, 9), "s") == 9  # (a new copy starts where the files do)
+    assert follows(9, (9, 12), "s") == 12
+    assert follows(12, (10, 12), "s") == 12  # (a batch that overlaps the last: Spark's re-run)
+    with pytest.raises(ValueError, match=r"csn 12 < csn <= 15 are gone .*before the sink read"):
+        follows(12, (15, 20), "the sink")
+    assert follows(4, None, "s") == 4  # (not reading the export)
 
 
 def _check_copies(

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 
 from csnd.changelog import Changelog
 from csnd.consumers.spark.columns import ARROW_SCHEMA, flatten
-from csnd.service.parquet import RANGES, ParquetExport, file_name, parse_name
+from csnd.core.exportnames import file_name, parse_name
+from csnd.service.parquet import RANGES, ParquetExport
 from tests.service.feedkit import line, txn_tables, wait_for
 from tests.service.servekit import CSND, start_serve
 
