@@ -254,18 +254,26 @@ put_numeric(Out *o, const unsigned char *p, Py_ssize_t n)
     return out_put(o, buf, len) < 0 ? -1 : 1;
 }
 
+/* The JSON literal that starts with `first`, if any: a jsonb text starting so must be all of it. */
+static const char *
+json_word(unsigned char first)
+{
+    return first == 't' ? "true" : first == 'f' ? "false" : first == 'n' ? "null" : NULL;
+}
+
 /* jsonb_out's text (a binary value: after its version byte 1) as `_jsonb_text` takes it: checked
-   only at its two ends, as UTF-8.  1 written, 0 give up. */
+   only at its two ends (a literal whole), as UTF-8.  1 written, 0 give up. */
 static int
 put_jsonb(Out *o, const unsigned char *p, Py_ssize_t n)
 {
     if (n < 1)
         return 0;
     unsigned char first = p[0], last = p[n - 1];
-    char close = first == '{' ? '}' : first == '[' ? ']' : first == '"' ? '"' : first == 't' ? 'e'
-               : first == 'f' ? 'e' : first == 'n' ? 'l' : 0;
+    char close = first == '{' ? '}' : first == '[' ? ']' : first == '"' ? '"' : 0;
+    const char *word = json_word(first);
     int digit_ends = (first == '-' || (first >= '0' && first <= '9')) && last >= '0' && last <= '9';
-    if (!((close && last == (unsigned char)close && n > 1) || digit_ends))
+    int whole_word = word != NULL && (size_t)n == strlen(word) && memcmp(p, word, (size_t)n) == 0;
+    if (!((close && last == (unsigned char)close && n > 1) || whole_word || digit_ends))
         return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (p[i] >= 0x80) { /* not ASCII: it must be UTF-8, as the text the twin decodes */

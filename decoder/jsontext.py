@@ -86,16 +86,19 @@ def _jsonb_bin(data: bytes) -> str:
     return _jsonb_text(V.jsonb_payload(data))
 
 
-# What jsonb_out's text of one JSON value starts and ends with.
-_JSON_ENDS: Final = {"{": "}", "[": "]", '"': '"', "t": "e", "f": "e", "n": "l"}
+# What jsonb_out's text of one JSON value starts and ends with; a literal is whole.
+_JSON_ENDS: Final = {"{": "}", "[": "]", '"': '"'}
+_JSON_WORDS: Final = frozenset(("true", "false", "null"))
 _DIGITS: Final = frozenset("0123456789")
 
 
 def _jsonb_text(text: str) -> str:
-    """jsonb_out's text is already the JSON value: checked only at its two ends."""
+    """jsonb_out's text is already the JSON value: checked only at its two ends (a literal whole)."""
     first, last = text[:1], text[-1:]
-    if (_JSON_ENDS.get(first) == last and len(text) > 1) or (
-        (first == "-" or first in _DIGITS) and last in _DIGITS
+    if (
+        (_JSON_ENDS.get(first) == last and len(text) > 1)
+        or text in _JSON_WORDS
+        or ((first == "-" or first in _DIGITS) and last in _DIGITS)
     ):
         return text
     raise ValueError(f"jsonb text {text[:40]!r} is not one JSON value")

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from csnd.core.errors import TimestampError
@@ -156,6 +156,9 @@ def test_a_table_with_a_column_the_compiled_reader_does_not_write_gets_the_pytho
 
 @settings(max_examples=400, deadline=None)
 @given(case=_table_and_tuple(), binary=st.booleans())
+@example(  # (a jsonb null cut short: "nul" has a literal's two ends, and is no JSON)
+    case=(["jsonb"], b"N\x00\x01b\x00\x00\x00\x04\x01nul", 12), binary=False
+)
 def test_the_compiled_reader_says_what_its_twin_says_or_gives_up(
     case: tuple[list[str], bytes, int], binary: bool
 ) -> None:
