@@ -20,7 +20,7 @@ forms.  Builders exist for the shapes that are common and cheap to get right:
                       C escaper                               uuid, inet, interval, ...
     jsonb             jsonb_out's text as it came, once its   jsonb
                       first and last characters look like
-                      one JSON value
+                      one JSON value (a literal: all of it)
     arrays            the element builder per element, nested by dimension
     anything else     the decoder's value through one prebuilt C encoder
 
