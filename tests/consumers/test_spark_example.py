@@ -140,16 +140,23 @@ def test_kill_9_of_the_driver_mid_stream_then_restart_is_exactly_once(
     _check_copies(tmp_path, pg, cluster_lines)
 
 
+def _exported(tmp_path: Path, lines: list[tuple[int, bytes]]) -> tuple[Path, list[str]]:
+    """`lines` exported as `csnd serve --parquet-dir` does, in small files; the directory and their names."""
+    export_dir = tmp_path / "export"
+    with Changelog(str(tmp_path / "changelog")) as log:
+        export_lines(log, export_dir, lines, file_rows=150)
+    names = sorted(p.name for p in export_dir.glob("csn-*.parquet"))
+    assert len(names) > 12
+    return export_dir, names
+
+
 @pytest.mark.timeout(2400)
 def test_kill_9_of_the_driver_reading_the_export_then_restart_is_exactly_once(
     tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]
 ) -> None:
     """The same job on `csnd serve --parquet-dir`'s files, through Spark's file-stream source."""
-    export_dir = tmp_path / "export"
-    with Changelog(str(tmp_path / "changelog")) as log:
-        export_lines(log, export_dir, cluster_lines, file_rows=150)
-    files = len(list(export_dir.glob("csn-*.parquet")))
-    assert files > 12
+    export_dir, names = _exported(tmp_path, cluster_lines)
+    files = len(names)
     first = _job(tmp_path, pg, "--export", str(export_dir), "--max-files", "1")  # (a file a batch)
     try:
         _await_batches(first, pg, tmp_path, 2)  # (some files applied, most still to come)
@@ -166,10 +173,7 @@ def test_kill_9_of_the_driver_reading_the_export_then_restart_is_exactly_once(
 def test_files_retention_removed_before_they_were_read_stop_the_copy_naming_them(
     tmp_path: Any, pg: PgDatabase, cluster_lines: list[tuple[int, bytes]]
 ) -> None:
-    export_dir = tmp_path / "export"
-    with Changelog(str(tmp_path / "changelog")) as log:
-        export_lines(log, export_dir, cluster_lines, file_rows=150)
-    names = sorted(p.name for p in export_dir.glob("csn-*.parquet"))
+    export_dir, names = _exported(tmp_path, cluster_lines)
     gone = parse_name(names[3])
     assert gone is not None
     (export_dir / gone.name).unlink()  # (as retention would: the copy has read three files, one a batch)
