@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csnd.core.errors import TimestampError
@@ -156,9 +156,6 @@ def test_a_table_with_a_column_the_compiled_reader_does_not_write_gets_the_pytho
 
 @settings(max_examples=400, deadline=None)
 @given(case=_table_and_tuple(), binary=st.booleans())
-@example(  # (a jsonb null cut short: "nul" has a literal's two ends, and is no JSON)
-    case=(["jsonb"], b"N\x00\x01b\x00\x00\x00\x04\x01nul", 12), binary=False
-)
 def test_the_compiled_reader_says_what_its_twin_says_or_gives_up(
     case: tuple[list[str], bytes, int], binary: bool
 ) -> None:
@@ -172,9 +169,27 @@ def test_the_compiled_reader_says_what_its_twin_says_or_gives_up(
     compiled, twin = _readers(types, binary)
     got, want = compiled(data, 1, end), twin(data, 1, end)
     assert got == want or got is None
-    if got is not None:
-        new = json.loads(got[0])
-        assert list(new) == [f'c{i} é"%' for i in range(len(types))]
+    # (jsonb's text is checked at its ends only, a sanity check of what PostgreSQL
+    # sends: one damaged inside, as `[[]`, passes both readers alike; PostgreSQL's own
+    # jsonb is held to valid JSON in the test below)
+    if got is not None and "jsonb" not in types:
+        _assert_row_object(got[0], types)
+
+
+@pytest.mark.parametrize("text", [b"nul", b"tru", b"fals", b"nulll", b"nuxl", b"te"])
+def test_a_jsonb_literal_is_taken_only_whole(text: bytes) -> None:
+    # ("nul", a null cut short, has a literal's two ends and is no JSON: Hypothesis found it)
+    for binary in (True, False):
+        compiled, twin = _readers(["jsonb"], binary)
+        for cell in (_value(b"b", b"\x01" + text), _value(b"t", text)):
+            row = b"N" + struct.pack("!h", 1) + cell
+            assert compiled(row, 1, len(row)) is None and twin(row, 1, len(row)) is None
+        whole = b"N" + struct.pack("!h", 1) + _value(b"t", b"null")
+        assert compiled(whole, 1, len(whole)) == twin(whole, 1, len(whole)) is not None
+
+
+def _assert_row_object(body: str, types: list[str]) -> None:
+    assert list(json.loads(body)) == [f'c{i} é"%' for i in range(len(types))]
 
 
 @st.composite
@@ -225,6 +240,7 @@ def test_on_what_postgresql_sends_the_compiled_reader_never_gives_up(
     compiled, twin = _readers(types, binary)
     got = compiled(row, 1, len(row))
     assert got is not None and got == twin(row, 1, len(row)) and got[1] == len(row)
+    _assert_row_object(got[0], types)
 
 
 @pytest.mark.parametrize("binary", [True, False])
