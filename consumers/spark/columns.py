@@ -288,7 +288,7 @@ class RowBuilder:
                 arrays.append(pa.array(values, column_type))
             except _UNFIT as e:
                 row = _first_unfit(values, functools.partial(pa.array, type=column_type))
-                txn = int(np.searchsorted(np.cumsum(counts), row, side="right"))
+                txn = owner[row].as_py()
                 raise ValueError(
                     f"csn {t_csn[txn]}: the {name} of a change cannot be a column value ({e})"
                 ) from None
@@ -306,7 +306,7 @@ class RowBuilder:
         missing = nulls_where_never_null(batch)  # (pyarrow lets a NOT NULL column hold nulls)
         if missing:
             nulls = batch.column(missing[0]).is_null().to_numpy(zero_copy_only=False)
-            txn = int(np.searchsorted(np.cumsum(counts), int(np.flatnonzero(nulls)[0]), side="right"))
+            txn = owner[int(np.flatnonzero(nulls)[0])].as_py()
             raise ValueError(f"csn {t_csn[txn]}: a change has no {missing[0]}")
         return batch
 
@@ -326,12 +326,25 @@ def source_rows(batch: pa.RecordBatch) -> pa.RecordBatch | None:
     column nullable (WIRE_SCHEMA): the same columns, once checked, are given
     the schema's flags (without a copy).
     """
+    return None if not_source_rows(batch) is not None else with_source_flags(batch)
+
+
+def with_source_flags(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch`, which `not_source_rows` passed, with ARROW_SCHEMA's NOT NULL flags; no copy."""
+    return (
+        batch
+        if batch.schema.equals(ARROW_SCHEMA)
+        else pa.RecordBatch.from_arrays(batch.columns, schema=ARROW_SCHEMA)
+    )
+
+
+def not_source_rows(batch: pa.RecordBatch) -> str | None:
+    """What keeps `batch` from being rows of ARROW_SCHEMA, in a few words for an error; None if nothing."""
     schema = batch.schema
-    if not schema.equals(ARROW_SCHEMA):
-        if schema.names != ARROW_SCHEMA.names or schema.types != ARROW_SCHEMA.types:
-            return None
-        batch = pa.RecordBatch.from_arrays(batch.columns, schema=ARROW_SCHEMA)
-    return None if nulls_where_never_null(batch) else batch
+    if schema.names != ARROW_SCHEMA.names or schema.types != ARROW_SCHEMA.types:
+        return f"columns {schema.names}"
+    missing = nulls_where_never_null(batch)
+    return f"nulls in {', '.join(missing)}, which are never null" if missing else None
 
 
 def nulls_where_never_null(batch: pa.RecordBatch) -> list[str]:

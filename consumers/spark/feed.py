@@ -29,7 +29,7 @@ import grpc
 import pyarrow as pa
 
 from csnd.consumers.client import CHANNEL_OPTIONS, WholeLines, permanent_error, wait_reachable
-from csnd.consumers.spark.columns import ARROW_SCHEMA, keep_tables, nulls_where_never_null, source_rows
+from csnd.consumers.spark.columns import keep_tables, not_source_rows, source_rows, with_source_flags
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
 from csnd.core.hostid import host_id
@@ -274,20 +274,13 @@ def _ipc_batch(opts: SourceOptions, lo: int, hi: int, data: bytes) -> pa.RecordB
             f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] that are not an Arrow IPC "
             f"stream ({e or 'no record batch'})"
         ) from None
-    rows = source_rows(batch)
-    if rows is None:
+    fault = not_source_rows(batch)
+    if fault is not None:
         raise ChangefeedError(
             f"csnd source: {opts.target} sent rows of csn range ({lo}, {hi}] that are not the source's "
-            f"columns ({_columns_said(batch)}); are the service and the source the same csnd version?"
+            f"columns ({fault}); are the service and the source the same csnd version?"
         )
-    return rows
-
-
-def _columns_said(batch: pa.RecordBatch) -> str:
-    """What is wrong with `batch`'s columns, in a few words, for an error."""
-    if batch.schema.names != ARROW_SCHEMA.names or batch.schema.types != ARROW_SCHEMA.types:
-        return f"columns {batch.schema.names}"
-    return f"nulls in {', '.join(nulls_where_never_null(batch))}, which are never null"
+    return with_source_flags(batch)
 
 
 def csns_after(opts: SourceOptions, start: int, until: int, limit: int) -> list[int]:

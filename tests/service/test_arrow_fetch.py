@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
 from csnd.consumers.client import WholeLines
-from csnd.consumers.spark.columns import flatten, source_rows
+from csnd.consumers.spark import feed
+from csnd.consumers.spark.columns import flatten, source_rows, wire_rows
 from csnd.consumers.spark.feed import MappedSpans
 from csnd.consumers.spark.options import parse_options
 from csnd.consumers.spark.source import CsnRange, read_partition
@@ -83,6 +84,24 @@ def test_rows_go_out_with_every_column_nullable_as_services_sent_them_before() -
     sent = open_message(arrow_rows.to_message(rows))
     assert sent.schema.equals(before) and not rows.schema.equals(before)
     assert source_rows(sent) == rows  # (the executor's: the source's flags again)
+
+
+def test_rows_an_executor_cannot_trust_are_one_clear_error() -> None:
+    opts = parse_options({"target": "localhost:1"}, stream=False)
+    rows = flatten([(1, line(1, [TABLES[0], TABLES[1]]))])
+    sent = arrow_rows.to_message(rows)
+    assert feed._ipc_batch(opts, 0, 1, sent) == rows  # (the source's flags again)
+    lsn = rows.schema.get_field_index("lsn")
+    holed = wire_rows(rows)
+    holed = holed.set_column(lsn, holed.schema.field(lsn), pa.array(["0/1", None], pa.string()))
+    with pytest.raises(ChangefeedError, match=r"csn range \(0, 1\] .*\(nulls in lsn, which are never null\)"):
+        feed._ipc_batch(opts, 0, 1, arrow_rows.to_message(holed))
+    other = rows.drop_columns(["key"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, other.schema) as writer:
+        writer.write_batch(other)
+    with pytest.raises(ChangefeedError, match=r"\(columns \['csn', .*'unchanged'\]\); are the service"):
+        feed._ipc_batch(opts, 0, 1, sink.getvalue().to_pybytes())
 
 
 def as_pb(span: arrow_rows.FileSpan) -> pb.ArrowFile:
