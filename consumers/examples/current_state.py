@@ -32,13 +32,13 @@ The sinks:
 Exactly once: Spark re-runs a micro-batch it had not committed when it died
 with the same batch id and the same CSN range (offsets are CSNs, and the
 range is in the checkpoint before the batch runs; from the export, the same
-files, which appear whole, never change, and are taken in CSN order).  From
-the export, each sink also keeps the CSN its files cover through, and a
-batch whose files do not begin there (retention removed the ones between
-before the job read them) stops the job with one line naming the range.  Each sink records the
-batch id with the data, atomically, and skips a batch id it already holds,
-so a kill -9 at any moment followed by a restart from the checkpoint leaves
-every change applied exactly once.
+files, which appear whole, never change, and are taken in CSN order).  Each
+sink records the batch id with the data, atomically, and skips a batch id it
+already holds, so a kill -9 at any moment followed by a restart from the
+checkpoint leaves every change applied exactly once.  From the export, each
+sink also keeps the CSN its files cover through, and a batch whose files do
+not begin there (retention removed the ones between before the job read
+them) stops the job with one line naming the range.
 """
 
 from __future__ import annotations
@@ -214,7 +214,6 @@ def apply_to_postgres(
         if batch_id <= done:
             return False
         through = follows(through, covers, f'the PostgreSQL copy "{copy}"')
-        conn.execute("UPDATE csnd_sink_progress SET through = %s WHERE sink = %s", (through, copy))
         upsert = f'INSERT INTO "{copy}" VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET row = EXCLUDED.row'
         for csn, seq, (op, old, new, unchanged, key) in changes:
             if op == "truncate":
@@ -237,12 +236,10 @@ def apply_to_postgres(
             conn.execute("INSERT INTO csnd_sink_applied VALUES (%s, %s, %s)", (copy, csn, seq))
         last = changes[-1][0] if changes else 0
         conn.execute(
-            "UPDATE csnd_sink_progress SET batch_id = %s, csn = %s WHERE sink = %s", (batch_id, last, copy)
+            "UPDATE csnd_sink_progress SET batch_id = %s, csn = %s, through = %s WHERE sink = %s",
+            (batch_id, last, through, copy),
         )
     return True
-
-
-# --- the job -------------------------------------------------------------------------------
 
 
 # --- the export ------------------------------------------------------------------------
@@ -301,6 +298,9 @@ def _gap(after: int, upto: int, where: str) -> ValueError:
         f"before {where} read them): their changes cannot be applied; make the copy anew (an empty copy "
         "and checkpoint), from a service that still retains them"
     )
+
+
+# --- the job -------------------------------------------------------------------------------
 
 
 def _positive(text: str) -> int:
