@@ -624,6 +624,12 @@ class Changelog:
         return view[0].first_csn if view else 0
 
     @property
+    def oldest_after_csn(self) -> int:
+        """Where a read of the oldest retained starts: the csn before it (0 when retention dropped nothing)."""
+        view = self._view
+        return view[0].prev_csn if view else self._durable_csn
+
+    @property
     def size_bytes(self) -> int:
         with self._cond:
             return sum(s.end for s in self._view)
@@ -695,11 +701,18 @@ class Changelog:
         return _whole_records(self.read_pieced(after_csn, until_csn))
 
     def read_pieced(
-        self, after_csn: int, until_csn: int | None = None, whole_up_to: int | None = None
+        self,
+        after_csn: int,
+        until_csn: int | None = None,
+        whole_up_to: int | None = None,
+        *,
+        strict: bool = False,
     ) -> Iterator[tuple[int, bytes | sg.RecordPieces]]:
         """As `read`, but a record longer than `whole_up_to` bytes comes as RecordPieces, unread.
 
         Its pieces are valid until the iterator moves on (see RecordPieces).
+        `strict`: 0 is csn 0 like any other, not "the oldest retained" (a
+        consumer's mark: records after 0 that retention dropped are a gap).
         """
         with self._cond:
             view = self._view
@@ -708,16 +721,16 @@ class Changelog:
                 until_csn = limit if until_csn is None else min(until_csn, limit)
                 if after_csn >= limit:
                     return iter(())
-            _check_retained(view, after_csn)
+            _check_retained(view, after_csn, strict)
             tail = self._tail.after(after_csn, until_csn, whole_up_to)
             if tail is not None:  # (all of it in memory: as the segments hold it, unread)
                 return zip(tail[0], tail[1], strict=True)
             bounds = [(s.end, s.durable_n) for s in view]
         return self._iterate(view, bounds, after_csn, until_csn, whole_up_to)
 
-    def check_retained(self, after_csn: int) -> None:
+    def check_retained(self, after_csn: int, *, strict: bool = False) -> None:
         """CsnOutOfRange, as `read` raises it, when retention dropped records after `after_csn`."""
-        _check_retained(self._view, after_csn)
+        _check_retained(self._view, after_csn, strict)
 
     def _iterate(
         self,
@@ -855,8 +868,8 @@ class Changelog:
         assert not self._recent.csns or self._recent.csns[-1] == self._durable_csn
 
 
-def _check_retained(view: tuple[sg.Segment, ...], after_csn: int) -> None:
-    if view and after_csn and after_csn < view[0].prev_csn:
+def _check_retained(view: tuple[sg.Segment, ...], after_csn: int, strict: bool = False) -> None:
+    if view and (after_csn or strict) and after_csn < view[0].prev_csn:
         raise CsnOutOfRange(
             f"changelog: records after csn {after_csn} were dropped by retention; "
             f"the oldest retained csn is {view[0].first_csn}; read after csn {view[0].prev_csn} or later, "

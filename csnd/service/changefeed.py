@@ -182,20 +182,28 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 "this service keeps no named subscriptions; subscribe without a name",
             )
         with self.lock:
-            if start.HasField("after_csn"):
-                after = start.after_csn
-            else:
-                after = self.registry.named.get(name, 0) if name else 0
+            mark = self.registry.named.get(name) if name else None
             tables = self.registry.tables_for(name, start.tables)
         table_filter = _table_filter(tables, context)
         filt: LineFilter = table_filter if convert is None else Reshaped(table_filter, convert)
-        records = self._open(after, context)
+        if start.HasField("after_csn") and start.after_csn:
+            after = start.after_csn
+            records = self._open(after, context)
+        elif mark is not None and not start.HasField("after_csn"):
+            after = mark  # (its mark, 0 too, is checked like any start: never moved silently)
+            records = self._open(after, context, name=name)
+        else:
+            after, records = self._open_oldest(context)
         with self.lock:
             consumer = self.registry.connect(context.peer(), name, tables, after, time.monotonic())
         stream.cid = consumer.id
         stream.registered.set()
         with self.lock:
             self._calls[consumer.id] = context
+        if name and mark is None:
+            # A new name's mark is where its stream starts, durable before the stream answers:
+            # a reconnect before its first acknowledgement resumes exactly there.
+            self._store_marks()
         try:
             log = self.log
             yield pb.SubscribeResponse(
@@ -236,16 +244,37 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             stream.closed.set()
             self.log.wake_waiters()
 
-    def _open(self, after: int, context: grpc.ServicerContext) -> Iterator[StoredRecord]:
-        """`log.read(after)` with its first record already read, so a start out of range fails here."""
+    def _open(self, after: int, context: grpc.ServicerContext, name: str = "") -> Iterator[StoredRecord]:
+        """`log.read(after)` with its first record already read, so a start out of range fails here.
+
+        csn 0 is csn 0 here, not "the oldest retained" (`_open_oldest`):
+        `name`'s mark at 0 with records after 0 dropped is a gap, OUT_OF_RANGE.
+        """
         try:
-            records = self.log.read_pieced(after, whole_up_to=self.settings.max_batch_bytes)
+            records = self._read_from(after)
             first = next(records, None)
         except CsnOutOfRange as e:
-            _out_of_range(context, after, e)
+            _out_of_range(context, after, e, name)
         if first is None:
             return iter(())
         return _chain(first, records)
+
+    def _open_oldest(self, context: grpc.ServicerContext) -> tuple[int, Iterator[StoredRecord]]:
+        """A start at the oldest retained: where that is (the csn before it), and the records after it."""
+        for attempt in (0, 1):
+            after = self.log.oldest_after_csn
+            try:
+                records = self._read_from(after)
+                first = next(records, None)
+            except CsnOutOfRange as e:
+                if attempt:  # (retention ran between the look and the read, twice)
+                    _out_of_range(context, after, e)
+                continue
+            return after, iter(()) if first is None else _chain(first, records)
+        raise AssertionError("unreachable: the second attempt returns or aborts")
+
+    def _read_from(self, after: int) -> Iterator[StoredRecord]:
+        return self.log.read_pieced(after, whole_up_to=self.settings.max_batch_bytes, strict=True)
 
     def _stream(
         self,
@@ -274,7 +303,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             seen = 0
             try:
                 if records is None:
-                    records = log.read_pieced(pos, whole_up_to=s.max_batch_bytes)
+                    records = self._read_from(pos)
                 for csn, line in records:
                     if relations is not None and relations.has_between(pos, csn):
                         fresh = relations.between(pos, csn, filt.matches)
@@ -326,7 +355,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                             next_keepalive = time.monotonic() + s.keepalive_s
                             yield _keepalive()
             except CsnOutOfRange as e:  # (retention removed what this slow reader still needed)
-                _out_of_range(context, pos, e)
+                name, mark = self._mark_of(cid)
+                _out_of_range(context, mark if name else pos, e, name)
             batch = builder.flush()
             self._sent(cid, pos, len(batch or ()))
             if batch:
@@ -345,6 +375,12 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 pos, min(WAIT_S, max(0.0, next_keepalive - time.monotonic())), stream.closed.is_set
             )
             records = None
+
+    def _mark_of(self, cid: int) -> tuple[str, int]:
+        """A consumer's name ("" if anonymous) and acknowledged csn."""
+        with self.lock:
+            c = self.registry.consumers.get(cid)
+            return (c.name, c.acked) if c is not None else ("", 0)
 
     def _sent(self, cid: int, csn: int, transactions: int) -> None:
         with self.lock:
@@ -445,7 +481,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self, request: pb.ResetSubscriptionRequest, context: grpc.ServicerContext
     ) -> pb.SubscriptionInfo:
         store = self._store_or_abort(context)
-        name, csn = request.name, request.csn
+        name, csn = request.name, request.csn or self.log.oldest_after_csn  # (0: the oldest retained)
         newest = self.log.durable_csn
         if csn > newest:
             _abort(
@@ -807,8 +843,19 @@ def _keepalive() -> pb.SubscribeResponse:
     )
 
 
-def _out_of_range(context: grpc.ServicerContext, after: int, e: CsnOutOfRange) -> NoReturn:
-    _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
+def _out_of_range(context: grpc.ServicerContext, after: int, e: CsnOutOfRange, name: str = "") -> NoReturn:
+    """OUT_OF_RANGE; for a named subscription, naming it, where it is and what the operator can do."""
+    if not name:
+        _abort(context, grpc.StatusCode.OUT_OF_RANGE, str(e))
+    oldest = e.oldest_csn
+    _abort(
+        context,
+        grpc.StatusCode.OUT_OF_RANGE,
+        f"subscription {name!r} is at csn {after}, but retention dropped the records after it "
+        f"(it held them only up to retention_hold_bytes/retention_hold_hours): the oldest retained csn is "
+        f"{oldest}, so its consumer would miss the ones in between; to go on from the oldest retained, "
+        f"reset it: csnd subscriptions reset HOST:PORT {name} --csn {max((oldest or 1) - 1, 0)}",
+    )
 
 
 def _bad_line(context: grpc.ServicerContext, csn: int, e: ValueError) -> NoReturn:

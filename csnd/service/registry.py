@@ -72,7 +72,11 @@ class ConsumerRegistry:
         return tables if tables or not name else self.filters.get(name, ())
 
     def connect(self, peer: str, name: str, tables: Iterable[str], after: int, now: float) -> Consumer:
-        """A new stream that starts after `after`; a named one takes its name over, and its tables become the name's."""
+        """A new stream that starts after `after`; a named one takes its name over, and its tables become the name's.
+
+        A new name's mark is `after` until its first acknowledgement: a
+        reconnect before then resumes where this stream started.
+        """
         cid = self._next_id
         self._next_id += 1
         tables = tuple(tables)
@@ -80,7 +84,7 @@ class ConsumerRegistry:
             old = self._by_name.pop(name, None)
             if old is not None:
                 del self.consumers[old]  # superseded: its stream ends at its next look
-            acked = self.named.setdefault(name, 0)
+            acked = self.named.setdefault(name, after)  # (a new name: where its stream starts)
             self._by_name[name] = cid
             if tables:
                 self.filters[name] = tables
