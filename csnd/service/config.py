@@ -67,6 +67,8 @@ class ServeConfig:
     changelog: str
     listen: str = DEFAULT_LISTEN
     http: str | None = None
+    # Host names the HTTP side answers to besides localhost and addresses (DNS rebinding)
+    http_allowed_hosts: tuple[str, ...] = ()
     decoders: int = 2
     token_file: str | None = None
     tls_cert: str | None = None
@@ -215,6 +217,7 @@ def build_config(
         changelog=str(changelog),
         listen=pick("listen", default=DEFAULT_LISTEN),
         http=pick("http"),
+        http_allowed_hosts=tuple(pick("http_allowed_hosts", default=())),
         decoders=pick("decoders", default=DEFAULT_DECODERS),
         token_file=pick("token_file"),
         tls_cert=cert,

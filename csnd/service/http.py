@@ -21,31 +21,41 @@ the API refuses it, the page shows a form that POSTs the token to `/login`,
 which answers with the cookie.  The token never rides in a URL (it would stay
 in the browser's history, in proxy logs and in Referer headers), and the
 cookie holds not the token but an HMAC of it, so a stolen cookie opens the
-dashboard and nothing else (not the changefeed).  Over TLS the cookie is
-`Secure`.  The probes (`/healthz`, `/readyz`) are open: a Kubernetes probe
-sends no token, and they say only whether the service is up and ready.
+dashboard and nothing else (not the changefeed), and only for
+`SESSION_TTL_S` after the login (csnd.service.http_guard).  Over TLS the
+cookie is `Secure`.  `/login` takes `login_limit.MAX_FAILURES` refused
+tokens a minute from one address, then answers 429 with Retry-After.  The
+probes (`/healthz`, `/readyz`) are open: a Kubernetes probe sends no token,
+and they say only whether the service is up and ready.
 
-TLS (`--tls-cert`/`--tls-key`, the changefeed's certificate) wraps each
-accepted connection; the handshake runs in the connection's own thread, so
-a client that connects and says nothing holds one thread until
-`CONNECTION_TIMEOUT_S`, never the accept loop.
+Without a token, a DNS rebinding page could read the figures as its own
+origin: every request but the probes' must name in its Host `localhost`, an
+address, the name `--http` listens on or one of `--http-allowed-hosts`
+(http_guard).  Every answer says `Content-Security-Policy` (scripts, styles
+and requests from this origin only, nothing inline, no framing),
+`X-Frame-Options: DENY` and `X-Content-Type-Options: nosniff`.
+
+Connections are taken by csnd.service.http_server: one loop reads each
+request whole (TLS handshake included) within its timeouts, a fixed pool of
+workers answers, so slow clients cost sockets, not threads.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+import io
 import json
 import logging
+import math
 import socket
 import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
@@ -54,6 +64,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from csnd.core.addresses import split_host_port
 from csnd.core.errors import ConfigError
+from csnd.service.http_guard import Sessions, check_allowed_host, host_allowed
+from csnd.service.http_server import (
+    MAX_BODY_BYTES,
+    BoundedHttpServer,
+    DeadlineWriter,
+    HttpLimits,
+    HttpStatistics,
+)
+from csnd.service.login_limit import LoginLimiter
 from csnd.service.metrics import registry_for
 from csnd.service.server import TlsFiles
 
@@ -63,13 +82,26 @@ log = logging.getLogger(__name__)
 # "what just happened" look at 3 a.m.; at ~1 kB a sample it is ~600 kB.
 HISTORY_S: Final = 600
 SAMPLE_INTERVAL_S: Final = 1.0
-# A connection that sends nothing (or never finishes its TLS handshake) for this
-# long is closed: it holds a thread meanwhile.  Every request of the dashboard
-# and of a scraper is one short exchange.
-CONNECTION_TIMEOUT_S: Final = 30.0
-# The session cookie: an HMAC of the token under this label, never the token.
+# The session cookie: its issue time and an HMAC of it under the token, never the token.
 SESSION_COOKIE: Final = "csnd_session"
-_SESSION_LABEL: Final = b"csnd dashboard session"
+# How long a login lasts, in the browser (Max-Age) and on the server.  A working
+# day: an operator logs in once a shift; a cookie left on a shared machine or
+# copied off it opens the dashboard until the evening, not for good.
+SESSION_TTL_S: Final = 12 * 3600
+# Every answer's: scripts, styles, images and requests from this origin only,
+# nothing inline or eval'd, forms posted here only, never in a frame.  The
+# dashboard's page has no inline script or style (its scripts set styles
+# through the DOM, which a policy does not forbid).
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS: Final = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 # Open without the token: the probes, the page and its scripts (no figures in them).
 _PROBES: Final = ("/healthz", "/readyz")
 
@@ -176,24 +208,6 @@ def tls_context(tls: TlsFiles) -> ssl.SSLContext:
     return context
 
 
-class _HttpServer(ThreadingHTTPServer):
-    """A threading HTTP server that speaks TLS when given a context (see the module docstring)."""
-
-    daemon_threads = True
-    tls: ssl.SSLContext | None = None
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        sock, address = super().get_request()
-        if self.tls is not None:
-            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, address
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that went away or failed its handshake (a plain HTTP request on
-        # the TLS port): the default would print a traceback on stderr.
-        log.debug("http %s: connection failed", client_address, exc_info=True)
-
-
 class DashboardServer:
     """The HTTP server; `start()` binds (a port in use is a ConfigError) and serves in a thread."""
 
@@ -207,21 +221,31 @@ class DashboardServer:
         clock: Callable[[], float] = time.time,
         ready: Callable[[], tuple[bool, str]] = _always_ready,
         tls: TlsFiles | None = None,
+        allowed_hosts: Sequence[str] = (),
+        limits: HttpLimits | None = None,
+        session_ttl_s: int = SESSION_TTL_S,
+        logins: LoginLimiter | None = None,
     ) -> None:
         self.host, self.port = _split_listen(listen)
         self.status = status
         self.ready = ready
         self.token = token
-        self._session = (
-            None if token is None else hmac.new(token.encode(), _SESSION_LABEL, hashlib.sha256).hexdigest()
-        )
+        self._sessions = None if token is None else Sessions(token, session_ttl_s)
         self._tls = tls_context(tls) if tls is not None else None
+        try:
+            allowed = [check_allowed_host(h) for h in allowed_hosts]
+        except ValueError as e:
+            raise ConfigError(f"--http-allowed-hosts: {e.args[0]!r} is not a host name") from None
+        # (the name --http listens on, when it is one: a client that reaches it names it)
+        self.allowed_hosts = (*allowed, self.host.lower())
+        self.limits = limits or HttpLimits()
+        self.logins = logins or LoginLimiter()
         self.thresholds = thresholds or Thresholds()
         self.history = History()
         self._clock = clock
         self._registry = registry_for(status)
         self._stop = threading.Event()
-        self._httpd: _HttpServer | None = None
+        self._httpd: BoundedHttpServer | None = None
         self._threads: list[threading.Thread] = []
 
     @property
@@ -234,29 +258,35 @@ class DashboardServer:
 
     def start(self) -> None:
         handler = _handler_for(self)
+        send_timeout_s = self.limits.send_timeout_s
+
+        def serve(sock: socket.socket, address: Any, request: bytes) -> None:
+            handler(sock, address, request, DeadlineWriter(sock, send_timeout_s))
+
         try:
-            httpd = _HttpServer((self.host, self.port), handler)
+            httpd = BoundedHttpServer(
+                (self.host, self.port), serve, limits=self.limits, tls=self._tls, headers=SECURITY_HEADERS
+            )
         except OSError as e:
             raise ConfigError(f"--http {self.host}:{self.port}: cannot listen: {e.strerror or e}") from None
-        httpd.tls = self._tls
         self._httpd = httpd
-        self.port = httpd.server_address[1]
-        self._threads = [
-            threading.Thread(
-                target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="csnd-http", daemon=True
-            ),
-            threading.Thread(target=self._sample, name="csnd-http-sampler", daemon=True),
-        ]
+        self.port = httpd.address[1]
+        httpd.start()
+        self._threads = [threading.Thread(target=self._sample, name="csnd-http-sampler", daemon=True)]
         for t in self._threads:
             t.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+            self._httpd.stop()
         for t in self._threads:
             t.join(timeout=5)
+
+    def statistics(self) -> HttpStatistics:
+        """The connection loop's and the workers' state (see csnd.service.http_server)."""
+        assert self._httpd is not None, "statistics() of a server not started"
+        return self._httpd.statistics()
 
     def _sample(self) -> None:
         while not self._stop.is_set():
@@ -269,26 +299,34 @@ class DashboardServer:
     # --- what the handler asks --------------------------------------------------------
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
-        """The token in `Authorization: Bearer`, or the session cookie `/login` gave."""
-        if self.token is None or self._session is None:
+        """The token in `Authorization: Bearer`, or a session cookie `/login` gave and not yet expired."""
+        if self.token is None or self._sessions is None:
             return True
         auth = headers.get("Authorization", "")
         if auth.startswith("Bearer "):
             return self.token_matches(auth[len("Bearer ") :].strip())
+        now = self._clock()
         for part in headers.get("Cookie", "").split(";"):
             k, _, v = part.strip().partition("=")
-            if k == SESSION_COOKIE and hmac.compare_digest(v.encode(), self._session.encode()):
+            if k == SESSION_COOKIE and self._sessions.valid(v, now):
                 return True
         return False
+
+    def host_allowed(self, host: str | None) -> bool:
+        return host_allowed(host, self.allowed_hosts)
 
     def token_matches(self, given: str) -> bool:
         return self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
     def session_cookie(self) -> str:
         """The Set-Cookie value `/login` answers a good token with (`Secure` over TLS)."""
-        assert self._session is not None
+        assert self._sessions is not None
         secure = "; Secure" if self.tls else ""
-        return f"{SESSION_COOKIE}={self._session}; HttpOnly; SameSite=Strict; Path=/{secure}"
+        value = self._sessions.issue(self._clock())
+        return (
+            f"{SESSION_COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/; "
+            f"Max-Age={self._sessions.ttl_s}{secure}"
+        )
 
     def config(self) -> dict[str, Any]:
         return {"thresholds": asdict(self.thresholds), "sample_interval_s": SAMPLE_INTERVAL_S}
@@ -306,21 +344,36 @@ _UNAUTHORIZED: Final = (
     b"csnd: a token is required: send 'Authorization: Bearer <token>', or open the dashboard and "
     b"enter it (a token in the URL is not taken: it would stay in logs and the browser's history)\n"
 )
-# The longest /login body read (a token is far shorter).
-_LOGIN_MAX: Final = 4096
+# The longest /login body taken (a token is far shorter): what the connection loop reads.
+_LOGIN_MAX: Final = MAX_BODY_BYTES
 
 
-def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
+def _handler_for(server: DashboardServer) -> Callable[[socket.socket, Any, bytes, DeadlineWriter], object]:
+    """What answers one whole request (read by the connection loop) on its socket."""
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "csnd"
-        timeout = CONNECTION_TIMEOUT_S
+        # (not 0.9: an answer to a request line it cannot read still has headers, the policy's among them)
+        default_request_version = "HTTP/1.0"
         _head = False
 
+        def __init__(self, sock: socket.socket, address: Any, request: bytes, out: DeadlineWriter) -> None:
+            self._request_bytes = request
+            self._out = out
+            super().__init__(sock, address, None)  # type: ignore[arg-type]  # (no socketserver here)
+
         def setup(self) -> None:
-            if isinstance(self.request, ssl.SSLSocket):
-                self.request.settimeout(self.timeout)
-                self.request.do_handshake()  # (here, in this connection's thread)
-            super().setup()
+            self.connection = self.request
+            self.rfile = io.BytesIO(self._request_bytes)
+            self.wfile = self._out  # type: ignore[assignment]
+
+        def finish(self) -> None:
+            pass  # (the worker closes the socket)
+
+        def end_headers(self) -> None:
+            for k, v in SECURITY_HEADERS.items():
+                self.send_header(k, v)
+            super().end_headers()
 
         def log_message(self, format: str, *args: Any) -> None:  # (the base class's name)
             log.debug("http %s: " + format, self.address_string(), *args)
@@ -329,10 +382,25 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
             self._head = True
             self.do_GET()
 
+        def _host_refused(self, path: str) -> bool:
+            """403 for a Host the service does not know (DNS rebinding); the probes never."""
+            host = self.headers.get("Host")
+            if path in _PROBES or server.host_allowed(host):
+                return False
+            body = (
+                f"csnd: this service does not answer to the name {host!r} (a page on another "
+                "site could read it by pointing that name at this address); open it by an address "
+                "or localhost, or name it with --http-allowed-hosts\n"
+            )
+            self._send(HTTPStatus.FORBIDDEN, body.encode(), _TEXT)
+            return True
+
         def do_GET(self) -> None:  # (the base class's name)
             url = urlsplit(self.path)
             try:
-                if url.path == "/healthz":
+                if self._host_refused(url.path):
+                    pass
+                elif url.path == "/healthz":
                     self._send(HTTPStatus.OK, b"ok\n", _TEXT)
                 elif url.path == "/readyz":
                     ready, why = server.ready()
@@ -363,7 +431,10 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # (the base class's name)
             """`/login`: the dashboard's form posts the token; a good one gets the session cookie."""
-            if urlsplit(self.path).path != "/login":
+            path = urlsplit(self.path).path
+            if self._host_refused(path):
+                return
+            if path != "/login":
                 self._send(HTTPStatus.NOT_FOUND, b"csnd: no such page\n", _TEXT)
                 return
             try:
@@ -375,12 +446,25 @@ def _handler_for(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
                 return
             form = parse_qs(self.rfile.read(length).decode("utf-8", "replace"))
             given = (form.get("token") or [""])[0].strip()
+            client, now = self.client_address[0], server._clock()
+            wait = server.logins.retry_after(client, now)
             if server.token is None:
                 self._send(HTTPStatus.SEE_OTHER, b"", _TEXT, extra={"Location": "./"})
+            elif wait is not None:
+                seconds = max(1, math.ceil(wait))
+                body = (
+                    f"csnd: too many refused tokens from {client}; try again in {seconds} s "
+                    f"(at most {server.logins.max_failures} a {server.logins.window_s:g} s)\n"
+                )
+                extra = {"Retry-After": str(seconds)}
+                self._send(HTTPStatus.TOO_MANY_REQUESTS, body.encode(), _TEXT, extra=extra)
             elif server.token_matches(given):
+                server.logins.succeeded(client)
                 extra = {"Location": "./", "Set-Cookie": server.session_cookie()}
                 self._send(HTTPStatus.SEE_OTHER, b"", _TEXT, extra=extra)
             else:
+                server.logins.failed(client, now)
+                log.warning("http %s: a refused token at /login", client)
                 # (back to the page, which says so; the fragment never reaches a server or a log)
                 self._send(HTTPStatus.SEE_OTHER, b"", _TEXT, extra={"Location": "./#refused"})
 

@@ -541,6 +541,7 @@ class Service:
                     thresholds=thresholds,
                     ready=self.readiness,
                     tls=tls,
+                    allowed_hosts=cfg.http_allowed_hosts,
                 )
                 self.http.start()
             self._starting = "checking the slots and the changelog"

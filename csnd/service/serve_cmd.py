@@ -82,6 +82,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="serve the dashboard, /metrics, /api/status, /healthz and /readyz here (HTTPS with --tls-cert)",
     )
     p.add_argument(
+        "--http-allowed-hosts",
+        type=flag_type(settings.HOSTS),
+        metavar="HOST,...",
+        help="host names --http answers to besides localhost, addresses and its own (a guard against "
+        "DNS rebinding; the probes answer any): the names a browser or scraper reaches it by; * for any",
+    )
+    p.add_argument(
         "--decoders",
         type=flag_type(settings.WHOLE),
         metavar="N",

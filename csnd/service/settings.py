@@ -34,6 +34,7 @@ from csnd.core.errors import ConfigError, UsageError
 from csnd.core.ids import lsn_from_str
 from csnd.core.modes import Mode, is_mode
 from csnd.runtime.config import SNAPSHOT_MODES
+from csnd.service.http_guard import check_allowed_host
 
 # The variable naming the config file (--config).
 CONFIG_ENV: Final = "CSND_CONFIG"
@@ -149,6 +150,16 @@ def _lsn(value: object) -> int:
     return lsn_from_str(value)
 
 
+def _hosts(value: object) -> tuple[str, ...]:
+    """Host names: a TOML list of them, or text with commas between them."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        raise ValueError(value)
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(value)
+    return tuple(check_allowed_host(n) for n in names if n)
+
+
 WHOLE: Final = Kind("a whole number >= 1", _integer(1))
 BYTES: Final = Kind("a whole number >= 0", _integer(0))
 POSITIVE: Final = Kind("a number > 0", _number(above=0))
@@ -159,6 +170,7 @@ BOOLEAN: Final = Kind("true or false", _boolean)
 MODE: Final = Kind("single or gtm", _mode)
 LSN: Final = Kind("an LSN like 0/16B3748", _lsn)
 SNAPSHOT: Final = Kind("initial, never or when_needed", _snapshot)
+HOSTS: Final = Kind("host names separated by commas (a TOML list of them; * for any)", _hosts)
 
 
 @dataclass(frozen=True)
@@ -187,6 +199,7 @@ SETTINGS: Final = (
     Setting("changelog", TEXT, "DIR"),
     Setting("listen", ADDRESS, "HOST:PORT"),
     Setting("http", ADDRESS, "HOST:PORT"),
+    Setting("http_allowed_hosts", HOSTS, "HOST,..."),
     Setting("decoders", WHOLE, "N"),
     Setting("token_file", TEXT, "FILE"),
     Setting("tls_cert", TEXT, "PEM"),

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from csnd.core.errors import ConfigError
-from csnd.service.http import DashboardServer, Thresholds
+from csnd.service.http import SESSION_TTL_S, DashboardServer, Thresholds
 from csnd.service.metrics import METRICS
 from csnd.service.server import TlsFiles
 from tests.fixtures.browser import dump_dom, plots
@@ -207,7 +207,8 @@ def test_the_token_never_rides_in_a_url_and_the_cookie_is_not_the_token() -> Non
         assert code == 303 and headers["Location"] == "./"
         cookie = headers["Set-Cookie"]
         attributes = {a.strip() for a in cookie.split(";")[1:]}
-        assert attributes == {"HttpOnly", "SameSite=Strict", "Path=/"}, cookie  # (not Secure: plain HTTP)
+        # (not Secure: plain HTTP; Max-Age: it expires, on the server too)
+        assert attributes == {"HttpOnly", "SameSite=Strict", "Path=/", f"Max-Age={SESSION_TTL_S}"}, cookie
         session = cookie.split(";")[0]
         assert "s3cret" not in session
         assert _get(server.url + "api/status", {"Cookie": session})[0] == 200
