@@ -214,7 +214,7 @@ class BoundedHttpServer:
                     elif key.fileobj is self._wake_r:
                         self._wake_r.recv(64)
                     else:
-                        self._step(sel, pending, key.data)
+                        self._step_guarded(sel, pending, key.data)
                 self._expire(sel, pending, time.monotonic())
         except Exception:
             log.exception("http: the connection loop failed; the dashboard no longer answers")
@@ -247,6 +247,13 @@ class BoundedHttpServer:
             pending[sock.fileno()] = p
             sel.register(sock, selectors.EVENT_READ, p)
             self._count(pending)
+
+    def _step_guarded(self, sel: selectors.BaseSelector, pending: dict[int, _Pending], p: _Pending) -> None:
+        try:
+            self._step(sel, pending, p)
+        except Exception:  # (one connection's surprise must not end the loop that serves the others)
+            log.exception("http %s: reading the request failed; the connection is closed", p.address)
+            self._drop(sel, pending, p)
 
     def _step(self, sel: selectors.BaseSelector, pending: dict[int, _Pending], p: _Pending) -> None:
         if p.closing:

@@ -101,7 +101,8 @@ def serve() -> Iterator[Any]:
 
 def test_slow_clients_take_no_thread_each_and_a_probe_still_answers(serve: Any) -> None:
     before = threading.active_count()
-    server = serve(_status, limits=HttpLimits(workers=2))
+    # (timeouts far beyond the test's run: the slow ones must all still be held when counted)
+    server = serve(_status, limits=HttpLimits(workers=2, idle_timeout_s=600, header_timeout_s=600))
     slow = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(40)]
     try:
         for s in slow:
@@ -138,9 +139,8 @@ def test_a_connection_that_says_nothing_is_closed_at_the_idle_timeout(serve: Any
     server = serve(_status, limits=HttpLimits(idle_timeout_s=0.3))
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
         assert s.recv(100) == b""  # (closed, without an answer: there was no request)
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
-        s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
-        assert s.recv(100).startswith(b"HTTP/1.0 200")
+    wait_for(lambda: server.statistics().timed_out == 1, "the idle connection counted")
+    assert server.statistics().waiting == 0
 
 
 def test_a_full_queue_answers_503_at_once_and_the_rest_are_served(serve: Any) -> None:
@@ -164,6 +164,34 @@ def test_a_full_queue_answers_503_at_once_and_the_rest_are_served(serve: Any) ->
         finally:
             release.set()
         assert busy.result()[0] == 200 and queued.result()[0] == 200
+
+
+def test_past_max_connections_a_new_one_is_answered_503(serve: Any) -> None:
+    server = serve(_status, limits=HttpLimits(max_connections=3, idle_timeout_s=600))
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(3)]
+    try:
+        wait_for(lambda: server.statistics().waiting == 3, "three connections held")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            assert s.recv(100).startswith(b"HTTP/1.0 503")
+        for s in held[:1]:
+            s.close()
+        wait_for(lambda: server.statistics().waiting == 2, "one let go")
+        assert _get(server.port, "/healthz")[0] == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_client_that_does_not_read_its_answer_frees_the_worker_at_the_send_timeout(serve: Any) -> None:
+    big = {"blob": "x" * (32 << 20)}  # (far more than the socket buffers between the two hold)
+    server = serve(lambda: big, limits=HttpLimits(workers=1, send_timeout_s=0.5))
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", server.port))
+        s.sendall(b"GET /api/status HTTP/1.0\r\n\r\n")  # and never read
+        wait_for(lambda: server.statistics().busy == 1, "the worker writing")
+        wait_for(lambda: server.statistics().busy == 0, "the worker let go", seconds=60)
+        assert _get(server.port, "/healthz")[0] == 200
 
 
 def test_limits_that_cannot_work_are_config_errors() -> None:
