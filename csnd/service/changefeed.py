@@ -48,8 +48,9 @@ from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
-from csnd.service.debezium import to_debezium
+from csnd.service.debezium import debezium_events, to_debezium
 from csnd.service.filtering import LineFilter, Reshaped, TableFilter
+from csnd.service.knowntables import KnownTables
 from csnd.service.registry import ConsumerRegistry
 from csnd.service.status import NodeStatusSource
 
@@ -58,6 +59,7 @@ log = logging.getLogger("csnd.changefeed")
 if TYPE_CHECKING:
     from csnd.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
     from csnd.service.arrow_rows import RowBlocks
+    from csnd.service.auth import Credentials
 
 # Longest wait on the changelog before a stream looks at its stop conditions
 # again (server stopping, client gone or silent).  Smaller: a quicker stop;
@@ -125,8 +127,14 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         status: NodeStatusSource | None = None,
         settings: FeedSettings | None = None,
         directory: str = "",
+        credentials: Credentials | None = None,
     ) -> None:
         self.log = log
+        # Who may hold which named subscription (None: anyone; the server checks the rest)
+        self.credentials = credentials
+        # The tables a filter may name: the changelog's relations, and the sources'
+        # publications once the service tells them (`known_tables.published`)
+        self.known_tables = KnownTables(getattr(log, "relations", None))
         self.subscriptions = subscriptions
         self.status_source = status
         self.settings = settings or FeedSettings()
@@ -167,6 +175,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         start = first.start
         _table_filter(start.tables, context)  # (a malformed filter or format fails before anything else)
         convert = _converter(start.format, context)
+        self._refuse_unknown(start.tables, context)
         name = start.name
         if name and not NAME_RE.fullmatch(name):
             _abort(
@@ -181,11 +190,15 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this service keeps no named subscriptions; subscribe without a name",
             )
+        if name:
+            self._may_hold(name, context)
         with self.lock:
             mark = self.registry.named.get(name) if name else None
             tables = self.registry.tables_for(name, start.tables)
         table_filter = _table_filter(tables, context)
-        filt: LineFilter = table_filter if convert is None else Reshaped(table_filter, convert)
+        filt: LineFilter = (
+            table_filter if convert is None else Reshaped(table_filter, convert, debezium_events)
+        )
         if start.HasField("after_csn") and start.after_csn:
             after = start.after_csn
             records = self._open(after, context)
@@ -217,6 +230,32 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 self.registry.disconnect(consumer.id)
                 self._calls.pop(consumer.id, None)
             self._store_marks()
+
+    def _may_hold(self, name: str, context: grpc.ServicerContext) -> None:
+        """PERMISSION_DENIED unless the call's credential may hold the named subscription."""
+        if self.credentials is None:
+            return
+        who = self.credentials.identify(context.invocation_metadata())
+        if who is None or not who.may_hold(name):
+            held = ", ".join(who.subscriptions) if who is not None and who.subscriptions else "none"
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"credential {who.name if who else '?'!r} may not hold subscription {name!r} (it may hold: "
+                f"{held}); the service's --credentials-file lists what each credential may hold",
+            )
+
+    def _refuse_unknown(self, specs: Any, context: grpc.ServicerContext) -> None:
+        """INVALID_ARGUMENT naming the filter's tables that no source publishes (a typo must not read nothing)."""
+        unknown = self.known_tables.unknown(specs)
+        if unknown:
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"no published table is named {', '.join(unknown)}: the service knows no such table (its "
+                "sources' publications and the changelog's tables); check the spelling (SCHEMA.TABLE, "
+                "SCHEMA.*), or add it to the publication first",
+            )
 
     def _read_requests(self, requests: Iterator[pb.SubscribeRequest], stream: _Stream) -> None:
         try:
@@ -550,6 +589,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self, request: pb.FetchRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.FetchResponse | bytes]:  # noqa: N802
         filt = _table_filter(request.tables, context)
+        self._refuse_unknown(request.tables, context)
         after, until = request.after_csn, request.until_csn
         if until and until < after:
             _abort(
@@ -769,20 +809,30 @@ def _pieces_kept(
 ) -> Iterator[bytes] | None:
     """A large transaction's line (after the subscriber's table filter) in pieces of `max_bytes`; None: no change kept.
 
-    Unfiltered, a stored record goes from the file to the wire a piece at a
-    time, so a gigabyte transaction costs the service a piece of memory per
-    stream.  A table filter needs the whole line to cut (its JSON is parsed),
-    so a filtered subscriber's stream holds it whole.
+    A stored record goes from the file to the wire a piece at a time, so a
+    gigabyte transaction costs the service a piece of memory per stream.
+    A table filter or a conversion reads it a change at a time
+    (`keep_pieces`): about one change and a piece, never the whole line.
     """
     if not filt:
         return line.pieces(max_bytes)
+    pieces = _or_data_loss(filt.keep_pieces(line.pieces(max_bytes), max_bytes), csn, context)
+    first = next(pieces, None)  # (scans up to the first kept change: None when none is)
+    if first is None:
+        return None
+    return _chain_pieces(first, pieces)
+
+
+def _or_data_loss(pieces: Iterator[bytes], csn: int, context: grpc.ServicerContext) -> Iterator[bytes]:
     try:
-        kept = filt.keep(line.read())
+        yield from pieces
     except ValueError as e:
         _bad_line(context, csn, e)
-    if kept is None:
-        return None
-    return (kept[i : i + max_bytes] for i in range(0, len(kept), max_bytes))
+
+
+def _chain_pieces(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
 
 
 def _piece_responses(csn: int, pieces: Iterator[bytes], make: Callable[[], _Resp]) -> Iterator[_Resp]:

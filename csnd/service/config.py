@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from csnd.core.errors import ConfigError
 from csnd.runtime.config import LiveSourceConfig
+from csnd.service.limits import MAX_STREAMS, MAX_STREAMS_PER_PEER
 from csnd.service.settings import (
     CONFIG_ENV,
     LIVE_KEYS,
@@ -75,6 +76,11 @@ class ServeConfig:
     tls_key: str | None = None
     # With a token: gRPC health checking needs it too (default: open to probes).
     health_needs_token: bool = False
+    # Per-consumer credentials with roles (csnd.service.auth; docs/design.md section 8)
+    credentials_file: str | None = None
+    # Streams served at once, in all and per host (csnd.service.limits)
+    max_streams: int = MAX_STREAMS
+    max_streams_per_peer: int = MAX_STREAMS_PER_PEER
     retention_bytes: int | None = None
     retention_hours: float | None = None
     give_up_s: float = DEFAULT_GIVE_UP_S
@@ -223,6 +229,9 @@ def build_config(
         tls_cert=cert,
         tls_key=key,
         health_needs_token=bool(pick("health_needs_token", default=False)),
+        credentials_file=pick("credentials_file"),
+        max_streams=pick("max_streams", default=MAX_STREAMS),
+        max_streams_per_peer=pick("max_streams_per_peer", default=MAX_STREAMS_PER_PEER),
         retention_bytes=pick("retention_bytes"),
         retention_hours=pick("retention_hours"),
         give_up_s=pick("give_up", default=DEFAULT_GIVE_UP_S),

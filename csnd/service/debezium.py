@@ -21,6 +21,7 @@ change gives no event.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -44,19 +45,38 @@ def to_debezium(line: bytes) -> bytes | None:
     try:
         txn = json.loads(line)
         changes = txn["changes"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"not a transaction line: {e}") from None
+    event = debezium_events(txn)
+    if not changes:
+        return None
+    return "\n".join(event(change) for change in changes).encode("utf-8")
+
+
+def debezium_events(txn: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], str]:
+    """What turns each change of the transaction `txn` (its keys; its changes are not needed) into its event.
+
+    Called with the transaction's changes in their order, one at a time (a
+    line read in pieces is converted so): the event's `total_order` and
+    `data_collection_order` count the calls.  ValueError when `txn` lacks
+    what an event needs.
+    """
+    try:
         csn = txn["csn"]
         ts_ms = _millis(txn["commit_time"])
         nodes = txn["nodes"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"not a transaction line: {e}") from None
-    if not changes:
-        return None
     marker = txn.get("snapshot")
     # Debezium's own values: "true" for an initial snapshot's rows, "incremental" for a signal's chunks
     snapshot = "false" if marker is None else "incremental" if "incremental" in marker else "true"
+    gid = txn.get("gid")
     per_table: dict[tuple[str, str], int] = {}
-    events = []
-    for order, change in enumerate(changes, start=1):
+    counted = [0]
+
+    def event_of(change: Mapping[str, Any]) -> str:
+        counted[0] += 1
+        order = counted[0]
         try:
             table = (change["schema"], change["table"])
             op = OPS[change["op"]]
@@ -86,7 +106,7 @@ def to_debezium(line: bytes) -> bytes | None:
                 "xmin": None,
                 "csn": csn,
                 "node": node,
-                "gid": txn.get("gid"),
+                "gid": gid,
             },
             "op": op,
             "ts_ms": ts_ms,
@@ -96,8 +116,9 @@ def to_debezium(line: bytes) -> bytes | None:
                 "data_collection_order": per_table[table],
             },
         }
-        events.append(_dumps(event))
-    return "\n".join(events).encode("utf-8")
+        return _dumps(event)
+
+    return event_of
 
 
 def _row(row: Any) -> dict[str, Any] | None:

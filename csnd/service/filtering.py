@@ -11,25 +11,43 @@ could change them (a float4's shortest text, key order), and the format is one
 other tools compare byte for byte.  The `schema.table` syntax itself is
 `csnd.core.tablespec`'s, shared with the consumers.
 
+A subscriber may name thousands of tables: a line is matched against them
+by set lookups, never by a scan of the line per name.  A line too large for
+one message comes in pieces (`keep_pieces`): it is filtered a change at a
+time (`csnd.service.linescan`) and goes out in pieces again, so a filtered
+or converted stream holds about one change and a piece, not the line.
+
 Everything here is pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from typing import Final
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final
 
 from csnd.core.tablespec import parse_table
+from csnd.service.linescan import LineScanner
 
 _scan: Final = json.JSONDecoder().raw_decode
 _encode: Final = json.JSONEncoder(ensure_ascii=False).encode
+# Up to this many names, the first test of a line is a substring search per
+# name (memchr speed, the fastest for a few); past it, one pass of _NAMED over
+# the line with a set lookup per match, whatever the number of names.
+FEW_NAMES: Final = 8
+# A `"schema": "..."` or `"table": "..."` pair as the writer encodes it (the
+# string's JSON text: compared with the names encoded the same way).
+_NAMED: Final = re.compile(rb'"(schema|table)": "((?:[^"\\]|\\.)*)"')
+# What a converted stream does with one transaction (csnd.service.debezium):
+# given the line's keys but its changes, the text each change becomes.
+ChangeConverter = Callable[[Mapping[str, Any]], Callable[[Mapping[str, Any]], str]]
 
 
 class TableFilter:
     """The tables one subscriber asked for; empty: every table (`keep` returns the line as is)."""
 
-    __slots__ = ("tables", "schemas", "_needles")
+    __slots__ = ("tables", "schemas", "_needles", "_table_texts", "_schema_texts")
 
     def __init__(self, specs: Iterable[str] = ()) -> None:
         parsed = [parse_table(s) for s in specs]
@@ -38,9 +56,11 @@ class TableFilter:
         # A cheap first test: a line that holds none of these texts has no
         # change of ours (the writer encodes names exactly so); a line that
         # holds one is parsed to be sure.
+        self._table_texts = frozenset(_encode(t)[1:-1].encode() for _, t in self.tables)
+        self._schema_texts = frozenset(_encode(s)[1:-1].encode() for s in self.schemas)
         self._needles = tuple(
-            {f'"table": {_encode(t)}'.encode() for _, t in self.tables}
-            | {f'"schema": {_encode(s)}'.encode() for s in self.schemas}
+            {b'"table": "' + t + b'"' for t in self._table_texts}
+            | {b'"schema": "' + s + b'"' for s in self._schema_texts}
         )
 
     def __bool__(self) -> bool:
@@ -50,23 +70,68 @@ class TableFilter:
         """Whether a change of `schema.table` is kept (a relation line of it sent)."""
         return not self._needles or (schema, table) in self.tables or schema in self.schemas
 
+    def wants(self, change: Mapping[str, Any]) -> bool:
+        """Whether a change (parsed) is kept."""
+        schema = change.get("schema")
+        return not self._needles or (schema, change.get("table")) in self.tables or schema in self.schemas
+
+    def may_hold(self, line: bytes) -> bool:
+        """False when `line` surely holds no change of ours (True: parse it to know)."""
+        needles = self._needles
+        if len(needles) <= FEW_NAMES:
+            return any(n in line for n in needles)
+        tables, schemas = self._table_texts, self._schema_texts
+        for m in _NAMED.finditer(line):
+            if m.group(2) in (tables if m.group(1) == b"table" else schemas):
+                return True
+        return False
+
     def keep(self, line: bytes) -> bytes | None:
         """The line with only the changes of our tables; None if no change is left."""
         if not self._needles:
             return line
-        if not any(n in line for n in self._needles):
+        if not self.may_hold(line):
             return None
         return filter_line(line, self.tables, self.schemas)
 
+    def keep_pieces(self, pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+        """`keep` of a line read in pieces, in pieces of at most `size` bytes; none if no change is left.
+
+        The kept changes are joined as `filter_line` joins them; nothing is
+        yielded before the first kept change is found.
+        """
+        scanner = LineScanner(pieces)
+        head, _ = scanner.head()
+        out = _Pieces(size)
+        kept = False
+        for text, change in scanner.changes():
+            if self.wants(change):
+                out.add(", " if kept else head)
+                kept = True
+                out.add(text)
+                yield from out.full()
+        tail = scanner.tail()
+        if kept:
+            out.add(tail)
+            yield from out.rest()
+
 
 class Reshaped:
-    """A table filter, then a conversion of each line it keeps (a subscriber's `format`, e.g. Debezium's)."""
+    """A table filter, then a conversion of each line it keeps (a subscriber's `format`, e.g. Debezium's).
 
-    __slots__ = ("convert", "filt")
+    `convert` takes a whole line; `per_change`, for a line read in pieces,
+    takes the line's keys and gives what turns each kept change into its
+    text (joined by newlines, as `convert` joins them).
+    """
 
-    def __init__(self, filt: TableFilter, convert: Callable[[bytes], bytes | None]) -> None:
+    __slots__ = ("convert", "filt", "per_change")
+
+    def __init__(
+        self, filt: TableFilter, convert: Callable[[bytes], bytes | None], per_change: ChangeConverter
+    ) -> None:
         self.filt = filt
         self.convert = convert
+        self.per_change = per_change
 
     def __bool__(self) -> bool:
         return True  # (every line is converted: none passes as it is)
@@ -78,6 +143,51 @@ class Reshaped:
         """The converted line; None if the filter or the conversion leaves nothing."""
         kept = self.filt.keep(line)
         return None if kept is None else self.convert(kept)
+
+    def keep_pieces(self, pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+        """`keep` of a line read in pieces, in pieces of at most `size` bytes; none if nothing is left."""
+        scanner = LineScanner(pieces)
+        _, head = scanner.head()
+        convert = self.per_change(head)
+        wants = self.filt.wants
+        out = _Pieces(size)
+        kept = False
+        for _, change in scanner.changes():
+            if wants(change):
+                if kept:
+                    out.add("\n")
+                kept = True
+                out.add(convert(change))
+                yield from out.full()
+        scanner.tail()
+        if kept:
+            yield from out.rest()
+
+
+class _Pieces:
+    """Text put in, pieces of exactly `size` bytes (the last one shorter) taken out."""
+
+    __slots__ = ("_buf", "_size")
+
+    def __init__(self, size: int) -> None:
+        self._buf = bytearray()
+        self._size = max(1, size)
+
+    def add(self, text: str) -> None:
+        self._buf += text.encode("utf-8")
+
+    def full(self) -> Iterator[bytes]:
+        buf, size = self._buf, self._size
+        while len(buf) >= size:
+            piece = bytes(buf[:size])
+            del buf[:size]  # (a bytearray drops its front without moving the rest)
+            yield piece
+
+    def rest(self) -> Iterator[bytes]:
+        yield from self.full()
+        if self._buf:
+            yield bytes(self._buf)
+            self._buf.clear()
 
 
 # What a stream applies to each line: its table filter, converted or not.

@@ -62,8 +62,10 @@ from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.sources import SourceSpec, check_nodes, open_live, open_source
 from csnd.runtime.stopping import ignore_stop_signals
+from csnd.service.auth import Credentials, read_credentials_file
 from csnd.service.changefeed import FeedSettings
 from csnd.service.config import ServeConfig, ServedSource
+from csnd.service.limits import StreamLimits
 from csnd.service.nodes import NodeWatch, SlotMonitor, check_slots_kept
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
 from csnd.service.sink import ChangelogSink
@@ -250,6 +252,11 @@ class Service:
                 )
         if not nodes:
             return
+        from csnd.service.knowntables import PublishedTables
+
+        self.feed.servicer.known_tables.published = PublishedTables(
+            [(a.node, a.conninfo, a.publication) for a in nodes.values()]
+        )
         jobs = IncrementalSnapshots(
             self.config.changelog,
             self.log,
@@ -501,6 +508,7 @@ class Service:
     def run(self) -> int:
         cfg = self.config
         token = read_token_file(cfg.token_file) if cfg.token_file else None
+        credentials = read_credentials_file(cfg.credentials_file) if cfg.credentials_file else None
         tls = TlsFiles(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
         thresholds = None
         if cfg.http:
@@ -528,6 +536,8 @@ class Service:
                 serving=False,
                 health_needs_token=cfg.health_needs_token,
                 settings=_feed_settings(cfg),
+                credentials=Credentials(credentials) if credentials else None,
+                limits=StreamLimits(cfg.max_streams, cfg.max_streams_per_peer),
             )
             if cfg.http:
                 # Up before the slots are prepared (which may wait long for a new slot's

@@ -100,6 +100,25 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="require 'authorization: Bearer <token in F>' on every call (but health checks)",
     )
     p.add_argument(
+        "--credentials-file",
+        metavar="F",
+        help="per-consumer tokens with roles (read, admin) and the named subscriptions each may hold: lines "
+        "NAME ROLE TOKEN-SHA256 [SUBSCRIPTION,...] (docs/design.md section 8); --token-file's token stays admin",
+    )
+    p.add_argument(
+        "--max-streams",
+        type=flag_type(settings.WHOLE),
+        metavar="N",
+        help="streams (Subscribe, Fetch) served at once; one more is refused RESOURCE_EXHAUSTED while "
+        "Status and health keep answering (default 256)",
+    )
+    p.add_argument(
+        "--max-streams-per-peer",
+        type=flag_type(settings.WHOLE),
+        metavar="N",
+        help="streams one client host may hold at once (default 64)",
+    )
+    p.add_argument(
         "--tls-cert", metavar="PEM", help="serve gRPC and --http over TLS with this certificate chain"
     )
     p.add_argument("--tls-key", metavar="PEM", help="... and this private key")

@@ -1,6 +1,7 @@
 """A gRPC server for the changefeed over an open changelog: `start_changefeed(...)`.
 
-    start_changefeed(log) ─► grpc.server ─┬─ BearerTokenInterceptor (with a token)
+    start_changefeed(log) ─► grpc.server ─┬─ AccessInterceptor (with credentials: token, roles)
+                                         ├─ StreamLimitInterceptor (streams' own bound)
                                          ├─ csnd.v1.Changefeed   (ChangefeedServicer)
                                          ├─ grpc.health.v1.Health (SERVING once started,
                                          │   or once `set_serving()` says so; open without
@@ -12,10 +13,16 @@ serves it.  `RunningServer.stop()` says NOT_SERVING, lets every stream end
 cleanly (each sees the stop within WAIT_S and finishes with OK, so a client
 reconnects -- to this address once the service is back), stores the named
 marks, then shuts the server down.
+
+Served in plaintext (no TLS) on an address beyond loopback, tokens and rows
+cross the network readable by anyone on the path: the server says so in a
+warning at every start (and that it takes no token, when it takes none).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -28,18 +35,19 @@ from grpc_reflection.v1alpha import reflection
 from csnd.core.errors import ConfigError
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.service.auth import HEALTH_SERVICE, BearerTokenInterceptor
+from csnd.service.auth import HEALTH_SERVICE, AccessInterceptor, Credentials, token_digest
 from csnd.service.changefeed import WAIT_S, ChangefeedServicer, FeedSettings
+from csnd.service.limits import StreamLimitInterceptor, StreamLimits, StreamSlots
 from csnd.service.status import NodeStatusSource
 
 if TYPE_CHECKING:
     from csnd.changelog import Changelog, SubscriptionStore
 
+log = logging.getLogger("csnd.changefeed")
+
 SERVICE_NAME: Final = pb.DESCRIPTOR.services_by_name["Changefeed"].full_name
-# Handler threads: each subscriber holds one for as long as it is subscribed.
-# A call beyond this is refused with RESOURCE_EXHAUSTED (the client retries)
-# rather than waiting unseen in grpc's queue.
-MAX_WORKERS: Final = 64
+# Handler threads with the default limits (streams' share and unary calls').
+MAX_WORKERS: Final = StreamLimits().threads
 SERVER_OPTIONS: Final = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -64,6 +72,7 @@ class RunningServer:
     servicer: ChangefeedServicer
     _server: grpc.Server = field(repr=False)
     _health: health.HealthServicer = field(repr=False)
+    streams: StreamSlots = field(default_factory=lambda: StreamSlots(StreamLimits()))
     _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def set_serving(self) -> None:
@@ -102,6 +111,8 @@ def start_changefeed(
     directory: str = "",
     serving: bool = True,
     health_needs_token: bool = False,
+    credentials: Credentials | None = None,
+    limits: StreamLimits | None = None,
 ) -> RunningServer:
     """Serves `changelog` on `listen` (port 0: a free port, in `.port`) until `.stop()`.
 
@@ -109,19 +120,30 @@ def start_changefeed(
     service has more to do before it is ready: its new slots).  With a
     `token`, health checking is open to callers without it (probes cannot
     send one) unless `health_needs_token`; every other service needs it.
+    `token` is an admin credential; `credentials` adds (or holds) others,
+    with roles (csnd.service.auth).  `limits`: how many streams it serves
+    at once, in all and per host (csnd.service.limits).
     """
+    access = _access(token, credentials)
+    limits = limits or StreamLimits()
+    slots = StreamSlots(limits)
     servicer = ChangefeedServicer(
-        changelog, subscriptions=subscriptions, status=status, settings=settings, directory=directory
+        changelog,
+        subscriptions=subscriptions,
+        status=status,
+        settings=settings,
+        directory=directory,
+        credentials=access,
     )
+    interceptors: list[grpc.ServerInterceptor] = []
+    if access is not None:
+        interceptors.append(AccessInterceptor(access, () if health_needs_token else (HEALTH_SERVICE,)))
+    interceptors.append(StreamLimitInterceptor(slots))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="csnd-feed"),
-        interceptors=(
-            [BearerTokenInterceptor(token, () if health_needs_token else (HEALTH_SERVICE,))]
-            if token is not None
-            else []
-        ),
+        futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="csnd-feed"),
+        interceptors=interceptors,
         options=SERVER_OPTIONS,
-        maximum_concurrent_rpcs=MAX_WORKERS,
+        maximum_concurrent_rpcs=limits.threads,
     )
     add_changefeed(servicer, server)
     health_servicer = health.HealthServicer()
@@ -144,10 +166,54 @@ def start_changefeed(
         health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     server.start()
     host = listen.rsplit(":", 1)[0]
-    running = RunningServer(port, f"{host}:{port}", servicer, server, health_servicer)
+    _warn_if_exposed(host, port, tls is not None, access is not None)
+    running = RunningServer(port, f"{host}:{port}", servicer, server, health_servicer, slots)
     if serving:
         running.set_serving()
     return running
+
+
+def _access(token: str | None, credentials: Credentials | None) -> Credentials | None:
+    """The credentials the server takes: `token` as admin, with `credentials`' (None: no check at all)."""
+    if token is None:
+        return credentials
+    admin = Credentials.of(token, None)
+    assert admin is not None
+    if credentials is None:
+        return admin
+    if any(c.digest == token_digest(token) for c in credentials.entries):
+        raise ConfigError("the --token-file token is also in --credentials-file; give each its own token")
+    return Credentials([*admin.entries, *credentials.entries])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # (a name: it may resolve anywhere)
+
+
+def _warn_if_exposed(host: str, port: int, tls: bool, authenticated: bool) -> None:
+    """A warning at start for a changefeed others can reach in plaintext, or without a token."""
+    if is_loopback(host):
+        return
+    where = f"{host or '0.0.0.0'}:{port}"
+    if not tls:
+        log.warning(
+            "changefeed on %s is served in plaintext beyond loopback: tokens and rows cross the network "
+            "readable; give it --tls-cert and --tls-key, or listen on 127.0.0.1",
+            where,
+        )
+    if not authenticated:
+        log.warning(
+            "changefeed on %s takes calls from anyone who reaches it (no --token-file or "
+            "--credentials-file): every row is theirs to read",
+            where,
+        )
 
 
 class _Registration:
