@@ -15,11 +15,12 @@ and CRC-checked records, a torn tail found and cut on open) and Kafka's log
 (a sparse offset index beside each segment, rebuilt when damaged; retention
 drops whole segments by size and age; consumer offsets stored durably).
 
-File format (record.py has the details, and why the CRC is not chained):
-a segment is a 40-byte header (b"CSNDCLOG", version 1, sequence, first CSN,
-the CSN before it, CRC) followed by records: a 28-byte head (mark, CRC-32 of
-the rest, payload length, CSN, append time in microseconds) and the payload,
-the docs/design.md section 7 JSON line.  Its index `.idx` is b"CSNDIDX1" and
+File format (record.py has the details, and why the CRC is chained as it is):
+a segment is a 40-byte header (b"CSNDCLOG", version 2, sequence, first CSN,
+the CSN before it, CRC) followed by records: a 32-byte head (mark, CRC-32 of
+the rest, the CRC of the record before it, payload length, CSN, append time
+in microseconds) and the payload, the docs/design.md section 7 JSON line.
+Version-1 segments (a 28-byte head naming no predecessor) are still read.  Its index `.idx` is b"CSNDIDX1" and
 (csn, offset) pairs, one per 4 KiB of segment.
 
 record.py        pure: frames, headers, names, index entries, tail scans

@@ -6,8 +6,9 @@
  * the two to the same output for any run of CSNs and payloads.  Keep them
  * in step.
  *
- * It encodes a run of records (the 28-byte head of record.py, then the
- * payload) with one time of appending, and stops before the first record
+ * It encodes a run of records (the 32-byte head of record.py's format
+ * version 2, then the payload) with one time of appending, each naming the
+ * CRC of the record before it (the first: `prev_crc`), and stops before the first record
  * that may not follow: a CSN not above the one before it (or out of
  * 1..2^64-1), or a payload over the limit.  The caller appends what it got
  * and names the record it stopped at.  For a node of one-row transactions
@@ -20,7 +21,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#define FRAME_HEAD 28
+#define FRAME_HEAD 32
 static const unsigned char MARK[4] = {0xd3, 0x9c, 0x1e, 0x7a};
 
 static void
@@ -64,7 +65,8 @@ encode_frames(PyObject *self, PyObject *args)
     PyObject *csns, *payloads;
     unsigned long long time_us, last;
     Py_ssize_t most;
-    if (!PyArg_ParseTuple(args, "OOKKn:encode_frames", &csns, &payloads, &time_us, &last, &most))
+    unsigned long link;
+    if (!PyArg_ParseTuple(args, "OOKKnk:encode_frames", &csns, &payloads, &time_us, &last, &most, &link))
         return NULL;
     PyObject *csn_seq = PySequence_Fast(csns, "encode_frames: csns must be a sequence");
     if (csn_seq == NULL)
@@ -104,9 +106,10 @@ encode_frames(PyObject *self, PyObject *args)
             goto fail;
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frame);
         memcpy(p, MARK, 4);
-        put32(p + 8, (uint32_t)length);
-        put64(p + 12, csn);
-        put64(p + 20, time_us);
+        put32(p + 8, (uint32_t)link);
+        put32(p + 12, (uint32_t)length);
+        put64(p + 16, csn);
+        put64(p + 24, time_us);
         memcpy(p + FRAME_HEAD, PyBytes_AS_STRING(payload), (size_t)length);
         /* zlib's crc32 takes a uInt length: a payload is at most 2^32-1 bytes, so two calls at most */
         uLong crc = crc32(0L, p + 8, FRAME_HEAD - 8);
@@ -119,6 +122,7 @@ encode_frames(PyObject *self, PyObject *args)
             left -= piece;
         }
         put32(p + 4, (uint32_t)crc);
+        link = (unsigned long)(uint32_t)crc;
         int failed = PyList_Append(out, frame);
         Py_DECREF(frame);
         if (failed < 0)
@@ -136,7 +140,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"encode_frames", encode_frames, METH_VARARGS,
-     "encode_frames(csns, payloads, time_us, after_csn, max_payload) -> list of record bytes\n\n"
+     "encode_frames(csns, payloads, time_us, after_csn, max_payload, prev_crc) -> list of record bytes\n\n"
      "The records of a run, stopping before the first that may not follow (see record.encode_frames_py)."},
     {NULL, NULL, 0, NULL},
 };

@@ -150,7 +150,7 @@ class Changelog:
         self._lock_fd = _take_lock(self.directory)
         try:
             # The relation versions of its transactions (docs/design.md section 7), under the same lock.
-            self.relations = RelationStore(self.directory)
+            self.relations = RelationStore(self.directory, guard=self._guard)
             self._segments = self._open_segments()
             if self._segments:
                 self._open_active(self._segments[-1])
@@ -170,6 +170,7 @@ class Changelog:
         self._open: _OpenRecord | None = None  # a record being appended in pieces
         last = self._segments[-1] if self._segments else None
         self._appended_csn = last.last_csn if last else 0
+        self._link = last.link if last else 0  # the crc of the last record appended: what the next names
         # The fsyncs of sync(), for Status: how many, their total and the last's seconds.
         self.fsyncs = 0
         self.fsync_seconds_total = 0.0
@@ -206,14 +207,16 @@ class Changelog:
                 )
         segments: list[sg.Segment] = []
         for i, (seq, first, name) in enumerate(found):
+            # (each segment's first record names the last of the one before: checked when it is there)
+            prev_crc = segments[-1].link if segments else None
             if i == len(found) - 1:
-                last = sg.open_last(self.directory, name, seq, first, self._interval)
+                last = sg.open_last(self.directory, name, seq, first, self._interval, prev_crc)
                 if last is None:
                     sync_directory(os.path.join(self.directory, name))
                     break
                 seg = last
             else:
-                seg = sg.open_sealed(self.directory, name, seq, first, self._interval)
+                seg = sg.open_sealed(self.directory, name, seq, first, self._interval, prev_crc)
             if segments and seg.prev_csn != segments[-1].last_csn:
                 raise ChangelogCorrupt(
                     f"segment says the record before it is csn {seg.prev_csn}, "
@@ -281,9 +284,10 @@ class Changelog:
         t = int(self._clock() * 1_000_000)
         last = self._appended_csn
         # One compiled call encodes the run; it stops before a record that may not follow.
-        frames = rec.encode_frames(csns, lines, t, last, rec.MAX_PAYLOAD)
+        frames = rec.encode_frames(csns, lines, t, last, rec.MAX_PAYLOAD, self._link)
         n = len(frames)
         if n:
+            self._link = rec.frame_crc(frames[-1])
             self._pending += frames
             self._pending_meta += zip(csns[:n], itertools.repeat(t))
             self._unsynced_csns += csns[:n]
@@ -351,11 +355,12 @@ class Changelog:
         if r is None:
             raise ValueError("no changelog record is open")
         seg = r.segment
+        head = rec.encode_head(r.csn, r.time_us, r.length, r.crc, self._link)
 
         def step() -> None:
             fd = os.open(seg.path, os.O_WRONLY)  # (pwrite on an O_APPEND file appends, on Linux)
             try:
-                os.pwrite(fd, rec.encode_head(r.csn, r.time_us, r.length, r.crc), r.offset)
+                os.pwrite(fd, head, r.offset)
             finally:
                 os.close(fd)
             first_new = len(seg.index_csns)
@@ -369,6 +374,7 @@ class Changelog:
         self._guard(step)
         self._open = None
         self._appended_csn = r.csn
+        self._link = rec.frame_crc(head)
         self._unsynced_csns.append(r.csn)
         self._unsynced_lines.append(None)
 
@@ -378,14 +384,33 @@ class Changelog:
         if r is None:
             return
         self._open = None
-        self._guard(lambda: os.ftruncate(self._fd, r.offset))
-        if not r.segment.w_last_csn:
-            # The segment was started for this record, and is named after its csn: no
-            # other record may be its first.  The next open removes the empty segment.
-            self._failed = OutputError(
-                f"changelog {self.directory}: the record of csn {r.csn} was given up at the start of "
-                f"{r.segment.path}; restart the service to append again"
-            )
+        if r.segment.w_last_csn:
+            self._guard(lambda: os.ftruncate(self._fd, r.offset))
+        else:
+            # The segment was started for this record, and is named after its csn: no other
+            # record may be its first.  It goes, and the one before it is appended to again.
+            self._guard(lambda: self._unroll(r.segment))
+
+    def _unroll(self, seg: sg.Segment) -> None:
+        """Remove the newest segment, which holds no record, and append to the one before it again.
+
+        Its fd is not closed here but left to the next sync, as a rolled-over
+        segment's is: a sync running now may be fsyncing it.  The directory is
+        fsynced at once: a segment that came back after a crash would share
+        its sequence number with the next one made.
+        """
+        self._segments.pop()
+        self._sealed_fds.append(self._fd)
+        os.close(self._index_fd)
+        self._fd = self._index_fd = -1
+        if seg in self._dirty:
+            self._dirty.remove(seg)
+        os.unlink(seg.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(seg.index_path)
+        sync_directory(seg.path)
+        if self._segments:
+            self._open_active(self._segments[-1])
 
     def sync(self) -> int:
         """Write what is pending, fsync it (and the directory for a new segment); returns durable_csn."""
@@ -440,7 +465,8 @@ class Changelog:
                 seg.last_csn, seg.last_time = last_csn, last_time
                 seg.durable_n = index_n
             self._view = tuple(s for s in self._segments if s.last_csn)
-            self._durable_csn = self._view[-1].last_csn
+            if self._view:  # (empty while the first record ever is still being written in pieces)
+                self._durable_csn = self._view[-1].last_csn
             self._recent.extend(point.csns)
             self._tail.extend(point.csns, point.lines)
             self._cond.notify_all()
@@ -487,7 +513,10 @@ class Changelog:
     def _segment_for(self, csn: int) -> sg.Segment:
         """The segment the record of `csn` goes into: the last, or a new one (its header written) once it is full."""
         seg = self._segments[-1] if self._segments else None
-        if seg is None or (seg.written >= self.segment_bytes and seg.w_last_csn):
+        # (a segment of an older format version is not appended to: its records are framed otherwise)
+        if seg is None or (
+            (seg.written >= self.segment_bytes or seg.frames is not rec.CURRENT) and seg.w_last_csn
+        ):
             seg = self._roll(csn)
             self._write(seg, [rec.encode_header(rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn))], 0)
         return seg
@@ -609,7 +638,7 @@ class Changelog:
         with self._cond:
             self._segments, self._dirty, self._dir_dirty = [], [], False
             self._view = ()
-            self._durable_csn = self._appended_csn = 0
+            self._durable_csn = self._appended_csn = self._link = 0
             self._unsynced_csns, self._unsynced_lines = [], []
             self._recent = RecentCsns(self._recent.keep)
             self._tail.clear()
@@ -752,7 +781,7 @@ class Changelog:
                 start, expect = sg.seek(csns, offs, n, after_csn)
                 try:
                     yield from sg.read_records(
-                        seg.path, start, end, expect, after_csn, until_csn, whole_up_to
+                        seg.path, start, end, expect, after_csn, until_csn, whole_up_to, seg.frames
                     )
                     break
                 except FileNotFoundError:
@@ -769,6 +798,11 @@ class Changelog:
                         ) from None
                     self._rebuild_index(seg)
                     n = len(seg.index_csns)
+                except ChangelogCorrupt:
+                    if seg is not self._segments[-1]:
+                        # (damaged since open: said in the words open, and `csnd changelog --check`, use)
+                        sg.scan_sealed(seg.path, seg.header, self._interval)
+                    raise
 
     def _rebuild_index(self, seg: sg.Segment) -> None:
         """A sealed segment's index pointed at the wrong bytes: scan the segment and write it anew."""
@@ -776,8 +810,7 @@ class Changelog:
             sg.log.warning(
                 "changelog: rebuilding the index of %s: an entry does not point at its record", seg.path
             )
-            header = rec.SegmentHeader(seg.seq, seg.first_csn, seg.prev_csn)
-            _, (csns, offs) = sg.scan_sealed(seg.path, header, self._interval)
+            _, (csns, offs) = sg.scan_sealed(seg.path, seg.header, self._interval)
             with self._cond:
                 seg.index_csns, seg.index_offs, seg.durable_n = csns, offs, len(csns)
             sg.write_index(seg)

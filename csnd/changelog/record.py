@@ -4,28 +4,44 @@ Nothing here opens a file or reads a clock: every function takes bytes (or a
 memoryview) and an offset cursor, so the torn-tail logic is tested over
 every cut of a buffer without touching a disk.  `segment.py` does the I/O.
 
-A record (one transaction) is a fixed 28-byte head and the payload:
+A record (one transaction) in a segment of format version 2, which every
+new segment is written in, is a fixed 32-byte head and the payload:
 
     offset 0   4s  MARK           b"\\xd3\\x9c\\x1e\\x7a": where a record may start
            4   u32 crc            zlib.crc32 of bytes 8 .. end of payload
-           8   u32 length         payload bytes
-          12   u64 csn            strictly increasing through the whole log
-          20   u64 time_us        the changelog's clock at append (retention by age)
-          28   payload            the docs/design.md section 7 JSON line, no newline
+           8   u32 prev_crc       the crc of the record before it (0: none before it)
+          12   u32 length         payload bytes
+          16   u64 csn            strictly increasing through the whole log
+          24   u64 time_us        the changelog's clock at append (retention by age)
+          32   payload            the docs/design.md section 7 JSON line, no newline
 
-All integers big-endian.  The CRC is *not* chained from the previous record
-(etcd's WAL chains it): a reader seeks through the sparse index into the
-middle of a segment and has no predecessor CRC to start from, so a chained
-CRC would force a scan from the segment's start, or the chain values would
-have to live in the index, which is only a rebuildable hint.  What chaining
-buys etcd -- a record that is intact but out of place is noticed -- comes
-here from the CSNs: every record carries its CSN, CSNs strictly increase,
+All integers big-endian.  Version 1 (still read, never written) is the same
+without `prev_crc`: a 28-byte head, its CRC over length, csn, time and
+payload.
+
+Why chained, and why by a field.  A CRC of each record alone catches a
+damaged record, but a whole record cut out of a segment leaves CSNs that
+still increase and CRCs that still match: a reader would hand out the log
+without that transaction, as complete.  So each record names the CRC of the
+record before it, and its own CRC covers that name (as etcd's WAL chains
+its CRCs, and the recorded stream files do): a record cut out, repeated or
+moved breaks the link of the first record after the change.  The link is a
+field rather than a CRC *started from* the previous one because a reader
+seeks through the sparse index into the middle of a segment, and the scan
+of a damaged tail looks for a later intact record: both must check a
+record's own CRC without its predecessor.  The link continues across
+segments (a segment's first record names the last record of the segment
+before it), which open checks when both are there.  Only whole records lost
+from the very end of the newest segment pass -- indistinguishable from a
+log that stopped there.
+
+CSNs back this up: every record carries its CSN, CSNs strictly increase,
 and the segment header names the segment's first CSN and the CSN before it,
-so a stale or misplaced record shows as a CSN out of order.  The MARK lets
-the scan of a damaged tail look for a later intact record with `bytes.find`
-instead of trying every offset; it never appears in valid JSON text
-(0x1e is a control character JSON must escape), and a false hit inside a
-payload is rejected by the CRC.
+so a stale or misplaced record also shows as a CSN out of order.  The MARK
+lets the scan of a damaged tail look for a later intact record with
+`bytes.find` instead of trying every offset; it never appears in valid JSON
+text (0x1e is a control character JSON must escape), and a false hit inside
+a payload is rejected by the CRC.
 """
 
 from __future__ import annotations
@@ -39,9 +55,12 @@ from typing import Final, NamedTuple
 from csnd.core.compiled import compiled_module
 
 MARK: Final = b"\xd3\x9c\x1e\x7a"
-_FRAME: Final = struct.Struct(">4sIIQQ")
-_FRAME_TAIL: Final = struct.Struct(">IQQ")  # the CRC-covered part of the head
-FRAME_HEAD: Final = _FRAME.size  # 28
+_FRAME: Final = struct.Struct(">4sIIIQQ")  # version 2
+_FRAME_TAIL: Final = struct.Struct(">IIQQ")  # the CRC-covered part of the head
+FRAME_HEAD: Final = _FRAME.size  # 32
+_FRAME_V1: Final = struct.Struct(">4sIIQQ")
+_FRAME_TAIL_V1: Final = struct.Struct(">IQQ")
+FRAME_HEAD_V1: Final = _FRAME_V1.size  # 28
 MAX_PAYLOAD: Final = 0xFFFF_FFFF
 MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
 
@@ -49,9 +68,11 @@ MAX_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
 # record before this segment's first (0 for the first segment ever: nothing
 # before), and a CRC of the 36 bytes before it (40 in all).  `prev_csn` is how a read
 # after a CSN older than the oldest retained segment knows whether anything
-# in between was dropped (CsnOutOfRange) or never existed.
+# in between was dropped (CsnOutOfRange) or never existed.  The header is
+# the same in both versions; the version says how its records are framed.
 SEGMENT_MAGIC: Final = b"CSNDCLOG"
-SEGMENT_VERSION: Final = 1
+SEGMENT_VERSION: Final = 2  # what new segments are written in
+SEGMENT_VERSIONS: Final = (1, 2)  # what is read
 _SEG_HEAD: Final = struct.Struct(">8sIQQQI")
 SEGMENT_HEAD: Final = _SEG_HEAD.size  # 40
 
@@ -67,22 +88,43 @@ OK: Final = 0
 SHORT: Final = 1  # the buffer ends inside the record: a cut, or read more
 BAD: Final = 2  # not a record here: wrong mark or CRC
 
+# The `prev` of a version-1 record, which names none: it links to anything.
+NO_LINK: Final = -1
 
-def encode(csn: int, time_us: int, payload: bytes) -> bytes:
-    """One record's bytes."""
+
+def encode(csn: int, time_us: int, payload: bytes, prev_crc: int) -> bytes:
+    """One record's bytes, after the record whose crc is `prev_crc` (0: none before it)."""
     n = len(payload)
-    crc = zlib.crc32(payload, zlib.crc32(_FRAME_TAIL.pack(n, csn, time_us)))
-    return _FRAME.pack(MARK, crc, n, csn, time_us) + payload
+    crc = zlib.crc32(payload, zlib.crc32(_FRAME_TAIL.pack(prev_crc, n, csn, time_us)))
+    return _FRAME.pack(MARK, crc, prev_crc, n, csn, time_us) + payload
+
+
+def encode_v1(csn: int, time_us: int, payload: bytes) -> bytes:
+    """One record's bytes in format version 1 (read, never written: for tests of old segments)."""
+    n = len(payload)
+    crc = zlib.crc32(payload, zlib.crc32(_FRAME_TAIL_V1.pack(n, csn, time_us)))
+    return _FRAME_V1.pack(MARK, crc, n, csn, time_us) + payload
+
+
+def frame_crc(frame: bytes) -> int:
+    """The crc of an encoded record: what the record after it names."""
+    return int.from_bytes(frame[4:8], "big")
 
 
 def encode_frames_py(
-    csns: Sequence[int], payloads: Sequence[bytes], time_us: int, after_csn: int, max_payload: int
+    csns: Sequence[int],
+    payloads: Sequence[bytes],
+    time_us: int,
+    after_csn: int,
+    max_payload: int,
+    prev_crc: int,
 ) -> list[bytes]:
     """The records of a run appended at `time_us`, stopping before the first that may not follow.
 
     A record may follow when its CSN is in 1..2^64-1 and above the one
     before it (`after_csn` for the first) and its payload is at most
-    `max_payload` bytes (and `MAX_PAYLOAD`).  The caller appends the records
+    `max_payload` bytes (and `MAX_PAYLOAD`).  Each names the crc of the one
+    before it (`prev_crc` for the first).  The caller appends the records
     it gets and names the one it stopped at.  A CSN that is no int, or a
     payload that is not bytes, is a TypeError.  `encode_frames` is this, in
     C (`_frames.c`) when it was built.
@@ -90,7 +132,7 @@ def encode_frames_py(
     if len(csns) != len(payloads):
         raise ValueError(f"encode_frames: {len(csns)} csns for {len(payloads)} payloads")
     out: list[bytes] = []
-    last = after_csn
+    last, link = after_csn, prev_crc
     for csn, payload in zip(csns, payloads, strict=True):
         if not isinstance(csn, int):
             raise TypeError(f"a changelog csn must be an int, not {type(csn).__name__}")
@@ -98,19 +140,20 @@ def encode_frames_py(
             raise TypeError(f"a changelog payload must be bytes, not {type(payload).__name__}")
         if not 0 < csn <= MAX_U64 or csn <= last or len(payload) > min(max_payload, MAX_PAYLOAD):
             break
-        out.append(encode(csn, time_us, payload))
-        last = csn
+        frame = encode(csn, time_us, payload, link)
+        out.append(frame)
+        last, link = csn, frame_crc(frame)
     return out
 
 
 _compiled = compiled_module("csnd.changelog._frames")
-encode_frames: Callable[[Sequence[int], Sequence[bytes], int, int, int], list[bytes]] = (
+encode_frames: Callable[[Sequence[int], Sequence[bytes], int, int, int, int], list[bytes]] = (
     encode_frames_py if _compiled is None else _compiled.encode_frames
 )
 FRAMES_IMPLEMENTATION: Final = "python" if _compiled is None else "c"
 
 
-def encode_head(csn: int, time_us: int, length: int, payload_crc: int) -> bytes:
+def encode_head(csn: int, time_us: int, length: int, payload_crc: int, prev_crc: int) -> bytes:
     """The head of a record whose payload was written first, in pieces, with `zlib.crc32` = payload_crc.
 
     A transaction too large to hold whole is appended as it is produced
@@ -119,8 +162,8 @@ def encode_head(csn: int, time_us: int, length: int, payload_crc: int) -> bytes:
     record's CRC is then combined from the head's and the payload's, as
     zlib's crc32_combine does, and the bytes are those `encode` gives.
     """
-    head_crc = zlib.crc32(_FRAME_TAIL.pack(length, csn, time_us))
-    return _FRAME.pack(MARK, crc32_combine(head_crc, payload_crc, length), length, csn, time_us)
+    head_crc = zlib.crc32(_FRAME_TAIL.pack(prev_crc, length, csn, time_us))
+    return _FRAME.pack(MARK, crc32_combine(head_crc, payload_crc, length), prev_crc, length, csn, time_us)
 
 
 # crc32_combine (zlib's, from its crc32.c since 1.2.12): the CRC of A + B from
@@ -171,42 +214,77 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return _multmodp(_x2nmodp(len2, 3), crc1) ^ crc2
 
 
-def head_at(buf: bytes | memoryview, off: int) -> tuple[int, int, int, int] | None:
-    """(crc, length, csn, time_us) of the record head at `off`, or None if no head starts there.
+class RecordHead(NamedTuple):
+    """A record's head, for a reader that reads its payload in pieces (the CRC checked afterwards)."""
 
-    For a reader that reads a large record's payload in pieces: the CRC is
-    checked afterwards with `crc_matches`.
+    crc: int
+    prev: int  # the crc it names as the record before it (NO_LINK: version 1)
+    length: int
+    csn: int
+    time_us: int
+
+
+class Frames:
+    """How the records of one segment format version are laid out: their head, parse and CRC check.
+
+    `frame_at` is the hot path of every read and scan: one unpack, one
+    `zlib.crc32` over the record, no allocation beyond the result.
     """
-    if off + FRAME_HEAD > len(buf):
-        return None
-    mark, crc, length, csn, time_us = _FRAME.unpack_from(buf, off)
-    return None if mark != MARK else (crc, length, csn, time_us)
+
+    __slots__ = ("chained", "head", "version", "_frame", "_tail")
+
+    def __init__(self, version: int, frame: struct.Struct, tail: struct.Struct) -> None:
+        self.version = version
+        self.chained = version >= 2
+        self.head = frame.size
+        self._frame = frame
+        self._tail = tail
+
+    def frame_at(self, buf: bytes | memoryview, off: int) -> tuple[int, int, int, int, int, int]:
+        """(status, csn, time_us, end, crc, prev) of the record at `off`; its payload is buf[off + head:end].
+
+        SHORT: the buffer ends before the record does (`end` is where it would
+        end, or off + head when even the head is cut).  BAD: no valid record
+        here.  `prev` is the crc the record names as the one before it
+        (NO_LINK in version 1, whose records name none).
+        """
+        size, head = len(buf), self.head
+        if off + head > size:
+            return SHORT, 0, 0, off + head, 0, NO_LINK
+        if self.chained:
+            mark, crc, prev, length, csn, time_us = self._frame.unpack_from(buf, off)
+        else:
+            mark, crc, length, csn, time_us = self._frame.unpack_from(buf, off)
+            prev = NO_LINK
+        if mark != MARK:
+            return BAD, 0, 0, off, 0, NO_LINK
+        end = off + head + length
+        if end > size:
+            return SHORT, csn, time_us, end, crc, prev
+        if zlib.crc32(buf[off + 8 : end]) != crc:
+            return BAD, csn, time_us, end, crc, prev
+        return OK, csn, time_us, end, crc, prev
+
+    def head_at(self, buf: bytes | memoryview, off: int) -> RecordHead | None:
+        """The record head at `off`, or None if no head starts there."""
+        if off + self.head > len(buf):
+            return None
+        if self.chained:
+            mark, crc, prev, length, csn, time_us = self._frame.unpack_from(buf, off)
+        else:
+            mark, crc, length, csn, time_us = self._frame.unpack_from(buf, off)
+            prev = NO_LINK
+        return None if mark != MARK else RecordHead(crc, prev, length, csn, time_us)
+
+    def crc_matches(self, h: RecordHead, payload_crc: int) -> bool:
+        """Whether a record head's crc covers its own fields and a payload of `zlib.crc32` payload_crc."""
+        fields = (h.prev, h.length, h.csn, h.time_us) if self.chained else (h.length, h.csn, h.time_us)
+        return crc32_combine(zlib.crc32(self._tail.pack(*fields)), payload_crc, h.length) == h.crc
 
 
-def crc_matches(crc: int, length: int, csn: int, time_us: int, payload_crc: int) -> bool:
-    """Whether a record head's `crc` covers its own fields and a payload of `zlib.crc32` payload_crc."""
-    head_crc = zlib.crc32(_FRAME_TAIL.pack(length, csn, time_us))
-    return crc32_combine(head_crc, payload_crc, length) == crc
-
-
-def frame_at(buf: bytes | memoryview, off: int) -> tuple[int, int, int, int]:
-    """(status, csn, time_us, end) of the record at `off`; its payload is buf[off + FRAME_HEAD:end].
-
-    SHORT: the buffer ends before the record does (`end` is where it would end,
-    or off + FRAME_HEAD when even the head is cut).  BAD: no valid record here.
-    """
-    size = len(buf)
-    if off + FRAME_HEAD > size:
-        return SHORT, 0, 0, off + FRAME_HEAD
-    mark, crc, length, csn, time_us = _FRAME.unpack_from(buf, off)
-    if mark != MARK:
-        return BAD, 0, 0, off
-    end = off + FRAME_HEAD + length
-    if end > size:
-        return SHORT, csn, time_us, end
-    if zlib.crc32(buf[off + 8 : end]) != crc:
-        return BAD, csn, time_us, end
-    return OK, csn, time_us, end
+FRAMES: Final = {1: Frames(1, _FRAME_V1, _FRAME_TAIL_V1), 2: Frames(2, _FRAME, _FRAME_TAIL)}
+CURRENT: Final = FRAMES[SEGMENT_VERSION]
+frame_at: Final = CURRENT.frame_at  # (the records new segments hold)
 
 
 class Scan(NamedTuple):
@@ -218,46 +296,68 @@ class Scan(NamedTuple):
     times: list[int]
     damage: str | None  # why the bytes at `end` are not a record (None: they end the buffer)
     later: int | None  # offset of an intact, in-order record after the damage, if any
-    misplaced: bool = False  # the damage is an intact record out of CSN order (never a torn write)
+    misplaced: bool = False  # the damage is an intact record out of place (never a torn write)
+    crc: int = 0  # of the last whole record (the `prev_crc` given when there is none)
 
 
-def scan(buf: bytes | memoryview, start: int, prev_csn: int) -> Scan:
-    """Walk the records from `start`: every whole one in CSN order, then what stopped the walk.
+def scan(
+    buf: bytes | memoryview,
+    start: int,
+    prev_csn: int,
+    frames: Frames = CURRENT,
+    prev_crc: int | None = None,
+) -> Scan:
+    """Walk the records from `start`: every whole one in CSN order and chain, then what stopped the walk.
 
-    The caller decides what the damage means: at the end of the last segment
-    with nothing intact after it, a torn write to cut off; anywhere else,
-    corruption to report.
+    `prev_crc`: the crc of the record before the first, when it is known
+    (the last of the segment before); None checks the chain from the second
+    record on.  The caller decides what the damage means: at the end of the
+    last segment with nothing intact after it, a torn write to cut off;
+    anywhere else, corruption to report.
     """
     csns: list[int] = []
     offsets: list[int] = []
     times: list[int] = []
     off, size, last = start, len(buf), prev_csn
+    chained = frames.chained
+    link = NO_LINK if prev_crc is None or not chained else prev_crc
+    last_crc = prev_crc or 0
+    frame_at = frames.frame_at
     damage: str | None = None
+    status = OK
     while off < size:
-        status, csn, t, end = frame_at(buf, off)
-        if status == OK and csn > last:
+        status, csn, t, end, crc, prev = frame_at(buf, off)
+        if status == OK and csn > last and (prev == link or link == NO_LINK):
             csns.append(csn)
             offsets.append(off)
             times.append(t)
-            last, off = csn, end
+            last, off, last_crc = csn, end, crc
+            if chained:
+                link = crc
             continue
         if status == SHORT:
             damage = f"record cut short ({size - off} of {end - off} bytes)"
         elif status == BAD:
             damage = "bad record mark" if end == off else "bad record crc"
-        else:
+        elif csn <= last:
             damage = f"record csn {csn} not after csn {last}"
+        else:
+            damage = (
+                f"record of csn {csn} does not follow the record before it (its chained crc names "
+                "another): a record before it is missing, repeated or moved"
+            )
         break
-    later = find_record(buf, off + 1, last) if damage is not None else None
-    return Scan(off, csns, offsets, times, damage, later, damage is not None and status == OK)
+    later = find_record(buf, off + 1, last, frames) if damage is not None else None
+    return Scan(off, csns, offsets, times, damage, later, damage is not None and status == OK, last_crc)
 
 
-def find_record(buf: bytes | memoryview, start: int, after_csn: int) -> int | None:
+def find_record(buf: bytes | memoryview, start: int, after_csn: int, frames: Frames = CURRENT) -> int | None:
     """The offset of the first intact record at or after `start` with csn > after_csn, or None."""
     data = bytes(buf) if isinstance(buf, memoryview) else buf
+    frame_at = frames.frame_at
     pos = data.find(MARK, start)
     while pos >= 0:
-        status, csn, _, _ = frame_at(data, pos)
+        status, csn, *_ = frame_at(data, pos)
         if status == OK and csn > after_csn:
             return pos
         pos = data.find(MARK, pos + 1)
@@ -268,10 +368,11 @@ class SegmentHeader(NamedTuple):
     seq: int
     first_csn: int
     prev_csn: int
+    version: int = SEGMENT_VERSION
 
 
 def encode_header(h: SegmentHeader) -> bytes:
-    body = _SEG_HEAD.pack(SEGMENT_MAGIC, SEGMENT_VERSION, h.seq, h.first_csn, h.prev_csn, 0)
+    body = _SEG_HEAD.pack(SEGMENT_MAGIC, h.version, h.seq, h.first_csn, h.prev_csn, 0)
     return body[:-4] + struct.pack(">I", zlib.crc32(body[:-4]))
 
 
@@ -284,9 +385,9 @@ def decode_header(buf: bytes | memoryview) -> SegmentHeader | str:
         return "not a changelog segment (bad magic)"
     if zlib.crc32(buf[: SEGMENT_HEAD - 4]) != crc:
         return "bad segment header crc"
-    if version != SEGMENT_VERSION:
-        return f"segment format version {version}, this csnd reads version {SEGMENT_VERSION}"
-    return SegmentHeader(seq, first, prev)
+    if version not in SEGMENT_VERSIONS:
+        return f"segment format version {version}, this csnd reads versions 1 and {SEGMENT_VERSION}"
+    return SegmentHeader(seq, first, prev, version)
 
 
 def segment_name(seq: int, first_csn: int) -> str:

@@ -57,8 +57,11 @@ class RelationEntry(NamedTuple):
 class RelationStore:
     """The relation versions of one changelog directory; safe to call from several threads."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, guard: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.path = os.path.join(os.path.abspath(directory), FILE_NAME)
+        # The changelog's `_guard`: a failed write (a full disk) is its one error line, and stops
+        # its appends too (a record must never be durable without its relation version).
+        self._guard = guard if guard is not None else _run
         self._lock = threading.Lock()
         self._fd = -1
         entries = self._load()
@@ -147,15 +150,21 @@ class RelationStore:
         return None
 
     def _append(self, line: str) -> None:
-        created = self._fd < 0 and not os.path.exists(self.path)
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        view = memoryview((line + "\n").encode("utf-8"))
-        while view:
-            view = view[os.write(self._fd, view) :]
-        os.fsync(self._fd)
-        if created:
-            sync_directory(self.path)
+        def step() -> None:
+            created = self._fd < 0 and not os.path.exists(self.path)
+            try:
+                if self._fd < 0:
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                view = memoryview((line + "\n").encode("utf-8"))
+                while view:
+                    view = view[os.write(self._fd, view) :]
+                os.fsync(self._fd)
+            except OSError as e:  # (os.write names no file: the error line does)
+                raise OSError(e.errno, e.strerror, self.path) from e
+            if created:
+                sync_directory(self.path)
+
+        self._guard(step)
 
     def clear(self) -> None:
         """Forget every version, on disk too (the changelog's records went: `Changelog.clear`)."""
@@ -178,6 +187,10 @@ class RelationStore:
         assert self._csns == [e.csn for e in self._entries] == sorted(self._csns)
         for e in self._entries:
             assert e.line == relation_line(e.csn, e.node, e.body)
+
+
+def _run(step: Callable[[], None]) -> None:
+    step()
 
 
 def _parse(line: str) -> RelationEntry:

@@ -3,12 +3,16 @@
 The I/O edge of the changelog: it reads files and hands their bytes to the
 pure functions of `record.py`, and turns what they find into a repair (a
 torn tail of the last segment, cut and logged) or a ChangelogCorrupt
-(anything else).
+(anything else).  Every segment is checked whole when the changelog opens
+(each record's CRC, its link to the one before, CSN order), so damage a
+scan can find stops the service before it serves anything; reads check each
+record again as they go, for damage that comes later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import zlib
@@ -40,10 +44,12 @@ class Segment:
         "durable_n",
         "end",
         "first_csn",
+        "frames",
         "index_csns",
         "index_offs",
         "last_csn",
         "last_time",
+        "link",
         "name",
         "opened_csns",
         "path",
@@ -60,6 +66,8 @@ class Segment:
         self.seq = header.seq
         self.first_csn = header.first_csn
         self.prev_csn = header.prev_csn
+        self.frames = rec.FRAMES[header.version]
+        self.link = 0  # the crc of its last record, as found at open (what the next record names)
         self.end = self.written = rec.SEGMENT_HEAD
         self.last_csn = self.w_last_csn = 0
         self.last_time = self.w_last_time = 0
@@ -82,6 +90,11 @@ class Segment:
         self.index_csns, self.index_offs = index
         self.durable_n = len(self.index_csns)
         self.opened_csns = s.csns
+        self.link = s.crc
+
+    @property
+    def header(self) -> rec.SegmentHeader:
+        return rec.SegmentHeader(self.seq, self.first_csn, self.prev_csn, self.frames.version)
 
     def _check(self) -> None:
         assert rec.SEGMENT_HEAD <= self.end <= self.written
@@ -105,11 +118,25 @@ def write_index(seg: Segment) -> None:
 
     Not fsynced: the index is a hint rebuilt from the segment whenever it is
     missing or does not fit, so a crash costs a rebuild, never a record.
+    For the same reason a write that fails (a full disk) is a warning, not
+    an error: the index in memory is whole, and the next open rebuilds the
+    file.
     """
     tmp = seg.index_path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(rec.encode_index(seg.index_csns, seg.index_offs))
-    os.replace(tmp, seg.index_path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(rec.encode_index(seg.index_csns, seg.index_offs))
+        os.replace(tmp, seg.index_path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        code = errno.errorcode.get(e.errno or 0)
+        log.warning(
+            "changelog: cannot write the index of %s: %s%s; it is rebuilt from the segment at the next open",
+            seg.path,
+            e.strerror or e,
+            f" ({code})" if code else "",
+        )
 
 
 def _mismatch(path: str, offset: int, csn: int) -> IndexMismatch:
@@ -137,14 +164,18 @@ def _check_header(path: str, buf: bytes, seq: int, first_csn: int) -> rec.Segmen
     return h
 
 
-def open_last(directory: str, name: str, seq: int, first_csn: int, interval: int) -> Segment | None:
+def open_last(
+    directory: str, name: str, seq: int, first_csn: int, interval: int, prev_crc: int | None = None
+) -> Segment | None:
     """Open the newest segment, cutting a torn tail off (logged); None if nothing whole was left in it.
 
     Torn means: the bytes after the last whole record hold no intact record
     further on -- a write cut short by a crash, a record whose CRC fails at
     the very end, zeroes of a preallocated or half-flushed page.  A damaged
     record *followed* by an intact one is not a torn write of an append-only
-    file: it is corruption, and raised.
+    file, nor is an intact record that does not follow the one before it:
+    both are corruption, and raised.  `prev_crc`: the crc of the last
+    record of the segment before, when there is one.
     """
     path = os.path.join(directory, name)
     buf = _read_file(path)
@@ -152,16 +183,17 @@ def open_last(directory: str, name: str, seq: int, first_csn: int, interval: int
     if isinstance(h, str):
         # A header is written before any record and synced with the first
         # one: a torn header means the segment was being created at the crash.
-        if rec.find_record(buf, rec.SEGMENT_HEAD if len(buf) >= rec.SEGMENT_HEAD else 0, 0) is not None:
+        start = rec.SEGMENT_HEAD if len(buf) >= rec.SEGMENT_HEAD else 0
+        if any(rec.find_record(buf, start, 0, f) is not None for f in rec.FRAMES.values()):
             raise _corrupt(path, 0, h)
         _remove(path, f"{h}, no whole record in it", len(buf))
         return None
     h = _check_header(path, buf, seq, first_csn)
-    s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn)
+    s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn, rec.FRAMES[h.version], prev_crc)
     if s.damage is not None and s.later is not None:
         raise _corrupt(path, s.end, f"{s.damage}, with an intact record after it at byte offset {s.later}")
     if s.misplaced:  # (a torn write leaves no whole record behind it, let alone one out of order)
-        raise _corrupt(path, s.end, f"{s.damage}: an intact record out of order")
+        raise _corrupt(path, s.end, f"{s.damage}: an intact record out of place")
     if s.csns and s.csns[0] != h.first_csn:
         raise _corrupt(path, rec.SEGMENT_HEAD, f"first record has csn {s.csns[0]}, the name says {first_csn}")
     if not s.csns:
@@ -196,44 +228,43 @@ def _remove(path: str, why: str, size: int) -> None:
         os.unlink(path[: -len(".log")] + ".idx")
 
 
-def open_sealed(directory: str, name: str, seq: int, first_csn: int, interval: int) -> Segment:
-    """Open a segment that is not the newest: its index (rebuilt if it does not fit) and its last record.
+def open_sealed(
+    directory: str, name: str, seq: int, first_csn: int, interval: int, prev_crc: int | None = None
+) -> Segment:
+    """Open a segment that is not the newest: every record verified, its index checked against them.
 
-    Only the stretch after the last index entry is read and verified (it
-    gives the last CSN and time, and proves the file ends on a whole
-    record), so opening costs little per segment; every other record is
-    verified by CRC when it is read.
+    Each record's CRC, its link to the one before (`prev_crc`: the last
+    record of the segment before, when there is one) and CSN order: any
+    damage is a ChangelogCorrupt here, before the service serves a record
+    or calls itself ready, rather than for the first consumer who reads that
+    far.  It costs a read of the whole changelog at open (the page cache
+    usually holds the newest of it).  An index file that is missing or does
+    not match the records is written anew (with a warning).
     """
     path = os.path.join(directory, name)
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        h = _check_header(path, f.read(rec.SEGMENT_HEAD), seq, first_csn)
+    buf = _read_file(path)
+    h = _check_header(path, buf, seq, first_csn)
     seg = Segment(directory, h)
-    index = None
+    s, index = scan_sealed(path, h, interval, prev_crc, buf)
+    seg.set_scanned(s, index)
+    seg.opened_csns = []  # (only the newest segment's are kept, for counting lag)
+    stored = None
     with contextlib.suppress(FileNotFoundError):
-        index = rec.decode_index(_read_file(seg.index_path), first_csn, size)
-    if index is not None:
-        with open(path, "rb") as f:
-            f.seek(index[1][-1])
-            tail = f.read()
-        s = rec.scan(tail, 0, index[0][-1] - 1)
-        if s.damage is None and s.csns and s.csns[0] == index[0][-1]:
-            seg.set_scanned(rec.Scan(size, s.csns, s.offsets, s.times, None, None), index)
-            return seg
-        log.warning("changelog: rebuilding the index of %s: its last entry does not fit the segment", path)
-    else:
-        log.warning("changelog: rebuilding the index of %s: missing or damaged", path)
-    seg.set_scanned(*scan_sealed(path, h, interval))
-    write_index(seg)
+        stored = rec.decode_index(_read_file(seg.index_path), first_csn, s.end)
+    if stored != index:
+        what = "missing or damaged" if stored is None else "its entries do not match the segment"
+        log.warning("changelog: rebuilding the index of %s: %s", path, what)
+        write_index(seg)
     return seg
 
 
 def scan_sealed(
-    path: str, h: rec.SegmentHeader, interval: int
+    path: str, h: rec.SegmentHeader, interval: int, prev_crc: int | None = None, buf: bytes | None = None
 ) -> tuple[rec.Scan, tuple[list[int], list[int]]]:
     """Every record of a sealed segment, verified; any damage is corruption."""
-    buf = _read_file(path)
-    s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn)
+    if buf is None:
+        buf = _read_file(path)
+    s = rec.scan(buf, rec.SEGMENT_HEAD, h.prev_csn, rec.FRAMES[h.version], prev_crc)
     if s.damage is not None:
         raise _corrupt(path, s.end, f"{s.damage} in a segment that is not the newest")
     if not s.csns or s.csns[0] != h.first_csn:
@@ -260,21 +291,25 @@ class RecordPieces:
     still reads).
     """
 
-    __slots__ = ("_crc", "_fd", "_offset", "_time_us", "csn", "length", "path", "record_offset")
+    __slots__ = ("_fd", "_frames", "_head", "_offset", "csn", "length", "path", "record_offset")
 
-    def __init__(self, fd: int, path: str, record_offset: int, head: tuple[int, int, int, int]) -> None:
+    def __init__(
+        self, fd: int, path: str, record_offset: int, head: rec.RecordHead, frames: rec.Frames = rec.CURRENT
+    ) -> None:
         self._fd = fd
         self.path = path
         self.record_offset = record_offset
-        self._offset = record_offset + rec.FRAME_HEAD
-        self._crc, self.length, self.csn, self._time_us = head
+        self._frames = frames
+        self._offset = record_offset + frames.head
+        self._head = head
+        self.length, self.csn = head.length, head.csn
 
     def pieces(self, size: int = READ_CHUNK) -> Iterator[bytes]:
         """The payload in pieces of at most `size` bytes (after its CRC is found right)."""
         crc = 0
         for piece in self._read(size):
             crc = zlib.crc32(piece, crc)
-        if not rec.crc_matches(self._crc, self.length, self.csn, self._time_us, crc):
+        if not self._frames.crc_matches(self._head, crc):
             raise _corrupt(
                 self.path, self.record_offset, "bad record crc inside the durable part of the changelog"
             )
@@ -302,32 +337,33 @@ def read_records(
     after_csn: int,
     until_csn: int | None,
     whole_up_to: int | None = None,
+    frames: rec.Frames = rec.CURRENT,
 ) -> Iterator[tuple[int, bytes | RecordPieces]]:
-    """Records of `path` in [start, end) with after_csn < csn (<= until_csn), each CRC-checked.
+    """Records of `path` in [start, end) with after_csn < csn (<= until_csn), each CRC- and link-checked.
 
     The record at `start` must be `expect_csn` (what the index said), else
     IndexMismatch before anything is yielded.  Raises FileNotFoundError if
     retention removed the file first; damage inside `end` (which is durable,
     so whole) is ChangelogCorrupt.  A record whose payload is longer than
     `whole_up_to` comes as RecordPieces (its CRC checked when it is read).
-    A record whose csn does not follow the one before it is corruption too:
-    CRCs are per record, so records swapped or repeated inside a sealed
-    segment (whose open reads only its tail) pass every other check.
+    A record whose csn does not follow the one before it, or that does not
+    name the one before it as its predecessor (format version 2), is
+    corruption too: open checked every record, so this is damage done since.
     """
     fd = os.open(path, os.O_RDONLY)
     try:
         off = start
-        frame_at, ok = rec.frame_at, rec.OK
-        head = rec.FRAME_HEAD
-        first, prev = True, 0
+        frame_at, head_at, ok, no_link = frames.frame_at, frames.head_at, rec.OK, rec.NO_LINK
+        head = frames.head
+        first, prev, link = True, 0, no_link
         while off < end:
             buf = os.pread(fd, min(READ_CHUNK, end - off), off)
             pos, size = 0, len(buf)
             while pos < size:
-                status, csn, _, rend = frame_at(buf, pos)
+                status, csn, _, rend, crc, named = frame_at(buf, pos)
                 # A large record is handed on unread, its CRC checked as it is read.
                 found = (
-                    rec.head_at(buf, pos)
+                    head_at(buf, pos)
                     if whole_up_to is not None and rend - pos - head > whole_up_to and rend <= end - off
                     else None
                 )
@@ -352,13 +388,24 @@ def read_records(
                     raise _corrupt(
                         path, off + pos, f"record of csn {csn} follows csn {prev}: records out of order"
                     )
+                elif named != link:
+                    raise _corrupt(
+                        path,
+                        off + pos,
+                        f"record of csn {csn} does not follow the record before it (its chained crc names "
+                        "another): a record before it is missing, repeated or moved",
+                    )
                 prev = csn
+                if named != no_link:
+                    link = crc
                 if csn > after_csn:
                     if until_csn is not None and csn > until_csn:
                         return
                     yield (
                         csn,
-                        buf[pos + head : rend] if found is None else RecordPieces(fd, path, off + pos, found),
+                        buf[pos + head : rend]
+                        if found is None
+                        else RecordPieces(fd, path, off + pos, found, frames),
                     )
                 pos = rend
             if pos == 0:

@@ -32,7 +32,7 @@ def _times(path: Path) -> list[int]:
             data = f.read()
         off = rec.SEGMENT_HEAD
         while off < len(data):
-            status, _csn, t, off = rec.frame_at(data, off)
+            status, _csn, t, off, *_ = rec.frame_at(data, off)
             assert status == rec.OK
             times.append(t)
     return times

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -43,44 +44,54 @@ def test_the_compiled_encoding_is_built() -> None:
     after=st.integers(min_value=0, max_value=rec.MAX_U64),
     most=st.integers(0, 80),
     time_us=st.integers(min_value=0, max_value=rec.MAX_U64),
+    prev_crc=st.integers(min_value=0, max_value=0xFFFF_FFFF),
 )
 def test_the_twins_encode_the_same_records_and_stop_at_the_same_one(
-    run: list[tuple[int, bytes]], after: int, most: int, time_us: int
+    run: list[tuple[int, bytes]], after: int, most: int, time_us: int, prev_crc: int
 ) -> None:
     csns, payloads = [c for c, _ in run], [p for _, p in run]
-    results = [f(csns, payloads, time_us, after, most) for f in IMPLEMENTATIONS]
+    results = [f(csns, payloads, time_us, after, most, prev_crc) for f in IMPLEMENTATIONS]
     assert all(r == results[0] for r in results[1:])
 
 
-@given(run=runs, after=st.integers(min_value=0, max_value=50), most=st.integers(0, 80))
+@given(
+    run=runs,
+    after=st.integers(min_value=0, max_value=50),
+    most=st.integers(0, 80),
+    prev_crc=st.integers(min_value=0, max_value=0xFFFF_FFFF),
+)
 def test_a_run_is_the_records_encode_gives_up_to_the_first_that_may_not_follow(
-    run: list[tuple[int, bytes]], after: int, most: int
+    run: list[tuple[int, bytes]], after: int, most: int, prev_crc: int
 ) -> None:
-    """The oracle: `encode` one record at a time while each may follow the one before."""
+    """The oracle: `encode` one record at a time while each may follow the one before, each naming it."""
     csns, payloads = [c for c, _ in run], [p for _, p in run]
     expected: list[bytes] = []
-    last = after
+    last, link = after, prev_crc
     for csn, payload in run:
         if not (last < csn <= rec.MAX_U64 and len(payload) <= most):
             break
-        expected.append(rec.encode(csn, 99, payload))
-        last = csn
+        expected.append(rec.encode(csn, 99, payload, link))
+        last, link = csn, zlib.crc32(expected[-1][8:])
     for f in IMPLEMENTATIONS:
-        frames = f(csns, payloads, 99, after, most)
+        frames = f(csns, payloads, 99, after, most, prev_crc)
         assert frames == expected
-        # and each reads back as the record it is
+        # and each reads back as the record it is, named by the one after it
+        link = prev_crc
         for frame, csn, payload in zip(frames, csns, payloads, strict=False):
-            assert rec.frame_at(frame, 0) == (rec.OK, csn, 99, len(frame))
+            assert rec.frame_at(frame, 0) == (rec.OK, csn, 99, len(frame), rec.frame_crc(frame), link)
             assert frame[rec.FRAME_HEAD :] == payload
+            link = rec.frame_crc(frame)
+        assert rec.scan(b"".join(frames), 0, after, prev_crc=prev_crc).csns == csns[: len(frames)]
 
 
 @pytest.mark.parametrize("f", IMPLEMENTATIONS)
 def test_bad_arguments_are_clear_errors(f: Callable[..., Any]) -> None:
     with pytest.raises(ValueError, match="2 csns for 1 payloads"):
-        f([1, 2], [b"a"], 0, 0, 10)
+        f([1, 2], [b"a"], 0, 0, 10, 0)
     with pytest.raises(TypeError, match="csn must be an int, not str"):
-        f(["1"], [b"a"], 0, 0, 10)
+        f(["1"], [b"a"], 0, 0, 10, 0)
     with pytest.raises(TypeError, match="payload must be bytes, not str"):
-        f([1], ["a"], 0, 0, 10)
-    assert f((), (), 0, 0, 10) == []
-    assert f((1, 2), (b"x", b"y"), 0, 0, 10) == [rec.encode(1, 0, b"x"), rec.encode(2, 0, b"y")]
+        f([1], ["a"], 0, 0, 10, 0)
+    assert f((), (), 0, 0, 10, 0) == []
+    one = rec.encode(1, 0, b"x", 7)
+    assert f((1, 2), (b"x", b"y"), 0, 0, 10, 7) == [one, rec.encode(2, 0, b"y", rec.frame_crc(one))]

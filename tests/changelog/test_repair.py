@@ -206,7 +206,7 @@ def test_torn_segment_header_removes_the_new_segment(tmp_path: Path) -> None:
 
 def test_scan_pure_over_every_cut() -> None:
     """The pure scan alone: every cut of a buffer of records stops at the last whole one, with no later record."""
-    frames = [rec.encode(c, c * 10, payload(c)) for c in range(1, 8)]
+    frames = rec.encode_frames_py(range(1, 8), [payload(c) for c in range(1, 8)], 10, 0, rec.MAX_PAYLOAD, 0)
     buf = b"".join(frames)
     ends = [sum(len(f) for f in frames[: i + 1]) for i in range(len(frames))]
     for cut in range(len(buf) + 1):
