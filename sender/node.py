@@ -38,6 +38,19 @@ the service attaches the chunk's rows (`csnd.snapshot.watermark`).  A GTM transa
 released, even with no changes -- a distributed transaction's coordinator
 needs every node's part (its xid and commit LSN) to assemble it.
 
+Starting mid-stream (GTM mode, `start_token`).  A live slot's stream starts
+somewhere in the node's history, and a transaction that logged `committing`
+before that point but commits after it arrives without its marker: nothing
+would hold larger CSNs back for it.  Such a sender starts settling
+(`sender.ordering`): it releases nothing and promises no watermark until the
+`csnd.start <token>` message of its own start arrives, which
+`csnd.reader.settle` writes once every transaction that could have logged
+`committing` before the start has ended -- so each of their commits (or
+rollbacks) lies before that message.  What came meanwhile is then released in
+CSN order.  An `abort` marker for a gid never seen committing is accepted
+from such a stream: a writer logs it after its rollback, so it may come
+after the start message.
+
 Relation versions.  Each Relation message whose rendering (`decoder.schema`,
 names from the Type messages before it) differs from the table's last one
 is a new version, first in force with the first transaction *released*
@@ -68,7 +81,14 @@ from csnd.core.errors import (
 )
 from csnd.core.ids import Csn, Lsn, Xid, lsn_to_str
 from csnd.core.markers import PREFIX as MARKER_PREFIX
-from csnd.core.markers import TRANSACTIONAL, WATERMARK_PREFIX, Marker, check_transactional, parse_fields
+from csnd.core.markers import (
+    START_PREFIX,
+    TRANSACTIONAL,
+    WATERMARK_PREFIX,
+    Marker,
+    check_transactional,
+    parse_fields,
+)
 from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.decoder.schema import relation_body
@@ -133,6 +153,10 @@ class NodeSender:
     `committing` entries stop holding others back), and an `abort` marker for
     a gid never seen is accepted, because its `committing` may lie before the
     restart position.
+
+    `start_token` (GTM mode): the stream starts mid-way, at a slot's position;
+    release nothing until the non-transactional `csnd.start` message with
+    this content arrives (see "Starting mid-stream" in the module docstring).
     """
 
     def __init__(
@@ -142,16 +166,23 @@ class NodeSender:
         spill_bytes: int = SPILL_BYTES,
         spill_dir: str | None = None,
         resume_csn: Csn | None = None,
+        start_token: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown csn mode {mode!r}; expected 'gtm' or 'single'", node=node)
+        if start_token is not None and mode != "gtm":
+            raise ConfigError(
+                "a start token is for a gtm-mode stream (single mode has no markers)", node=node
+            )
         self.node = node
         self.mode = mode
         self.spill_bytes = spill_bytes
         self.spill_dir = spill_dir
         self.resume_csn = resume_csn
         self._gtm = mode == "gtm"
-        self._orderer: CsnOrderer[Key] = CsnOrderer(node)
+        self.start_token = start_token
+        self._start_content = None if start_token is None else start_token.encode("ascii")
+        self._orderer: CsnOrderer[Key] = CsnOrderer(node, settling=start_token is not None)
         self._cur: OpenTxn | None = None  # non-streamed txn between Begin and Commit
         self._streams: dict[int, OpenTxn] = {}  # streamed txns by top-level xid
         self._block: OpenTxn | None = None  # txn of the open stream block
@@ -475,6 +506,8 @@ class NodeSender:
 
     def _message(self, lsn: Lsn, m: LogicalMessage) -> list[FinishedTxn]:
         if m.prefix != MARKER_PREFIX:
+            if m.prefix == START_PREFIX:
+                return self._start_message(m)
             if m.prefix == WATERMARK_PREFIX and m.transactional:
                 txn = self._block if self._block is not None else self._cur
                 if txn is not None:
@@ -505,8 +538,10 @@ class NodeSender:
             return []
         if kind == "abort":
             assert gid is not None
-            if self.resume_csn is not None and not self._orderer.is_committing(gid):
-                return []
+            if (
+                self.resume_csn is not None or self.start_token is not None
+            ) and not self._orderer.is_committing(gid):
+                return []  # (its `committing` lay before the stream's start)
             self._confirm.resolved(gid)
             return self._take(self._orderer.abort(gid, lsn=where))
         if kind == "tick":
@@ -545,6 +580,12 @@ class NodeSender:
                 xid=txn.xid,
             )
         txn.gid, txn.csn, txn.marker_sub = gid, value, m.xid
+        return []
+
+    def _start_message(self, m: LogicalMessage) -> list[FinishedTxn]:
+        """A `csnd.start` message: this stream's own (its token) settles it; another start's is nothing."""
+        if self._orderer.settling and not m.transactional and m.content == self._start_content:
+            return self._take(self._orderer.settle())
         return []
 
     # --- commit and release --------------------------------------------------------------
@@ -719,6 +760,20 @@ class NodeSender:
         err = open_at_end(node, self._last_lsn, self._cur, self._block, self._streams)
         if err is not None:
             raise err
+        if self._orderer.settling and self._orderer.n_waiting:
+            # (with nothing gathered, nothing is lost: the slot was confirmed no further, and
+            # the next run's start is settled anew)
+            held = self._orderer.waiting()
+            raise TruncatedStream(
+                f"stream ended at {lsn_to_str(self._last_lsn)} before its start was settled (the "
+                f"csnd.start message {self.start_token} never came); {len(held)} committed transactions "
+                f"wait unreleased (the first: global transaction {held[0][0]}, csn {held[0][1]})"
+                ": a transaction committing since before the stream's start may be missing its "
+                "committing marker, so nothing can be ordered yet; run again without --until-lsn, "
+                "or with one past the start message",
+                node=node,
+                lsn=self._last_lsn or None,
+            )
         open_ = self._orderer.open_committing()
         if open_:
             gid, csn = open_[0]

@@ -44,6 +44,16 @@ so nothing at or below it can come any more.  `None` while nothing is
 known: no tick and nothing released -- without a tick nothing bounds the CSN
 of a transaction that has not logged anything yet.
 
+Settling.  A stream that starts in the middle of a node's history (a live
+slot) may meet a commit whose `committing` marker lies before its start: that
+transaction was committing all along, unseen, and a larger CSN released
+before its commit would come out of order.  A sender that starts so is built
+`settling`: it takes every event as usual but releases nothing and promises
+no watermark until `settle()`, which its caller calls once every transaction
+that could have logged `committing` before the start is known to be decided
+(`csnd.reader.settle`).  From then on the usual rule holds, and what was
+gathered meanwhile goes out in CSN order.
+
 Pure logic: no I/O, no clock.  Keys are opaque (the node sender uses gids in
 GTM mode, xids in single-node mode).
 """
@@ -79,11 +89,14 @@ class CsnOrderer(Generic[K]):
         "_watermark",
         "_last_released",
         "_seq",
+        "_settling",
         "released_count",
     )
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, *, settling: bool = False) -> None:
         self.node = node
+        # Hold every release and the watermark until `settle()` (see the module docstring).
+        self._settling = settling
         # key -> committing CSN, and the same entries sorted as (csn, seq) pairs.
         # The seq breaks ties between equal committing CSNs without comparing keys.
         self._committing: dict[K, tuple[Csn, int]] = {}
@@ -175,7 +188,7 @@ class CsnOrderer(Generic[K]):
             by_csn.remove(entry)
         # (Emptiness is asked of the plain dicts beside the sorted containers, the
         # same size, `_check` asserts: a sorted container's len() is a Python call.)
-        if not self._waiting_csn and (not self._committing or csn <= by_csn[0][0]):
+        if not self._waiting_csn and not self._settling and (not self._committing or csn <= by_csn[0][0]):
             # Released at once, the common case (in single-node mode, always):
             # what `_release` would do after a round trip through the commit list.
             self._last_released = csn
@@ -198,7 +211,7 @@ class CsnOrderer(Generic[K]):
         at once or would break the order -- then `commit` them one by one,
         which releases or raises as it should.
         """
-        if self._waiting_csn or self._committing:
+        if self._waiting_csn or self._committing or self._settling:
             return False
         last, wm, tick = self._last_released, self._watermark, self._tick
         floor = last if wm is None or (last is not None and last > wm) else wm
@@ -228,6 +241,17 @@ class CsnOrderer(Generic[K]):
         self._committing_by_csn.remove(entry)
         return self._release()
 
+    def settle(self) -> list[K]:
+        """Every transaction committing before the stream's start is decided: release as usual from now on.
+
+        Returns the keys now released, in CSN order.  Without effect on an
+        orderer that is not settling.
+        """
+        if not self._settling:
+            return []
+        self._settling = False
+        return self._release()
+
     def tick(self, csn: Csn) -> None:
         """Every transaction that commits later and is not committing now gets a CSN `> csn`.
 
@@ -254,6 +278,11 @@ class CsnOrderer(Generic[K]):
         Never decreases (see the module docstring for how it is computed).
         """
         return self._watermark
+
+    @property
+    def settling(self) -> bool:
+        """Whether releases are still held until `settle()`."""
+        return self._settling
 
     @property
     def last_released(self) -> Csn | None:
@@ -285,6 +314,8 @@ class CsnOrderer(Generic[K]):
     # --- internals ----------------------------------------------------------------
 
     def _release(self) -> list[K]:
+        if self._settling:
+            return []
         waiting = self._waiting
         released: list[K] = []
         if waiting:
@@ -315,6 +346,8 @@ class CsnOrderer(Generic[K]):
         return bound
 
     def _update_watermark(self) -> None:
+        if self._settling:
+            return  # (a tick says nothing of a transaction committing, unseen, since before the start)
         bound = self._bound()
         w = self._last_released
         if bound is not None and (w is None or bound > w):
@@ -337,6 +370,9 @@ class CsnOrderer(Generic[K]):
         for csn, key in self._waiting.items():
             assert self._waiting_csn[key] == csn
             assert key not in self._committing, "a key is committing and committed at once"
+        if self._settling:
+            assert self._last_released is None and self._watermark is None
+            return
         if self._waiting:
             head = self._waiting.keys()[0]
             # nothing releasable is left behind

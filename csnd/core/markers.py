@@ -37,6 +37,8 @@ from csnd.core.ids import Csn
 PREFIX: Final = "csn"
 # An incremental snapshot's high watermark (csnd.snapshot.watermark): another prefix, not a marker.
 WATERMARK_PREFIX: Final = "csnd.snapshot"
+# Where a gtm-mode stream's start is settled (csnd.reader.settle): another prefix, not a marker.
+START_PREFIX: Final = "csnd.start"
 
 MarkerKind = Literal["committing", "commit", "abort", "cid", "tick"]
 KINDS: Final[tuple[MarkerKind, ...]] = ("committing", "commit", "abort", "cid", "tick")

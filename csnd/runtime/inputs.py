@@ -123,6 +123,13 @@ class NodePipeline:
         self.mode: str = source.mode
         self._slot = source if _has_slot(source) else None  # (a live node: its slot is ours to confirm)
         self.confirms: bool = self._slot is not None
+        # A live gtm node's stream starts mid-way: its sender holds every release until this
+        # start is settled (csnd.reader.settle), which `_run` does before the stream starts.
+        self._start_token: str | None = None
+        if self._slot is not None and self.mode == "gtm":
+            from csnd.reader.settle import new_start_token
+
+            self._start_token = new_start_token()
         enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         # resume_csn: what the output already holds (a service restarting
@@ -135,6 +142,7 @@ class NodePipeline:
             spill_bytes=spill_bytes or SPILL_BYTES,
             spill_dir=spill_dir,
             resume_csn=resume_csn,
+            start_token=self._start_token,
         )
         self.out = Outbox(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None
@@ -197,6 +205,9 @@ class NodePipeline:
     def _run(self) -> None:
         released: list[NodeItem] = []  # handed on at the end of each decoder batch
         try:
+            if self._start_token is not None and not self._settle_start(self._start_token):
+                self._put([EndItem()])  # (stopped while it waited)
+                return
             sender = self.sender
             feed = sender.feed
             last_wm: int | None = None
@@ -240,6 +251,17 @@ class NodePipeline:
             self._put([*released, EndItem(err)])
         except BaseException as e:  # (handed to the coordinator thread)
             self._put([*released, EndItem(e)])
+
+    def _settle_start(self, token: str) -> bool:
+        """The slot at its position (made now if asked), then the start settled; False if stopped meanwhile."""
+        from csnd.reader.live import LiveSource
+        from csnd.reader.settle import settle_start
+
+        source = self.source
+        assert isinstance(source, LiveSource), "only a live node's stream starts mid-way"
+        source.prepare()  # (one query for a slot that exists; `csnd stream --create-slot` makes it here)
+        o = source.options
+        return settle_start(o.conninfo, self.node, o.slot, token, self._stop) is not None
 
     def stop(self) -> None:
         self._stop.set()
