@@ -571,8 +571,18 @@ class Changelog:
             self._dirty.append(seg)
 
     def _roll(self, first_csn: int) -> sg.Segment:
-        """Start a new segment for `first_csn` (the old one is synced by the next sync())."""
+        """Start a new segment for `first_csn`, once the old one is durable to its last byte.
+
+        The fsync comes before the new file exists, so a power loss can tear
+        only the newest segment, whose torn tail the next open cuts.  Left to
+        the next sync(), the old segment's unsynced tail could be lost while
+        the new segment's first records reached the disk: a sealed segment
+        cut short, which no open can tell from damage.  It costs one fsync
+        per segment, of what the last sync did not cover.
+        """
         prev = self._segments[-1] if self._segments else None
+        if prev is not None:
+            os.fsync(self._fd)
         seq = prev.seq + 1 if prev else 1
         seg = sg.Segment(self.directory, rec.SegmentHeader(seq, first_csn, prev.w_last_csn if prev else 0))
         fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
