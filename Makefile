@@ -37,10 +37,12 @@ test: install proto-check lint
 # (20 unless set), one seed after another on one 3-server cluster.  `make
 # test` runs one seed of each; the table lands in faults-out/summary.md, a
 # failed run's evidence in faults-out/<fault>-<seed>.txt and its files under
-# faults-out/tmp.
+# faults-out/tmp.  Then power loss: the changelog's recorded history crashed
+# at every point of it (`make test` tries a sample of the points).
 faults: install
 	mkdir -p faults-out
 	CSND_FAULT_RUNS=$${CSND_FAULT_RUNS:-20} $(VENV)/bin/pytest -q --basetemp=faults-out/tmp tests/faults
+	CSND_POWERLOSS_POINTS=all $(VENV)/bin/pytest -q tests/changelog/test_power_loss.py
 
 demo: install
 	$(VENV)/bin/csnd demo
