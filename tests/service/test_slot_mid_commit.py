@@ -143,7 +143,7 @@ def _source(pg: PgDatabase) -> str:
 
 
 def _serve_with_writer_mid_commit(
-    pg: PgDatabase, changelog: str, gtm: Gtm, gid: str, row: int
+    pg: PgDatabase, changelog: str, gtm: Gtm, gid: str, row: int, *extra: str
 ) -> tuple[Served, HeldWriter]:
     """`csnd serve --create-slot`, whose slot becomes consistent while writer `gid` is between its markers."""
     started: list[Served] = []
@@ -151,7 +151,7 @@ def _serve_with_writer_mid_commit(
 
     def serve() -> None:
         try:
-            started.append(start_serve([_source(pg)], changelog, "--create-slot"))
+            started.append(start_serve([_source(pg)], changelog, "--create-slot", *extra))
         except BaseException as e:
             failed.append(e)
 
@@ -172,10 +172,15 @@ def _serve_with_writer_mid_commit(
     return started[0], writer
 
 
-def _delivered(served: Served) -> list[tuple[str, int]]:
+def _lines(served: Served) -> list[dict[str, Any]]:
     got = subscribe(served.address, "--idle-timeout", "3")
     assert got.returncode == 0, got.stderr
-    return [(t["gid"], t["csn"]) for t in map(json.loads, got.stdout.splitlines())]
+    return [json.loads(line) for line in got.stdout.splitlines()]
+
+
+def _delivered(served: Served) -> list[tuple[str, int]]:
+    """The streamed transactions, as (gid, csn) in the order they came (an initial snapshot's records left out)."""
+    return [(t["gid"], t["csn"]) for t in _lines(served) if t.get("gid")]
 
 
 def _wait_durable(served: Served, csn: int) -> None:
@@ -248,6 +253,31 @@ def test_a_restart_while_the_writer_is_held_loses_nothing(db: PgDatabase, tmp_pa
         csn4 = _commit(db.url, gtm, "g4", 4)
         _wait_durable(served, csn4)
         assert _delivered(served) == [("gT", held.csn), ("g2", csn2), ("g3", csn3), ("g4", csn4)]
+    finally:
+        held.release()
+        code, err = served.terminate()
+    assert code == 0, err
+
+
+def test_an_initial_snapshot_and_the_stream_meet_without_a_gap_around_the_held_writer(
+    db: PgDatabase, tmp_path: Path
+) -> None:
+    """`--snapshot initial`: the row committed before the slot is in the snapshot, gT and g2 streamed, in order."""
+    db.execute("INSERT INTO item VALUES (0)")
+    gtm = Gtm(1000)  # (the snapshot's records take the first csns)
+    served, held = _serve_with_writer_mid_commit(
+        db, str(tmp_path / "log"), gtm, "gT", 1, "--snapshot", "initial"
+    )
+    try:
+        csn2 = _commit(db.url, gtm, "g2", 2)
+        held.release()
+        held.done()
+        assert held.csn is not None
+        _wait_durable(served, csn2)
+        lines = _lines(served)
+        read = [ch["new"]["id"] for t in lines if not t.get("gid") for ch in t["changes"]]
+        assert read == [0]
+        assert _delivered(served) == [("gT", held.csn), ("g2", csn2)]
     finally:
         held.release()
         code, err = served.terminate()
