@@ -18,12 +18,19 @@ from csnd.consumers.subscriptions_cmd import add_subscriptions_parser, cmd_subsc
 from csnd.core.addresses import listen_address
 from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
+from csnd.core.tls import TlsFiles
 from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
-from csnd.runtime.config import AGENT_GIVE_UP_S, LiveSourceConfig, NodeAgentConfig, ReplayConfig
+from csnd.runtime.config import (
+    AGENT_GIVE_UP_S,
+    AgentDialConfig,
+    LiveSourceConfig,
+    NodeAgentConfig,
+    ReplayConfig,
+)
 from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers
-from csnd.service.serve_cmd import add_service_parsers, cmd_changelog, cmd_serve
+from csnd.service.serve_cmd import add_agent_dial_options, add_service_parsers, cmd_changelog, cmd_serve
 
 DESCRIPTION = """\
 csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.
@@ -188,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to keep reconnecting to a grpc:// node agent that went away (default 30)",
     )
+    add_agent_dial_options(p)
     p.add_argument(
         "--schemas",
         action="store_true",
@@ -219,6 +227,28 @@ def build_parser() -> argparse.ArgumentParser:
         type=_decoders,
         default=os.cpu_count() or 1,
         help=f"decoder processes (default: cores; at most {MAX_DECODERS}, 4 per core)",
+    )
+    g = p.add_argument_group(
+        "security (a --listen address beyond the loopback needs --token-file and --tls-cert/--tls-key)"
+    )
+    g.add_argument(
+        "--token-file",
+        metavar="F",
+        help="require 'authorization: Bearer <token in F>' on every call but health checks",
+    )
+    g.add_argument("--tls-cert", metavar="PEM", help="serve over TLS with this certificate chain")
+    g.add_argument("--tls-key", metavar="PEM", help="... and this private key")
+    g.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS: let in only clients with a certificate signed by this CA (the coordinator's "
+        "--agent-cert)",
+    )
+    g.add_argument(
+        "--insecure-listen",
+        action="store_true",
+        help="serve an address beyond the loopback without a token or TLS anyway (anyone who reaches it "
+        "reads every row and can move the slot; warned on every start)",
     )
     _add_live_options(p)
 
@@ -361,14 +391,32 @@ def replay_config(args: argparse.Namespace) -> ReplayConfig:
         decoders=args.decoders,
         live=live_config(args),
         agent_give_up_s=args.agent_give_up,
+        agent_dial=agent_dial_config(args),
         verbose=args.verbose,
         schemas=args.schemas,
     )
 
 
+def agent_dial_config(args: argparse.Namespace) -> AgentDialConfig:
+    return AgentDialConfig(
+        token_file=args.agent_token_file, ca=args.agent_ca, cert=args.agent_cert, key=args.agent_key
+    )
+
+
 def node_config(args: argparse.Namespace) -> NodeAgentConfig:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("TLS needs both --tls-cert and --tls-key")
+    if args.tls_client_ca and not args.tls_cert:
+        raise UsageError("--tls-client-ca needs TLS: give --tls-cert and --tls-key too")
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     return NodeAgentConfig(
-        source=args.source, listen=args.listen, decoders=args.decoders, live=live_config(args)
+        source=args.source,
+        listen=args.listen,
+        decoders=args.decoders,
+        live=live_config(args),
+        token_file=args.token_file,
+        tls=tls,
+        insecure_listen=args.insecure_listen,
     )
 
 

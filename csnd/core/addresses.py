@@ -10,6 +10,7 @@ the loopback unless told otherwise (`0.0.0.0:7070` for every interface).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Final
 
 LOOPBACK: Final = "127.0.0.1"
@@ -28,3 +29,18 @@ def listen_address(text: str) -> str:
     """`text` checked as HOST:PORT, as a gRPC server is given it (`:PORT` becomes 127.0.0.1:PORT)."""
     _, port = split_host_port(text)
     return text if text.rpartition(":")[0] else f"{LOOPBACK}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening HOST (as `split_host_port` gives it) is reachable from this machine only.
+
+    127.0.0.0/8, ::1 and `localhost`; everything else is not, including
+    0.0.0.0 and :: (every interface) and any other name (what it resolves
+    to can change).
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # (a name other than localhost)

@@ -21,7 +21,7 @@ constructor argument is kept in `args` (`__reduce__` below).
     │   ├── CsnOrderViolation  csns that break the gtm's order (backwards, reused, two for a gid)
     │   ├── MarkerError        a csn marker in the wrong place, mode or transaction
     │   │   └── MalformedMarker  one that does not follow the marker grammar
-    │   └── AckError           a changefeed client acknowledged a csn it was never sent
+    │   └── AckError           a client acknowledged what it was never sent (a csn, a confirm lsn)
     ├── SourceError            a live source failed (connection, slot, server)
     │   ├── ConnectionLost     the connection dropped; the reader may reconnect
     │   ├── SlotLost           the slot is gone (dropped, or invalidated): its WAL cannot be read
@@ -226,7 +226,8 @@ class MalformedMarker(MarkerError, ValueError):
 
 
 class AckError(ProtocolError):
-    """A changefeed client acknowledged a CSN it was never sent: a bug in the client (INVALID_ARGUMENT)."""
+    """A client acknowledged what it was never sent (INVALID_ARGUMENT): a changefeed client a CSN,
+    a coordinator a node agent's confirm LSN (which would move the slot over WAL nobody read)."""
 
 
 class SourceError(CsndError):

@@ -17,10 +17,21 @@ made before the ready line, so that it streams every transaction committed
 after the line (`LiveSource.prepare`).  The window itself is pure
 (`csnd.runtime.window.AckWindow`); this module adds the lock, the waiting
 and the gRPC service around it.
+
+Nobody else in: with `--token-file` every call but health checks needs the
+token (`csnd.service.auth`, as the changefeed), with `--tls-cert` the
+agent speaks TLS and with `--tls-client-ca` only a client holding a
+certificate of that CA gets through the handshake.  An address beyond the
+loopback needs the token and TLS unless `--insecure-listen` (checked in
+`NodeAgentConfig`; a warning then on every start).  And whoever gets in
+cannot move the slot past what the agent sent: an Ack whose confirm LSN is
+beyond it (`AckWindow.confirm_limit`) ends that call with INVALID_ARGUMENT
+and confirms nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -34,7 +45,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, end_to_pb, position_from_pb
-from csnd.core.errors import ConfigError
+from csnd.core.errors import AckError, ConfigError
+from csnd.core.ids import lsn_to_str
+from csnd.core.tls import server_credentials
+from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.runtime.config import NodeAgentConfig
@@ -43,6 +57,7 @@ from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.runtime.remote import CHANNEL_OPTIONS
 from csnd.runtime.sources import open_live, open_source, parse_source
 from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
+from csnd.service.auth import AccessInterceptor, Credentials
 
 # An idle stream sends a keepalive this often, so the coordinator can tell a
 # quiet node from a dead one.
@@ -51,12 +66,16 @@ KEEPALIVE_S: Final = 1.0
 STOP_POLL_S: Final = 0.2
 GRPC_OPTIONS: Final = [*CHANNEL_OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 1000)]
 
+log = logging.getLogger(__name__)
+
 
 class AgentState:
     """The node pipeline's output as a window of unacknowledged messages.
 
     `after_batch` is called by the producer after each batch it appended
     (tests slow the producer down with it, so a kill lands mid-stream).
+    `resumed_lsn`: where the source's slot was confirmed when the agent
+    started (a coordinator may confirm up to it before anything is sent).
     """
 
     def __init__(
@@ -64,10 +83,11 @@ class AgentState:
         pipeline: NodePipeline,
         capacity: int = MAX_UNACKED,
         after_batch: Callable[[], None] | None = None,
+        resumed_lsn: int = 0,
     ) -> None:
         self.pipeline = pipeline
         self.cond = threading.Condition()
-        self.window: AckWindow[pb.AgentMessage] = AckWindow(capacity)
+        self.window: AckWindow[pb.AgentMessage] = AckWindow(capacity, resumed_lsn)
         self.end: pb.AgentMessage | None = None
         self.generation = 0  # bumped by each new subscription; older streams stop
         self.stopping = False
@@ -91,10 +111,9 @@ class AgentState:
                     for index, batch in enumerate(cut_batches(item.txn)):
                         pos = (batch.csn, index)
                         last_pos = pos
-                        msg = pb.AgentMessage(
-                            batch=batch_to_pb(batch, index, item.confirmable if index == 0 else None)
-                        )
-                        self._append(pos, msg, is_batch=True)
+                        confirmable = item.confirmable if index == 0 else None
+                        msg = pb.AgentMessage(batch=batch_to_pb(batch, index, confirmable))
+                        self._append(pos, msg, is_batch=True, lsn=confirmable or 0)
                         if self._after_batch is not None:
                             self._after_batch()
                 elif isinstance(item, WatermarkItem):
@@ -114,32 +133,56 @@ class AgentState:
                 self.end = pb.AgentMessage(end=end_to_pb(e))
                 self.cond.notify_all()
 
-    def _append(self, pos: Position, msg: pb.AgentMessage, is_batch: bool) -> None:
+    def _append(self, pos: Position, msg: pb.AgentMessage, is_batch: bool, lsn: int = 0) -> None:
         with self.cond:
-            if is_batch and pos <= self.window.acked:
-                return  # the coordinator has it already (we restarted)
-            while self.window.full and not self.stopping:
+            # (a batch the coordinator has already -- we restarted -- is passed over at once)
+            while self.window.full and not self.stopping and not (is_batch and pos <= self.window.acked):
                 self.cond.wait(0.5)  # back-pressure: the pipeline waits for acknowledgements
-            self.window.append(pos, msg, is_batch)
+            self.window.append(pos, msg, is_batch, lsn)
             self.cond.notify_all()
 
     # --- coordinator side -------------------------------------------------------
 
     def ack(self, received: Position, confirm_lsn: int, final: bool) -> None:
+        """The coordinator has every batch at or before `received` and its output is durable to `confirm_lsn`.
+
+        AckError, and nothing acknowledged or confirmed, if `received` or
+        `confirm_lsn` is beyond what this agent sent (`AckWindow.received_ok`,
+        `AckWindow.confirm_limit`).
+        """
         with self.cond:
+            if not self.window.received_ok(received):
+                raise AckError(
+                    f"the coordinator acknowledged csn {received[0]} batch {received[1]}, beyond the last "
+                    f"batch this agent sent (csn {self.window.sent[0]} batch {self.window.sent[1]}); "
+                    "refused, the slot stays where it is",
+                    node=self.pipeline.node,
+                )
+            limit = self.window.confirm_limit(confirm_lsn, ended=self.end is not None)
+            if limit is None:
+                raise AckError(
+                    f"the coordinator confirmed {lsn_to_str(confirm_lsn)}{self._slot_text()}, beyond "
+                    f"{lsn_to_str(self.window.sent_lsn)}, the furthest this agent has sent; refused, "
+                    "the slot stays where it is",
+                    node=self.pipeline.node,
+                )
             self.window.ack(received)
             self.cond.notify_all()
         pipe = self.pipeline
-        advanced = confirm_lsn > self.confirmed
+        advanced = limit > self.confirmed
         if advanced:
-            self.confirmed = confirm_lsn
+            self.confirmed = limit
         if final:
             # Even when an earlier Ack already carried this position: once the
             # stream has ended (--until-lsn) only confirm_final moves the slot,
             # and it does nothing twice.
             pipe.confirm_final(self.confirmed)
         elif advanced:
-            pipe.confirm(confirm_lsn)
+            pipe.confirm(limit)
+
+    def _slot_text(self) -> str:
+        slot = getattr(getattr(self.pipeline.source, "options", None), "slot", None)
+        return f" for slot {slot}" if slot else ""
 
     def messages(
         self, generation: int, after: Position, active: threading.Event
@@ -213,6 +256,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
             state.cond.notify_all()
         active = threading.Event()
         active.set()
+        refused: list[AckError] = []
 
         def read_requests() -> None:
             try:
@@ -224,6 +268,9 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
                         state.ack(got, a.confirm_lsn, a.final)
                         if a.final:
                             break
+            except AckError as e:
+                log.warning("%s (from %s)", e, context.peer())
+                refused.append(e)
             except Exception:  # (the stream broke: the subscriber is gone)
                 pass
             finally:
@@ -234,6 +281,8 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
         threading.Thread(target=read_requests, daemon=True, name="csnd-agent-acks").start()
         context.add_callback(active.clear)
         yield from state.messages(generation, after, active)
+        if refused:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused[0]))
 
 
 def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None) -> int:
@@ -243,17 +292,30 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
         raise ConfigError("csnd node serves one database node or recorded file, not another agent")
     live = open_live(spec, config.live) if spec.is_live else None
     source = live if live is not None else open_source(spec, config.live, 0)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
+    token = read_token_file(config.token_file) if config.token_file else None
+    access = Credentials.of(token, None)  # (the one token: every call)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        # (health checks stay open: a probe cannot send the token, and they tell nothing of the data)
+        interceptors=[AccessInterceptor(access)] if access is not None else [],
+        options=GRPC_OPTIONS,
+    )
     try:
-        port = server.add_insecure_port(config.listen)  # (first: a taken port makes no slot)
+        # (first: a taken port makes no slot)
+        if config.tls is None:
+            port = server.add_insecure_port(config.listen)
+        else:
+            port = server.add_secure_port(config.listen, server_credentials(config.tls))
     except RuntimeError as e:
         raise ConfigError(f"cannot listen on {config.listen}: {e}") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
+    resumed_lsn = 0
     if live is not None:
         live.prepare()  # the slot at its consistent point before the ready line
+        resumed_lsn = live.slot_position()
     pipeline = NodePipeline(source, config.decoders)
-    state = AgentState(pipeline, after_batch=after_batch)
+    state = AgentState(pipeline, after_batch=after_batch, resumed_lsn=resumed_lsn)
     pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -269,6 +331,16 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     server.start()
     host = config.listen.rsplit(":", 1)[0]
     print(f"csnd node {pipeline.node}: listening on {host}:{port}", file=sys.stderr, flush=True)
+    if config.exposed:  # (allowed by --insecure-listen: said on every start)
+        unprotected = " and ".join(
+            what for what, given in (("a token", token), ("TLS", config.tls)) if not given
+        )
+        print(
+            f"csnd node {pipeline.node}: warning: serving {host}:{port} without {unprotected} "
+            "(--insecure-listen): anyone who reaches it can read every row and move the slot",
+            file=sys.stderr,
+            flush=True,
+        )
     threading.Thread(target=state.produce, daemon=True, name="csnd-agent-producer").start()
     # A timed wait, never a bare one: the kernel hands a process's signal to
     # any of its threads (gRPC's among them), and Python runs the handler only

@@ -15,8 +15,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from csnd.core.errors import ConfigError
+from csnd.core.addresses import is_loopback, split_host_port
+from csnd.core.errors import ConfigError, UsageError
 from csnd.core.modes import MODES, Mode, is_mode
+from csnd.core.tls import TlsFiles
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveOptions
@@ -69,6 +71,31 @@ class LiveSourceConfig:
 
 
 @dataclass(frozen=True)
+class AgentDialConfig:
+    """How a coordinator reaches its node agents (`replay --agent-*`, `serve`'s `agent_*`): one for all.
+
+    `token_file`: send its token as `authorization: Bearer` (the agents'
+    --token-file).  `ca`: dial over TLS, trusting this CA for the agents'
+    certificates.  `cert` and `key`: present this client certificate (the
+    agents' --tls-client-ca), over TLS with the system's CAs if `ca` is not
+    given.
+    """
+
+    token_file: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise UsageError("a client certificate for node agents needs both --agent-cert and --agent-key")
+
+    @property
+    def tls(self) -> bool:
+        return self.ca is not None or self.cert is not None
+
+
+@dataclass(frozen=True)
 class ReplayConfig:
     """`csnd replay`: the sources to merge and where the JSON lines go."""
 
@@ -77,6 +104,7 @@ class ReplayConfig:
     decoders: int = field(default_factory=lambda: os.cpu_count() or 1)
     live: LiveSourceConfig = field(default_factory=LiveSourceConfig)
     agent_give_up_s: float = AGENT_GIVE_UP_S
+    agent_dial: AgentDialConfig = field(default_factory=AgentDialConfig)
     verbose: bool = False
     schemas: bool = False  # relation lines before the transactions (docs/design.md section 7)
 
@@ -86,15 +114,43 @@ class ReplayConfig:
 
 @dataclass(frozen=True)
 class NodeAgentConfig:
-    """`csnd node`: one source served to a coordinator over gRPC."""
+    """`csnd node`: one source served to a coordinator over gRPC.
+
+    Whoever reaches an agent reads every decoded row and can move its slot,
+    so one that listens beyond the loopback needs a token (`token_file`)
+    and TLS (`tls`; with `tls.client_ca` the coordinator's certificate too),
+    unless `insecure_listen` says to serve without them anyway (the agent
+    then warns on every start).
+    """
 
     source: str
     listen: str
     decoders: int = field(default_factory=lambda: os.cpu_count() or 1)
     live: LiveSourceConfig = field(default_factory=LiveSourceConfig)
+    token_file: str | None = None
+    tls: TlsFiles | None = None
+    insecure_listen: bool = False
 
     def __post_init__(self) -> None:
         _check_decoders(self.decoders)
+        if self.exposed and not self.insecure_listen:
+            missing = " and ".join(
+                what
+                for what, given in (("--token-file", self.token_file), ("--tls-cert/--tls-key", self.tls))
+                if not given
+            )
+            raise UsageError(
+                f"--listen {self.listen} is reachable from other machines, and without {missing} anyone "
+                "there could read every row and move the slot: give --token-file and --tls-cert/--tls-key "
+                "(and --tls-client-ca for the coordinator's certificate), listen on 127.0.0.1, or add "
+                "--insecure-listen to serve it unprotected anyway"
+            )
+
+    @property
+    def exposed(self) -> bool:
+        """Listening beyond the loopback without both a token and TLS."""
+        host, _ = split_host_port(self.listen)
+        return not is_loopback(host) and not (self.token_file and self.tls)
 
 
 def _check_decoders(n: object) -> None:

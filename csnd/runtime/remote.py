@@ -8,7 +8,13 @@ on a lost connection reconnects with backoff (`csnd.core.backoff`: jittered,
 so the coordinators of many agents cut off together do not all come back in
 the same instant) -- the agent re-sends exactly what follows that position --
 until `give_up_s` without the agent, when the run fails naming the node and
-address.  Any message from the agent ends an outage.
+address.  Any message from the agent ends an outage.  A refusal is not an
+outage: a token the agent does not take, or an Ack it refuses, ends the run
+at once.
+
+`AgentDialConfig` says how to reach the agents: a token sent as
+`authorization: Bearer` metadata with every call, and TLS (the agent's CA,
+and for mutual TLS this coordinator's certificate and key).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, end_from_
 from csnd.core.backoff import Backoff
 from csnd.core.errors import ConfigError, ConnectionLost, CsndError
 from csnd.core.ids import Csn
+from csnd.core.tls import channel_credentials
+from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.runtime.config import AGENT_GIVE_UP_S
+from csnd.runtime.config import AGENT_GIVE_UP_S, AgentDialConfig
 from csnd.runtime.items import BatchItem, EndItem, NodeItem, Outbox, WatermarkItem
 from csnd.runtime.stats import NodeStats
 
@@ -49,6 +57,13 @@ CHANNEL_OPTIONS: Final = [
     ("grpc.max_receive_message_length", 256 << 20),
     ("grpc.max_send_message_length", 256 << 20),
 ]
+# The agent answered, and said no: reconnecting would get the same answer.
+REFUSED: Final = (
+    grpc.StatusCode.FAILED_PRECONDITION,  # a subscription after what the agent no longer has
+    grpc.StatusCode.INVALID_ARGUMENT,  # an Ack it refuses (a confirm LSN beyond what it sent)
+    grpc.StatusCode.UNAUTHENTICATED,  # no token, or the wrong one
+    grpc.StatusCode.PERMISSION_DENIED,
+)
 
 
 class RemoteNode:
@@ -58,12 +73,27 @@ class RemoteNode:
     confirms = True
     releases_whole = False  # batches, already cut
 
-    def __init__(self, address: str, name: str | None = None, give_up_s: float = AGENT_GIVE_UP_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        name: str | None = None,
+        give_up_s: float = AGENT_GIVE_UP_S,
+        dial: AgentDialConfig | None = None,
+    ) -> None:
         self.address = address
         self.give_up_s = give_up_s
         # The reconnect schedule, for the first Describe and then the stream.
         self.backoff = Backoff(time.monotonic, first=BACKOFF_FIRST_S, cap=BACKOFF_MAX_S, give_up=give_up_s)
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        dial = dial or AgentDialConfig()
+        token = read_token_file(dial.token_file) if dial.token_file else None
+        self.metadata: tuple[tuple[str, str], ...] = (
+            () if token is None else (("authorization", f"Bearer {token}"),)
+        )
+        if dial.tls:
+            creds = channel_credentials(dial.ca, dial.cert, dial.key)
+            self.channel = grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.NodeAgentStub(self.channel)
         hello = self._describe()
         self.node: str = name or hello.node
@@ -90,12 +120,17 @@ class RemoteNode:
         backoff.lost()  # (give_up_s counts from the first attempt)
         while True:
             try:
-                hello: pb.Hello = self.stub.Describe(pb.DescribeRequest(), timeout=5)
+                hello: pb.Hello = self.stub.Describe(pb.DescribeRequest(), timeout=5, metadata=self.metadata)
                 backoff.flowing()
                 return hello
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise ConfigError(f"{self.address} is not a csnd node agent: {_rpc_text(e)}") from None
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    raise ConfigError(
+                        f"node agent at {self.address} refused this coordinator: {_rpc_text(e)} "
+                        "(give its token with --agent-token-file)"
+                    ) from None
                 wait = backoff.failed()
                 if wait is None:
                     raise ConfigError(
@@ -166,7 +201,7 @@ class RemoteNode:
         ended = False
         while not self._stop.is_set():
             outbox: queue.Queue[pb.CoordinatorMessage | None] = queue.Queue()
-            call = self.stub.Stream(self._requests(outbox))
+            call = self.stub.Stream(self._requests(outbox), metadata=self.metadata)
             acker = threading.Thread(target=self._acks, args=(outbox, call), daemon=True)
             acker.start()
             unacked = 0
@@ -206,7 +241,7 @@ class RemoteNode:
             except grpc.RpcError as e:
                 if self._stop.is_set() or ended:
                     return
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # refused, not lost: do not retry
+                if e.code() in REFUSED:  # refused, not lost: do not retry
                     self._put(EndItem(CsndError(f"node agent at {self.address}: {e.details()}")))
                     return
                 wait = backoff.failed()

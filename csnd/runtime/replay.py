@@ -45,7 +45,7 @@ def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> NodeSource 
         from csnd.runtime.remote import RemoteNode
 
         address = spec.target.removeprefix("grpc://").rstrip("/")
-        return RemoteNode(address, name=spec.name, give_up_s=config.agent_give_up_s)
+        return RemoteNode(address, name=spec.name, give_up_s=config.agent_give_up_s, dial=config.agent_dial)
     return open_source(spec, config.live, index)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from csnd.core.errors import ConfigError
-from csnd.runtime.config import LiveSourceConfig
+from csnd.runtime.config import AgentDialConfig, LiveSourceConfig
 from csnd.service.limits import MAX_STREAMS, MAX_STREAMS_PER_PEER
 from csnd.service.settings import (
     CONFIG_ENV,
@@ -98,6 +98,8 @@ class ServeConfig:
     # --arrow-files-bytes: disk the Spark source's rows may take as files for
     # executors on this host (csnd.service.arrow_rows); 0: none, None: its default
     arrow_files_bytes: int | None = None
+    # --agent-token-file, --agent-ca, --agent-cert, --agent-key: how grpc:// node agents are reached
+    agent_dial: AgentDialConfig = field(default_factory=AgentDialConfig)
 
 
 def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceConfig:
@@ -244,6 +246,12 @@ def build_config(
         snapshot_readers=snapshot.get("readers"),
         parquet_dir=pick("parquet_dir"),
         arrow_files_bytes=pick("arrow_files_bytes"),
+        agent_dial=AgentDialConfig(
+            token_file=pick("agent_token_file"),
+            ca=pick("agent_ca"),
+            cert=pick("agent_cert"),
+            key=pick("agent_key"),
+        ),
     )
 
 

@@ -153,7 +153,9 @@ class Service:
         for i, src in enumerate(self.config.sources):
             if src.is_agent:
                 address = src.target.removeprefix("grpc://").rstrip("/")
-                remote = RemoteNode(address, name=src.name, give_up_s=self.config.give_up_s)
+                remote = RemoteNode(
+                    address, name=src.name, give_up_s=self.config.give_up_s, dial=self.config.agent_dial
+                )
                 if resume_csn:
                     remote.resume_after(resume_csn)
                 opened.append(remote)

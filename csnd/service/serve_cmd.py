@@ -170,6 +170,7 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument(
         "--config", metavar="FILE", help="settings as TOML; flags and CSND_* variables override it"
     )
+    add_agent_dial_options(p)
     g = p.add_argument_group("live sources (defaults for every postgresql:// source)")
     g.add_argument("--slot", help="logical replication slot (pgoutput)")
     g.add_argument("--publication", help="publication the slot streams")
@@ -206,6 +207,21 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         action="store_true",
         help="also print relation lines (a table's column names and types) as csnd subscribe --schemas does",
     )
+
+
+def add_agent_dial_options(p: argparse.ArgumentParser) -> None:
+    """How a coordinator (replay, serve) reaches node agents secured with --token-file and TLS."""
+    g = p.add_argument_group("node agents (grpc:// sources)")
+    g.add_argument("--agent-token-file", metavar="F", help="send the token in F (the agents' --token-file)")
+    g.add_argument(
+        "--agent-ca", metavar="PEM", help="dial the agents over TLS, trusting this CA for their certificates"
+    )
+    g.add_argument(
+        "--agent-cert",
+        metavar="PEM",
+        help="mutual TLS: present this client certificate (for the agents' --tls-client-ca)",
+    )
+    g.add_argument("--agent-key", metavar="PEM", help="... and its private key")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -33,6 +33,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from csnd.core.errors import ConfigError
+from csnd.core.tls import TlsFiles as TlsFiles  # (re-exported: the service names it here)
+from csnd.core.tls import server_credentials
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.auth import HEALTH_SERVICE, AccessInterceptor, Credentials, token_digest
@@ -59,12 +61,6 @@ SERVER_OPTIONS: Final = [
 ]
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    cert: str  # PEM certificate chain
-    key: str  # PEM private key
-
-
 @dataclass
 class RunningServer:
     port: int
@@ -89,14 +85,6 @@ class RunningServer:
         self.servicer.stop()
         self._server.stop(grace=max(grace, 2 * WAIT_S)).wait()
         self.servicer.stop()  # (marks acknowledged during the grace period)
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read the TLS {what} {path}: {e.strerror or e}") from None
 
 
 def start_changefeed(
@@ -156,8 +144,7 @@ def start_changefeed(
         if tls is None:
             port = server.add_insecure_port(listen)
         else:
-            creds = grpc.ssl_server_credentials([(_read(tls.key, "key"), _read(tls.cert, "certificate"))])
-            port = server.add_secure_port(listen, creds)
+            port = server.add_secure_port(listen, server_credentials(tls))
     except RuntimeError as e:
         raise ConfigError(f"cannot listen on {listen}: {e}") from None
     if port == 0:

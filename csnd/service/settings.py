@@ -214,6 +214,11 @@ SETTINGS: Final = (
     Setting("readiness_grace", NOT_NEGATIVE, "SECONDS"),
     Setting("parquet_dir", TEXT, "DIR"),
     Setting("arrow_files_bytes", BYTES, "BYTES"),
+    # how the service reaches grpc:// node agents (csnd.runtime.config.AgentDialConfig)
+    Setting("agent_token_file", TEXT, "FILE"),
+    Setting("agent_ca", TEXT, "PEM"),
+    Setting("agent_cert", TEXT, "PEM"),
+    Setting("agent_key", TEXT, "PEM"),
     Setting("slot", TEXT, "SLOT", live=True),
     Setting("publication", TEXT, "PUBLICATION", live=True),
     Setting("create_slot", BOOLEAN, "true|false", live=True),

@@ -206,10 +206,14 @@ class _Slot:
 
 def test_the_final_ack_moves_the_slot_even_if_an_earlier_ack_carried_its_position() -> None:
     """A periodic Ack may carry the last position before the final one; the slot must still move at the end."""
+    from csnd.coordinator.wire import BEFORE_ALL
+    from csnd.proto import csnd_pb2 as pb
     from csnd.runtime.agent import AgentState
 
     slot = _Slot()
     state = AgentState(slot)  # type: ignore[arg-type]  # (a node pipeline's confirm and confirm_final)
+    state.window.append((10, 0), pb.AgentMessage(), True, lsn=0x500)  # (sent: confirmable to 0/500)
+    state.window.next_to_send(0, BEFORE_ALL)
     state.ack((10, 0), 0x500, final=False)
     state.ack((10, 0), 0x500, final=True)
     assert slot.calls == [("confirm", 0x500), ("confirm_final", 0x500)]
