@@ -1,8 +1,9 @@
-"""Ctrl-C and SIGTERM for the commands that run until their sources end (replay, record).
+"""Ctrl-C, SIGTERM and SIGHUP for the commands that run until stopped or their sources end.
 
-Both stop a run the same way -- as KeyboardInterrupt in the main thread, so
+All stop a run the same way -- as KeyboardInterrupt in the main thread, so
 the pipelines stop, the output is abandoned and one line says where it is --
-SIGTERM as `Terminated` (exit 143, Ctrl-C 130).  A node agent handles its
+SIGTERM and SIGHUP as `Terminated` (exit 143, Ctrl-C 130; `csnd serve`
+stops cleanly on any of them, exit 0).  A node agent handles its
 own signals (`csnd.runtime.agent`).
 """
 
@@ -22,6 +23,11 @@ def install_stop_handlers() -> None:
     # multiprocessing resource tracker's warnings about leaked semaphores.
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _interrupt)
+    # SIGHUP (the terminal closed, a service manager's reload or stop) is a
+    # stop as SIGTERM is: its default action killed `csnd serve` (exit 129,
+    # the same warnings).  A process started ignoring it (nohup) keeps doing so.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _terminate)
 
 
 def ignore_stop_signals() -> None:
@@ -29,6 +35,7 @@ def ignore_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():  # (only it may set handlers)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _terminate(signum: int, frame: object) -> None:

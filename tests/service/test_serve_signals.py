@@ -1,0 +1,84 @@
+"""How `csnd serve` takes signals: SIGHUP as SIGTERM, and a stop sent to its whole process group.
+
+A stop is a stop whoever receives it: the service alone (`kill`), or every
+process it started as well (a terminal's Ctrl-C or hang-up, a service
+manager's stop of the control group) -- the decoder pool's fork server and
+workers among them, which must not turn the stop into a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+from tests.fixtures.pg import PgDatabase
+from tests.service.servekit import Served, start_serve, wait_for
+
+SNAPSHOT_DONE = "initial snapshot complete"
+
+
+def _setup(pg: PgDatabase, rows: int = 2000) -> None:
+    pg.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+    pg.execute(f"INSERT INTO item SELECT i, 'v' || i FROM generate_series(1, {rows}) AS i")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR ALL TABLES")
+
+
+def _clean_stop(code: int, err: str) -> None:
+    assert code == 0, f"exit {code}: {err}"
+    assert "leaked" not in err and "Traceback" not in err and "error" not in err, err
+
+
+def test_sighup_stops_serve_as_sigterm_does(pg: PgDatabase, tmp_path: Path) -> None:
+    _setup(pg)
+    served = start_serve(
+        [f"dn1={pg.url}?slot=csnd&publication=csnd_pub&create_slot=true"], str(tmp_path / "log")
+    )
+    wait_for(lambda: served.status()["nodes"], "the node in status")
+    served.proc.send_signal(signal.SIGHUP)
+    _out, err = served.proc.communicate(timeout=120)
+    _clean_stop(served.proc.returncode, err)
+
+
+class _Stderr:
+    """Reads a served process's stderr in a thread; `seen` is set once a line holds `needle`."""
+
+    def __init__(self, served: Served, needle: str) -> None:
+        self.lines: list[str] = []
+        self.seen = threading.Event()
+        self._needle = needle
+        self._thread = threading.Thread(target=self._read, args=(served,), daemon=True)
+        self._thread.start()
+
+    def _read(self, served: Served) -> None:
+        assert served.proc.stderr is not None
+        for line in served.proc.stderr:
+            self.lines.append(line)
+            if self._needle in line:
+                self.seen.set()
+
+    def text(self) -> str:
+        self._thread.join(timeout=60)
+        return "".join(self.lines)
+
+
+def test_sigterm_to_the_process_group_as_the_snapshot_completes_is_a_clean_stop(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """The fork server and the decoders get the signal too; it used to end in `internal error: EOFError`."""
+    _setup(pg)
+    source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&snapshot=initial"
+    served = start_serve([source], str(tmp_path / "log"), "-v")
+    stderr = _Stderr(served, SNAPSHOT_DONE)
+    try:
+        wait_for(stderr.seen.is_set, "the snapshot's completion line", diagnose=lambda: "".join(stderr.lines))
+        os.killpg(served.proc.pid, signal.SIGTERM)  # (as a terminal or a service manager stops a group)
+        code = served.proc.wait(timeout=120)
+    finally:
+        if served.proc.poll() is None:
+            os.killpg(served.proc.pid, signal.SIGKILL)
+            served.proc.wait(timeout=60)
+    err = stderr.text()
+    assert code == 0, f"exit {code}: {err}"
+    assert "internal error" not in err and "Traceback" not in err and "leaked" not in err, err
