@@ -640,7 +640,8 @@ class DecoderPool:
                     # Stopped mid-run (Ctrl-C, an error): its inbox is full of
                     # batches nobody will read, so the stop message would only
                     # arrive after them -- end it now instead of waiting.
-                    p.terminate()
+                    # (SIGKILL: the workers ignore SIGTERM, see `forkserver_init`.)
+                    p.kill()
         # After a complete run the workers are idle and leave at once; after a
         # stop mid-run one may still be blocked handing back a result that
         # nobody reads.  Either way nothing they still hold is wanted, so the
@@ -649,7 +650,7 @@ class DecoderPool:
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.is_alive():
-                p.terminate()
+                p.kill()
                 p.join(timeout=2)
         for q in self._in:
             q.close()
@@ -730,7 +731,7 @@ def start_worker_server() -> ForkServerContext:
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["csnd.decoder.forkserver_init", "csnd.decoder.worker", "csnd.decoder.pool"])
-    with _sigint_ignored():
+    with _stop_signals_held():
         mp_forkserver.ensure_running()
     return ctx
 
@@ -750,22 +751,28 @@ class _Stopped(Exception):
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Start the fork server with Ctrl-C ignored: a spawned interpreter inherits that before it runs any code.
+def _stop_signals_held() -> Iterator[None]:
+    """Start the fork server with Ctrl-C ignored and SIGTERM, SIGHUP blocked: a spawned interpreter inherits both.
 
     Ctrl-C goes to the whole process group, and a server still importing
     when it arrives would die with a KeyboardInterrupt traceback on the
-    terminal.  Only the main thread may change signal handlers, which is
-    why `csnd replay` and `csnd node` start the server from the main thread
+    terminal; a group's SIGTERM or SIGHUP would kill it, and the next pool
+    started from it would fail (`forkserver_init`).  Those two are blocked,
+    not ignored: one that reaches this process meanwhile is held and handled
+    once unblocked, never lost (ignoring it here would drop the stop).  Only
+    the main thread may change signal handlers, which is why `csnd replay`,
+    `csnd serve` and `csnd node` start the server from the main thread
     first; from then on `forkserver_init` covers the server and its workers.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, previous)
 
 
