@@ -43,7 +43,14 @@ import grpc
 
 from csnd import __version__
 from csnd.core.compiled import compiled_module
-from csnd.core.errors import AckError, CsnOutOfRange, SnapshotError, SubscriptionBusy, SubscriptionNotFound
+from csnd.core.errors import (
+    AckError,
+    ChangelogCorrupt,
+    CsnOutOfRange,
+    SnapshotError,
+    SubscriptionBusy,
+    SubscriptionNotFound,
+)
 from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
@@ -294,6 +301,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             first = next(records, None)
         except CsnOutOfRange as e:
             _out_of_range(context, after, e, name)
+        except ChangelogCorrupt as e:
+            _damaged(context, e)
         if first is None:
             return iter(())
         return _chain(first, records)
@@ -309,6 +318,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 if attempt:  # (retention ran between the look and the read, twice)
                     _out_of_range(context, after, e)
                 continue
+            except ChangelogCorrupt as e:
+                _damaged(context, e)
             return after, iter(()) if first is None else _chain(first, records)
         raise AssertionError("unreachable: the second attempt returns or aborts")
 
@@ -396,6 +407,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             except CsnOutOfRange as e:  # (retention removed what this slow reader still needed)
                 name, mark = self._mark_of(cid)
                 _out_of_range(context, mark if name else pos, e, name)
+            except ChangelogCorrupt as e:
+                _damaged(context, e)
             batch = builder.flush()
             self._sent(cid, pos, len(batch or ()))
             if batch:
@@ -632,6 +645,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                         _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
         except CsnOutOfRange as e:
             _out_of_range(context, after, e)
+        except ChangelogCorrupt as e:
+            _damaged(context, e)
         batch = builder.flush()
         if batch:
             yield _fetch_response(batch)
@@ -684,6 +699,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                     _abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
         except CsnOutOfRange as e:
             _out_of_range(context, after, e)
+        except ChangelogCorrupt as e:
+            _damaged(context, e)
         except RecordTooLarge as e:
             _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except (ValueError, TypeError) as e:
@@ -906,6 +923,16 @@ def _out_of_range(context: grpc.ServicerContext, after: int, e: CsnOutOfRange, n
         f"{oldest}, so its consumer would miss the ones in between; to go on from the oldest retained, "
         f"reset it: csnd subscriptions reset HOST:PORT {name} --csn {max((oldest or 1) - 1, 0)}",
     )
+
+
+def _damaged(context: grpc.ServicerContext, e: ChangelogCorrupt) -> NoReturn:
+    """DATA_LOSS with the line `csnd changelog --check` gives: the consumer stops, it does not retry.
+
+    Logged once here as a line, not a traceback: the damage is the
+    operator's to repair (the message says how), and nothing after it is served.
+    """
+    log.error("changefeed: %s; the consumer %s was told DATA_LOSS", e, context.peer())
+    _abort(context, grpc.StatusCode.DATA_LOSS, str(e))
 
 
 def _bad_line(context: grpc.ServicerContext, csn: int, e: ValueError) -> NoReturn:
