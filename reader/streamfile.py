@@ -106,6 +106,10 @@ _FRAMED_CHANGE_HEAD2: Final = struct.Struct("!IIBQ16xB")
 assert _FRAMED_CHANGE_HEAD2.size == FRAMED_CHANGE_HEAD.size + 4
 
 
+# What a tail of zero bytes is (StreamFileReader._zeroes_to_end).
+_ZERO_TAIL: Final = "the file ends in zero bytes from here, a write that never reached the disk"
+
+
 @dataclass
 class StreamHeader:
     node: str
@@ -494,6 +498,8 @@ class StreamFileReader:
                     raise self._truncated(offset, frames, f"frame head cut off after {len(buf)} bytes")
             (n,) = unpack_len(buf, pos)
             if n == 0:
+                if self._zeroes_to_end(offset):
+                    raise self._truncated(offset, frames, _ZERO_TAIL)
                 raise StreamFormatError(
                     f"frame {frames + 1}: corrupt frame length {n}",
                     path=path,
@@ -536,6 +542,8 @@ class StreamFileReader:
             if checked:
                 stored = unpack_len(buf, pos + 4)[0]
                 if crc32c(view[pos + 8 : end], crc) != stored:
+                    if self._zeroes_to_end(offset + hs):
+                        raise self._truncated(offset, frames, _ZERO_TAIL)
                     raise self._damaged(offset, frames, n)
                 crc = stored
             kind = buf[pos + hs]
@@ -593,6 +601,24 @@ class StreamFileReader:
                 offset=offset,
                 lsn=self.last_lsn or None,
             )
+
+    def _zeroes_to_end(self, offset: int) -> bool:
+        """Whether the file holds only zero bytes from `offset` on: a tail whose blocks never got their data.
+
+        A power loss after a file grew but before its new blocks were
+        written (delayed allocation) leaves its unsynced tail as zeroes, as
+        etcd's WAL decoder knows: a torn tail, cut by `csnd record --append`
+        like one cut short, not damage that needs the file restored.
+        """
+        if not self._regular:
+            return False
+        fd, size = self._f.fileno(), os.fstat(self._f.fileno()).st_size
+        while offset < size:
+            chunk = os.pread(fd, min(READ_CHUNK_BYTES, size - offset), offset)
+            if not chunk or chunk.count(0) != len(chunk):
+                return False
+            offset += len(chunk)
+        return True
 
     def _truncated(self, offset: int, frames: int, what: str) -> StreamFormatError:
         where = f" after {lsn_to_str(self.last_lsn)}" if self.last_lsn else ""

@@ -13,7 +13,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.core.errors import CsndError, StreamFormatError
+from csnd.core.errors import CsndError, StreamFormatError, TruncatedFrame
 from csnd.core.ids import lsn_to_str
 from csnd.reader import pgoutput as p
 from csnd.reader import streamfile
@@ -203,8 +203,25 @@ def test_corrupt_frame_length(tmp_path: Path) -> None:
     path = tmp_path / "l.pgstream"
     _write(path, [FRAMES[0]])
     with open(path, "ab") as f:
-        f.write(struct.pack("!II", 0, 0))
+        f.write(struct.pack("!II", 0, 0) + b"\x01")
     with pytest.raises(StreamFormatError, match="frame 2: corrupt frame length 0"):
+        list(StreamFileReader(str(path)))
+
+
+@pytest.mark.parametrize("whole_frame", [True, False])
+def test_a_tail_of_zero_bytes_is_a_torn_tail_not_damage(tmp_path: Path, whole_frame: bool) -> None:
+    """A power loss may leave a file's unsynced tail as zeroes (its blocks allocated, never written).
+
+    Whether the zeroes start at a frame (length 0) or after a frame's head
+    (its CRC fails on them), it is a torn last frame that `csnd record
+    --append` cuts, as it cuts one cut short; zeroes followed by anything
+    else stay damage.
+    """
+    path = tmp_path / "z.pgstream"
+    _write(path, [FRAMES[0]])
+    with open(path, "ab") as f:
+        f.write((b"" if whole_frame else struct.pack("!II", 100, 12345)) + bytes(4096))
+    with pytest.raises(TruncatedFrame, match="frame 2: truncated last frame: the file ends in zero bytes"):
         list(StreamFileReader(str(path)))
 
 
