@@ -32,12 +32,13 @@ def listen_address(text: str) -> str:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether a listening HOST (as `split_host_port` gives it) is reachable from this machine only.
+    """Whether a listening HOST (with or without IPv6 brackets) is reachable from this machine only.
 
     127.0.0.0/8, ::1 and `localhost`; everything else is not, including
-    0.0.0.0 and :: (every interface) and any other name (what it resolves
-    to can change).
+    0.0.0.0 and :: (every interface), an empty host, and any other name
+    (what it resolves to can change).
     """
+    host = host.strip("[]")
     if host.lower() == "localhost":
         return True
     try:

@@ -21,7 +21,6 @@ warning at every start (and that it takes no token, when it takes none).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 from concurrent import futures
@@ -32,6 +31,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from csnd.core.addresses import is_loopback as is_loopback  # (re-exported: the service's check)
 from csnd.core.errors import ConfigError
 from csnd.core.tls import TlsFiles as TlsFiles  # (re-exported: the service names it here)
 from csnd.core.tls import server_credentials
@@ -171,17 +171,6 @@ def _access(token: str | None, credentials: Credentials | None) -> Credentials |
     if any(c.digest == token_digest(token) for c in credentials.entries):
         raise ConfigError("the --token-file token is also in --credentials-file; give each its own token")
     return Credentials([*admin.entries, *credentials.entries])
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listen host is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # (a name: it may resolve anywhere)
 
 
 def _warn_if_exposed(host: str, port: int, tls: bool, authenticated: bool) -> None:

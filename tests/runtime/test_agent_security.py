@@ -153,7 +153,7 @@ TestConfirmBound.settings = settings(max_examples=200, stateful_step_count=60, d
 
 
 def test_loopback_addresses() -> None:
-    for host in ("127.0.0.1", "127.3.4.5", "::1", "localhost", "LOCALHOST"):
+    for host in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost", "LOCALHOST"):
         assert is_loopback(host), host
     for host in ("0.0.0.0", "::", "10.1.2.3", "192.168.0.1", "db1", "localhost.example.com", ""):
         assert not is_loopback(host), host
