@@ -19,7 +19,9 @@ after S.  Before the stream starts, with the slot at its position,
 1. notes what is open on the server now: every xid below the xmax of the
    current snapshot (prepared transactions included), and every session of the
    database inside a transaction that has no xid yet (a participant that only
-   read on this node logs `committing` before it has an xid);
+   read on this node logs `committing` before it has an xid; a role without
+   pg_read_all_stats sees no other role's transaction start, so the one csnd
+   connects as should have it when writers connect as others);
 2. waits until each of them has ended, saying after a while which are still
    open and what ends them (a prepared transaction a failed writer left:
    `csnd gtm recover`);
@@ -54,7 +56,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from csnd.core.errors import SourceError
+from csnd.core.errors import ConnectionLost, SourceError
 from csnd.core.ids import Lsn, lsn_from_str
 from csnd.core.markers import START_PREFIX
 from csnd.reader.reconnect import one_line
@@ -108,7 +110,8 @@ def settle_start(
 
     Call with the slot at its position (made or checked), before the stream
     starts.  Returns where the message ends, or None if `stop` was set first.
-    A failure is a `SourceError` naming the node and the slot.
+    A failure is a `SourceError` naming the node and the slot; a lost
+    connection a `ConnectionLost` (transient: the pipeline is started again).
     """
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -117,11 +120,13 @@ def settle_start(
                 return None
             return _write_start(conn, token)
     except psycopg.Error as e:
-        raise SourceError(
+        what = (
             f"cannot settle the start of slot {slot}'s stream (wait for the transactions open at its "
-            f"start to end, then write its {START_PREFIX} message): {one_line(str(e))}",
-            node=node,
-        ) from None
+            f"start to end, then write its {START_PREFIX} message): {one_line(str(e))}"
+        )
+        if isinstance(e, psycopg.OperationalError):  # (the server went away: a restart may mend it)
+            raise ConnectionLost(what, node=node) from None
+        raise SourceError(what, node=node) from None
 
 
 def _open_now(conn: Conn) -> tuple[int, set[Session]]:
