@@ -439,7 +439,7 @@ class NodeStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., received_lsn: _Optional[int] = ..., confirmed_lsn: _Optional[int] = ..., watermark_csn: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., error: _Optional[str] = ..., transactions: _Optional[int] = ..., changes: _Optional[int] = ..., retained_wal_bytes: _Optional[int] = ..., source: _Optional[str] = ..., queue_depths: _Optional[_Iterable[int]] = ..., decoded_changes: _Optional[int] = ..., restarts: _Optional[int] = ..., waiting_committing: _Optional[int] = ..., waiting_commit: _Optional[int] = ..., waiting_merge: _Optional[int] = ..., spill_bytes: _Optional[int] = ..., slot_wal_status: _Optional[str] = ..., slot_safe_wal_size: _Optional[int] = ...) -> None: ...
 
 class ChangelogStatus(_message.Message):
-    __slots__ = ("oldest_csn", "newest_csn", "bytes", "segments", "directory", "fsyncs", "fsync_seconds_total", "last_fsync_seconds")
+    __slots__ = ("oldest_csn", "newest_csn", "bytes", "segments", "directory", "fsyncs", "fsync_seconds_total", "last_fsync_seconds", "holds")
     OLDEST_CSN_FIELD_NUMBER: _ClassVar[int]
     NEWEST_CSN_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -448,6 +448,7 @@ class ChangelogStatus(_message.Message):
     FSYNCS_FIELD_NUMBER: _ClassVar[int]
     FSYNC_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LAST_FSYNC_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
     oldest_csn: int
     newest_csn: int
     bytes: int
@@ -456,7 +457,16 @@ class ChangelogStatus(_message.Message):
     fsyncs: int
     fsync_seconds_total: float
     last_fsync_seconds: float
-    def __init__(self, oldest_csn: _Optional[int] = ..., newest_csn: _Optional[int] = ..., bytes: _Optional[int] = ..., segments: _Optional[int] = ..., directory: _Optional[str] = ..., fsyncs: _Optional[int] = ..., fsync_seconds_total: _Optional[float] = ..., last_fsync_seconds: _Optional[float] = ...) -> None: ...
+    holds: _containers.RepeatedCompositeFieldContainer[RetentionHold]
+    def __init__(self, oldest_csn: _Optional[int] = ..., newest_csn: _Optional[int] = ..., bytes: _Optional[int] = ..., segments: _Optional[int] = ..., directory: _Optional[str] = ..., fsyncs: _Optional[int] = ..., fsync_seconds_total: _Optional[float] = ..., last_fsync_seconds: _Optional[float] = ..., holds: _Optional[_Iterable[_Union[RetentionHold, _Mapping]]] = ...) -> None: ...
+
+class RetentionHold(_message.Message):
+    __slots__ = ("holder", "held_bytes")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    held_bytes: int
+    def __init__(self, holder: _Optional[str] = ..., held_bytes: _Optional[int] = ...) -> None: ...
 
 class ConsumerStatus(_message.Message):
     __slots__ = ("peer", "name", "acknowledged_csn", "sent_csn", "lag_transactions", "lag_at_least", "connected", "tables", "transactions_sent", "connected_since_us")

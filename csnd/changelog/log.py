@@ -25,11 +25,13 @@ import threading
 import time
 import zlib
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from csnd.changelog import record as rec
+from csnd.changelog import retention
 from csnd.changelog import segment as sg
 from csnd.changelog.recent import RecentCsns
 from csnd.changelog.relations import RelationStore
@@ -129,6 +131,8 @@ class Changelog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         retention_bytes: int | None = None,
         retention_hours: float | None = None,
+        retention_hold_bytes: int | None = None,
+        retention_hold_hours: float | None = None,
         clock: Callable[[], float] = time.time,
         index_interval: int = DEFAULT_INDEX_INTERVAL,
         monotonic: Callable[[], float] = time.monotonic,
@@ -141,6 +145,10 @@ class Changelog:
         self.segment_bytes = segment_bytes
         self.retention_bytes = retention_bytes
         self.retention_hours = retention_hours
+        # How far past those consumers' holds may keep records (None: a multiple of them; retention.py).
+        self.retention_hold_bytes = retention_hold_bytes
+        self.retention_hold_hours = retention_hold_hours
+        self._retention_limits()  # (a hold limit below its retention limit is refused here)
         self._clock = SteadyWall(clock, monotonic)
         self._interval = index_interval
         self._cond = threading.Condition(threading.Lock())
@@ -827,26 +835,66 @@ class Changelog:
 
     # -- retention (writer thread) ------------------------------------------------
 
+    # What consumers still need holds retention (csnd.changelog.retention):
+    # each holder is asked at every pass, so a mark that moved is seen there.
+    _holders: tuple[Callable[[], Mapping[str, int]], ...] = ()
+    # holder -> bytes retention would have dropped but keeps for it, as of the last pass
+    retention_held: Mapping[str, int] = MappingProxyType({})
+
+    def add_retention_holder(self, holds: Callable[[], Mapping[str, int]]) -> None:
+        """`holds()` names holders and the csn each has read through: retention keeps what is after it.
+
+        Called on the thread that applies retention; it must be quick and not block on the changelog.
+        """
+        self._holders = (*self._holders, holds)
+
+    def remove_retention_holder(self, holds: Callable[[], Mapping[str, int]]) -> None:
+        self._holders = tuple(h for h in self._holders if h != holds)
+
+    def _retention_limits(self) -> retention.Limits:
+        try:
+            return retention.hold_limits(
+                self.retention_bytes,
+                self.retention_hours,
+                self.retention_hold_bytes,
+                self.retention_hold_hours,
+            )
+        except ValueError as e:
+            raise ConfigError(f"changelog {self.directory}: {e}") from None
+
     def apply_retention(self) -> int:
-        """Drop whole old segments past the size or age limit (never the active one); returns bytes freed."""
+        """Drop whole old segments past the size or age limit (never the active one); returns bytes freed.
+
+        Segments a holder still needs stay, up to the hold limits; past
+        them they go with a warning naming every holder passed (its next
+        read is OUT_OF_RANGE, never moved silently).
+        """
         if self.retention_bytes is None and self.retention_hours is None:
             return 0
-        now_us = int(self._clock() * 1_000_000)
-        max_age_us = None if self.retention_hours is None else int(self.retention_hours * 3600 * 1_000_000)
-        total = sum(s.written for s in self._segments)
-        drop = 0
-        for seg in self._segments[:-1]:
-            if seg.end != seg.written:
-                break  # not durable yet (rolled over since the last sync)
-            too_big = self.retention_bytes is not None and total > self.retention_bytes
-            too_old = max_age_us is not None and now_us - seg.last_time > max_age_us
-            if not (too_big or too_old):
-                break
-            total -= seg.written
-            drop += 1
+        holds: dict[str, int] = {}
+        for holder in self._holders:
+            holds.update(holder())
+        segs = self._segments
+        infos = [retention.SegmentInfo(s.last_csn, s.written, s.last_time, s.end == s.written) for s in segs]
+        limits = self._retention_limits()
+        p = retention.plan(infos, limits, int(self._clock() * 1_000_000), holds)
+        self.retention_held = MappingProxyType(dict(p.held))
+        drop = p.drop
         if not drop:
             return 0
         gone, keep = self._segments[:drop], self._segments[drop:]
+        for who, csn in sorted(p.passed.items()):
+            sg.log.warning(
+                "changelog: retention dropped the records through csn %d that %s had not read (it is at "
+                "csn %d): the changelog was past its hold limits (retention_hold_bytes %s, retention_hold_hours "
+                "%s); its next read is refused as out of range (the oldest retained csn is now %d)",
+                gone[-1].last_csn,
+                who,
+                csn,
+                limits.hold_bytes,
+                None if limits.hold_age_us is None else f"{limits.hold_age_us / 3.6e9:g}",
+                keep[0].first_csn,
+            )
         with self._cond:
             self._segments = keep
             self._view = tuple(s for s in keep if s.last_csn)

@@ -159,6 +159,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         self._row_blocks: RowBlocks | None = None  # Fetch(format="arrow")'s rows, made on first use
         self._arrow_missing_logged = False
         threading.Thread(target=self._watchdog, name="csnd-feed-watchdog", daemon=True).start()
+        if subscriptions is not None:  # (named marks hold the changelog's retention, up to its hold limits)
+            log.add_retention_holder(self._retention_holds)
 
     # --- Subscribe ----------------------------------------------------------------
 
@@ -773,6 +775,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 fsyncs=log.fsyncs,
                 fsync_seconds_total=log.fsync_seconds_total,
                 last_fsync_seconds=log.last_fsync_seconds,
+                holds=[
+                    pb.RetentionHold(holder=h, held_bytes=n) for h, n in sorted(log.retention_held.items())
+                ],
             ),
             consumers=consumers,
             version=__version__,
@@ -787,6 +792,13 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         """Ends every stream at its next look (within WAIT_S) and stores the named marks."""
         self.stopping.set()
         self._store_marks()
+        if self.subscriptions is not None:
+            self.log.remove_retention_holder(self._retention_holds)
+
+    def _retention_holds(self) -> dict[str, int]:
+        """Every named subscription's mark: retention keeps the records after it (Changelog.apply_retention)."""
+        with self.lock:
+            return {f"subscription {n!r}": csn for n, csn in self.registry.named.items()}
 
 
 def _chain(first: StoredRecord, rest: Iterator[StoredRecord]) -> Iterator[StoredRecord]:

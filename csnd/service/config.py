@@ -83,6 +83,10 @@ class ServeConfig:
     max_streams_per_peer: int = MAX_STREAMS_PER_PEER
     retention_bytes: int | None = None
     retention_hours: float | None = None
+    # How far past those named subscriptions and the Parquet export may hold records they have
+    # not read (csnd.changelog.retention; None: twice the retention limit)
+    retention_hold_bytes: int | None = None
+    retention_hold_hours: float | None = None
     give_up_s: float = DEFAULT_GIVE_UP_S
     readiness_grace_s: float = DEFAULT_READINESS_GRACE_S
     thresholds: dict[str, Any] = field(default_factory=dict)
@@ -236,6 +240,8 @@ def build_config(
         max_streams_per_peer=pick("max_streams_per_peer", default=MAX_STREAMS_PER_PEER),
         retention_bytes=pick("retention_bytes"),
         retention_hours=pick("retention_hours"),
+        retention_hold_bytes=pick("retention_hold_bytes"),
+        retention_hold_hours=pick("retention_hold_hours"),
         give_up_s=pick("give_up", default=DEFAULT_GIVE_UP_S),
         readiness_grace_s=pick("readiness_grace", default=DEFAULT_READINESS_GRACE_S),
         thresholds=dict(dashboard),

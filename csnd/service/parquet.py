@@ -24,7 +24,11 @@ A file is cut once it holds FILE_ROWS rows, or when transactions have waited
 FILE_WAIT_S for more; stopping writes what is pending.  A restart resumes
 after the newest file's range (a file half-written by a crash is removed).
 Retention follows the changelog's: a file all of whose transactions the
-changelog's retention has dropped is removed with them.  Only durable
+changelog's retention has dropped is removed with them.  What is not
+exported yet holds the changelog's retention (up to its hold limits,
+`retention_hold_bytes`/`retention_hold_hours`); an export that fell behind
+even those logs an error naming where it was and the oldest retained csn,
+and the gap shows in the file names.  Only durable
 records are written, and none of an initial snapshot before it is complete
 (the changelog holds its readers back).
 """
@@ -89,6 +93,8 @@ class ParquetExport:
         self.files = sorted(f for n in os.listdir(self.directory) if (f := parse_name(n)) is not None)
         self.exported_csn = self.files[-1].last_csn if self.files else 0
         self.rows = 0  # written by this run
+        self.holder = f"the parquet export to {self.directory}"
+        changelog.add_retention_holder(self._retention_holds)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="csnd-parquet", daemon=True)
@@ -100,6 +106,11 @@ class ParquetExport:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.log.remove_retention_holder(self._retention_holds)
+
+    def _retention_holds(self) -> dict[str, int]:
+        """What is not exported yet: retention keeps it (Changelog.apply_retention), up to its hold limits."""
+        return {self.holder: self.exported_csn}
 
     def _run(self) -> None:
         try:
@@ -130,7 +141,14 @@ class ParquetExport:
                         self._write(builder, last)
                         since = None
             except CsnOutOfRange as e:  # (behind the changelog's retention: a gap, in the names too)
-                log.error("parquet export to %s fell behind the changelog's retention: %s", self.directory, e)
+                log.error(
+                    "%s fell behind the changelog's retention past its hold limits: it was at csn %d, the "
+                    "oldest retained csn is %s; the files skip the transactions in between (%s)",
+                    self.holder,
+                    last,
+                    e.oldest_csn,
+                    e,
+                )
                 self._write(builder, last)
                 since = None
                 last = self.exported_csn = max(last, self.log.oldest_csn - 1)

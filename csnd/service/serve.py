@@ -519,7 +519,11 @@ class Service:
             thresholds = Thresholds.from_mapping(cfg.thresholds)
         os.makedirs(cfg.changelog, exist_ok=True)
         self.log = Changelog(
-            cfg.changelog, retention_bytes=cfg.retention_bytes, retention_hours=cfg.retention_hours
+            cfg.changelog,
+            retention_bytes=cfg.retention_bytes,
+            retention_hours=cfg.retention_hours,
+            retention_hold_bytes=cfg.retention_hold_bytes,
+            retention_hold_hours=cfg.retention_hold_hours,
         )
         snapshot = snapshot_state(_newest_record(self.log))
         if snapshot.state == "incomplete":

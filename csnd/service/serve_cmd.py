@@ -142,6 +142,20 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="drop segments older than H hours",
     )
     p.add_argument(
+        "--retention-hold-bytes",
+        type=flag_type(settings.WHOLE),
+        metavar="B",
+        help="named subscriptions and the Parquet export keep the records they have not read while the "
+        "changelog is at most B bytes (default: twice --retention-bytes); past it those go, and the "
+        "consumer behind is told out of range",
+    )
+    p.add_argument(
+        "--retention-hold-hours",
+        type=flag_type(settings.POSITIVE),
+        metavar="H",
+        help="... and while those records are at most H hours old (default: twice --retention-hours)",
+    )
+    p.add_argument(
         "--parquet-dir",
         type=flag_type(settings.TEXT),
         metavar="DIR",

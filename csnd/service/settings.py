@@ -210,6 +210,8 @@ SETTINGS: Final = (
     Setting("max_streams_per_peer", WHOLE, "N"),
     Setting("retention_bytes", WHOLE, "BYTES"),
     Setting("retention_hours", POSITIVE, "HOURS"),
+    Setting("retention_hold_bytes", WHOLE, "BYTES"),
+    Setting("retention_hold_hours", POSITIVE, "HOURS"),
     Setting("give_up", POSITIVE, "SECONDS"),
     Setting("readiness_grace", NOT_NEGATIVE, "SECONDS"),
     Setting("parquet_dir", TEXT, "DIR"),

@@ -202,7 +202,7 @@ class RegistryMachine(RuleBasedStateMachine):
             if old is not None:
                 del self.live[old]  # taken over
             self.holder[name] = c.id
-            self.marks.setdefault(name, 0)
+            self.marks.setdefault(name, after)  # (a new name's mark: where its stream starts)
             if effective:
                 self.filters[name] = effective
         self.live[c.id] = [name, self.marks[name] if name else after, after]

@@ -23,6 +23,7 @@ from csnd.core.errors import CsnOutOfRange
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings
+from csnd.service.parquet import ParquetExport
 from tests.service.feedkit import fill, serve
 
 # Marks are stored at creation, not by the periodic store: a long interval keeps that out of the way.
@@ -64,8 +65,8 @@ class Held:
 
 
 def _trimmed(d: str, last: int = 60) -> Changelog:
-    """A changelog of csns 1..last whose oldest segments retention dropped (no consumer held them)."""
-    log = Changelog(d, segment_bytes=4096, retention_bytes=8192)
+    """A changelog of csns 1..last whose oldest segments retention dropped; consumers hold nothing past 8 KiB."""
+    log = Changelog(d, segment_bytes=4096, retention_bytes=8192, retention_hold_bytes=8192)
     fill(log, range(1, last + 1))
     assert log.apply_retention() > 0 and log.oldest_csn > 2
     return log
@@ -151,3 +152,57 @@ def test_a_reset_to_0_stores_where_the_oldest_retained_starts(tmp_path: Path) ->
             assert SubscriptionStore(d).get("billing") == oldest - 1
         finally:
             srv.stop()
+
+
+def test_a_named_mark_holds_retention_up_to_the_hold_limit_then_is_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = str(tmp_path / "log")
+    with Changelog(d, segment_bytes=4096, retention_bytes=8192, retention_hold_bytes=100_000) as log:
+        written = fill(log, range(1, 21))
+        srv = serve(log, settings=SLOW_STORE)
+        try:
+            for start in (pb.SubscribeStart(name="billing", after_csn=10), pb.SubscribeStart(after_csn=15)):
+                held_call = Held(srv.address, start)  # (billing: mark 10, stored; anonymous: holds nothing)
+                assert held_call.subscribed().after_csn == start.after_csn
+                held_call.close()
+            more = fill(log, range(21, 101))
+            assert log.size_bytes > 8192
+            log.apply_retention()
+            assert log.oldest_after_csn <= 10 < log.oldest_csn + 4  # (kept from the segment holding 11)
+            held = log.retention_held["subscription 'billing'"]
+            assert 0 < held <= log.size_bytes - 8192 + 4096
+            holds = srv.servicer.snapshot().changelog.holds
+            assert [(h.holder, h.held_bytes) for h in holds] == [("subscription 'billing'", held)]
+            with Changefeed(srv.address, name="billing") as feed:
+                got = [feed.next(timeout=30) for _ in range(90)]
+            assert got == [(c, {**written, **more}[c]) for c in range(11, 101)]
+            # past the hold limit the records go, with a warning, and the consumer is told
+            fill(log, range(101, 301))
+            assert log.size_bytes > 100_000
+            log.apply_retention()
+            assert log.size_bytes <= 100_000 and log.oldest_after_csn > 10
+            assert "subscription 'billing' had not read (it is at csn 10)" in caplog.text
+            e = Held(srv.address, pb.SubscribeStart(name="billing")).error()
+            assert e.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert "subscription 'billing' is at csn 10" in e.details()
+            assert f"the oldest retained csn is {log.oldest_csn}" in e.details()
+            assert SubscriptionStore(d).get("billing") == 10  # (never moved)
+        finally:
+            srv.stop()
+        # with the service gone, no one holds: retention is back to its own limit
+        log.apply_retention()
+        assert log.size_bytes <= 8192 + 4096 and not log.retention_held
+
+
+def test_the_parquet_exports_unexported_range_holds_retention(tmp_path: Path) -> None:
+    with Changelog(
+        str(tmp_path / "log"), segment_bytes=4000, retention_bytes=12_000, retention_hold_bytes=200_000
+    ) as log:
+        fill(log, range(1, 31))
+        export = ParquetExport(log, str(tmp_path / "pq"), file_rows=20)  # (not started: exported nothing)
+        fill(log, range(31, 101))
+        log.apply_retention()
+        assert log.oldest_after_csn == 0 and log.retention_held[export.holder] > 0
+        export.stop()  # (stopped: it holds no more)
+        assert log.apply_retention() > 0 and log.oldest_csn > 1
