@@ -47,6 +47,7 @@ import io
 import json
 import logging
 import math
+import secrets
 import socket
 import ssl
 import threading
@@ -64,6 +65,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from csnd.core.addresses import split_host_port
 from csnd.core.errors import ConfigError
+from csnd.service.auth import AUTH_HEADER, Credentials
 from csnd.service.http_guard import Sessions, check_allowed_host, host_allowed
 from csnd.service.http_server import (
     MAX_BODY_BYTES,
@@ -217,6 +219,7 @@ class DashboardServer:
         status: Callable[[], Mapping[str, Any]],
         *,
         token: str | None = None,
+        credentials: Credentials | None = None,
         thresholds: Thresholds | None = None,
         clock: Callable[[], float] = time.time,
         ready: Callable[[], tuple[bool, str]] = _always_ready,
@@ -230,7 +233,14 @@ class DashboardServer:
         self.status = status
         self.ready = ready
         self.token = token
-        self._sessions = None if token is None else Sessions(token, session_ttl_s)
+        # Every credential of the changefeed's credentials file opens the dashboard too
+        # (any role: it only shows figures); without one, it would be open to anyone.
+        self.credentials = credentials
+        self.guarded = token is not None or credentials is not None
+        # Sessions are keyed by the token; with only a credentials file, by a key of this
+        # process (a restart asks each browser to log in again).
+        session_key = token if token is not None else secrets.token_hex(32)
+        self._sessions = Sessions(session_key, session_ttl_s) if self.guarded else None
         self._tls = tls_context(tls) if tls is not None else None
         try:
             allowed = [check_allowed_host(h) for h in allowed_hosts]
@@ -300,7 +310,7 @@ class DashboardServer:
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
         """The token in `Authorization: Bearer`, or a session cookie `/login` gave and not yet expired."""
-        if self.token is None or self._sessions is None:
+        if not self.guarded or self._sessions is None:
             return True
         auth = headers.get("Authorization", "")
         if auth.startswith("Bearer "):
@@ -316,7 +326,12 @@ class DashboardServer:
         return host_allowed(host, self.allowed_hosts)
 
     def token_matches(self, given: str) -> bool:
-        return self.token is not None and hmac.compare_digest(given.encode(), self.token.encode())
+        if self.token is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+            return True
+        return (
+            self.credentials is not None
+            and self.credentials.identify([(AUTH_HEADER, f"Bearer {given}")]) is not None
+        )
 
     def session_cookie(self) -> str:
         """The Set-Cookie value `/login` answers a good token with (`Secure` over TLS)."""
@@ -448,7 +463,7 @@ def _handler_for(server: DashboardServer) -> Callable[[socket.socket, Any, bytes
             given = (form.get("token") or [""])[0].strip()
             client, now = self.client_address[0], server._clock()
             wait = server.logins.retry_after(client, now)
-            if server.token is None:
+            if not server.guarded:
                 self._send(HTTPStatus.SEE_OTHER, b"", _TEXT, extra={"Location": "./"})
             elif wait is not None:
                 seconds = max(1, math.ceil(wait))

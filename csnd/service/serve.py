@@ -554,6 +554,7 @@ class Service:
                     cfg.http,
                     self.status_document,
                     token=token,
+                    credentials=Credentials(credentials) if credentials else None,
                     thresholds=thresholds,
                     ready=self.readiness,
                     tls=tls,
