@@ -33,6 +33,7 @@ from typing import Final
 from csnd.changelog import record as rec
 from csnd.changelog import retention
 from csnd.changelog import segment as sg
+from csnd.changelog.clock import CLOCK_NAME, SteadyWall
 from csnd.changelog.recent import RecentCsns
 from csnd.changelog.relations import RelationStore
 from csnd.changelog.tail import DurableTail
@@ -45,6 +46,7 @@ from csnd.core.errors import (
     IndexMismatch,
     OutputError,
 )
+from csnd.core.hostid import host_id
 
 # A new segment starts once the active one has grown past this.  Larger:
 # fewer files and directory fsyncs; smaller: retention frees space in finer
@@ -70,30 +72,6 @@ RECENT_CSNS: Final = 10_000
 # The newest durable records' payloads kept in memory, for readers that keep up
 # (`DurableTail`): served from there, a record costs no read and no CRC check.
 TAIL_BYTES: Final = 16 << 20
-
-
-class SteadyWall:
-    """Wall-clock time that moves only as the monotonic clock does: the wall time at start plus time since.
-
-    Record times and retention by age (`retention_hours`) must be wall time:
-    they outlive the process.  Read from the system clock each time, a clock
-    set forward while the service runs would make every segment "old" at
-    once and drop what consumers have not read; one set back would hold
-    retention (and the disk) for as long, and stamp new records earlier
-    than old ones.  So the wall clock is read once, when the changelog
-    opens, and time is counted on from there with the monotonic clock; a
-    jump takes effect at the next start.
-    """
-
-    __slots__ = ("_wall0", "_mono0", "_mono")
-
-    def __init__(self, wall: Callable[[], float], monotonic: Callable[[], float]) -> None:
-        self._wall0 = wall()
-        self._mono = monotonic
-        self._mono0 = monotonic()
-
-    def __call__(self) -> float:
-        return self._wall0 + (self._mono() - self._mono0)
 
 
 @dataclass
@@ -178,6 +156,9 @@ class Changelog:
         self._open: _OpenRecord | None = None  # a record being appended in pieces
         last = self._segments[-1] if self._segments else None
         self._appended_csn = last.last_csn if last else 0
+        # (the steady clock goes on from the last process's on this boot: csnd.changelog.clock)
+        newest_us = max((s.last_time for s in self._segments), default=0)
+        self._clock.resume(os.path.join(self.directory, CLOCK_NAME), host_id(), newest_us)
         self._link = last.link if last else 0  # the crc of the last record appended: what the next names
         # The fsyncs of sync(), for Status: how many, their total and the last's seconds.
         self.fsyncs = 0

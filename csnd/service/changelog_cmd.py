@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 
 from csnd.changelog import Changelog
+from csnd.changelog.clock import CLOCK_NAME
 from csnd.changelog.log import LOCK_NAME
 from csnd.changelog.record import parse_segment_name, segment_name
 from csnd.changelog.relations import FILE_NAME as RELATIONS_NAME
@@ -89,7 +90,7 @@ def check_is_changelog(directory: str) -> None:
         return
     # No segment yet: a changelog a service opened and has appended nothing to holds its lock
     # (and maybe its subscriptions), nothing else.
-    ours = {LOCK_NAME, SUBSCRIPTIONS_NAME, SUBSCRIPTIONS_NAME + ".tmp", RELATIONS_NAME}
+    ours = {LOCK_NAME, CLOCK_NAME, SUBSCRIPTIONS_NAME, SUBSCRIPTIONS_NAME + ".tmp", RELATIONS_NAME}
     if LOCK_NAME in names and set(names) <= ours:
         return
     raise ConfigError(
