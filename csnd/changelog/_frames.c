@@ -1,10 +1,12 @@
 /*
- * csnd.changelog._frames: `encode_frames`, compiled.
+ * csnd.changelog._frames: `encode_frames` and `walk`, compiled.
  *
- * The same function as `encode_frames_py` in csnd/changelog/record.py, which
- * is its specification and its twin: tests/changelog/test_frames.py holds
- * the two to the same output for any run of CSNs and payloads.  Keep them
- * in step.
+ * The same functions as `encode_frames_py` and `walk_py` in
+ * csnd/changelog/record.py, which are their specification and their twins:
+ * tests/changelog/test_frames.py holds each pair to the same output (for any
+ * run of CSNs and payloads; for any buffer of records, damaged or not).
+ * Keep them in step.  `walk` is what opening the changelog spends its time
+ * in: it checks every record of every segment.
  *
  * It encodes a run of records (the 32-byte head of record.py's format
  * version 2, then the payload) with one time of appending, each naming the
@@ -138,10 +140,106 @@ done:
     return out;
 }
 
+static uint32_t
+get32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static uint64_t
+get64(const unsigned char *p)
+{
+    return ((uint64_t)get32(p) << 32) | (uint64_t)get32(p + 4);
+}
+
+static int
+append_u64(PyObject *list, unsigned long long v)
+{
+    PyObject *o = PyLong_FromUnsignedLongLong(v);
+    if (o == NULL)
+        return -1;
+    int failed = PyList_Append(list, o);
+    Py_DECREF(o);
+    return failed;
+}
+
+/* walk(buf, start, last_csn, link, version) -> (end, csns, offsets, times, last_crc): the twin of
+   record.walk_py.  The whole, CRC-right, in-order (and, in version 2, linked) records from `start`,
+   stopping at the first that is not; `link` -1 checks no link for the first one. */
+static PyObject *
+walk(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t off;
+    unsigned long long last;
+    long long link;
+    int version;
+    if (!PyArg_ParseTuple(args, "y*nKLi:walk", &view, &off, &last, &link, &version))
+        return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t size = view.len;
+    Py_ssize_t head = version >= 2 ? 32 : 28;
+    long long last_crc = -1;
+    PyObject *csns = PyList_New(0), *offsets = PyList_New(0), *times = PyList_New(0);
+    if (csns == NULL || offsets == NULL || times == NULL)
+        goto fail;
+    if (off < 0)
+        off = size; /* (no walk from before the buffer) */
+    while (off <= size - head) {
+        const unsigned char *p = b + off;
+        if (memcmp(p, MARK, 4) != 0)
+            break;
+        uint32_t crc = get32(p + 4), prev = 0, length;
+        uint64_t csn, t;
+        if (version >= 2) {
+            prev = get32(p + 8);
+            length = get32(p + 12);
+            csn = get64(p + 16);
+            t = get64(p + 24);
+        } else {
+            length = get32(p + 8);
+            csn = get64(p + 12);
+            t = get64(p + 20);
+        }
+        if ((uint64_t)(size - off - head) < (uint64_t)length)
+            break;
+        uLong c = 0;
+        const unsigned char *at = p + 8;
+        uint64_t left = (uint64_t)(head - 8) + length;
+        while (left > 0) {
+            uInt piece = left > 0x40000000u ? 0x40000000u : (uInt)left;
+            c = crc32(c, at, piece);
+            at += piece;
+            left -= piece;
+        }
+        if ((uint32_t)c != crc || csn <= last || (version >= 2 && link >= 0 && prev != (uint32_t)link))
+            break;
+        if (append_u64(csns, csn) < 0 || append_u64(offsets, (unsigned long long)off) < 0 ||
+            append_u64(times, t) < 0)
+            goto fail;
+        last = csn;
+        last_crc = crc;
+        if (version >= 2)
+            link = crc;
+        off += head + (Py_ssize_t)length;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nNNNL)", off, csns, offsets, times, last_crc);
+fail:
+    PyBuffer_Release(&view);
+    Py_XDECREF(csns);
+    Py_XDECREF(offsets);
+    Py_XDECREF(times);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"encode_frames", encode_frames, METH_VARARGS,
      "encode_frames(csns, payloads, time_us, after_csn, max_payload, prev_crc) -> list of record bytes\n\n"
      "The records of a run, stopping before the first that may not follow (see record.encode_frames_py)."},
+    {"walk", walk, METH_VARARGS,
+     "walk(buf, start, last_csn, link, version) -> (end, csns, offsets, times, last_crc)\n\n"
+     "The whole records of a segment from start, up to the first that is not (see record.walk_py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,5 +8,8 @@ def encode_frames(
     max_payload: int,
     prev_crc: int,
 ) -> list[bytes]: ...
+def walk(
+    buf: bytes | memoryview, start: int, last_csn: int, link: int, version: int
+) -> tuple[int, list[int], list[int], list[int], int]: ...
 
 FRAME_HEAD: int

@@ -106,9 +106,13 @@ def encode_v1(csn: int, time_us: int, payload: bytes) -> bytes:
     return _FRAME_V1.pack(MARK, crc, n, csn, time_us) + payload
 
 
+_CRC_AT: Final = struct.Struct(">I").unpack_from  # (a record's crc, at offset 4: no slice, no call beyond it)
+
+
 def frame_crc(frame: bytes) -> int:
     """The crc of an encoded record: what the record after it names."""
-    return int.from_bytes(frame[4:8], "big")
+    crc: int = _CRC_AT(frame, 4)[0]
+    return crc
 
 
 def encode_frames_py(
@@ -300,6 +304,44 @@ class Scan(NamedTuple):
     crc: int = 0  # of the last whole record (the `prev_crc` given when there is none)
 
 
+def walk_py(
+    buf: bytes | memoryview, start: int, last_csn: int, link: int, version: int
+) -> tuple[int, list[int], list[int], list[int], int]:
+    """(end, csns, offsets, times, last_crc) of the whole records from `start`, up to the first that is not.
+
+    A record is taken when it is whole, its CRC is right, its csn is above
+    the one before it (`last_csn` for the first) and, in version 2, it
+    names the crc of the one before it (`link` for the first; NO_LINK: the
+    first is not checked).  `last_crc` is the crc of the last one taken,
+    -1 when none was.  `walk` is this, in C (`_frames.c`) when it was built:
+    the loop opening the changelog spends its time in.
+    """
+    frame_at = FRAMES[version].frame_at
+    chained = version >= 2
+    if not chained:
+        link = NO_LINK  # (version 1 names no record before it)
+    csns: list[int] = []
+    offsets: list[int] = []
+    times: list[int] = []
+    off, size, last, last_crc = start, len(buf), last_csn, -1
+    while off < size:
+        status, csn, t, end, crc, prev = frame_at(buf, off)
+        if status != OK or csn <= last or (link != NO_LINK and prev != link):
+            break
+        csns.append(csn)
+        offsets.append(off)
+        times.append(t)
+        last, off, last_crc = csn, end, crc
+        if chained:
+            link = crc
+    return off, csns, offsets, times, last_crc
+
+
+walk: Callable[[bytes | memoryview, int, int, int, int], tuple[int, list[int], list[int], list[int], int]] = (
+    walk_py if _compiled is None else _compiled.walk
+)
+
+
 def scan(
     buf: bytes | memoryview,
     start: int,
@@ -315,40 +357,26 @@ def scan(
     last segment with nothing intact after it, a torn write to cut off;
     anywhere else, corruption to report.
     """
-    csns: list[int] = []
-    offsets: list[int] = []
-    times: list[int] = []
-    off, size, last = start, len(buf), prev_csn
-    chained = frames.chained
-    link = NO_LINK if prev_crc is None or not chained else prev_crc
-    last_crc = prev_crc or 0
-    frame_at = frames.frame_at
-    damage: str | None = None
-    status = OK
-    while off < size:
-        status, csn, t, end, crc, prev = frame_at(buf, off)
-        if status == OK and csn > last and (prev == link or link == NO_LINK):
-            csns.append(csn)
-            offsets.append(off)
-            times.append(t)
-            last, off, last_crc = csn, end, crc
-            if chained:
-                link = crc
-            continue
-        if status == SHORT:
-            damage = f"record cut short ({size - off} of {end - off} bytes)"
-        elif status == BAD:
-            damage = "bad record mark" if end == off else "bad record crc"
-        elif csn <= last:
-            damage = f"record csn {csn} not after csn {last}"
-        else:
-            damage = (
-                f"record of csn {csn} does not follow the record before it (its chained crc names "
-                "another): a record before it is missing, repeated or moved"
-            )
-        break
-    later = find_record(buf, off + 1, last, frames) if damage is not None else None
-    return Scan(off, csns, offsets, times, damage, later, damage is not None and status == OK, last_crc)
+    link = NO_LINK if prev_crc is None or not frames.chained else prev_crc
+    off, csns, offsets, times, crc = walk(buf, start, prev_csn, link, frames.version)
+    last = csns[-1] if csns else prev_csn
+    last_crc = crc if crc >= 0 else (prev_crc or 0)
+    if off >= len(buf):
+        return Scan(off, csns, offsets, times, None, None, False, last_crc)
+    status, csn, _, end, _, _ = frames.frame_at(buf, off)
+    if status == SHORT:
+        damage = f"record cut short ({len(buf) - off} of {end - off} bytes)"
+    elif status == BAD:
+        damage = "bad record mark" if end == off else "bad record crc"
+    elif csn <= last:
+        damage = f"record csn {csn} not after csn {last}"
+    else:
+        damage = (
+            f"record of csn {csn} does not follow the record before it (its chained crc names "
+            "another): a record before it is missing, repeated or moved"
+        )
+    later = find_record(buf, off + 1, last, frames)
+    return Scan(off, csns, offsets, times, damage, later, status == OK, last_crc)
 
 
 def find_record(buf: bytes | memoryview, start: int, after_csn: int, frames: Frames = CURRENT) -> int | None:

@@ -1,4 +1,7 @@
-"""`encode_frames`: the compiled run encoding against its Python twin, and the twin against `encode`."""
+"""`encode_frames` and `walk`: the compiled run encoding and segment walk against their Python twins.
+
+The encoding's twin is held to `encode`, and a walk's result to `scan`'s.
+"""
 
 from __future__ import annotations
 
@@ -95,3 +98,59 @@ def test_bad_arguments_are_clear_errors(f: Callable[..., Any]) -> None:
     assert f((), (), 0, 0, 10, 0) == []
     one = rec.encode(1, 0, b"x", 7)
     assert f((1, 2), (b"x", b"y"), 0, 0, 10, 7) == [one, rec.encode(2, 0, b"y", rec.frame_crc(one))]
+
+
+walk_c: Callable[..., Any] | None
+try:
+    from csnd.changelog._frames import walk as walk_c
+except ImportError:
+    walk_c = None
+WALKS = [rec.walk_py] + ([] if walk_c is None else [walk_c])
+
+
+@st.composite
+def segment_bodies(draw: st.DrawFn) -> tuple[int, bytes]:
+    """(version, records) with the changes a damaged file shows: csns out of order, links broken, bytes off."""
+    version = draw(st.sampled_from([1, 2]))
+    out: list[bytes] = []
+    link = draw(st.integers(0, 0xFFFF_FFFF))
+    for csn, payload in draw(st.lists(st.tuples(st.integers(1, 60), st.binary(max_size=40)), max_size=12)):
+        if version == 1:
+            frame = rec.encode_v1(csn, csn * 3, payload)
+        else:
+            named = link if draw(st.integers(0, 9)) else draw(st.integers(0, 0xFFFF_FFFF))
+            frame = rec.encode(csn, csn * 3, payload, named)
+        out.append(frame)
+        link = rec.frame_crc(frame)
+    body = bytearray(b"".join(out))
+    how = draw(st.sampled_from(["none", "flip", "cut", "insert"]))
+    if body and how == "flip":
+        body[draw(st.integers(0, len(body) - 1))] ^= draw(st.integers(1, 255))
+    elif how == "cut":
+        body = body[: draw(st.integers(0, len(body)))]
+    elif how == "insert":
+        k = draw(st.integers(0, len(body)))
+        body[k:k] = draw(st.binary(min_size=1, max_size=8))
+    return version, bytes(body)
+
+
+@given(
+    body=segment_bodies(),
+    start=st.integers(0, 8),
+    last=st.integers(0, 30),
+    link=st.one_of(st.just(rec.NO_LINK), st.integers(0, 0xFFFF_FFFF)),
+)
+def test_the_twins_walk_a_segment_alike(body: tuple[int, bytes], start: int, last: int, link: int) -> None:
+    version, buf = body
+    results = [w(buf, start, last, link, version) for w in WALKS]
+    assert all(r == results[0] for r in results[1:]), results
+    results = [w(memoryview(buf), 0, 0, rec.NO_LINK, version) for w in WALKS]
+    assert all(r == results[0] for r in results[1:]), results
+
+
+def test_walk_is_the_compiled_twin_when_built() -> None:
+    assert walk_c is not None, "csnd.changelog._frames was not built (is a C compiler installed?)"
+    if os.environ.get("CSND_IMPL", "").lower() == "python":  # (asked for the twin)
+        assert rec.walk is rec.walk_py
+    else:
+        assert rec.walk is walk_c
