@@ -47,6 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, end_to_pb, position_from_pb
 from csnd.core.errors import AckError, ConfigError
 from csnd.core.ids import lsn_to_str
+from csnd.core.reflection import enable_reflection
 from csnd.core.tls import server_credentials
 from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
@@ -320,6 +321,8 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     health_servicer.set("csnd.v1.NodeAgent", health_pb2.HealthCheckResponse.SERVING)
+    # (what grpcurl and friends ask first; behind the token like every call but health checks)
+    enable_reflection(server, ("csnd.v1.NodeAgent", "grpc.health.v1.Health"))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

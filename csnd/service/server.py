@@ -6,7 +6,7 @@
                                          ├─ grpc.health.v1.Health (SERVING once started,
                                          │   or once `set_serving()` says so; open without
                                          │   the token unless `health_needs_token`)
-                                         └─ server reflection
+                                         └─ server reflection (grpc.reflection.v1 and v1alpha)
 
 The caller owns the changelog (opens, appends, closes it); this module only
 serves it.  `RunningServer.stop()` says NOT_SERVING, lets every stream end
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from csnd.core.addresses import is_loopback as is_loopback  # (re-exported: the service's check)
 from csnd.core.errors import ConfigError
+from csnd.core.reflection import enable_reflection
 from csnd.core.tls import TlsFiles as TlsFiles  # (re-exported: the service names it here)
 from csnd.core.tls import server_credentials
 from csnd.proto import csnd_pb2 as pb
@@ -136,10 +136,7 @@ def start_changefeed(
     add_changefeed(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, HEALTH_SERVICE, reflection.SERVICE_NAME),
-        server,
-    )
+    enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE))
     try:
         if tls is None:
             port = server.add_insecure_port(listen)
