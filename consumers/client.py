@@ -406,6 +406,7 @@ class Changefeed:
         self._closed = False
         self.last_csn: int | None = after_csn  # the last transaction handed out
         self.reconnects = 0
+        self._lost_at: float | None = None  # when the stream was lost, until one is open again
 
     # --- iteration ------------------------------------------------------------------
 
@@ -500,12 +501,25 @@ class Changefeed:
                 if self._pending:
                     return self._hand_out()
             elif isinstance(item, pb.Subscribed):
+                if self._lost_at is not None:  # (an operator wants to see the outage end, not only begin)
+                    log.warning(
+                        "changefeed %s: reconnected after %.1f s, continuing after csn %d",
+                        self.address,
+                        time.monotonic() - self._lost_at,
+                        item.after_csn,
+                        extra={"csn": item.after_csn},
+                    )
+                    self._lost_at = None
                 self._connected_once = True
                 self.backoff.give_up = self.give_up
                 self.backoff.flowing()
                 if self.last_csn is None:
                     self.last_csn = item.after_csn
-                self._after = item.after_csn if self._after is None else self._after
+                if self._after is None or (self._after == 0 and self.last_csn == 0):
+                    # "The service decides" and "the oldest retained" are resolved now, for
+                    # good: a reconnect continues from that start (retention may have moved
+                    # the oldest on meanwhile, past records this client never saw).
+                    self._after = self.last_csn = item.after_csn
             else:
                 self._lost(call, item)
 
@@ -654,7 +668,11 @@ class Changefeed:
         else:
             self._last_error = "the service ended the stream"
         self.reconnects += 1
-        log.info("changefeed %s: %s; reconnecting after csn %s", self.address, self._last_error, self._after)
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
+        log.warning(
+            "changefeed %s: %s; reconnecting after csn %s", self.address, self._last_error, self._after
+        )
         self._channel_reset()
         self.backoff.lost()
         self._failed()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import math
 import os
 import sys
@@ -16,6 +15,7 @@ from csnd.consumers.snapshot_cmd import add_snapshot_parser, cmd_snapshot
 from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
 from csnd.consumers.subscriptions_cmd import add_subscriptions_parser, cmd_subscriptions
 from csnd.core.addresses import listen_address
+from csnd.core.appname import default_application_name
 from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.core.tls import TlsFiles
@@ -27,6 +27,8 @@ from csnd.runtime.config import (
     NodeAgentConfig,
     ReplayConfig,
 )
+from csnd.runtime.logsetup import FORMATS, chosen_format
+from csnd.runtime.logsetup import configure as configure_logging
 from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers
@@ -90,6 +92,11 @@ def _seconds(text: str) -> float:
     return s
 
 
+_LOG_FORMAT_HELP = (
+    "log records as text (a UTC timestamp, then csnd: MESSAGE) or json (one object a line); "
+    "default text, or CSND_LOG_FORMAT"
+)
+
 _VERBOSE = argparse.ArgumentParser(add_help=False)  # (-v after the subcommand too)
 _VERBOSE.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress")
 
@@ -129,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"csnd {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and reconnects")
+    parser.add_argument("--log-format", choices=FORMATS, help=_LOG_FORMAT_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser(
@@ -284,17 +292,24 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress"
             )
+        if not any("--log-format" in a.option_strings for a in command._actions):
+            command.add_argument(
+                "--log-format", choices=FORMATS, default=argparse.SUPPRESS, help=_LOG_FORMAT_HELP
+            )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="csnd: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        log_format = chosen_format(args.log_format)
+    except ValueError as e:
+        print(f"csnd: error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(args.verbose, log_format)
+    if args.command is not None:
+        default_application_name(args.command)
     if args.command is None:
         parser.print_help()
         return 2

@@ -131,6 +131,17 @@ def check_slots_kept(slots: Iterable[tuple[str, str, str]], changelog: str, newe
                 f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')",
                 node=node,
             )
+        if row is not None and row[1]:  # (where this start picks the node up, for whoever reads the log)
+            confirmed = lsn_from_str(str(row[1]))
+            after = f"after csn {newest_csn}" if newest_csn > 0 else "into an empty changelog"
+            log.info(
+                "node %s resumes %s from slot %s at lsn %s",
+                node,
+                after,
+                slot,
+                row[1],
+                extra={"node": node, "lsn": confirmed, "csn": newest_csn},
+            )
 
 
 class NodeWatch:

@@ -695,4 +695,8 @@ def _pending_of(runtime: CoordinatorRuntime, node: str) -> Callable[[], int]:
 
 
 def run_serve(config: ServeConfig) -> int:
-    return Service(config).run()
+    service = Service(config)
+    status = service.run()
+    durable = service.log.durable_csn if service.log is not None else 0
+    log.info("stopped: the changelog is durable through csn %d", durable, extra={"csn": durable})
+    return status

@@ -35,6 +35,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
+from csnd.core.appname import named_conninfo
 from csnd.core.errors import CsndError, SnapshotError
 from csnd.core.ids import Lsn
 from csnd.reader.reconnect import one_line
@@ -161,7 +162,7 @@ class NodeSnapshot:
         """Connections that import `snapshot_name`: call while the exporting connection is open and idle."""
         try:
             for _ in range(1 + max(1, self.settings.readers)):
-                conn = psycopg.connect(self.conninfo, autocommit=False)
+                conn = psycopg.connect(named_conninfo(self.conninfo, self.node), autocommit=False)
                 self._conns.append(conn)
                 conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                 conn.read_only = True

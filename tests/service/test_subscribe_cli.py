@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -197,8 +198,11 @@ def test_service_killed_and_restarted_mid_stream(tmp_path: object) -> None:
         return p, int(first.split()[-1])
 
     server, port = start(0)
-    with open(out_path, "wb") as out:
-        sub = subprocess.Popen([*CSND, "subscribe", f"127.0.0.1:{port}", "--limit", str(total)], stdout=out)
+    err_path = os.path.join(str(tmp_path), "err.txt")
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        sub = subprocess.Popen(
+            [*CSND, "subscribe", f"127.0.0.1:{port}", "--limit", str(total)], stdout=out, stderr=err
+        )
     try:
         for k in (1, 2):
             # kill only once the subscriber is provably under way past this point
@@ -222,3 +226,12 @@ def test_service_killed_and_restarted_mid_stream(tmp_path: object) -> None:
         got = f.read()
     assert got.count(b"\n") == total
     assert got == expect
+    # each outage is told when it begins and when it ends, with a timestamp and the csn it goes on after
+    with open(err_path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    ts = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z csnd: changefeed 127\.0\.0\.1:\d+: "
+    lost = [ln for ln in lines if re.fullmatch(ts + r".*; reconnecting after csn \d+", ln)]
+    back = [
+        ln for ln in lines if re.fullmatch(ts + r"reconnected after [\d.]+ s, continuing after csn \d+", ln)
+    ]
+    assert len(lost) >= 2 and len(back) >= 2, lines
