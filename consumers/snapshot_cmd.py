@@ -70,7 +70,8 @@ def progress_line(status: Any) -> str:
     parts = []
     for t in status.tables:
         eta = f", eta {t.eta_seconds:.0f}s" if t.eta_seconds >= 0 and t.state != "done" else ""
-        parts.append(f"{t.node} {t.schema}.{t.table} {t.state} {t.rows}/{t.rows_estimated} rows{eta}")
+        total = str(t.rows_estimated) if t.rows_estimated or t.state == "done" else "?"  # (0: unknown)
+        parts.append(f"{t.node} {t.schema}.{t.table} {t.state} {t.rows}/{total} rows{eta}")
     return f"snapshot {status.job} {status.state}: " + "; ".join(parts)
 
 

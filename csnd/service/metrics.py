@@ -41,7 +41,7 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_subscriber_lag_transactions": "Durable transactions after the consumer's acknowledged CSN.",
     "csnd_subscriber_acknowledged_csn": "The consumer's acknowledged CSN.",
     "csnd_snapshot_rows": "Rows of the table the initial snapshot has appended to the changelog.",
-    "csnd_snapshot_rows_estimated": "Rows the table is estimated to hold (pg_class.reltuples, raised to what was read).",
+    "csnd_snapshot_rows_estimated": "Rows the table holds (counted as it was cut, else pg_class.reltuples; 0 while unknown).",
     "csnd_snapshot_chunks_remaining": "Key-range chunks of the table not yet in the changelog.",
     "csnd_snapshot_eta_seconds": "Seconds the table's copy is estimated to take still (-1: unknown, 0: done).",
     "csnd_incremental_snapshot_rows": "Rows of the table the latest incremental snapshot (csnd snapshot) has "

@@ -51,6 +51,7 @@ from csnd.snapshot.plan import (
     boundaries_sql,
     chunk_copy_sql,
     chunks_of,
+    split_bounds,
 )
 
 log = logging.getLogger("csnd.snapshot")
@@ -150,6 +151,7 @@ class NodeSnapshot:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self.tables: list[TableInfo] = []
+        self.row_counts: dict[int, int] = {}  # relid: rows in the snapshot, counted as the table was cut
         # called (in a copier thread) as a chunk's COPY begins: progress counts the table's time from there
         self.on_chunk_start: Callable[[Chunk], None] | None = None
 
@@ -200,10 +202,11 @@ class NodeSnapshot:
         if not table.key:
             return chunks_of(table, [])
         try:
-            bounds = self._conns[0].execute(boundaries_sql(table, self.settings.chunk_rows)).fetchall()
+            rows = self._conns[0].execute(boundaries_sql(table, self.settings.chunk_rows)).fetchall()
         except psycopg.Error as e:
             raise self._error(f"cannot cut it into key ranges: {one_line(str(e))}", table.label) from None
-        return chunks_of(table, [tuple(str(v) for v in b) for b in bounds])
+        bounds, self.row_counts[table.relid] = split_bounds(rows)
+        return chunks_of(table, bounds)
 
     # --- copying (one thread per copier connection) --------------------------------------
 

@@ -318,11 +318,11 @@ class IncrementalSnapshots:
         self.progress = SnapshotProgress()
         self.progress.state = job.state
         for t in job.tables:
-            self.progress.add_table(
-                t.node, t.schema, t.table, t.estimated, max(1, -(-t.estimated // job.chunk_rows))
+            self.progress.add_table(  # (chunks are found as the copy goes: the estimate's count is a guess)
+                t.node, t.schema, t.table, t.estimated, -(-t.estimated // job.chunk_rows), chunks_known=False
             )
             if t.chunks:
-                self.progress.chunk_done(t.node, t.schema, t.table, t.rows)
+                self.progress.chunk_done(t.node, t.schema, t.table, t.rows, chunks=t.chunks)
             if t.state == "done":
                 self.progress.table_done(t.node, t.schema, t.table, t.chunks)
 

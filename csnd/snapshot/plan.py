@@ -121,14 +121,34 @@ class Chunk:
 
 
 def boundaries_sql(table: TableInfo, chunk_rows: int = CHUNK_ROWS) -> str:
-    """Every `chunk_rows`-th key of the table in key order, each column as text: the chunks' upper bounds."""
+    """Every `chunk_rows`-th key of the table in key order and the last key, each with its number and the count.
+
+    Each row: the key's columns as text, its row number, the table's row
+    count (`split_bounds` reads them).  The last key comes too, so the same
+    pass counts the rows: progress shows the copy against the true total.
+    """
     key = table.key_sql()
     texts = ", ".join(f"{quote_ident(k)}::text" for k in table.key)
     where = f" WHERE ({table.row_filter})" if table.row_filter else ""
     return (
-        f"SELECT {texts} FROM (SELECT {key}, row_number() OVER (ORDER BY {key}) AS csnd_n "
-        f"FROM {_from(table)}{where}) AS k WHERE csnd_n % {int(chunk_rows)} = 0 ORDER BY csnd_n"
+        f"SELECT {texts}, csnd_n, csnd_count FROM (SELECT {key}, row_number() OVER (ORDER BY {key}) AS csnd_n, "
+        f"count(*) OVER () AS csnd_count FROM {_from(table)}{where}) AS k "
+        f"WHERE csnd_n % {int(chunk_rows)} = 0 OR csnd_n = csnd_count ORDER BY csnd_n"
     )
+
+
+def split_bounds(rows: list[tuple[object, ...]]) -> tuple[list[tuple[str, ...]], int]:
+    """The chunks' upper bounds and the row count from `boundaries_sql`'s rows.
+
+    The last key is no bound: a bound there would leave the last chunk
+    (above it) empty, an empty record that, quickest to read, was appended
+    first ("chunk 3 of 3, rows 0").
+    """
+    if not rows:
+        return [], 0
+    count = int(str(rows[-1][-1]))
+    bounds = [tuple(str(v) for v in r[:-2]) for r in rows if int(str(r[-2])) < count]
+    return bounds, count
 
 
 def next_bound_sql(table: TableInfo, lo: tuple[str, ...] | None, chunk_rows: int = CHUNK_ROWS) -> str:

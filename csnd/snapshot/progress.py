@@ -4,6 +4,15 @@ The copier's threads count rows and chunks as each chunk is appended; a
 Status request reads them from another thread (`tables()` copies under a
 lock, never waits on a copy).  The ETA is the table's remaining estimated
 rows at the rate the table has gone so far, on an injected monotonic clock.
+
+Only what is known is shown.  A total is the table's row count (or its
+statistics' estimate) while the copy is below it; a table without
+statistics, or one the copy has outgrown, has an unknown total (0) and no
+ETA, never `60000/60000` while rows still come.  The chunk count is exact
+for an initial snapshot, which cuts the table before copying; an
+incremental snapshot finds its chunks as it goes, so its count is a guess
+from the estimate, unknown (0) once passed, and its table is done only when
+`table_done` says so.
 """
 
 from __future__ import annotations
@@ -23,18 +32,33 @@ class TableProgress:
     table: str
     state: str  # "waiting", "copying", "done"
     rows: int = 0  # rows appended to the changelog
-    rows_estimated: int = 0  # pg_class.reltuples, raised to what was read (0: unknown)
+    rows_estimated: int = (
+        0  # the row count or pg_class.reltuples while ahead of `rows`; done: rows (0: unknown)
+    )
     chunks_done: int = 0
-    chunks: int = 0
-    eta_seconds: float = -1.0  # -1: unknown (nothing read yet, or no estimate)
+    chunks: int = 0  # 0: unknown
+    eta_seconds: float = -1.0  # -1: unknown (nothing read yet, or no total known)
 
 
 class _Table:
-    __slots__ = ("node", "schema", "table", "estimated", "chunks", "done", "rows", "started", "finished")
+    __slots__ = (
+        "node",
+        "schema",
+        "table",
+        "estimated",
+        "chunks",
+        "chunks_known",
+        "done",
+        "rows",
+        "started",
+        "finished",
+    )
 
-    def __init__(self, node: str, schema: str, table: str, estimated: int, chunks: int) -> None:
+    def __init__(
+        self, node: str, schema: str, table: str, estimated: int, chunks: int, chunks_known: bool
+    ) -> None:
         self.node, self.schema, self.table = node, schema, table
-        self.estimated, self.chunks = estimated, chunks
+        self.estimated, self.chunks, self.chunks_known = estimated, chunks, chunks_known
         self.done = self.rows = 0
         self.started: float | None = None
         self.finished = False
@@ -51,9 +75,14 @@ class SnapshotProgress:
         self.first_csn = 0
         self.last_csn = 0
 
-    def add_table(self, node: str, schema: str, table: str, estimated: int, chunks: int) -> None:
+    def add_table(
+        self, node: str, schema: str, table: str, estimated: int, chunks: int, *, chunks_known: bool = True
+    ) -> None:
+        """A table to copy: `estimated` rows (0: unknown), in `chunks` chunks -- exactly, or a guess."""
         with self._lock:
-            self._tables[(node, schema, table)] = _Table(node, schema, table, max(estimated, 0), chunks)
+            self._tables[(node, schema, table)] = _Table(
+                node, schema, table, max(estimated, 0), max(chunks, 0), chunks_known
+            )
 
     def chunk_started(self, node: str, schema: str, table: str) -> None:
         with self._lock:
@@ -61,12 +90,13 @@ class SnapshotProgress:
             if t.started is None:
                 t.started = self._clock()
 
-    def chunk_done(self, node: str, schema: str, table: str, rows: int) -> None:
+    def chunk_done(self, node: str, schema: str, table: str, rows: int, chunks: int = 1) -> None:
+        """`chunks` more chunks (one; more when a restart shows what an earlier run did) of `rows` rows."""
         with self._lock:
             t = self._tables[(node, schema, table)]
-            t.done += 1
+            t.done += chunks
             t.rows += rows
-            t.finished = t.done >= t.chunks
+            t.finished = t.finished or (t.chunks_known and t.done >= t.chunks)
 
     def table_done(self, node: str, schema: str, table: str, chunks: int) -> None:
         """The table is complete in `chunks` chunks (an incremental snapshot learns how many only at its end)."""
@@ -82,12 +112,39 @@ class SnapshotProgress:
 
     @staticmethod
     def _view(t: _Table, now: float) -> TableProgress:
-        estimated = max(t.estimated, t.rows)
         if t.finished:
-            return TableProgress(t.node, t.schema, t.table, "done", t.rows, t.rows, t.done, t.chunks, 0.0)
+            return TableProgress(t.node, t.schema, t.table, "done", t.rows, t.rows, t.done, t.done, 0.0)
+        total = t.estimated if t.estimated > t.rows else 0  # (passed: the estimate was wrong, say unknown)
+        chunks = t.chunks if t.chunks_known or t.chunks > t.done else 0
         eta = -1.0
-        if t.started is not None and t.rows > 0 and t.estimated > 0:
+        if t.started is not None and t.rows > 0 and total > 0:
             rate = t.rows / max(now - t.started, 1e-6)
-            eta = max(estimated - t.rows, 0) / rate
+            eta = (total - t.rows) / rate
         state = "waiting" if t.started is None else "copying"
-        return TableProgress(t.node, t.schema, t.table, state, t.rows, estimated, t.done, t.chunks, eta)
+        return TableProgress(t.node, t.schema, t.table, state, t.rows, total, t.done, chunks, eta)
+
+    def summary(self) -> str:
+        """One line for the log: tables and chunks done, rows against the total when every total is known,
+        the rate so far and, with a known total, the time left."""
+        now = self._clock()
+        with self._lock:
+            views = [self._view(t, now) for t in self._tables.values()]
+            starts = [t.started for t in self._tables.values() if t.started is not None]
+        done = sum(v.state == "done" for v in views)
+        chunks_done = sum(v.chunks_done for v in views)
+        rows = sum(v.rows for v in views)
+        parts = [f"{done} of {len(views)} tables done"]
+        chunks_known = all(v.chunks or v.state == "done" for v in views)
+        parts.append(
+            f"{chunks_done} of {sum(v.chunks for v in views)} chunks"
+            if chunks_known
+            else f"{chunks_done} chunks"
+        )
+        total_known = all(v.rows_estimated or v.state == "done" for v in views)
+        total = sum(v.rows_estimated for v in views)
+        rate = rows / max(now - min(starts), 1e-6) if starts and rows else 0.0
+        text = f"{rows:,} of {total:,} rows" if total_known else f"{rows:,} rows of an unknown total"
+        parts.append(f"{text} ({rate:,.0f} rows/s)")
+        if total_known and rate > 0 and done < len(views):
+            parts.append(f"eta {max(total - rows, 0) / rate:.0f} s")
+        return ", ".join(parts)

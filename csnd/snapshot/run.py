@@ -27,13 +27,16 @@ is (docs/design.md section 7, relation lines).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from csnd.core.errors import SnapshotError
+from csnd.core.ids import lsn_to_str
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Relation, TypeMsg
 from csnd.snapshot.copier import ChunkResult, NodeSnapshot
@@ -46,6 +49,11 @@ if TYPE_CHECKING:
 
 # How often a waiting step looks at the stop flag.
 POLL_S: Final = 0.5
+# A progress line (INFO: with csnd -v) this often while copying, and at each table done: often
+# enough that a long copy is seen moving, rare enough to leave the log readable.
+PROGRESS_LOG_S: Final = 5.0
+
+logger = logging.getLogger("csnd.snapshot")
 # Finished chunks waiting to be appended, per copier: a bound on the rendered
 # rows held in memory (each chunk up to CHUNK_ROWS rows).
 RESULTS_PER_READER: Final = 2
@@ -90,9 +98,8 @@ class SnapshotRun:
         try:
             for table in reader.plan_tables():
                 chunks = reader.chunks(table)
-                self.progress.add_table(
-                    reader.node, table.schema, table.name, table.estimated_rows, len(chunks)
-                )
+                rows = reader.row_counts.get(table.relid, table.estimated_rows)  # (counted, else reltuples)
+                self.progress.add_table(reader.node, table.schema, table.name, rows, len(chunks))
                 for c in chunks:
                     reader.feed(c)
                 planned += len(chunks)
@@ -113,12 +120,20 @@ class SnapshotRun:
         planned: dict[str, int] = {}
         described: set[tuple[str, int]] = set()  # (node, relid) whose relation version is kept
         appended = rows = 0
+        tables_done = 0
+        logged_at = time.monotonic()
         try:
             for n in self.nodes:
                 n.reader.on_chunk_start = lambda c, node=n.reader.node: progress.chunk_started(
                     node, c.table.schema, c.table.name
                 )
                 n.reader.start(self._put)
+                logger.info(
+                    "initial snapshot: copying the tables of node %s as of lsn %s",
+                    n.reader.node,
+                    lsn_to_str(n.reader.consistent_lsn),
+                    extra={"node": n.reader.node, "lsn": n.reader.consistent_lsn},
+                )
                 threading.Thread(
                     target=self._plan, args=(n,), name=f"csnd-snapshot-plan-{n.reader.node}", daemon=True
                 ).start()
@@ -128,6 +143,9 @@ class SnapshotRun:
                 except queue.Empty:
                     if self._stop.is_set():
                         raise SnapshotError("stopped before it was complete") from None
+                    if time.monotonic() - logged_at >= PROGRESS_LOG_S and progress.tables():
+                        logger.info("initial snapshot: %s", progress.summary())
+                        logged_at = time.monotonic()
                     continue
                 if isinstance(item, BaseException):
                     raise item
@@ -163,6 +181,11 @@ class SnapshotRun:
                 next_csn += 1
                 appended += 1
                 rows += len(item.bodies)
+                done_now = sum(v.state == "done" for v in progress.tables())
+                if done_now > tables_done or time.monotonic() - logged_at >= PROGRESS_LOG_S:
+                    tables_done = done_now
+                    logger.info("initial snapshot: %s", progress.summary())
+                    logged_at = time.monotonic()
             for n in self.nodes:
                 n.reader.join()
             tables = sum(len(n.reader.tables) for n in self.nodes)

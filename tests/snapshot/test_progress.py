@@ -1,0 +1,142 @@
+"""Snapshot progress tells only what it knows: an unknown total is shown unknown, never as "done".
+
+Checked against an oracle that keeps the events as given, after every step
+of random event sequences (a table planned with an exact chunk count, as the
+initial snapshot's, or an estimated one, as an incremental snapshot's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csnd.snapshot.progress import SnapshotProgress, TableProgress
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Oracle:
+    estimated: int  # what the statistics said (0: nothing)
+    chunks: int  # planned: exact, or a guess
+    exact: bool
+    started: bool = False
+    done: int = 0
+    rows: int = 0
+    complete: bool = False
+
+    def check(self, v: TableProgress) -> None:
+        assert v.rows == self.rows and v.chunks_done == self.done, (v, self)
+        if self.complete:
+            assert (v.state, v.rows_estimated, v.eta_seconds) == ("done", self.rows, 0.0), (v, self)
+            assert v.chunks == v.chunks_done, v
+            return
+        assert v.state == ("copying" if self.started else "waiting"), (v, self)
+        # a total is shown only while it is still ahead of what was read; else it is unknown (0)
+        assert v.rows_estimated == (self.estimated if self.estimated > self.rows else 0), (v, self)
+        assert v.chunks == 0 or v.chunks > v.chunks_done, (v, self)  # (never "5 of 1")
+        if self.exact:
+            assert v.chunks == self.chunks, (v, self)
+        if v.rows_estimated == 0 or not self.started or self.rows == 0:
+            assert v.eta_seconds == -1.0, (v, self)
+        else:
+            assert v.eta_seconds > 0, (v, self)
+
+
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("start")),
+        st.tuples(st.just("chunk"), st.integers(0, 20_000)),
+        st.tuples(st.just("tick"), st.floats(0.001, 10)),
+        st.tuples(st.just("end")),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 100_000), st.integers(1, 8), st.booleans(), events)
+def test_progress_against_the_oracle(
+    estimated: int, chunks: int, exact: bool, steps: list[tuple[Any, ...]]
+) -> None:
+    clock = Clock()
+    p = SnapshotProgress(clock)
+    planned = chunks if exact else (-(-estimated // 10_000) if estimated else 0)
+    p.add_table("dn1", "public", "t", estimated, planned, chunks_known=exact)
+    o = Oracle(estimated, planned, exact)
+    (view,) = p.tables()
+    o.check(view)
+    for step in steps:
+        if o.complete:
+            break
+        if step[0] == "start":
+            p.chunk_started("dn1", "public", "t")
+            o.started = True
+        elif step[0] == "chunk":
+            if exact and o.done == o.chunks:
+                continue
+            if not o.started:
+                p.chunk_started("dn1", "public", "t")
+                o.started = True
+            p.chunk_done("dn1", "public", "t", step[1])
+            o.done += 1
+            o.rows += step[1]
+            o.complete = exact and o.done == o.chunks
+        elif step[0] == "tick":
+            clock.now += step[1]
+        elif step[0] == "end" and not exact:
+            p.table_done("dn1", "public", "t", o.done)
+            o.complete = True
+        (view,) = p.tables()
+        o.check(view)
+
+
+def test_a_table_without_statistics_is_not_done_while_it_copies() -> None:
+    """The report: `done 60000/60000 rows` and `chunks_done 5, chunks 1` while still copying."""
+    p = SnapshotProgress(Clock())
+    p.add_table("dn1", "public", "big", 0, 1, chunks_known=False)  # (an incremental snapshot, no reltuples)
+    p.chunk_started("dn1", "public", "big")
+    for _ in range(5):
+        p.chunk_done("dn1", "public", "big", 12_000)
+    (v,) = p.tables()
+    assert (v.state, v.rows, v.rows_estimated, v.chunks_done, v.chunks, v.eta_seconds) == (
+        "copying",
+        60_000,
+        0,
+        5,
+        0,
+        -1.0,
+    )
+    p.table_done("dn1", "public", "big", 5)
+    (v,) = p.tables()
+    assert (v.state, v.rows_estimated, v.chunks_done, v.chunks) == ("done", 60_000, 5, 5)
+
+
+def test_the_summary_line_says_unknown_when_a_total_is() -> None:
+    clock = Clock()
+    p = SnapshotProgress(clock)
+    p.add_table("dn1", "public", "a", 1_000, 2)
+    p.add_table("dn1", "public", "b", 0, 1)  # (no statistics, no key: one chunk of unknown size)
+    p.chunk_started("dn1", "public", "a")
+    clock.now += 2
+    p.chunk_done("dn1", "public", "a", 500)
+    assert p.summary() == "0 of 2 tables done, 1 of 3 chunks, 500 rows of an unknown total (250 rows/s)"
+    p.chunk_done("dn1", "public", "a", 500)
+    p.chunk_started("dn1", "public", "b")
+    p.chunk_done("dn1", "public", "b", 300)
+    assert p.summary() == "2 of 2 tables done, 3 of 3 chunks, 1,300 of 1,300 rows (650 rows/s)"
+    q = SnapshotProgress(clock)
+    q.add_table("dn1", "public", "a", 1_000, 2)
+    q.chunk_started("dn1", "public", "a")
+    clock.now += 1
+    q.chunk_done("dn1", "public", "a", 250)
+    assert q.summary() == "0 of 1 tables done, 1 of 2 chunks, 250 of 1,000 rows (250 rows/s), eta 3 s"
