@@ -355,8 +355,10 @@ class Changefeed:
     CSN; otherwise from the oldest retained.  tables: `schema.table` filters
     (none, for a named subscription: the filter the name was last used with).
     schemas: also yield relation lines, as `RelationRecord`s.  format: "native"
-    (the docs/design.md section 7 lines) or "debezium" (each transaction's
-    changes as Debezium change events, one per line of its `line`).
+    (the docs/design.md section 7 lines), "debezium" (each transaction's
+    changes as Debezium change events, one per line of its `line`) or
+    "debezium-adaptive" (the same, temporal values as Debezium's default
+    `time.precision.mode=adaptive` writes them).
     """
 
     def __init__(

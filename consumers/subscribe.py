@@ -80,10 +80,11 @@ def add_subscribe_parser(sub: Any) -> None:
     p.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) of a service that uses TLS")
     p.add_argument(
         "--format",
-        choices=("native", "debezium"),
+        choices=("native", "debezium", "debezium-adaptive"),
         default="native",
         help="native: one line per transaction (docs/design.md section 7); debezium: one Debezium change "
-        'event per change, each on its own line (section 7, "Debezium envelope")',
+        'event per change, each on its own line (section 7, "Debezium envelope"); debezium-adaptive: the '
+        "same, with dates, times and intervals as Debezium's connector writes them by default (numbers)",
     )
     p.add_argument(
         "--schemas",

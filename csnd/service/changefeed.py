@@ -35,7 +35,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, cast
 
@@ -55,7 +55,8 @@ from csnd.core.hostid import host_id
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES, BatchBuilder, Record
-from csnd.service.debezium import debezium_events, to_debezium
+from csnd.service.debezium import FORMATS as DEBEZIUM_FORMATS
+from csnd.service.debezium import ColumnTypesUnknown, DebeziumFormat, RelationTypes
 from csnd.service.filtering import LineFilter, Reshaped, TableFilter
 from csnd.service.knowntables import KnownTables
 from csnd.service.registry import ConsumerRegistry
@@ -135,8 +136,11 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         settings: FeedSettings | None = None,
         directory: str = "",
         credentials: Credentials | None = None,
+        databases: Mapping[str, str] | None = None,
     ) -> None:
         self.log = log
+        # Each node's database name, for the Debezium formats' `source.db` (nodes the service connects to)
+        self.databases = dict(databases or {})
         # Who may hold which named subscription (None: anyone; the server checks the rest)
         self.credentials = credentials
         # The tables a filter may name: the changelog's relations, and the sources'
@@ -183,7 +187,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a SubscribeStart")
         start = first.start
         _table_filter(start.tables, context)  # (a malformed filter or format fails before anything else)
-        convert = _converter(start.format, context)
+        convert = self._converter(start.format, context)
         self._refuse_unknown(start.tables, context)
         name = start.name
         if name and not NAME_RE.fullmatch(name):
@@ -206,7 +210,7 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             tables = self.registry.tables_for(name, start.tables)
         table_filter = _table_filter(tables, context)
         filt: LineFilter = (
-            table_filter if convert is None else Reshaped(table_filter, convert, debezium_events)
+            table_filter if convert is None else Reshaped(table_filter, convert.convert, convert.events)
         )
         if start.HasField("after_csn") and start.after_csn:
             after = start.after_csn
@@ -239,6 +243,21 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
                 self.registry.disconnect(consumer.id)
                 self._calls.pop(consumer.id, None)
             self._store_marks()
+
+    def _converter(self, fmt: str, context: grpc.ServicerContext) -> DebeziumFormat | None:
+        """What a stream's `format` does to each line it sends (None: nothing, the native lines)."""
+        if fmt in ("", "native"):
+            return None
+        if fmt == "debezium":
+            return DebeziumFormat(self.databases)
+        if fmt == "debezium-adaptive":
+            store = getattr(self.log, "relations", None)
+            return DebeziumFormat(self.databases, RelationTypes(store) if store is not None else _no_types)
+        _abort(
+            context,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"unknown format {fmt!r}: csnd sends native, {' or '.join(DEBEZIUM_FORMATS)}",
+        )
 
     def _may_hold(self, name: str, context: grpc.ServicerContext) -> None:
         """PERMISSION_DENIED unless the call's credential may hold the named subscription."""
@@ -815,15 +834,6 @@ def _refuse(context: grpc.ServicerContext, e: SubscriptionNotFound | Subscriptio
     _abort(context, code, str(e))
 
 
-def _converter(fmt: str, context: grpc.ServicerContext) -> Callable[[bytes], bytes | None] | None:
-    """What a stream's `format` does to each line it sends (None: nothing, the native lines)."""
-    if fmt in ("", "native"):
-        return None
-    if fmt == "debezium":
-        return to_debezium
-    _abort(
-        context, grpc.StatusCode.INVALID_ARGUMENT, f"unknown format {fmt!r}: csnd sends native or debezium"
-    )
 
 
 def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
@@ -947,7 +957,14 @@ def _damaged(context: grpc.ServicerContext, e: ChangelogCorrupt) -> NoReturn:
     _abort(context, grpc.StatusCode.DATA_LOSS, str(e))
 
 
+def _no_types(node: str, schema: str, table: str, csn: int) -> None:
+    """A changelog without relation versions knows no column types."""
+    return None
+
+
 def _bad_line(context: grpc.ServicerContext, csn: int, e: ValueError) -> NoReturn:
+    if isinstance(e, ColumnTypesUnknown):  # (the line is fine: the format cannot be made of it)
+        _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
     _abort(
         context,
         grpc.StatusCode.DATA_LOSS,

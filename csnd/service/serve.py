@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
@@ -111,6 +111,29 @@ def _safe_target(src: ServedSource) -> str:
         )
         return urlunsplit(url._replace(netloc=netloc, query=""))
     return src.target
+
+
+def node_databases(sources: Sequence[ServedSource], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each live node's database name, as libpq resolves it: the conninfo's, else PGDATABASE, else the user's.
+
+    (For the Debezium formats' `source.db`; a file or agent source names none.)
+    """
+    import getpass
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    env = os.environ if env is None else env
+    out = {}
+    for i, src in enumerate(sources):
+        if not src.is_live:
+            continue
+        try:
+            params = conninfo_to_dict(src.target)
+        except Exception:  # (a bad conninfo is the reader's error to report, with its cause)
+            continue
+        user = params.get("user") or env.get("PGUSER") or getpass.getuser()
+        out[src.name or f"dn{i + 1}"] = str(params.get("dbname") or env.get("PGDATABASE") or user)
+    return out
 
 
 class Service:
@@ -544,6 +567,7 @@ class Service:
                 settings=_feed_settings(cfg),
                 credentials=Credentials(credentials) if credentials else None,
                 limits=StreamLimits(cfg.max_streams, cfg.max_streams_per_peer),
+                databases=node_databases(cfg.sources),
             )
             if cfg.http:
                 # Up before the slots are prepared (which may wait long for a new slot's

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -101,6 +102,7 @@ def start_changefeed(
     health_needs_token: bool = False,
     credentials: Credentials | None = None,
     limits: StreamLimits | None = None,
+    databases: Mapping[str, str] | None = None,
 ) -> RunningServer:
     """Serves `changelog` on `listen` (port 0: a free port, in `.port`) until `.stop()`.
 
@@ -110,7 +112,8 @@ def start_changefeed(
     send one) unless `health_needs_token`; every other service needs it.
     `token` is an admin credential; `credentials` adds (or holds) others,
     with roles (csnd.service.auth).  `limits`: how many streams it serves
-    at once, in all and per host (csnd.service.limits).
+    at once, in all and per host (csnd.service.limits).  `databases`: each
+    node's database name, which the Debezium formats write as `source.db`.
     """
     access = _access(token, credentials)
     limits = limits or StreamLimits()
@@ -122,6 +125,7 @@ def start_changefeed(
         settings=settings,
         directory=directory,
         credentials=access,
+        databases=databases,
     )
     interceptors: list[grpc.ServerInterceptor] = []
     if access is not None:
