@@ -26,6 +26,10 @@ function lsn(v) {
   const n = BigInt(v || 0);
   return (n >> 32n).toString(16).toUpperCase() + "/" + (n & 0xffffffffn).toString(16).toUpperCase();
 }
+// A node that is not flowing: its lag and its slot's figures are the last ones read, not today's.
+const DOWN = ["failed", "reconnecting", "restarting"];
+const isDown = (n) => DOWN.includes(n.state);
+
 function level(value, amber, red) { return value >= red ? "bad" : value >= amber ? "warn" : "ok"; }
 const worse = (a, b) => (a === "bad" || b === "bad") ? "bad" : (a === "warn" || b === "warn") ? "warn" : "ok";
 
@@ -68,7 +72,8 @@ function renderNodes(nodes) {
     tr.append(
       cell(n.name), cell(n.mode || ""), cell((n.state || "") + (n.stuck ? " (stuck)" : ""), stateCls),
       cell(lsn(n.received_lsn)), cell(lsn(n.confirmed_lsn)), cell(fmt(n.watermark_csn)), cell(bytes(n.lag_bytes)),
-      cell(num(n.lag_seconds).toFixed(1), level(num(n.lag_seconds), thresholds.lag_seconds_amber, thresholds.lag_seconds_red)),
+      isDown(n) ? cell("unknown", "bad")
+        : cell(num(n.lag_seconds).toFixed(1), level(num(n.lag_seconds), thresholds.lag_seconds_amber, thresholds.lag_seconds_red)),
       cell(fmt(n.transactions)), cell(fmt(n.decoded_changes)),
       cell((n.queue_depths || []).join(" / ") || "–"), cell(fmt(n.restarts), num(n.restarts) ? "warn" : ""),
       cell(fmt(n.waiting_committing) + " / " + fmt(n.waiting_commit) + " / " + fmt(n.waiting_merge)),
@@ -120,8 +125,11 @@ function renderSnapshot(snapshot, id) {
     tr.dataset.table = t.schema + "." + t.table;
     const eta = num(t.eta_seconds);
     tr.append(
-      cell(t.node), cell(t.schema + "." + t.table), cell(t.state || ""), cell(fmt(t.rows)), cell(fmt(t.rows_estimated)),
-      cell(fmt(t.chunks_done) + " / " + fmt(t.chunks)), cell(t.state === "done" ? "–" : eta >= 0 ? eta.toFixed(0) + " s" : "?"),
+      // (0: not known -- no statistics, or the copy passed them -- shown as such, never as done)
+      cell(t.node), cell(t.schema + "." + t.table), cell(t.state || ""), cell(fmt(t.rows)),
+      cell(num(t.rows_estimated) || t.state === "done" ? fmt(t.rows_estimated) : "unknown"),
+      cell(fmt(t.chunks_done) + " / " + (num(t.chunks) ? fmt(t.chunks) : "?")),
+      cell(t.state === "done" ? "–" : eta >= 0 ? eta.toFixed(0) + " s" : "?"),
     );
     body.append(tr);
   }
@@ -198,11 +206,11 @@ function rates(field) {
 }
 
 const CHARTS = [
-  // (one axis for both: two scales would make the lines cross where the figures do not;
-  // dashed, the changes still show where every transaction is one change)
-  { id: "chart-rate", label: "per second", unit: "rate",
+  // (an axis each: on one, a bulk insert's changes/s flattened the steady transactions/s line
+  // for the ten minutes it stayed in view; dashed, the changes keep to the right-hand axis)
+  { id: "chart-rate", label: "transactions/s", unit: "rate", right: "changes/s",
     series: () => [{ label: "transactions", values: rates("transactions") },
-                   { label: "changes", values: rates("changes"), dash: [5, 3] }] },
+                   { label: "changes", values: rates("changes"), dash: [5, 3], right: true }] },
   { id: "chart-lag", label: "lag, seconds", unit: "seconds", series: () => perName("lag_seconds") },
   { id: "chart-lag-bytes", label: "LSN lag, bytes", unit: "bytes", series: () => perName("lag_bytes") },
   { id: "chart-slot-wal", label: "WAL held, bytes", unit: "bytes", series: () => perName("retained_wal_bytes") },
@@ -217,9 +225,35 @@ function showNewest(u) {
   if (u.cursor.idx == null && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 }, false);
 }
 
+// The time axis' labels: a tick at least a label's width and a gap apart, so that in the
+// narrow plots of the three-column layout they do not run together.
+const TIME_LABEL_GAP = 16;
+let timeLabelWidth = 0;
+function timeSpace(u) {
+  if (!timeLabelWidth) {
+    u.ctx.font = AXIS_FONT;
+    timeLabelWidth = u.ctx.measureText("00:00:00").width;
+  }
+  return Math.ceil(timeLabelWidth + TIME_LABEL_GAP);
+}
+// The room between the drawn time labels (the narrowest; for the page's tests, as data-time-room).
+function timeLabels(u, splits, incr) {
+  const labels = splits.map((t) => clock(t, incr < 60));
+  u.ctx.font = AXIS_FONT;
+  let room = Infinity;
+  for (let i = 1; i < splits.length; i++) {
+    const gap = u.valToPos(splits[i], "x") - u.valToPos(splits[i - 1], "x");
+    const half = (u.ctx.measureText(labels[i]).width + u.ctx.measureText(labels[i - 1]).width) / 2;
+    room = Math.min(room, gap - half);
+  }
+  if (Number.isFinite(room)) u.root.parentElement.dataset.timeRoom = String(Math.floor(room));
+  return labels;
+}
+
 function buildChart(spec, el, series) {
   const unit = UNITS[spec.unit];
   const grid = { stroke: "#eaeef2", width: 1 }, ticks = { stroke: "#d0d7de", width: 1, size: 4 };
+  const range = (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1];
   const opts = {
     width: el.clientWidth || 400,
     height: CHART_HEIGHT,
@@ -228,7 +262,8 @@ function buildChart(spec, el, series) {
     scales: {
       x: { time: true },
       // from zero up, with room above the highest value (a flat zero still shows 0 to 1)
-      y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.08 : 1] },
+      y: { range },
+      ...(spec.right ? { right: { range } } : {}),
     },
     series: [
       { label: "time", value: (u, t) => (t == null ? "–" : clock(t, true)) },
@@ -237,17 +272,21 @@ function buildChart(spec, el, series) {
         stroke: PALETTE[i % PALETTE.length],
         width: 1.5,
         dash: s.dash,
+        scale: s.right ? "right" : "y",
         spanGaps: false,
         points: { show: false },
         value: (u, v) => (v == null ? "–" : unit.value(v)),
       })),
     ],
     axes: [
-      { stroke: "#636c76", font: AXIS_FONT, grid, ticks, size: 28, space: 45, incrs: TIME_STEPS,
-        values: (u, splits, ax, space, incr) => splits.map((t) => clock(t, incr < 60)) },
+      { stroke: "#636c76", font: AXIS_FONT, grid, ticks, size: 28, space: timeSpace, incrs: TIME_STEPS,
+        values: (u, splits, ax, space, incr) => timeLabels(u, splits, incr) },
       { stroke: "#636c76", font: AXIS_FONT, grid, ticks, size: axisSize, incrs: unit.incrs,
         label: spec.label, labelSize: 18, labelFont: "12px system-ui, sans-serif",
         values: (u, splits) => splits.map(unit.tick) },
+      ...(spec.right ? [{ scale: "right", side: 1, stroke: "#636c76", font: AXIS_FONT, grid: { show: false }, ticks,
+        size: axisSize, incrs: unit.incrs, label: spec.right, labelSize: 18, labelFont: "12px system-ui, sans-serif",
+        values: (u, splits) => splits.map(unit.tick) }] : []),
     ],
     hooks: { setLegend: [showNewest] },
   };
@@ -304,15 +343,27 @@ function render(status) {
   const badge = document.getElementById("overall");
   badge.className = "badge " + overall;
   badge.textContent = { ok: "all flowing", warn: "attention", bad: "action needed" }[overall];
+  if (overall === "ok" && !nodes.length) {  // (nothing flows yet: say what happens instead)
+    const copying = status.snapshot && status.snapshot.state === "running";
+    badge.className = "badge busy";
+    badge.textContent = copying ? "initial snapshot" : "starting";
+  }
   document.getElementById("tx-rate").textContent = rate("transactions").toFixed(1);
   document.getElementById("log-newest").textContent = "CSN " + fmt(log.newest_csn);
   document.getElementById("log-detail").textContent =
     `oldest ${fmt(log.oldest_csn)} · ${bytes(log.bytes)} in ${fmt(log.segments)} segments · ${fmt(totals.transactions)} transactions`;
+  // A node that is not flowing has no lag or slot figure of today: the cards say so instead of 0.
+  const down = nodes.filter(isDown);
   let worst = null;
   for (const n of nodes) if (!worst || num(n.lag_seconds) > num(worst.lag_seconds)) worst = n;
-  document.getElementById("worst-lag").textContent = worst ? num(worst.lag_seconds).toFixed(1) + " s" : "–";
-  document.getElementById("worst-lag-node").textContent = worst ? "node " + worst.name : "";
-  document.getElementById("wal-held").textContent = bytes(nodes.reduce((s, n) => s + num(n.retained_wal_bytes), 0));
+  const downText = down.map((n) => "node " + n.name + " " + n.state).join(", ");
+  document.getElementById("worst-lag").textContent =
+    down.length ? "unknown" : worst ? num(worst.lag_seconds).toFixed(1) + " s" : "–";
+  document.getElementById("worst-lag-node").textContent = down.length ? downText : worst ? "node " + worst.name : "";
+  document.getElementById("wal-held").textContent =
+    down.length ? "unknown" : nodes.length ? bytes(nodes.reduce((s, n) => s + num(n.retained_wal_bytes), 0)) : "–";
+  document.getElementById("wal-held-detail").textContent =
+    down.length ? downText + ": its slot is not read" : "sum over the slots";
   document.getElementById("updated").textContent = "updated " + clock(Date.now() / 1000, true);
   renderPlots();
 }
