@@ -834,8 +834,6 @@ def _refuse(context: grpc.ServicerContext, e: SubscriptionNotFound | Subscriptio
     _abort(context, code, str(e))
 
 
-
-
 def _table_filter(specs: Any, context: grpc.ServicerContext) -> TableFilter:
     try:
         return TableFilter(specs)
