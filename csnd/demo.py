@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import itertools
 import json
 import os
@@ -143,11 +144,52 @@ def _committed_so_far(workload_log: str) -> str:
     return words[words.index("committed") + 1]
 
 
-def _progress(t0: float, http: str, workload_log: str, subscribed: str) -> None:
+class _Delivered:
+    """The writers' transactions (those with a gid) in the subscriber's output, counted as it grows.
+
+    The subscriber also prints transactions no writer counts (the workload's
+    set-up of its tables), so counting every line could show more delivered
+    than committed; a line cut short is counted once it is whole.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+        self._offset = 0
+
+    def update(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return self.count
+        whole = data.rfind(b"\n") + 1
+        self.count += sum(1 for line in data[:whole].splitlines() if b'"gid": null' not in line[:80])
+        self._offset += whole
+        return self.count
+
+
+def progress_counts(delivered: _Delivered, committed_path: str, workload_log: str) -> tuple[int, int]:
+    """(committed, delivered) for the progress line, delivered never above committed.
+
+    Delivered is read first, then the writers' lines (each written right
+    after its commit; their progress line is up to a second older): a
+    transaction delivered with a writer's gid was committed, so committed is
+    at least what was delivered even when its writer has not written its line yet.
+    """
+    got = delivered.update()
+    parts = glob.glob(f"{glob.escape(committed_path)}.w*")
+    written = sum(_count_lines(p) for p in parts) if parts else int(_committed_so_far(workload_log))
+    return max(written, got), got
+
+
+def _progress(t0: float, http: str, workload_log: str, committed_path: str, delivered: _Delivered) -> None:
     try:
         doc = _status(http)
     except OSError:
         return
+    committed, got = progress_counts(delivered, committed_path, workload_log)
     log = doc.get("changelog", {})
     lags = ", ".join(
         f"{c.get('name') or c.get('peer')} {int(c.get('lag_transactions', 0))} tx"
@@ -155,8 +197,8 @@ def _progress(t0: float, http: str, workload_log: str, subscribed: str) -> None:
     )
     nodes = " ".join(f"{n['name']}:{n['state']}" for n in doc.get("nodes", []))
     _say(
-        f"{time.monotonic() - t0:5.0f}s committed {_committed_so_far(workload_log)} · "
-        f"delivered {_count_lines(subscribed)} · changelog csn {int(log.get('newest_csn', 0))} · "
+        f"{time.monotonic() - t0:5.0f}s committed {committed} · "
+        f"delivered {got} · changelog csn {int(log.get('newest_csn', 0))} · "
         f"lag {lags or '-'} · {nodes}"
     )
 
@@ -347,10 +389,11 @@ def _live(args: argparse.Namespace, out: str, procs: _Procs, cluster: Any) -> in
         f"{args.writers} writer processes commit distributed transactions for {args.duration:.0f}s (Ctrl-C ends early)"
     )
     t0 = time.monotonic()
+    delivered = _Delivered(subscribed)
     try:
         while workload.poll() is None:
             procs.check()
-            _progress(t0, http, os.path.join(out, "workload.log"), subscribed)
+            _progress(t0, http, os.path.join(out, "workload.log"), committed, delivered)
             time.sleep(2)
     except KeyboardInterrupt:
         _say("Ctrl-C: stopping the writers, then checking what was delivered")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from csnd.demo import _Procs
+from csnd.demo import _Delivered, _Procs, progress_counts
 
 
 def test_a_process_that_failed_is_reported_with_its_last_log_line(tmp_path: Path) -> None:
@@ -33,3 +33,20 @@ def test_processes_that_run_or_ended_well_are_no_failure(tmp_path: Path) -> None
         procs.check()
     finally:
         procs.stop_all()
+
+
+def test_the_progress_line_never_shows_more_delivered_than_committed(tmp_path: Path) -> None:
+    """The workload's set-up transactions (no gid) were counted as delivered, against a second-old count."""
+    sub = tmp_path / "subscribed.jsonl"
+    committed = tmp_path / "committed.jsonl"
+    log = tmp_path / "workload.log"
+    setup = '{"csn": %d, "gid": null, "commit_time": "2026-01-01T00:00:00Z", "nodes": {}, "changes": []}\n'
+    writer = '{"csn": %d, "gid": "g%d", "commit_time": "2026-01-01T00:00:00Z", "nodes": {}, "changes": []}\n'
+    sub.write_text(setup % 1 + setup % 2 + setup % 3 + writer % (4, 4) + writer % (5, 5) + '{"csn": 6, "gi')
+    log.write_text("workload:   1.0s committed 1 (1/s)\n")  # (a second old: the writers are at 2 by now)
+    delivered = _Delivered(str(sub))
+    assert progress_counts(delivered, str(committed), str(log)) == (2, 2)
+    (tmp_path / "committed.jsonl.w0").write_text('{"gid": "g4"}\n{"gid": "g5"}\n{"gid": "g6"}\n')
+    with sub.open("a") as f:
+        f.write('d": "g6", "commit_time": "2026-01-01T00:00:00Z", "nodes": {}, "changes": []}\n')
+    assert progress_counts(delivered, str(committed), str(log)) == (3, 3)
