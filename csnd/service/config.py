@@ -102,6 +102,8 @@ class ServeConfig:
     # --arrow-files-bytes: disk the Spark source's rows may take as files for
     # executors on this host (csnd.service.arrow_rows); 0: none, None: its default
     arrow_files_bytes: int | None = None
+    # --log-format: log records as timestamped text or JSON lines (csnd.runtime.logsetup)
+    log_format: str = "text"
     # --agent-token-file, --agent-ca, --agent-cert, --agent-key: how grpc:// node agents are reached
     agent_dial: AgentDialConfig = field(default_factory=AgentDialConfig)
 
@@ -252,6 +254,7 @@ def build_config(
         snapshot_readers=snapshot.get("readers"),
         parquet_dir=pick("parquet_dir"),
         arrow_files_bytes=pick("arrow_files_bytes"),
+        log_format=pick("log_format", default="text"),
         agent_dial=AgentDialConfig(
             token_file=pick("agent_token_file"),
             ca=pick("agent_ca"),

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from csnd.core.errors import ConfigError
+from csnd.runtime.logsetup import set_format as set_log_format
 from csnd.service import settings
 from csnd.service.settings import SETTINGS, flag_type
 
@@ -244,6 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     flags = {s.key: getattr(args, s.key) for s in SETTINGS}
     config = serve_config({**flags, "config": args.config, "verbose": args.verbose}, list(args.sources))
+    set_log_format(config.log_format)  # (the config file's log_format, now that it is read)
     for src in config.sources:
         if not (src.is_live or src.is_agent) and not os.path.exists(src.target):
             raise ConfigError(f"source {src.target!r}: no such file (a live node is postgresql://...)")

@@ -144,6 +144,12 @@ def _snapshot(value: object) -> str:
     return str(value)
 
 
+def _log_format(value: object) -> str:
+    if value not in ("text", "json"):
+        raise ValueError(value)
+    return str(value)
+
+
 def _lsn(value: object) -> int:
     if not isinstance(value, str):
         raise ValueError(value)
@@ -170,6 +176,7 @@ BOOLEAN: Final = Kind("true or false", _boolean)
 MODE: Final = Kind("single or gtm", _mode)
 LSN: Final = Kind("an LSN like 0/16B3748", _lsn)
 SNAPSHOT: Final = Kind("initial, never or when_needed", _snapshot)
+LOG_FORMAT: Final = Kind("text or json", _log_format)
 HOSTS: Final = Kind("host names separated by commas (a TOML list of them; * for any)", _hosts)
 
 
@@ -216,6 +223,7 @@ SETTINGS: Final = (
     Setting("readiness_grace", NOT_NEGATIVE, "SECONDS"),
     Setting("parquet_dir", TEXT, "DIR"),
     Setting("arrow_files_bytes", BYTES, "BYTES"),
+    Setting("log_format", LOG_FORMAT, "text|json"),
     # how the service reaches grpc:// node agents (csnd.runtime.config.AgentDialConfig)
     Setting("agent_token_file", TEXT, "FILE"),
     Setting("agent_ca", TEXT, "PEM"),

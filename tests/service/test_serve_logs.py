@@ -87,6 +87,9 @@ def test_json_log_lines_for_log_shippers(tmp_path: Path) -> None:
         ({"CSND_LOG_FORMAT": "json"}, ()),
         (None, ("--log-format", "json")),
     ]
+    toml = tmp_path / "csnd.toml"
+    toml.write_text('log_format = "json"\n')
+    ways.append((None, ("--config", str(toml))))
     for i, (env, args) in enumerate(ways):
         served = start_serve([stream], str(tmp_path / f"log{i}"), "-v", *args, http=False, env=env)
         assert served.lines[0].startswith("csnd serve: listening on ")  # (the ready line stays as it was)
