@@ -39,6 +39,7 @@ the times it is given.
 from __future__ import annotations
 
 import random as _random
+import re
 from collections.abc import Callable
 from typing import Final
 
@@ -120,6 +121,33 @@ def one_line(text: str) -> str:
     return out
 
 
+# PostgreSQL matches a logical replication connection against the lines of its
+# database; the `replication` keyword matches physical replication only.
+_HBA_WHY: Final = (
+    "logical replication needs a line for the database itself: the replication keyword does not match "
+    "logical replication"
+)
+_HBA_FIELDS: Final = re.compile(r'host "([^"]*)", user "([^"]*)", database "([^"]*)"')
+
+
+def _hba_hint(text: str) -> str:
+    """The pg_hba.conf line to add, from PostgreSQL's `no pg_hba.conf entry for host "H", user "U", database "D"`."""
+    m = _HBA_FIELDS.search(text)
+    if m is None:
+        return f"add a pg_hba.conf line for the database and role, then SELECT pg_reload_conf() ({_HBA_WHY})"
+    host, user, db = m.groups()
+    if host == "[local]":  # (a Unix-domain socket)
+        line, wider = f"local {db} {user} scram-sha-256", ""
+    else:
+        line, wider = (
+            f"host {db} {user} {host}{'/128' if ':' in host else '/32'} scram-sha-256",
+            " (or a wider range)",
+        )
+    return (
+        f"add to the server's pg_hba.conf the line `{line}`{wider}, then SELECT pg_reload_conf(); {_HBA_WHY}"
+    )
+
+
 def connect_hint(text: str) -> str:
     """What to do about a failed connection, from libpq's text ('' when nothing useful can be said)."""
     t = text.lower()
@@ -129,8 +157,10 @@ def connect_hint(text: str) -> str:
         return "check the database name in the URL"
     if "role" in t and "does not exist" in t:
         return "check the user name in the URL"
+    if "no pg_hba.conf entry" in t:
+        return _hba_hint(text)
     if "password" in t or "authentication failed" in t or "pg_hba.conf" in t:
-        return "check the user, the password and the server's pg_hba.conf (a replication entry)"
+        return f"check the user, the password and the server's pg_hba.conf ({_HBA_WHY})"
     if "refused" in t or "resolve" in t or "timeout" in t or "timed out" in t or "no route" in t:
         return "check the host and port, and that the server is running"
     return ""

@@ -214,6 +214,7 @@ class Service:
         pipeline thread, after the ready line.
         """
         from csnd.snapshot.copier import NodeSnapshot, SnapshotSettings
+        from csnd.snapshot.privileges import check_snapshot_privileges
         from csnd.snapshot.run import SnapshotNode, SnapshotRun
 
         assert self.log is not None
@@ -231,6 +232,13 @@ class Service:
                 source = open_live(SourceSpec(src.name, src.target), src.live, f"dn{i + 1}")
                 wanted = src.live.snapshot if first_start else "never"
                 enums = source.enum_types() if wanted != "never" and source.binary else []
+                check_snapshot_privileges(
+                    source.node,
+                    source.options.conninfo,
+                    source.options.publication,
+                    wanted,
+                    source.options.slot,
+                )
                 exported = source.prepare(wanted)
                 if exported is None:
                     continue

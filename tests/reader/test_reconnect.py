@@ -130,3 +130,14 @@ def test_a_lost_slot_is_named_with_what_cannot_be_delivered() -> None:
     )  # (no detail: in use etc.)
     assert _lost("57P01", "terminating connection due to administrator command") is None
     assert pickle.loads(pickle.dumps(dropped)).message == dropped.message
+
+
+def test_the_pg_hba_hint_asks_for_a_line_of_the_database() -> None:
+    """PostgreSQL's `replication` keyword matches physical replication only: a logical one needs the database's line."""
+    hint = connect_hint(
+        'FATAL:  no pg_hba.conf entry for host "10.0.0.7", user "csnd", database "shop", no encryption'
+    )
+    assert "host shop csnd 10.0.0.7/32 scram-sha-256" in hint, hint
+    assert "the replication keyword does not match logical replication" in hint, hint
+    password = connect_hint('FATAL:  password authentication failed for user "csnd"')
+    assert "password" in password and "the replication keyword does not match" in password
