@@ -194,7 +194,7 @@ def parse_target(target: str) -> str:
 
 
 def why_unreachable(address: str, timeout: float = PROBE_TIMEOUT_S) -> str:
-    """Why gRPC got no answer at `address`, in words: nothing listens there, or something else does.
+    """Why gRPC got no answer at `address`, in words: an unknown host, nothing listens there, or something else does.
 
     gRPC itself only says "failed to connect" whatever answered, so this
     opens a plain connection and asks `HEAD /` in HTTP/1.0 (which a gRPC
@@ -207,6 +207,8 @@ def why_unreachable(address: str, timeout: float = PROBE_TIMEOUT_S) -> str:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
             s.sendall(_HTTP1_PROBE)
             head = s.recv(16)
+    except socket.gaierror as e:  # (not a closed port: a name that means nothing here)
+        return f"the host {host} is not known ({e.strerror}); check the address"
     except OSError:
         return NOTHING_THERE
     if head.startswith(b"HTTP/"):
@@ -512,6 +514,14 @@ class Changefeed:
                         extra={"csn": item.after_csn},
                     )
                     self._lost_at = None
+                elif not self._connected_once and item.after_csn > item.newest_csn:  # (said once)
+                    log.warning(
+                        "changefeed %s: csn %d is past the newest csn %d: nothing comes until transactions "
+                        "after it are committed",
+                        self.address,
+                        item.after_csn,
+                        item.newest_csn,
+                    )
                 self._connected_once = True
                 self.backoff.give_up = self.give_up
                 self.backoff.flowing()

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Final
 
-# How long the service may take to answer at all (its start-up included), and how long
+# How long the service may take to answer once connected (nothing listening fails at once), and how long
 # StartSnapshot may take (it connects to each node and checks the tables first).
 CALL_TIMEOUT_S: Final = 10.0
 START_TIMEOUT_S: Final = 60.0

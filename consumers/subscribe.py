@@ -57,7 +57,8 @@ def add_subscribe_parser(sub: Any) -> None:
         default=None,
         metavar="X",
         help="print transactions with csn > X (0: from the oldest retained; default 0, or with --name "
-        "after the subscription's last acknowledged csn)",
+        "after the subscription's last acknowledged csn); X may be written as an LSN, 0/16B3748 (in single "
+        "mode a csn is the commit LSN)",
     )
     p.add_argument("--limit", type=_count, metavar="N", help="exit 0 after N transactions")
     p.add_argument(
@@ -106,7 +107,12 @@ def _whole(text: str, least: int, what: str) -> int:
 
 
 def _csn(text: str) -> int:
-    return _whole(text, 0, "a csn (a whole number >= 0)")
+    from csnd.core.ids import csn_from_str
+
+    try:
+        return csn_from_str(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _count(text: str) -> int:

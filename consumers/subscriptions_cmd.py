@@ -8,7 +8,8 @@ and TLS options of `csnd subscribe`:
 
     list    one tab-separated line per name: name, acknowledged csn, lag in
             transactions (`N+`: at least N), `connected PEER` or `idle`, and
-            the table filter (`*`: every table)
+            the table filter (`*`: every table); none: stdout stays empty and
+            stderr says `csnd subscriptions: no named subscriptions`
     reset   set a name's acknowledged csn (back: its consumer reads again
             from there; forward: it skips); its filter stays
     delete  forget a name: Status and /metrics stop listing it
@@ -26,18 +27,17 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-# How long a call may take, the service's start-up included.
+# How long a call may take once connected (nothing listening fails at once).
 CALL_TIMEOUT_S: Final = 10.0
 
 
 def _csn(text: str) -> int:
+    from csnd.core.ids import csn_from_str
+
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a csn (a whole number >= 0), got {text!r}")
-    return value
+        return csn_from_str(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_subscriptions_parser(sub: Any) -> None:
@@ -100,7 +100,8 @@ def operator_stub(args: argparse.Namespace, timeout: float) -> Iterator[tuple[An
     try:
         yield (
             pb_grpc.ChangefeedStub(channel),
-            {"metadata": md, "timeout": timeout, "wait_for_ready": True},
+            # (not waiting for a connection: nothing listening is said at once, not after `timeout`)
+            {"metadata": md, "timeout": timeout, "wait_for_ready": False},
             address,
         )
     finally:
@@ -118,6 +119,8 @@ def cmd_subscriptions(args: argparse.Namespace) -> int:
                 got = stub.ListSubscriptions(pb.ListSubscriptionsRequest(), **kw)
                 for s in got.subscriptions:
                     print(list_line(s))
+                if not got.subscriptions:  # (said on stderr: stdout stays the list, empty)
+                    print("csnd subscriptions: no named subscriptions", file=sys.stderr)
             elif args.action == "reset":
                 info = stub.ResetSubscription(pb.ResetSubscriptionRequest(name=args.name, csn=args.csn), **kw)
                 print(
@@ -193,7 +196,7 @@ def rpc_error(
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         why = why_unreachable(address)
         if why == NOTHING_THERE:
-            why = f"the changefeed service at {address} does not answer ({why}); check the address"
+            why = f"nothing listens on {address} (is csnd serve running? HOST:PORT is its --listen address)"
         return ChangefeedUnavailable(f"{what}: {why}")
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return ChangefeedUnauthenticated(f"{what}: {address} refused us: {text}")

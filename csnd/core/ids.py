@@ -40,6 +40,25 @@ def lsn_from_str(text: str) -> Lsn:
     return Lsn((int(m.group(1), 16) << 32) | int(m.group(2), 16))
 
 
+CSN_EXPECTED = "a csn (a whole number >= 0) or an LSN like 0/16B3748"
+
+
+def csn_from_str(text: str) -> Csn:
+    """A CSN given by a user: `129477016`, or the same spelt as an LSN, `0/7B7A998`; ValueError otherwise.
+
+    On a plain PostgreSQL node a transaction's CSN is its commit LSN, which
+    PostgreSQL and csnd's own lines print as X/X; in GTM mode the CSN is the
+    GTM's number, and X/X is just another way to write an integer (the
+    service cannot tell which was meant, so it takes the form everywhere).
+    """
+    t = text.strip()
+    if t.isascii() and t.isdigit():
+        return Csn(int(t))
+    if _LSN_RE.match(t) is not None:
+        return Csn(lsn_from_str(t))
+    raise ValueError(f"expected {CSN_EXPECTED}, got {text!r}")
+
+
 # The commit timestamps the output can write: Python's dates, years 1 to 9999
 # (PostgreSQL's own range is wider, but a commit time outside this one is a
 # corrupt stream, not a real commit).

@@ -47,6 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, end_to_pb, position_from_pb
 from csnd.core.errors import AckError, ConfigError
 from csnd.core.ids import lsn_to_str
+from csnd.core.listening import check_listen
 from csnd.core.reflection import enable_reflection
 from csnd.core.tls import server_credentials
 from csnd.core.tokens import read_token_file
@@ -301,8 +302,8 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
         interceptors=[AccessInterceptor(access)] if access is not None else [],
         options=GRPC_OPTIONS,
     )
+    check_listen(config.listen)  # (first: a taken port makes no slot; the cause in words)
     try:
-        # (first: a taken port makes no slot)
         if config.tls is None:
             port = server.add_insecure_port(config.listen)
         else:

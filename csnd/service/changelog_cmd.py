@@ -59,6 +59,11 @@ def run_changelog(q: ChangelogQuery) -> int:
                 file=sys.stderr,
             )
             return 0
+        if q.from_csn > log.newest_csn:  # (an empty answer that says why: not a silent one)
+            print(
+                f"csnd changelog: --from-csn {q.from_csn} is past the newest csn {log.newest_csn}: nothing to print",
+                file=sys.stderr,
+            )
         out = sys.stdout.buffer
         relations = log.relations if q.schemas else None
         pos = q.from_csn

@@ -16,6 +16,7 @@ are in `csnd.service.settings`.
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -33,7 +34,10 @@ from csnd.service.settings import (
     check_file,
     live_values,
     read_environment,
+    unknown_variables,
 )
+
+log = logging.getLogger("csnd.service.config")
 
 DEFAULT_LISTEN: Final = "127.0.0.1:7070"
 DEFAULT_DECODERS: Final = 2
@@ -55,7 +59,7 @@ class ServedSource:
 
     @property
     def is_live(self) -> bool:
-        return self.target.startswith(("postgresql://", "postgres://"))
+        return self.target.startswith(("postgresql://", "postgres://")) or is_conninfo(self.target)
 
     @property
     def is_agent(self) -> bool:
@@ -116,11 +120,33 @@ def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceC
     return replace(base, **changes)
 
 
+def is_conninfo(text: str) -> bool:
+    """Whether `text` is a libpq `key=value` conninfo (`host=db1 dbname=shop user=csnd`), as `csnd slot` takes.
+
+    Only libpq's own keywords parse, so `dn1=x.pgstream` (a named file) is not
+    one; it names `host` (or `hostaddr`), as `csnd record` asks of one too.
+    """
+    if "=" not in text or "://" in text:
+        return False
+    import psycopg
+    from psycopg import conninfo
+
+    try:
+        params = conninfo.conninfo_to_dict(text)
+    except psycopg.Error:  # (an option libpq does not know, or a syntax error)
+        return False
+    return "host" in params or "hostaddr" in params
+
+
 def split_source(spec: str, defaults: LiveSourceConfig) -> ServedSource:
-    """`[NAME=]TARGET` with csnd's query parameters taken off a postgresql:// TARGET."""
+    """`[NAME=]TARGET` with csnd's query parameters taken off a postgresql:// TARGET.
+
+    A key=value conninfo TARGET is taken whole (csnd's settings then come from
+    the flags, `[defaults]` or its `[[source]]` table).
+    """
     name: str | None = None
     head, sep, rest = spec.partition("=")
-    if sep and "://" not in head and "/" not in head and head:
+    if sep and "://" not in head and "/" not in head and head and not is_conninfo(spec):
         name, spec = head, rest
     if not spec.startswith(("postgresql://", "postgres://")):
         return ServedSource(spec, name, defaults)
@@ -148,6 +174,8 @@ def serve_config(
 ) -> ServeConfig:
     """`csnd serve`'s settings from its flags, the CSND_* variables and the file --config or CSND_CONFIG names."""
     environ = os.environ if environ is None else environ
+    for line in unknown_variables(environ):
+        log.warning("%s", line)
     path, what = flags.get("config"), "--config"
     if not path:
         path, what = environ.get(CONFIG_ENV) or None, CONFIG_ENV
@@ -215,6 +243,11 @@ def build_config(
     changelog = pick("changelog")
     if not changelog:
         raise ConfigError("--changelog DIR is required (or `changelog = ...` in --config)")
+    if os.path.exists(changelog) and not os.path.isdir(changelog):
+        raise ConfigError(
+            f"--changelog {changelog} is a file, not a directory: name a directory "
+            "(csnd serve creates it when it does not exist)"
+        )
     cert, key = pick("tls_cert"), pick("tls_key")
     if bool(cert) != bool(key):
         raise ConfigError("TLS needs both --tls-cert and --tls-key")

@@ -101,6 +101,10 @@ SLOT_DROP_WAIT_S: Final = 30.0
 
 def _safe_target(src: ServedSource) -> str:
     """The source as Status shows it: never a password."""
+    if src.is_live and "://" not in src.target:  # (a key=value conninfo)
+        from csnd.runtime.slot_cmd import shown_conninfo
+
+        return shown_conninfo(src.target)
     if src.is_live:
         from urllib.parse import urlsplit, urlunsplit
 

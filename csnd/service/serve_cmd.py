@@ -6,6 +6,7 @@ import argparse
 import os
 
 from csnd.core.errors import ConfigError
+from csnd.core.ids import csn_from_str
 from csnd.runtime.logsetup import set_format as set_log_format
 from csnd.service import settings
 from csnd.service.settings import SETTINGS, flag_type
@@ -47,12 +48,9 @@ FILE holds the same settings as TOML (docs/service.md).
 
 def _csn(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a CSN (a whole number >= 0), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a CSN is >= 0, got {value}")
-    return value
+        return csn_from_str(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -213,7 +211,11 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     )
     p.add_argument("directory", metavar="DIR")
     p.add_argument(
-        "--from-csn", type=_csn, default=0, metavar="X", help="after this CSN (default 0: the oldest)"
+        "--from-csn",
+        type=_csn,
+        default=0,
+        metavar="X",
+        help="after this CSN (default 0: the oldest); an LSN like 0/16B3748 is taken too",
     )
     p.add_argument("--until-csn", type=_csn, metavar="Y", help="up to and including this CSN")
     p.add_argument("--check", action="store_true", help="verify every record; print a summary on stderr")

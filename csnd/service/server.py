@@ -33,6 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from csnd.core.addresses import is_loopback as is_loopback  # (re-exported: the service's check)
 from csnd.core.errors import ConfigError
+from csnd.core.listening import check_listen
 from csnd.core.reflection import enable_reflection
 from csnd.core.tls import TlsFiles as TlsFiles  # (re-exported: the service names it here)
 from csnd.core.tls import server_credentials
@@ -141,6 +142,7 @@ def start_changefeed(
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE))
+    check_listen(listen)  # (the cause in words: gRPC's own failure names none)
     try:
         if tls is None:
             port = server.add_insecure_port(listen)

@@ -23,6 +23,7 @@ exit 1 (docs/design.md section 8).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -38,6 +39,19 @@ from csnd.service.http_guard import check_allowed_host
 
 # The variable naming the config file (--config).
 CONFIG_ENV: Final = "CSND_CONFIG"
+# CSND_* variables read elsewhere than SETTINGS (the log format, the Python
+# twins of the C modules; the tests' and benchmarks' own): not misspellings.
+OTHER_VARIABLES: Final = (
+    "CSND_LOG_FORMAT",
+    "CSND_IMPL",
+    "CSND_NEW_TABLES_EVERY_S",
+    "CSND_PG_BIN",
+    "CSND_FAULT_RUNS",
+    "CSND_FAULT_OUT",
+    "CSND_POWERLOSS_POINTS",
+    "CSND_SCREENSHOT",
+    "CSND_BENCH_DIR",
+)
 
 _TRUE: Final = ("1", "true", "yes", "on")
 _FALSE: Final = ("0", "false", "no", "off")
@@ -280,6 +294,21 @@ def read_environment(environ: Mapping[str, str]) -> tuple[str | None, dict[str, 
             except ValueError as e:
                 raise UsageError(f"{s.env}: {e}") from None
     return environ.get(CONFIG_ENV) or None, values
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each CSND_* variable of `environ` that csnd does not read, naming the closest it does.
+
+    A misspelt variable (CSND_LISTN) is otherwise ignored in silence, and the
+    service runs with the default the operator meant to change.
+    """
+    known = [CONFIG_ENV, *(s.env for s in SETTINGS), *OTHER_VARIABLES]
+    lines = []
+    for name in sorted(v for v in environ if v.startswith("CSND_") and v not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        meant = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"the environment variable {name} is not a setting of csnd and is ignored{meant}")
+    return lines
 
 
 def live_values(values: Mapping[str, object], where: str, *, text: bool) -> dict[str, Any]:
