@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any, Final
@@ -40,8 +41,13 @@ def utc_timestamp(created: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
 
 
+# csnd's messages about one node start "node NAME: " (csnd.core.errors renders them so).
+_NODE_PREFIX: Final = re.compile(r"node ([A-Za-z_][A-Za-z0-9_.-]*)[: ]")
+
+
 def _where(record: logging.LogRecord) -> dict[str, Any]:
-    """The node, LSN and xid a record carries: its `extra`, else the csnd error it logs."""
+    """The node, LSN, xid and csn a record carries: its `extra`, else the csnd error it logs, else
+    (the node) the "node NAME: " its message starts with."""
     found: dict[str, Any] = {}
     err = record.exc_info[1] if record.exc_info else None
     for key in ("node", "lsn", "xid", "csn"):
@@ -51,6 +57,10 @@ def _where(record: logging.LogRecord) -> dict[str, Any]:
         if value is None:
             continue
         found[key] = lsn_to_str(value) if key == "lsn" and isinstance(value, int) else value
+    if "node" not in found:
+        m = _NODE_PREFIX.match(record.getMessage())
+        if m:
+            found["node"] = m.group(1)
     return found
 
 
