@@ -133,6 +133,12 @@ def test_the_badge_says_initial_snapshot_while_one_is_taken(pg: PgDatabase, tmp_
                 "acct copied while loose waits for its lock",
             )
             assert served.status()["snapshot"]["state"] == "running"
+            # the snapshot's connections say whose they are (a planner and one reader, waiting)
+            names = pg.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            assert sorted(str(n[0]) for n in names).count("csnd serve dn1") == 2, names
             dom = dump_dom(served.http)
             badge = re.search(r'<span id="overall" class="badge (\w+)">(.*?)</span>', dom)
             assert badge and badge.groups() == ("busy", "initial snapshot"), dom[:2000]
