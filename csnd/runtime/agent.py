@@ -345,6 +345,14 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
             file=sys.stderr,
             flush=True,
         )
+    if live is not None:  # (after the ready line, which scripts read first)
+        log.info(
+            "node %s resumes from slot %s at lsn %s",
+            live.node,
+            live.options.slot,
+            lsn_to_str(resumed_lsn),
+            extra={"node": live.node, "lsn": resumed_lsn},
+        )
     threading.Thread(target=state.produce, daemon=True, name="csnd-agent-producer").start()
     # A timed wait, never a bare one: the kernel hands a process's signal to
     # any of its threads (gRPC's among them), and Python runs the handler only
