@@ -47,7 +47,7 @@ def test_each_action_has_its_own_usage() -> None:
         "csnd slot list: error: the following arguments are required: URL",
     )
     usage, line = _usage_error(_csnd("slot"))
-    assert usage.startswith("usage: csnd slot [-h] [-v] {list,drop}") and "required" in line
+    assert usage.startswith("usage: csnd slot [-h] [-v]") and "{list,drop}" in usage and "required" in line
     usage, line = _usage_error(_csnd("slot", "create", "s1", "postgresql://h/db"))
     assert "invalid choice: 'create'" in line
     _, line = _usage_error(_csnd("slot", "drop", "Bad-Name", "postgresql://h/db"))

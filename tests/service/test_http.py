@@ -212,7 +212,8 @@ def test_the_token_never_rides_in_a_url_and_the_cookie_is_not_the_token() -> Non
         session = cookie.split(";")[0]
         assert "s3cret" not in session
         assert _get(server.url + "api/status", {"Cookie": session})[0] == 200
-        assert _get(server.url + "api/status", {"Cookie": session[:-1] + "0"})[0] == 401
+        forged = session[:-1] + ("1" if session.endswith("0") else "0")  # (one hex digit of the MAC changed)
+        assert _get(server.url + "api/status", {"Cookie": forged})[0] == 401
         # the session opens the dashboard, not the changefeed: it is not the token
         assert (
             _get(server.url + "api/status", {"Authorization": "Bearer " + session.split("=", 1)[1]})[0] == 401
