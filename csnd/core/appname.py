@@ -27,7 +27,10 @@ _process_name: str | None = None  # set by `default_application_name`; None: the
 def default_application_name(command: str) -> None:
     """Name every libpq connection of this process (and its children) `csnd COMMAND`, unless PGAPPNAME is set."""
     global _process_name
-    if os.environ.get(ENV):
+    given = os.environ.get(ENV)
+    # A name that is csnd's own came from csnd: a parent csnd process, or an earlier
+    # command run in this process (the tests run several); it is not the operator's.
+    if given and not given.startswith("csnd "):
         _process_name = None
         return
     _process_name = f"csnd {command}"
