@@ -43,6 +43,7 @@ from typing import Final
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceError
 from csnd.core.ids import PG_EPOCH_UNIX_US, Lsn, lsn_from_str, lsn_to_str
@@ -105,6 +106,31 @@ DRAINED_WAIT_S: Final = 0.002
 # reply each few transactions: a tenth of the service's CPU.  Longer: the
 # slot's confirmed position (and the WAL it frees) trails by as much.
 REPORT_GAP_S: Final = 0.05
+# Silence on the replication connection longer than this is a lost
+# connection: reconnect (from the confirmed position, as after any loss).
+# A path that drops packets without a reset (a black hole) sends no error
+# and no end of stream, so without a bound the reader waited forever.  Half
+# way through the silence a status update asks the server for a reply, which
+# a live walsender sends at once, so an idle but healthy connection is never
+# silent that long.  60 s is the default of PostgreSQL's own
+# wal_receiver_timeout, which bounds the same wait for its replicas; shorter
+# gains little, since the server frees the slot for the new connection only
+# once its walsender sees the old one gone (its wal_sender_timeout, 60 s by
+# default), and risks reconnecting from a server that is merely slow to answer.
+RECEIVE_TIMEOUT_S: Final = 60.0
+# TCP keepalive of the replication connection (libpq's keepalives_* options,
+# unless the source's URL sets them): a peer that is gone is found by the
+# kernel in about idle + interval x count = 25 s even while the reader is
+# blocked in libpq (the check of the source, START_REPLICATION), where the
+# receive timeout cannot look.  And tcp_user_timeout, set to the receive
+# timeout: data sent and not acknowledged for that long closes the connection
+# (a status update into a black hole).  Each probe is a few bytes; an idle source costs nothing more.
+TCP_KEEPALIVES: Final = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
 # How long a finished stream waits for the server to end the copy as well
 # (see `_await_copy_end`) before it closes the connection anyway.
 FINISH_TIMEOUT_S: Final = 10.0
@@ -130,6 +156,7 @@ class LiveOptions:
     start_lsn: int = 0
     status_interval_s: float = STATUS_INTERVAL_S
     reconnect_give_up_s: float = RECONNECT_GIVE_UP_S
+    receive_timeout_s: float = RECEIVE_TIMEOUT_S
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -172,6 +199,7 @@ class LiveSource:
         self.filter = ResumeFilter()
         self._enums: list[tuple[int, int]] | None = None
         self.reconnects = 0
+        self.silences = 0  # connections given up as silent past receive_timeout_s (a black-holed path)
         self.reconnecting = False  # the connection is down and being re-established (for status)
         self.backoff = Backoff(clock, give_up=options.reconnect_give_up_s)
         # A stopping server waits for a confirmation we may not give yet: hang up then (reader.shutdown).
@@ -330,7 +358,8 @@ class LiveSource:
 
     def _connect(self) -> pq.abc.PGconn:
         try:
-            conn = psycopg.connect(self.options.conninfo, replication="database", autocommit=True)
+            conninfo = make_conninfo(self.options.conninfo, **self._tcp_options())
+            conn = psycopg.connect(conninfo, replication="database", autocommit=True)
         except psycopg.OperationalError as e:
             text = one_line(str(e))
             if not self._started or classify(None, text, connecting=True):
@@ -338,6 +367,15 @@ class LiveSource:
             raise ConnectionLost(f"cannot connect: {text}", node=self.node) from e
         self._conn = conn
         return conn.pgconn
+
+    def _tcp_options(self) -> dict[str, str]:
+        """TCP_KEEPALIVES, less what the source's URL sets itself (an operator's choice wins)."""
+        try:
+            given = conninfo_to_dict(self.options.conninfo)
+        except psycopg.ProgrammingError:
+            return {}  # (a malformed URL: the connection attempt says what is wrong with it)
+        wanted = {**TCP_KEEPALIVES, "tcp_user_timeout": str(int(self.options.receive_timeout_s * 1000))}
+        return {k: v for k, v in wanted.items() if k not in given}
 
     def _connect_error(self, e: psycopg.OperationalError) -> SourceError:
         text = one_line(str(e))
@@ -489,8 +527,12 @@ class LiveSource:
         start = lsn_to_str(self.confirmed_lsn)
         sql = f"START_REPLICATION SLOT {_quote_ident(o.slot)} LOGICAL {start} ({opt_sql})"
         pgconn.send_query(sql.encode())
+        silent_until = time.monotonic() + o.receive_timeout_s  # (no answer at all: as silence in the stream)
         while True:
-            self._wait(pgconn, read=True)
+            if self._wait(pgconn, read=True):
+                silent_until = time.monotonic() + o.receive_timeout_s
+            elif time.monotonic() >= silent_until:
+                raise self._silent(o.receive_timeout_s)
             pgconn.consume_input()
             if not pgconn.is_busy():
                 break
@@ -626,6 +668,11 @@ class LiveSource:
         interval = self.options.status_interval_s
         closed = self._closed.is_set
         undrained = False  # items yielded since on_drained was last called
+        # Since when the server has sent nothing (None: bytes came since the last look),
+        # and whether a reply was asked for in this silence (see RECEIVE_TIMEOUT_S).
+        receive_timeout = self.options.receive_timeout_s
+        quiet_since: float | None = None
+        pinged = False
         # The open run of row-change frames (`runs`): framed payloads and dataStarts.
         run_parts: list[bytes] = []
         run_lsns: list[Lsn] = []
@@ -710,27 +757,41 @@ class LiveSource:
                 yield from held_items()
             if nbytes == 0:
                 now = time.monotonic()
+                # Silence is timed from the first moment everything received was handled
+                # (here, never per frame: the busy paths stay as they are) to the next byte.
+                if quiet_since is None:
+                    quiet_since, pinged = now, False
+                quiet = now - quiet_since
+                if quiet >= receive_timeout:
+                    raise self._silent(quiet)
                 until = self.options.until_lsn
                 waiting_for_end = until is not None and self._received < until
                 since = now - last_status
-                if since >= interval or (
-                    since >= REPORT_GAP_S and (self.confirmed_lsn > self._reported or waiting_for_end)
+                ping = not pinged and quiet >= receive_timeout / 2
+                if (
+                    ping
+                    or since >= interval
+                    or (since >= REPORT_GAP_S and (self.confirmed_lsn > self._reported or waiting_for_end))
                 ):
                     # with --until-lsn pending, ask for a keepalive so an idle
-                    # server tells us its WAL end instead of waiting 30 s
-                    self._send_status(pgconn, reply=waiting_for_end)
+                    # server tells us its WAL end instead of waiting 30 s; and
+                    # half way to the receive timeout, so a healthy one speaks
+                    self._send_status(pgconn, reply=waiting_for_end or ping)
                     last_status = now
+                    pinged = pinged or ping
                 if undrained and self.on_drained is not None:
                     # A short wait first: data that follows at once belongs to the same burst.
                     if self._wait(pgconn, read=True, timeout=DRAINED_WAIT_S):
+                        quiet_since = None
                         self._consume(pgconn)
                         continue
                     undrained = False
                     self.on_drained()
-                wait = min(POLL_S, interval)
+                wait = min(POLL_S, interval, max(0.0, quiet_since + receive_timeout - time.monotonic()))
                 if self.confirmed_lsn > self._reported or waiting_for_end:  # (a report is due soon)
                     wait = min(wait, max(0.0, REPORT_GAP_S - (time.monotonic() - last_status)))
                 if self._wait(pgconn, read=True, timeout=wait):
+                    quiet_since = None
                     self._consume(pgconn)
                 elif self.on_idle is not None:
                     self.on_idle()
@@ -845,6 +906,18 @@ class LiveSource:
                 self._finish_copy()
                 return True
 
+    def _silent(self, quiet: float) -> ConnectionLost:
+        """The server has sent nothing for `quiet` seconds, a reply asked for meanwhile: the path is lost."""
+        self.silences += 1
+        return ConnectionLost(
+            f"nothing received on the replication connection of slot {self.options.slot} for {quiet:.0f}s "
+            f"(receive_timeout {self.options.receive_timeout_s:g}s), not even the reply it asked for; last "
+            f"received {lsn_to_str(self._received)}, confirmed {lsn_to_str(self.confirmed_lsn)}: treating "
+            "the connection as lost",
+            node=self.node,
+            lsn=self._received,
+        )
+
     def _consume(self, pgconn: pq.abc.PGconn) -> None:
         """Reads what the socket holds into libpq's buffer; a lost connection names node and LSN."""
         try:
@@ -896,9 +969,16 @@ class LiveSource:
         while time.monotonic() < deadline:
             nbytes, _ = pgconn.get_copy_data(1)
             if nbytes < 0:
-                while pgconn.get_result() is not None:
-                    pass
-                return
+                # The copy's results, never by a blocking get_result: one whose end
+                # does not come (seen after a reconnect through a black hole) held
+                # the stream's end forever.
+                while time.monotonic() < deadline:
+                    if pgconn.is_busy():
+                        select.select([pgconn.socket], [], [], POLL_S)
+                        pgconn.consume_input()
+                    elif pgconn.get_result() is None:
+                        return
+                break
             if nbytes == 0:
                 select.select([pgconn.socket], [], [], POLL_S)
                 pgconn.consume_input()

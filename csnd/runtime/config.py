@@ -44,6 +44,8 @@ class LiveSourceConfig:
     give_up_s: float = 300.0
     # `csnd serve` only: the initial snapshot (docs/design.md section 5) -- never, initial or when_needed
     snapshot: str = "never"
+    # silence on the replication connection that counts as a lost one (reader.live.RECEIVE_TIMEOUT_S)
+    receive_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not is_mode(self.mode):
@@ -52,6 +54,10 @@ class LiveSourceConfig:
             raise ConfigError(f"snapshot: expected {', '.join(SNAPSHOT_MODES)}, got {self.snapshot!r}")
         if not self.give_up_s > 0:
             raise ConfigError(f"give_up: expected a number of seconds > 0, got {self.give_up_s!r}")
+        if not self.receive_timeout_s > 0:
+            raise ConfigError(
+                f"receive_timeout: expected a number of seconds > 0, got {self.receive_timeout_s!r}"
+            )
 
     def options(self, conninfo: str) -> LiveOptions:
         """The reader's options for the live node at `conninfo`; ConfigError if slot or publication is missing."""
@@ -67,6 +73,7 @@ class LiveSourceConfig:
             until_lsn=self.until_lsn,
             binary=self.binary,
             reconnect_give_up_s=self.give_up_s,
+            receive_timeout_s=self.receive_timeout_s,
         )
 
 

@@ -117,6 +117,8 @@ def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceC
     changes = {k: v for k, v in values.items() if k != "text"}
     if "text" in values:
         changes["binary"] = not values["text"]
+    if "receive_timeout" in changes:  # (seconds, as the field's name says)
+        changes["receive_timeout_s"] = changes.pop("receive_timeout")
     return replace(base, **changes)
 
 

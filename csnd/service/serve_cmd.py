@@ -40,7 +40,7 @@ Secure over TLS; scripts send 'Authorization: Bearer <token>'.
 
 Per-source live settings ride on the URL:
   dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
-(parameters slot, publication, mode, until_lsn, create_slot, text, snapshot); the
+(parameters slot, publication, mode, until_lsn, create_slot, text, snapshot, receive_timeout); the
 --slot/--publication/... flags are the default for every source. --config
 FILE holds the same settings as TOML (docs/service.md).
 """
@@ -199,6 +199,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         help="initial: on the first start (empty changelog) make the slot with an exported snapshot and "
         "write the published tables into the changelog as reads before the first streamed transaction; "
         "when_needed: the same, only when the slot does not exist yet; never (default): stream only",
+    )
+    g.add_argument(
+        "--receive-timeout",
+        type=flag_type(settings.POSITIVE),
+        metavar="SECONDS",
+        help="silence on a replication connection (a reply asked for half way) after which it counts as "
+        "lost and is reconnected (default 60)",
     )
 
     p = sub.add_parser(
