@@ -58,6 +58,7 @@ from csnd.runtime.inputs import NodePipeline
 from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.runtime.remote import CHANNEL_OPTIONS
 from csnd.runtime.sources import open_live, open_source, parse_source
+from csnd.runtime.stopping import install_stop_handlers
 from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
 from csnd.service.auth import AccessInterceptor, Credentials
 
@@ -288,7 +289,25 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
 
 
 def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None) -> int:
-    """Serve until SIGTERM or Ctrl-C; `after_batch` as in `AgentState`."""
+    """Serve until SIGTERM, SIGHUP or Ctrl-C; `after_batch` as in `AgentState`.
+
+    Until the ready line a stop interrupts the start-up where it is: a new
+    slot may wait there for long transactions on the server (its consistent
+    point), and a stop while it waited went unheeded.  As an exception in
+    the main thread it cancels the slot's creation on its way out.
+    """
+    install_stop_handlers()  # (from the ready line on, `_serve` takes the signals itself)
+    try:
+        return _serve(config, after_batch)
+    except KeyboardInterrupt:
+        name = parse_source(config.source).name or "dn1"
+        print(
+            f"csnd node {name}: stopped during start-up, before the ready line", file=sys.stderr, flush=True
+        )
+        return 0
+
+
+def _serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None) -> int:
     spec = parse_source(config.source)
     if spec.is_grpc:
         raise ConfigError("csnd node serves one database node or recorded file, not another agent")
@@ -332,6 +351,7 @@ def serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None = None
     # Before the ready line: whoever waits for it may stop us at once.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
     server.start()
     host = config.listen.rsplit(":", 1)[0]
     print(f"csnd node {pipeline.node}: listening on {host}:{port}", file=sys.stderr, flush=True)
