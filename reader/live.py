@@ -741,6 +741,7 @@ class LiveSource:
                 if not txns:
                     continue
                 undrained = True
+                quiet_since = None  # (bytes came: whatever the last look saw of silence is over)
                 if not flowed:
                     flowed = True
                     self.backoff.flowing()
@@ -763,6 +764,10 @@ class LiveSource:
                     quiet_since, pinged = now, False
                 quiet = now - quiet_since
                 if quiet >= receive_timeout:
+                    if self._wait(pgconn, read=True, timeout=0.0):  # (it came while we were held up)
+                        quiet_since = None
+                        self._consume(pgconn)
+                        continue
                     raise self._silent(quiet)
                 until = self.options.until_lsn
                 waiting_for_end = until is not None and self._received < until
@@ -825,6 +830,7 @@ class LiveSource:
                 )
             payload = bytes(data)
             undrained = True
+            quiet_since = None  # (bytes came: whatever the last look saw of silence is over)
             if (
                 runs
                 and len(payload) > CHANGE_FRAME_MIN

@@ -14,6 +14,7 @@ held by the black-holed connection within seconds instead of a minute.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 
 from csnd.core.ids import lsn_from_str
 from csnd.reader.live import LiveOptions, LiveSource
+from csnd.reader.pgoutput.messages import Commit
 from csnd.reader.record_cmd import record
 from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
@@ -117,3 +119,24 @@ def test_receive_timeout_is_a_live_setting_of_serve() -> None:
     assert build_config({}, {"changelog": "c"}, [url], environ={}).sources[0].live.receive_timeout_s == 60.0
     with pytest.raises(ConfigError, match="receive_timeout: expected a number > 0, got '0'"):
         build_config({}, {"changelog": "c"}, [url + "&receive_timeout=0"], environ={})
+
+
+def test_a_pause_downstream_longer_than_the_timeout_is_not_silence(pg: PgDatabase) -> None:
+    """Data that arrived while the reader was held up downstream breaks the silence the last look saw."""
+    workload.setup(pg.dsn)
+    _slots(pg)
+    src = LiveSource("dn1", LiveOptions(pg.url, "csnd", "csnd_pub", binary=False, receive_timeout_s=1.0))
+    idles: list[float] = []
+
+    def on_idle() -> None:  # (called when a wait for data timed out)
+        idles.append(time.monotonic())
+        if len(idles) == 1:
+            workload.run(pg.dsn, rounds=1, seed=6)  # commits that arrive while downstream is busy:
+            time.sleep(1.5)  # held up past the receive timeout (a load, not a synchronisation)
+        else:
+            src.close()  # idle again after reading them: enough
+
+    src.on_idle = on_idle
+    commits = sum(1 for _lsn, m in src.events() if isinstance(m, Commit))
+    assert commits > 0
+    assert (src.silences, src.reconnects) == (0, 0)
