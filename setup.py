@@ -13,8 +13,8 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("csnd.reader._txnscan", ["reader/_txnscan.c"], optional=True),
-        Extension("csnd.decoder._rows", ["decoder/_rows.c"], optional=True),
+        Extension("csnd.reader._txnscan", ["csnd/reader/_txnscan.c"], optional=True),
+        Extension("csnd.decoder._rows", ["csnd/decoder/_rows.c"], optional=True),
         Extension("csnd.service._feedwire", ["csnd/service/_feedwire.c"], optional=True),
         Extension("csnd.changelog._frames", ["csnd/changelog/_frames.c"], libraries=["z"], optional=True),
     ]

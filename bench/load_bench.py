@@ -20,7 +20,7 @@ show whether it is bounded or grows with the backlog, and the peak (VmHWM).
    take to catch up.
 3. bigtxn: one transaction of `txn_mb` MB of row values (INSERT ... SELECT
    generate_series, about 1 kB a row), streamed by the server in blocks and
-   spilled by the sender past 64 MiB (sender/txnbuf.py): time from commit
+   spilled by the sender past 64 MiB (csnd/sender/txnbuf.py): time from commit
    to the changelog and to a `csnd subscribe`, the spill bytes from
    `/api/status`.
 4. idle: two servers in GTM mode with the gtm kit's ticker on both; `csnd

@@ -8,7 +8,7 @@ of R rounds (the least disturbed by other load on a shared machine), for
 the wide rows of `csnd.testing.widestream` and for narrow two-column rows,
 where a fixed per-change cost weighs most.
 
-`--against REV` loads `decoder/rows.py` as it was at git revision REV beside
+`--against REV` loads `csnd/decoder/rows.py` as it was at git revision REV beside
 the working tree's and alternates their rounds, so the drift of a shared
 machine falls on both alike: the before/after figure of a change to the
 decoder.  Prints µs per change and the bytes of one body.  On a machine
@@ -94,13 +94,13 @@ def _rows_at(rev: str) -> ModuleType:
     """`csnd.decoder.rows` as it was at git revision `rev`, as a module of its own."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     source = subprocess.run(
-        ["git", "-C", root, "show", f"{rev}:decoder/rows.py"], check=True, capture_output=True, text=True
+        ["git", "-C", root, "show", f"{rev}:csnd/decoder/rows.py"], check=True, capture_output=True, text=True
     ).stdout
     spec = importlib.util.spec_from_loader(f"rows_at_{rev}", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its annotations look their module up)
-    exec(compile(source, f"{rev}:decoder/rows.py", "exec"), module.__dict__)  # (our own file)
+    exec(compile(source, f"{rev}:csnd/decoder/rows.py", "exec"), module.__dict__)  # (our own file)
     return module
 
 
@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, flo
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument(
-        "--against", metavar="REV", help="also measure decoder/rows.py as it was at this git revision"
+        "--against", metavar="REV", help="also measure csnd/decoder/rows.py as it was at this git revision"
     )
     ap.add_argument(
         "--instructions", action="store_true", help="count instructions (valgrind) instead of timing"

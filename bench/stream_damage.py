@@ -31,7 +31,7 @@ KINDS = ("flip", "dup", "swap", "delete")
 
 
 def frame_spans(raw: bytes) -> list[tuple[int, int]]:
-    """(start, end) of every frame of a recording, either format (see reader/streamfile.py)."""
+    """(start, end) of every frame of a recording, either format (see csnd/reader/streamfile.py)."""
     (n,) = struct.unpack_from("!I", raw, 8)
     head = 8 if raw.startswith(MAGIC) else 4
     pos = 12 + n + (4 if head == 8 else 0)

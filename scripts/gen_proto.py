@@ -1,4 +1,4 @@
-"""Generates proto/*_pb2*.py from proto/*.proto; `--check` fails if they are stale.
+"""Generates csnd/proto/*_pb2*.py from csnd/proto/*.proto; `--check` fails if they are stale.
 
 Generated code is never edited by hand.  The check regenerates
 into a temporary directory and compares, so CI catches a .proto edited without
@@ -16,7 +16,7 @@ import tempfile
 from grpc_tools import protoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROTO_DIR = os.path.join(ROOT, "proto")
+PROTO_DIR = os.path.join(ROOT, "csnd", "proto")
 
 
 def generate(out_dir: str) -> list[str]:
@@ -30,8 +30,8 @@ def generate(out_dir: str) -> list[str]:
         f"--grpc_python_out={out_dir}",
         f"--pyi_out={out_dir}",
     ]
-    # Named through the csnd/proto link so the stubs import `csnd.proto.csnd_pb2`.
-    rc = protoc.main([*args, *(os.path.join("csnd", os.path.relpath(p, ROOT)) for p in protos)])
+    # Named from the root (csnd/proto/...) so the stubs import `csnd.proto.csnd_pb2`.
+    rc = protoc.main([*args, *(os.path.relpath(p, ROOT) for p in protos)])
     if rc != 0:
         sys.exit(f"gen_proto: protoc failed with status {rc}")
     return sorted(glob.glob(os.path.join(out_dir, "csnd", "proto", "*_pb2*.py*")))

@@ -41,8 +41,6 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The folders at the top of the repository that csnd/<name> links to.
-STAGES = ("reader", "decoder", "sender", "coordinator", "consumers", "gtm", "proto")
 # What each unit may import (besides itself).  Every unit is listed: a unit
 # missing here fails --check, so a new package states its place.
 STAGES_UP_TO_SENDER: set[str] = {"core", "reader", "decoder", "sender"}
@@ -75,17 +73,15 @@ def package_of(module: str) -> str | None:
 
 
 def modules() -> dict[str, str]:
-    """module name -> file, for csnd/ and the stage folders it links to."""
+    """module name -> file, for every package of csnd/ (each has its one home there)."""
     found: dict[str, str] = {}
-    for top, prefix in [("csnd", "csnd"), *((s, f"csnd.{s}") for s in STAGES)]:
-        base = os.path.join(ROOT, top)
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-            for f in filenames:
-                if f.endswith(".py") and "_pb2" not in f:
-                    rel = os.path.relpath(os.path.join(dirpath, f), base)[:-3].replace(os.sep, ".")
-                    name = prefix if rel == "__init__" else f"{prefix}.{rel.removesuffix('.__init__')}"
-                    found[name] = os.path.join(dirpath, f)
+    base = os.path.join(ROOT, "csnd")
+    for dirpath, _dirnames, filenames in os.walk(base):
+        for f in filenames:
+            if f.endswith(".py") and "_pb2" not in f:
+                rel = os.path.relpath(os.path.join(dirpath, f), base)[:-3].replace(os.sep, ".")
+                name = "csnd" if rel == "__init__" else f"csnd.{rel.removesuffix('.__init__')}"
+                found[name] = os.path.join(dirpath, f)
     return found
 
 

@@ -1,4 +1,4 @@
-"""The local session's SPARK_HOME without pyspark.zip (consumers/spark/session.py)."""
+"""The local session's SPARK_HOME without pyspark.zip (csnd/consumers/spark/session.py)."""
 
 from __future__ import annotations
 

@@ -257,7 +257,7 @@ def _check_cut_and_resend(stream: tuple[list[Item], list[tuple[int, int]]], data
 
 
 def _check_blocks(delivered: list[tuple[int, Any]]) -> None:
-    """The rules the sender holds downstream to (sender/node.py): Begin and Commit alternate; a
+    """The rules the sender holds downstream to (csnd/sender/node.py): Begin and Commit alternate; a
     transaction's first delivered block says first_segment and only that one; blocks do not
     nest; a Stream Commit follows a block of its transaction."""
     open_: set[int] = set()  # transactions with a delivered block, not yet ended

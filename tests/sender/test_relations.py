@@ -1,4 +1,4 @@
-"""Which released transaction a new relation version travels with (sender/node.py, "Relation versions")."""
+"""Which released transaction a new relation version travels with (csnd/sender/node.py, "Relation versions")."""
 
 from __future__ import annotations
 

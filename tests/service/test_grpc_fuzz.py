@@ -8,7 +8,7 @@ an exception a handler let escape.  Afterwards the service still answers
 health and Status, and has not kept a thread per bad call.
 
 Messages are built from the service's own descriptors, so a field added
-to proto/csnd.proto is fuzzed without a change here: integers at their
+to csnd/proto/csnd.proto is fuzzed without a change here: integers at their
 edges (0, 1, 2**63, 2**64-1), strings that are empty, huge, not names at
 all or thousands of table names, and, beside the well-formed messages,
 their serialized bytes mutated (flipped, cut, doubled) and sent raw.

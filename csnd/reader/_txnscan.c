@@ -1,7 +1,7 @@
 /*
  * csnd.reader._txnscan: `take_whole_txns`, compiled.
  *
- * The same function as `take_whole_txns_py` in reader/txnscan.py, which is
+ * The same function as `take_whole_txns_py` in csnd/reader/txnscan.py, which is
  * its specification and its twin: tests/reader/test_txnscan.py holds the two
  * to the same output for any sequence of frames.  Keep them in step.
  *
