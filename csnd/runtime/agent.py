@@ -19,7 +19,7 @@ after the line (`LiveSource.prepare`).  The window itself is pure
 and the gRPC service around it.
 
 Nobody else in: with `--token-file` every call but health checks needs the
-token (`csnd.service.auth`, as the changefeed), with `--tls-cert` the
+token (`csnd.core.auth`, as the changefeed), with `--tls-cert` the
 agent speaks TLS and with `--tls-client-ca` only a client holding a
 certificate of that CA gets through the handshake.  An address beyond the
 loopback needs the token and TLS unless `--insecure-listen` (checked in
@@ -45,6 +45,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, end_to_pb, position_from_pb
+from csnd.core.auth import AccessInterceptor, Credentials
 from csnd.core.errors import AckError, ConfigError
 from csnd.core.ids import lsn_to_str
 from csnd.core.listening import check_listen
@@ -60,7 +61,6 @@ from csnd.runtime.remote import CHANNEL_OPTIONS
 from csnd.runtime.sources import open_live, open_source, parse_source
 from csnd.runtime.stopping import install_stop_handlers
 from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
-from csnd.service.auth import AccessInterceptor, Credentials
 
 # An idle stream sends a keepalive this often, so the coordinator can tell a
 # quiet node from a dead one.

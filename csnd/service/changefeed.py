@@ -66,8 +66,8 @@ log = logging.getLogger("csnd.changefeed")
 
 if TYPE_CHECKING:
     from csnd.changelog import Changelog, RecordPieces, RelationEntry, SubscriptionStore
+    from csnd.core.auth import Credentials
     from csnd.service.arrow_rows import RowBlocks
-    from csnd.service.auth import Credentials
 
 # Longest wait on the changelog before a stream looks at its stop conditions
 # again (server stopping, client gone or silent).  Smaller: a quicker stop;

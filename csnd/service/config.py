@@ -80,7 +80,7 @@ class ServeConfig:
     tls_key: str | None = None
     # With a token: gRPC health checking needs it too (default: open to probes).
     health_needs_token: bool = False
-    # Per-consumer credentials with roles (csnd.service.auth; docs/design.md section 8)
+    # Per-consumer credentials with roles (csnd.core.auth; docs/design.md section 8)
     credentials_file: str | None = None
     # Streams served at once, in all and per host (csnd.service.limits)
     max_streams: int = MAX_STREAMS

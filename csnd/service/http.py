@@ -64,8 +64,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from csnd.core.addresses import split_host_port
+from csnd.core.auth import AUTH_HEADER, Credentials
 from csnd.core.errors import ConfigError
-from csnd.service.auth import AUTH_HEADER, Credentials
 from csnd.service.http_guard import Sessions, check_allowed_host, host_allowed
 from csnd.service.http_server import (
     MAX_BODY_BYTES,

@@ -50,9 +50,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
-from google.protobuf import json_format  # type: ignore[import-untyped]
+from google.protobuf import json_format
 
 from csnd.changelog import Changelog, SubscriptionStore
+from csnd.core.auth import Credentials, read_credentials_file
 from csnd.core.backoff import Backoff
 from csnd.core.errors import ConnectionLost, CsndError, SnapshotError, SourceError, WorkerError
 from csnd.core.ids import Csn
@@ -62,7 +63,6 @@ from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.sources import SourceSpec, check_nodes, open_live, open_source
 from csnd.runtime.stopping import ignore_stop_signals
-from csnd.service.auth import Credentials, read_credentials_file
 from csnd.service.changefeed import FeedSettings
 from csnd.service.config import ServeConfig, ServedSource
 from csnd.service.limits import StreamLimits

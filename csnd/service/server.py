@@ -32,6 +32,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from csnd.core.addresses import is_loopback as is_loopback  # (re-exported: the service's check)
+from csnd.core.auth import HEALTH_SERVICE, AccessInterceptor, Credentials, token_digest
 from csnd.core.errors import ConfigError
 from csnd.core.listening import check_listen
 from csnd.core.reflection import enable_reflection
@@ -39,7 +40,6 @@ from csnd.core.tls import TlsFiles as TlsFiles  # (re-exported: the service name
 from csnd.core.tls import server_credentials
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.service.auth import HEALTH_SERVICE, AccessInterceptor, Credentials, token_digest
 from csnd.service.changefeed import WAIT_S, ChangefeedServicer, FeedSettings
 from csnd.service.limits import StreamLimitInterceptor, StreamLimits, StreamSlots
 from csnd.service.status import NodeStatusSource
@@ -112,7 +112,7 @@ def start_changefeed(
     `token`, health checking is open to callers without it (probes cannot
     send one) unless `health_needs_token`; every other service needs it.
     `token` is an admin credential; `credentials` adds (or holds) others,
-    with roles (csnd.service.auth).  `limits`: how many streams it serves
+    with roles (csnd.core.auth).  `limits`: how many streams it serves
     at once, in all and per host (csnd.service.limits).  `databases`: each
     node's database name, which the Debezium formats write as `source.db`.
     """

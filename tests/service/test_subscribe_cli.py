@@ -227,8 +227,8 @@ def test_service_killed_and_restarted_mid_stream(tmp_path: object) -> None:
     assert got.count(b"\n") == total
     assert got == expect
     # each outage is told when it begins and when it ends, with a timestamp and the csn it goes on after
-    with open(err_path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    with open(err_path, encoding="utf-8") as errors:
+        lines = errors.read().splitlines()
     ts = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z csnd: changefeed 127\.0\.0\.1:\d+: "
     lost = [ln for ln in lines if re.fullmatch(ts + r".*; reconnecting after csn \d+", ln)]
     back = [
