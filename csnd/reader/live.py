@@ -45,6 +45,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from csnd.core.appname import for_node
 from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceError
 from csnd.core.ids import PG_EPOCH_UNIX_US, Lsn, lsn_from_str, lsn_to_str
 from csnd.reader.events import Event
@@ -369,12 +370,17 @@ class LiveSource:
         return conn.pgconn
 
     def _tcp_options(self) -> dict[str, str]:
-        """TCP_KEEPALIVES, less what the source's URL sets itself (an operator's choice wins)."""
+        """TCP_KEEPALIVES and the node's application_name, less what the source's URL sets itself
+        (an operator's choice wins)."""
         try:
             given = conninfo_to_dict(self.options.conninfo)
         except psycopg.ProgrammingError:
             return {}  # (a malformed URL: the connection attempt says what is wrong with it)
-        wanted = {**TCP_KEEPALIVES, "tcp_user_timeout": str(int(self.options.receive_timeout_s * 1000))}
+        wanted = {
+            **TCP_KEEPALIVES,
+            "tcp_user_timeout": str(int(self.options.receive_timeout_s * 1000)),
+            **for_node(self.options.conninfo, self.node),  # (pg_stat_replication: csnd serve dn1)
+        }
         return {k: v for k, v in wanted.items() if k not in given}
 
     def _connect_error(self, e: psycopg.OperationalError) -> SourceError:

@@ -36,7 +36,7 @@ def test_a_node_agent_says_where_it_resumes_and_names_its_connection(pg: PgDatab
             )
             return str(got[0][0]) if got else None
 
-        assert wait_for(walsender, "the agent streaming its slot").startswith("csnd node")
+        assert wait_for(walsender, "the agent streaming its slot") == "csnd node dn1"
     finally:
         proc.terminate()
         proc.communicate(timeout=60)

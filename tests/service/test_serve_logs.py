@@ -7,13 +7,14 @@ import json
 import os
 import re
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import psycopg
 
 from csnd.core.ids import lsn_from_str
 from tests.fixtures.pg import PgDatabase
-from tests.service.servekit import CSND, start_serve, wait_for
+from tests.service.servekit import CSND, Served, start_serve, wait_for
 
 TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
@@ -39,7 +40,7 @@ def test_names_its_connections_says_where_it_resumes_and_that_it_stopped(
 
     served = start_serve([source], log_dir, "-v")
     name = wait_for(lambda: _walsender_name(pg, "csnd"), "the service's walsender")
-    assert name.startswith("csnd serve"), name  # (pg_recvlogical and Debezium name themselves too)
+    assert name == "csnd serve dn1", name  # (pg_recvlogical and Debezium name themselves too)
     with psycopg.connect(pg.dsn, autocommit=True) as c:
         for i in range(5):
             c.execute("INSERT INTO item VALUES (%s, 'x')", (i,))
@@ -75,6 +76,10 @@ def test_names_its_connections_says_where_it_resumes_and_that_it_stopped(
     assert lsn_from_str(at) > 0
 
 
+def _has_all(served: Served) -> bool:
+    return served.newest_csn() >= 20
+
+
 def test_json_log_lines_for_log_shippers(tmp_path: Path) -> None:
     gen = subprocess.run(
         [*CSND, "generate", "--transactions", "20", "--out", str(tmp_path / "gen")],
@@ -91,8 +96,10 @@ def test_json_log_lines_for_log_shippers(tmp_path: Path) -> None:
     toml.write_text('log_format = "json"\n')
     ways.append((None, ("--config", str(toml))))
     for i, (env, args) in enumerate(ways):
-        served = start_serve([stream], str(tmp_path / f"log{i}"), "-v", *args, http=False, env=env)
+        served = start_serve([stream], str(tmp_path / f"log{i}"), "-v", *args, env=env)
         assert served.lines[0].startswith("csnd serve: listening on ")  # (the ready line stays as it was)
+        # (stopped once the pipeline runs: a stop while its decoders start is another story)
+        wait_for(partial(_has_all, served), "the stream in the changelog")
         status, err = served.terminate()
         assert status == 0, err
         docs = [json.loads(ln) for ln in err.splitlines()]  # (every line one object)
