@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from csnd.core.errors import ConfigError
 from csnd.runtime.config import AgentDialConfig, LiveSourceConfig
@@ -155,7 +155,8 @@ def split_source(spec: str, defaults: LiveSourceConfig) -> ServedSource:
     url = urlsplit(spec)
     ours = {k: v for k, v in parse_qsl(url.query, keep_blank_values=True) if k in LIVE_KEYS}
     theirs = [(k, v) for k, v in parse_qsl(url.query, keep_blank_values=True) if k not in LIVE_KEYS]
-    target = urlunsplit(url._replace(query=urlencode(theirs)))
+    # (quote, not urlencode's default quote_plus: libpq decodes %20 as a space, never '+')
+    target = urlunsplit(url._replace(query=urlencode(theirs, quote_via=quote)))
     live = live_values(ours, f"source {name or target}", text=True)
     return ServedSource(target, name, _live_from(live, defaults))
 

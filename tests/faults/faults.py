@@ -178,6 +178,20 @@ def proxy_stall(run: Run) -> None:
     proxy.resume()
 
 
+def proxy_black_hole(run: Run) -> None:
+    """One source's TCP path drops every packet from now on, closing nothing: only silence tells.
+
+    The service must notice the silence (its receive timeout, short in this
+    class: `harness.BLACK_HOLE_PARAMS`), give the connection up and reconnect; the
+    server lets the slot go once its walsender's own timeout ends the old one.
+    """
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    ((node, proxy),) = run.proxies.items()
+    run.mark_fault(f"black-hole {node}'s replication connection after {d:.2f}s")
+    assert proxy.black_hole() >= 1, "the proxy carried no connection"
+
+
 def client_cut(run: Run) -> None:
     """The subscribers' TCP path to the service cut, or stalled 0.5-6 s and then flowing again (or cut)."""
     run.wait_flowing()
@@ -206,10 +220,11 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "writer-kill": writer_kill,
     "replication-cut": proxy_cut,
     "replication-stall": proxy_stall,
+    "replication-black-hole": proxy_black_hole,
     "client-cut": client_cut,
 }
 SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
-PROXIED: Final = frozenset({"replication-cut", "replication-stall"})
+PROXIED: Final = frozenset({"replication-cut", "replication-stall", "replication-black-hole"})
 CLIENT_PROXIED: Final = frozenset({"client-cut"})  # (the subscribers reach the service through a proxy)
 
 

@@ -54,6 +54,11 @@ from tests.faults import writer
 from tests.fixtures.proxy import Proxy
 from tests.service.servekit import CSND, Served, start_serve
 
+# The black-holed source (the replication-black-hole class) gives a silent connection
+# up after 3 s (default 60), and its walsender ends the old one after 5 s, so a run
+# recovers in seconds, not minutes.
+BLACK_HOLE_PARAMS: Final = "&receive_timeout=3&options=-c%20wal_sender_timeout%3D5s"
+
 # Writers fork from one server that has imported them: a fresh interpreter
 # per writer would cost each run seconds of start-up on a busy machine.
 _FORK: Final = mp.get_context("forkserver")
@@ -303,7 +308,10 @@ class Run:
         for node, url in self.urls.items():
             if node in self.proxies:
                 url = url.replace(f":{self.cluster.server(node).port}/", f":{self.proxies[node].port}/")
-            out.append(f"{node}={url}?slot={self.slot}&publication={PUBLICATION}&mode=gtm")
+            extra = (
+                BLACK_HOLE_PARAMS if node in self.proxies and self.fault == "replication-black-hole" else ""
+            )
+            out.append(f"{node}={url}?slot={self.slot}&publication={PUBLICATION}&mode=gtm{extra}")
         return out
 
     def start(self) -> None:
