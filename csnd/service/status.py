@@ -1,21 +1,35 @@
-"""What Status reports, and the shape the service's runtime supplies it in.
+"""What Status reports, built in one place for the gRPC Status call and `/api/status`.
 
-The changefeed knows its changelog and its consumers; the nodes are known to
-the pipeline that feeds the changelog (`csnd serve`).  That runtime gives the
-servicer a callable returning one `NodeState` per node -- plain values, no
-protobuf -- called once per Status request (and per dashboard refresh), so it
-must be cheap and thread-safe: read the statistics objects, do not wait on
-the pipeline.  `StatusResponse` is also the document `/api/status` serves
-(`google.protobuf.json_format.MessageToDict`), so the dashboard and the
-metrics read the same figures the gRPC Status call returns.
+    changelog (ChangelogFigures) ─┐
+    consumers (ConsumerFigures)  ─┼─► build_status ─► StatusResponse ─► gRPC Status
+    incremental snapshot         ─┤                         │
+    csnd serve (StatusSource)    ─┘                         └─► status_document ─► /api/status, /metrics
+
+The changefeed knows its changelog, its consumers and the incremental
+snapshots it was handed; the nodes, the run's totals and the initial
+snapshot are known to the pipeline that feeds the changelog (`csnd serve`),
+which gives the servicer a `StatusSource` at construction.  Both figures'
+owners are read once per Status request (and per dashboard refresh), so
+every read must be cheap and thread-safe: statistics objects, never a wait
+on the pipeline.  There is one builder, so the dashboard, the metrics and a
+gRPC client read the same figures; `/api/status` is the JSON of the very
+`StatusResponse` the gRPC call returns (`status_document`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
+from google.protobuf import json_format
+
+from csnd import __version__
 from csnd.proto import csnd_pb2 as pb
+
+if TYPE_CHECKING:
+    from csnd.snapshot.progress import TableProgress
 
 NODE_STATES = ("streaming", "reconnecting", "restarting", "ended", "failed")
 
@@ -79,8 +93,164 @@ class NodeState:
         )
 
 
-# What `csnd serve` passes as `status=`: the nodes now, in a stable order.
+# The nodes now, in a stable order (what a changefeed without a StatusSource is given).
 NodeStatusSource = Callable[[], Iterable[NodeState]]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What one service run appended (the fields of `csnd.v1.Totals`)."""
+
+    transactions: int = 0
+    changes: int = 0
+    skipped: int = 0  # re-sent after a restart and already held: not appended again
+    restarts: int = 0
+
+
+class SnapshotFigures(Protocol):
+    """An initial snapshot's progress (csnd.snapshot.SnapshotProgress); `state` "" while none is taken."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def first_csn(self) -> int: ...
+
+    @property
+    def last_csn(self) -> int: ...
+
+    def tables(self) -> list[TableProgress]: ...
+
+
+class StatusSource(Protocol):
+    """What the process feeding the changelog adds to Status: its nodes, its totals, its initial snapshot.
+
+    `csnd serve` gives the changefeed one at construction; a changefeed
+    served without a pipeline shows nodes alone (`NodesOnly`) or none.
+    """
+
+    def node_states(self) -> Sequence[NodeState]:
+        """The nodes now, in a stable order."""
+
+    def totals(self) -> Totals | None:
+        """What this run appended (None: the process appends nothing itself)."""
+
+    def initial_snapshot(self) -> SnapshotFigures | None:
+        """The initial snapshot this run takes (None: it takes none)."""
+
+
+class NodesOnly:
+    """A `StatusSource` of nodes alone: a changefeed whose changelog is fed by no pipeline of its process."""
+
+    def __init__(self, nodes: Iterable[NodeState] = ()) -> None:
+        self.nodes = list(nodes)
+
+    def node_states(self) -> Sequence[NodeState]:
+        return self.nodes
+
+    def totals(self) -> Totals | None:
+        return None
+
+    def initial_snapshot(self) -> SnapshotFigures | None:
+        return None
+
+
+class ChangelogFigures(Protocol):
+    """The changelog's figures Status shows (csnd.changelog.Changelog)."""
+
+    @property
+    def oldest_csn(self) -> int: ...
+
+    @property
+    def visible_csn(self) -> int: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    @property
+    def segment_count(self) -> int: ...
+
+    @property
+    def fsyncs(self) -> int: ...
+
+    @property
+    def fsync_seconds_total(self) -> float: ...
+
+    @property
+    def last_fsync_seconds(self) -> float: ...
+
+    @property
+    def retention_held(self) -> Mapping[str, int]: ...
+
+
+class ConsumerFigures(Protocol):
+    """The changefeed's consumers as Status shows them (connected ones first, then idle names)."""
+
+    def consumer_statuses(self, wall: float) -> list[pb.ConsumerStatus]:
+        """Each consumer now; `wall` (time.time()) dates the connected ones' `connected_since_us`."""
+
+
+def build_status(
+    changelog: ChangelogFigures,
+    directory: str,
+    consumers: ConsumerFigures,
+    incremental: pb.SnapshotStatus,
+    source: StatusSource | None,
+    wall: float,
+) -> pb.StatusResponse:
+    """The Status answer, for the gRPC call and `/api/status` alike; `wall` is when it is taken (time.time()).
+
+    `consumers` and `incremental` are the changefeed's own figures
+    (csnd.service.feed_status); `source` adds the pipeline's.  Reads each
+    source once and does nothing else: no I/O, no clock.
+    """
+    nodes = [n.to_pb() for n in source.node_states()] if source is not None else []
+    consumer_list = consumers.consumer_statuses(wall)
+    # What readers may read: while an initial snapshot is taken none of it is
+    # (Changelog.hold_readers), and a consumer that plans by these figures (the
+    # Spark source's offsets) must not step over it.
+    visible = changelog.visible_csn
+    response = pb.StatusResponse(
+        time_us=int(wall * 1e6),
+        nodes=nodes,
+        changelog=pb.ChangelogStatus(
+            oldest_csn=changelog.oldest_csn if visible else 0,
+            newest_csn=visible,
+            bytes=changelog.size_bytes,
+            segments=changelog.segment_count,
+            directory=directory,
+            fsyncs=changelog.fsyncs,
+            fsync_seconds_total=changelog.fsync_seconds_total,
+            last_fsync_seconds=changelog.last_fsync_seconds,
+            holds=[
+                pb.RetentionHold(holder=h, held_bytes=n) for h, n in sorted(changelog.retention_held.items())
+            ],
+        ),
+        consumers=consumer_list,
+        version=__version__,
+        incremental=incremental,
+    )
+    totals = source.totals() if source is not None else None
+    if totals is not None:
+        response.totals.CopyFrom(pb.Totals(**dataclasses.asdict(totals)))
+        response.totals.SetInParent()  # (shown even when all zero: a run that appended nothing yet)
+    progress = source.initial_snapshot() if source is not None else None
+    if progress is not None and progress.state:
+        response.snapshot.state = progress.state
+        response.snapshot.first_csn = progress.first_csn
+        response.snapshot.last_csn = progress.last_csn
+        response.snapshot.tables.extend(
+            pb.SnapshotTableStatus(**dataclasses.asdict(t)) for t in progress.tables()
+        )
+    return response
+
+
+def status_document(response: pb.StatusResponse) -> dict[str, Any]:
+    """A Status answer as `/api/status` serves it: JSON with the proto3 field names, zeros included."""
+    document: dict[str, Any] = json_format.MessageToDict(
+        response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return document
 
 
 def unready_nodes(nodes: Iterable[NodeState], grace_s: float) -> str | None:
