@@ -7,20 +7,23 @@
 
 Pure parts beside it: `filtering` (a subscriber's tables applied to a line),
 `batching` (whole transactions under a size bound), `registry` (consumers,
-their acknowledgements and lag bookkeeping).  `status.NodeState` is what the
-service runtime supplies about its nodes.
+their acknowledgements and lag bookkeeping).  `status.StatusSource` is what the
+service runtime supplies about its nodes, its totals and its initial snapshot;
+`status.build_status` makes the one Status answer of gRPC and /api/status.
 """
 
 from csnd.service.changefeed import ChangefeedServicer, FeedSettings
 from csnd.service.server import RunningServer, TlsFiles, start_changefeed
-from csnd.service.status import NodeState, NodeStatusSource
+from csnd.service.status import NodesOnly, NodeState, StatusSource, Totals
 
 __all__ = [
     "ChangefeedServicer",
     "FeedSettings",
     "NodeState",
-    "NodeStatusSource",
+    "NodesOnly",
     "RunningServer",
+    "StatusSource",
     "TlsFiles",
+    "Totals",
     "start_changefeed",
 ]

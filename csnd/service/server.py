@@ -41,8 +41,9 @@ from csnd.core.tls import server_credentials
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 from csnd.service.changefeed import WAIT_S, ChangefeedServicer, FeedSettings
+from csnd.service.feed_ports import SnapshotJobsSource
 from csnd.service.limits import StreamLimitInterceptor, StreamLimits, StreamSlots
-from csnd.service.status import NodeStatusSource
+from csnd.service.status import StatusSource
 
 if TYPE_CHECKING:
     from csnd.changelog import Changelog, SubscriptionStore
@@ -95,7 +96,7 @@ def start_changefeed(
     listen: str = "127.0.0.1:0",
     token: str | None = None,
     tls: TlsFiles | None = None,
-    status: NodeStatusSource | None = None,
+    status: StatusSource | None = None,
     subscriptions: SubscriptionStore | None = None,
     settings: FeedSettings | None = None,
     directory: str = "",
@@ -104,6 +105,7 @@ def start_changefeed(
     credentials: Credentials | None = None,
     limits: StreamLimits | None = None,
     databases: Mapping[str, str] | None = None,
+    snapshots: SnapshotJobsSource | None = None,
 ) -> RunningServer:
     """Serves `changelog` on `listen` (port 0: a free port, in `.port`) until `.stop()`.
 
@@ -115,6 +117,8 @@ def start_changefeed(
     with roles (csnd.core.auth).  `limits`: how many streams it serves
     at once, in all and per host (csnd.service.limits).  `databases`: each
     node's database name, which the Debezium formats write as `source.db`.
+    `snapshots`: the service's incremental snapshots once it has them
+    (StartSnapshot and Status; None: it takes none).
     """
     access = _access(token, credentials)
     limits = limits or StreamLimits()
@@ -127,6 +131,7 @@ def start_changefeed(
         directory=directory,
         credentials=access,
         databases=databases,
+        snapshots=snapshots,
     )
     interceptors: list[grpc.ServerInterceptor] = []
     if access is not None:
@@ -212,7 +217,7 @@ class _Registration:
 def add_changefeed(servicer: ChangefeedServicer, server: grpc.Server) -> None:
     """The generated registration of the Changefeed service, with Subscribe and Fetch taking bytes too.
 
-    Their batches come serialized already (`changefeed._batch_response`): the
+    Their batches come serialized already (`feed_messages.batch_response`): the
     serializer passes bytes through and serializes every other message.
     """
     got = _Registration()

@@ -172,7 +172,7 @@ def test_stream_in_whole_transactions_resumes_from_its_checkpoint(
     )
     assert max(changes.values()) > 40 * 2  # (the cluster has transactions far larger than a trigger's count)
     # commit() acknowledged under the name: the service lists the query like any subscriber.
-    status = {c.name: c for c in served.server.servicer.snapshot().consumers}
+    status = {c.name: c for c in served.server.servicer.feed_status().consumers}
     assert status["spark-test"].acknowledged_csn >= served.lines[0][0]
 
 

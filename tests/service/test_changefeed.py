@@ -20,7 +20,7 @@ from csnd.consumers.client import Changefeed, fetch
 from csnd.core.errors import ChangefeedError, ChangefeedRejected, ChangefeedUnauthenticated, CsnOutOfRange
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.service import FeedSettings, NodeState, TlsFiles, start_changefeed
+from csnd.service import FeedSettings, NodesOnly, NodeState, TlsFiles, start_changefeed
 from tests.service.feedkit import FAST, fill, line, serve, wait_for
 
 
@@ -122,7 +122,7 @@ def test_named_subscription_resumes_after_its_ack_across_a_restart(tmp_path: obj
         got = drain(feed, 12)
         feed.ack(got[-1][0])
         feed.ack(5)  # (an older acknowledgement never moves the mark back)
-    status = srv.servicer.snapshot()
+    status = srv.servicer.feed_status()
     assert [(c.name, c.acknowledged_csn, c.lag_transactions, c.connected) for c in status.consumers] == [
         ("billing", 12, 18, False)
     ]
@@ -135,12 +135,12 @@ def test_named_subscription_resumes_after_its_ack_across_a_restart(tmp_path: obj
     try:
         with Changefeed(srv.address, name="billing") as feed:
             assert drain(feed, 18) == [(c, written[c]) for c in range(13, 31)]
-            status = srv.servicer.snapshot()
+            status = srv.servicer.feed_status()
             (c,) = status.consumers
             assert (c.name, c.acknowledged_csn, c.sent_csn, c.connected) == ("billing", 12, 30, True)
             assert c.peer.startswith("ipv4:127.0.0.1:")
             feed.ack(30)
-            wait_for(lambda: srv.servicer.snapshot().consumers[0].acknowledged_csn == 30, "the ack")
+            wait_for(lambda: srv.servicer.feed_status().consumers[0].acknowledged_csn == 30, "the ack")
         # an explicit start overrides the stored mark (and does not move it)
         with Changefeed(srv.address, name="billing", after_csn=25) as feed:
             assert drain(feed, 5)[0][0] == 26
@@ -157,9 +157,9 @@ def test_a_stream_the_client_half_closes_ends_without_waiting_for_news(
     (the mark is stored by then): it must not wait out the stream's idle wait for new records."""
     from csnd.consumers.spark import feed as spark_feed
     from csnd.consumers.spark.options import parse_options
-    from csnd.service import changefeed
+    from csnd.service import feed_subscribe
 
-    monkeypatch.setattr(changefeed, "WAIT_S", 3600.0)
+    monkeypatch.setattr(feed_subscribe, "WAIT_S", 3600.0)
     d = os.path.join(str(tmp_path), "log")
     log = Changelog(d)
     fill(log, range(1, 11))
@@ -220,11 +220,11 @@ def test_keepalive_timeout_drops_a_silent_client(log: Changelog) -> None:
     srv = serve(log, settings=FeedSettings(keepalive_s=0.1, client_timeout_s=1.0))
     try:
         silent = Silent(srv.address, pb.SubscribeStart())
-        wait_for(lambda: srv.servicer.snapshot().consumers, "the silent consumer to be registered")
+        wait_for(lambda: srv.servicer.feed_status().consumers, "the silent consumer to be registered")
         e = silent.error()
         assert e.code() == grpc.StatusCode.UNAVAILABLE
         assert "no reply to keepalives for 1 s" in e.details()
-        wait_for(lambda: not srv.servicer.snapshot().consumers, "the consumer to be forgotten")
+        wait_for(lambda: not srv.servicer.feed_status().consumers, "the consumer to be forgotten")
         # a client that answers is not dropped, however long it is idle
         with Changefeed(srv.address) as feed:
             drain(feed, 3)
@@ -390,7 +390,7 @@ def test_tls_with_a_self_signed_certificate(log: Changelog, tmp_path: object) ->
 def test_health_reflection_and_status(log: Changelog) -> None:
     fill(log, range(1, 11))
     nodes = [NodeState("dn1", "gtm", "streaming", received_lsn=0x16B3748, watermark_csn=10, stuck=True)]
-    srv = start_changefeed(log, status=lambda: nodes)  # (no SubscriptionStore: names are refused)
+    srv = start_changefeed(log, status=NodesOnly(nodes))  # (no SubscriptionStore: names are refused)
     try:
         with grpc.insecure_channel(srv.address) as ch:
             health = health_pb2_grpc.HealthStub(ch)
@@ -403,7 +403,7 @@ def test_health_reflection_and_status(log: Changelog) -> None:
                 drain(feed, 6)
                 feed.ack(7)
                 wait_for(
-                    lambda: [c.acknowledged_csn for c in srv.servicer.snapshot().consumers] == [7], "the ack"
+                    lambda: [c.acknowledged_csn for c in srv.servicer.feed_status().consumers] == [7], "the ack"
                 )
                 status = pb_grpc.ChangefeedStub(ch).Status(pb.StatusRequest())
         (node,) = status.nodes
@@ -441,7 +441,7 @@ def test_client_reconnects_without_gap_or_duplicate(tmp_path: object) -> None:
         # Read on until the client is subscribed here (it may still be reading what it
         # buffered before the last restart): then the stop below cuts a live stream.
         deadline = time.monotonic() + 60
-        while not srv.servicer.snapshot().consumers:
+        while not srv.servicer.feed_status().consumers:
             assert time.monotonic() < deadline, "the client did not subscribe to the restarted server"
             if (rec := feed.next(timeout=0.05)) is not None:
                 got.append(rec)
@@ -474,8 +474,8 @@ def test_a_client_that_stops_reading_is_dropped(log: Changelog) -> None:
     srv = serve(log, settings=FeedSettings(keepalive_s=0.1, client_timeout_s=1.0))
     try:
         silent = Silent(srv.address, pb.SubscribeStart())
-        wait_for(lambda: srv.servicer.snapshot().consumers, "the consumer to be registered")
-        wait_for(lambda: not srv.servicer.snapshot().consumers, "the stuck consumer to be dropped")
+        wait_for(lambda: srv.servicer.feed_status().consumers, "the consumer to be registered")
+        wait_for(lambda: not srv.servicer.feed_status().consumers, "the stuck consumer to be dropped")
         assert silent.error().code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     finally:
         srv.stop()

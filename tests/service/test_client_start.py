@@ -32,7 +32,7 @@ def test_a_reconnect_before_the_first_transaction_keeps_the_resolved_start(tmp_p
     feed = Changefeed(srv.address, after_csn=0, give_up=30)
     try:
         assert feed.next(timeout=0.5) is None
-        wait_for(lambda: srv.servicer.snapshot().consumers, "the client to subscribe")
+        wait_for(lambda: srv.servicer.feed_status().consumers, "the client to subscribe")
         srv.stop(grace=0.5)
         fill(log, range(401, 1201))
         log.apply_retention()  # (the records after `start` the client never saw are gone)

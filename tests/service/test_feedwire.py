@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from csnd.proto import csnd_pb2 as pb
-from csnd.service import changefeed
-from csnd.service.changefeed import _batch_of
+from csnd.service import feed_messages
+from csnd.service.feed_messages import batch_of
 from csnd.service.server import _bytes_or
 
 try:
@@ -27,15 +27,15 @@ records = st.lists(
 def test_the_compiled_batch_writer_is_built() -> None:
     assert batch_message is not None, "csnd.service._feedwire was not built (is a C compiler installed?)"
     if os.environ.get("CSND_IMPL", "").lower() != "python":
-        assert changefeed._feedwire is not None
+        assert feed_messages._feedwire is not None
 
 
 @given(batch=records)
 def test_the_bytes_are_protobufs_own_for_both_responses(batch: list[tuple[int, bytes]]) -> None:
     assert batch_message is not None
     got = batch_message(batch)
-    assert got == _batch_of(batch, pb.SubscribeResponse).SerializeToString()
-    assert got == _batch_of(batch, pb.FetchResponse).SerializeToString()
+    assert got == batch_of(batch, pb.SubscribeResponse).SerializeToString()
+    assert got == batch_of(batch, pb.FetchResponse).SerializeToString()
     back = pb.SubscribeResponse.FromString(got)
     assert [(t.csn, t.line, t.more) for t in back.batch.transactions] == [
         (c, line, False) for c, line in batch

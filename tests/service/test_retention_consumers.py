@@ -172,7 +172,7 @@ def test_a_named_mark_holds_retention_up_to_the_hold_limit_then_is_told(
             assert log.oldest_after_csn <= 10 < log.oldest_csn + 4  # (kept from the segment holding 11)
             held = log.retention_held["subscription 'billing'"]
             assert 0 < held <= log.size_bytes - 8192 + 4096
-            holds = srv.servicer.snapshot().changelog.holds
+            holds = srv.servicer.feed_status().changelog.holds
             assert [(h.holder, h.held_bytes) for h in holds] == [("subscription 'billing'", held)]
             with Changefeed(srv.address, name="billing") as feed:
                 got = [feed.next(timeout=30) for _ in range(90)]
