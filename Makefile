@@ -27,6 +27,7 @@ lint: install
 	$(VENV)/bin/mypy -p csnd
 	$(VENV)/bin/mypy tests
 	$(PY) scripts/import_graph.py --check > /dev/null
+	$(PY) scripts/gen_reference.py --check > /dev/null
 
 # Two workers: most of the slow tests wait on servers, Spark and subprocesses,
 # so two share a 2-core machine well (the suite takes about half as long).

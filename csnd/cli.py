@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--decoders",
         type=_decoders,
         default=os.cpu_count() or 1,
-        help=f"decoder processes per node (default: cores; at most {MAX_DECODERS}, 4 per core)",
+        help="decoder processes per node (default: the number of cores; at most 4 per core)",
     )
     p.add_argument(
         "--output",
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--decoders",
         type=_decoders,
         default=os.cpu_count() or 1,
-        help=f"decoder processes (default: cores; at most {MAX_DECODERS}, 4 per core)",
+        help="decoder processes (default: the number of cores; at most 4 per core)",
     )
     g = p.add_argument_group(
         "security (a --listen address beyond the loopback needs --token-file and --tls-cert/--tls-key)"

@@ -260,12 +260,13 @@ LIVE_KEYS: Final = tuple(s.key for s in SETTINGS if s.live)
 def environment_help() -> str:
     """The `csnd serve --help` epilog: every variable and the flag it stands for."""
     rows = [(f"{CONFIG_ENV}=FILE", "--config")] + [(f"{s.env}={s.metavar}", s.flag) for s in SETTINGS]
+    width = max(len(var) for var, _ in rows) + 2  # (the longest must not run into its flag)
     return (
         "environment (containers): each variable stands for the flag beside it (CSND_ and\n"
         "the flag's name in capitals, _ for -); an empty one counts as unset; a value of\n"
         "the wrong type is a usage error (exit 2).\n"
         "precedence: flags > environment > config file > defaults.\n"
-        + "".join(f"  {var:<34}{flag}\n" for var, flag in rows)
+        + "".join(f"  {var:<{width}}{flag}\n" for var, flag in rows)
     )
 
 

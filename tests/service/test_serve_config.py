@@ -11,6 +11,7 @@ argparse's), 1 for the file (a configuration error); never "internal error".
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,10 +169,17 @@ def test_the_export_and_the_arrow_files_are_set_in_the_file_too() -> None:
 
 def test_the_environment_is_documented_in_help_and_docs() -> None:
     help_text = _csnd("serve", "--help").stdout
-    docs = (Path(__file__).parents[2] / "docs" / "service.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "reference.md").read_text()
     for s in SETTINGS:
         assert s.env in help_text and s.env in docs, s.env
     assert "CSND_CONFIG" in help_text and "flags > environment > config file > defaults" in help_text
+
+
+def test_each_variable_stands_apart_from_its_flag_in_help() -> None:
+    """The longest variable ran into its flag: `CSND_HEALTH_NEEDS_TOKEN=true|false--health-needs-token`."""
+    help_text = _csnd("serve", "--help").stdout
+    for s in SETTINGS:
+        assert re.search(rf"^  {s.env}=\S+ +{s.flag}$", help_text, re.MULTILINE), s.env
 
 
 def test_the_environment_reaches_a_running_service(dn1: str, tmp_path: Path) -> None:
