@@ -285,8 +285,8 @@ def render_metrics() -> str:
     if missing:
         raise SystemExit(f"gen_reference: metrics listed but not exposed: {', '.join(missing)}")
     return (
-        "## Metrics (`/metrics` on `--http`, Prometheus text format)\n\n"
-        "Read at scrape time from the status document (`/api/status`); the names are stable "
+        "## Metrics\n\n"
+        "Served on `/metrics` (with `--http`) in the Prometheus text format, read at scrape time from the status document (`/api/status`); the names are stable "
         "(design.md section 8). The `subscriber` label is a subscription's name, else the peer's "
         "address; `table` is `schema.table`.\n\n" + _table(("metric", "type", "labels", "meaning"), rows)
     )
