@@ -17,8 +17,6 @@ what is in the view is durable, and a record past it is never read.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import itertools
 import os
 import threading
@@ -34,17 +32,19 @@ from csnd.changelog import record as rec
 from csnd.changelog import retention
 from csnd.changelog import segment as sg
 from csnd.changelog.clock import CLOCK_NAME, SteadyWall
+from csnd.changelog.guard import WriteGuard
+from csnd.changelog.lock import LOCK_NAME, take_lock
+from csnd.changelog.opening import make_adopted_durable, open_segments
 from csnd.changelog.recent import RecentCsns
 from csnd.changelog.relations import RelationStore
+from csnd.changelog.sync import Fsyncer, SyncPoint
 from csnd.changelog.tail import DurableTail
 from csnd.core.durable import sync_directory
 from csnd.core.errors import (
     ChangelogCorrupt,
     ConfigError,
-    CsndError,
     CsnOutOfRange,
     IndexMismatch,
-    OutputError,
 )
 from csnd.core.hostid import host_id
 
@@ -62,8 +62,6 @@ DEFAULT_INDEX_INTERVAL: Final = 4 << 10
 # Appends pile up in memory until sync(), or until this much is pending, when
 # they are written (still invisible) so that memory stays bounded between syncs.
 FLUSH_BYTES: Final = 1 << 20
-
-LOCK_NAME: Final = "LOCK"
 
 # How many of the newest durable CSNs are kept for counting a consumer's lag
 # (count_after): 8 bytes each.  A count up to this many costs one bisection.
@@ -84,19 +82,6 @@ class _OpenRecord:
     offset: int  # of its head in the segment
     length: int = 0
     crc: int = 0
-
-
-@dataclass
-class SyncPoint:
-    """What one fsync covers: begin_sync notes it, fsync makes it durable, finish_sync shows it."""
-
-    sealed_fds: list[int]  # rolled-over segments, closed once fsynced
-    fd: int  # the segment being appended to at begin_sync
-    directory_of: str | None  # a new segment's path, when the directory needs an fsync
-    # (segment, bytes written, last csn, its time, index entries) at begin_sync
-    segments: list[tuple[sg.Segment, int, int, int, int]]
-    csns: list[int]  # of the records it covers, in order
-    lines: list[bytes | None]  # their payloads (None: one appended in pieces)
 
 
 class Changelog:
@@ -132,15 +117,15 @@ class Changelog:
         self._cond = threading.Condition(threading.Lock())
         self._rebuild_lock = threading.Lock()  # one reader at a time rebuilds a sealed segment's index
         self._closed = False
-        self._failed: CsndError | None = None
-        self._lock_fd = _take_lock(self.directory)
+        self._guard = WriteGuard(self.directory, lambda: self._durable_csn)
+        self._lock_fd = take_lock(self.directory)
         try:
             # The relation versions of its transactions (docs/design.md section 7), under the same lock.
             self.relations = RelationStore(self.directory, guard=self._guard)
-            self._segments = self._open_segments()
+            self._segments = open_segments(self.directory, self._interval)
             if self._segments:
                 self._open_active(self._segments[-1])
-                self._make_adopted_durable()
+                make_adopted_durable(self._segments, self._fd, self._guard)
         except BaseException:
             for fd in (self._fd, self._index_fd, self._lock_fd):
                 if fd >= 0:
@@ -160,10 +145,7 @@ class Changelog:
         newest_us = max((s.last_time for s in self._segments), default=0)
         self._clock.resume(os.path.join(self.directory, CLOCK_NAME), host_id(), newest_us)
         self._link = last.link if last else 0  # the crc of the last record appended: what the next names
-        # The fsyncs of sync(), for Status: how many, their total and the last's seconds.
-        self.fsyncs = 0
-        self.fsync_seconds_total = 0.0
-        self.last_fsync_seconds = 0.0
+        self._fsyncer = Fsyncer(self._guard)
         # Reader view (replaced under the lock).
         self._view: tuple[sg.Segment, ...] = tuple(self._segments)
         self._durable_csn = self._appended_csn
@@ -177,83 +159,12 @@ class Changelog:
         for seg in self._segments:
             seg.opened_csns = []
 
-    # -- opening ---------------------------------------------------------------
-
-    def _open_segments(self) -> list[sg.Segment]:
-        found: list[tuple[int, int, str]] = []
-        for name in os.listdir(self.directory):
-            parsed = rec.parse_segment_name(name)
-            if parsed is not None:
-                found.append((*parsed, name))
-        found.sort()
-        for (s1, _, _), (s2, _, n2) in itertools.pairwise(found):
-            if s2 != s1 + 1:
-                what = f"segments {s1 + 1} to {s2 - 1} are missing" if s2 > s1 else f"another segment is {s1}"
-                raise ChangelogCorrupt(
-                    f"{what} before this one; restore the changelog directory from a copy",
-                    path=os.path.join(self.directory, n2),
-                    offset=0,
-                )
-        segments: list[sg.Segment] = []
-        for i, (seq, first, name) in enumerate(found):
-            # (each segment's first record names the last of the one before: checked when it is there)
-            prev_crc = segments[-1].link if segments else None
-            if i == len(found) - 1:
-                last = sg.open_last(self.directory, name, seq, first, self._interval, prev_crc)
-                if last is None:
-                    sync_directory(os.path.join(self.directory, name))
-                    break
-                seg = last
-            else:
-                seg = sg.open_sealed(self.directory, name, seq, first, self._interval, prev_crc)
-            if segments and seg.prev_csn != segments[-1].last_csn:
-                raise ChangelogCorrupt(
-                    f"segment says the record before it is csn {seg.prev_csn}, "
-                    f"but the segment before it ends at csn {segments[-1].last_csn}",
-                    path=seg.path,
-                    offset=0,
-                )
-            segments.append(seg)
-        return segments
-
     _fd = -1  # the active segment, appended to
     _index_fd = -1  # its index file
 
     def _open_active(self, seg: sg.Segment) -> None:
         self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
         self._index_fd = os.open(seg.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def _make_adopted_durable(self) -> None:
-        """fsync every segment found on open, then their directory, before any of it is called durable.
-
-        What the last process wrote is adopted whole, fsynced or not: after
-        a kill -9 its unsynced writes (a group commit between write and
-        fsync, a segment rolled over since the last sync, its directory
-        entry) are still in the page cache, so they read back intact.  The
-        service resumes its senders after, and confirms slots up to, the
-        durable CSN this open sets; were those pages left to the kernel, an
-        OS crash or power failure afterwards would lose transactions no
-        source re-sends.  PostgreSQL fsyncs its data directory at crash
-        recovery for the same reason.  A clean file costs one quick fsync;
-        the index files are hints rebuilt when they do not fit, so they are
-        left alone.  (Not counted in `fsyncs`: those are the group commit's.)
-        """
-        segs = self._segments
-
-        def step() -> None:
-            for seg in segs[:-1]:  # (one at a time: there may be more segments than open files allowed)
-                fd = os.open(seg.path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            _fsync_covered(
-                SyncPoint(
-                    sealed_fds=[], fd=self._fd, directory_of=segs[-1].path, segments=[], csns=[], lines=[]
-                )
-            )
-
-        self._guard(step)
 
     # -- writing (one writer thread) ----------------------------------------------
 
@@ -438,13 +349,21 @@ class Changelog:
 
     def fsync(self, point: SyncPoint) -> None:
         """Makes what `point` covers durable (the segments appended to, then a new one's directory)."""
+        self._fsyncer.fsync(point)
 
-        started = time.monotonic()
-        self._guard(lambda: _fsync_covered(point))
-        took = time.monotonic() - started
-        self.fsyncs += 1
-        self.fsync_seconds_total += took
-        self.last_fsync_seconds = took
+    # The fsyncs of sync(), for Status: how many, their total and the last's seconds.
+
+    @property
+    def fsyncs(self) -> int:
+        return self._fsyncer.fsyncs
+
+    @property
+    def fsync_seconds_total(self) -> float:
+        return self._fsyncer.fsync_seconds_total
+
+    @property
+    def last_fsync_seconds(self) -> float:
+        return self._fsyncer.last_fsync_seconds
 
     def finish_sync(self, point: SyncPoint) -> int:
         """Shows readers what `point` covered; returns the new durable_csn."""
@@ -460,33 +379,6 @@ class Changelog:
             self._tail.extend(point.csns, point.lines)
             self._cond.notify_all()
         return self._durable_csn
-
-    def _guard(self, step: Callable[[], None]) -> None:
-        # After a failed write or fsync the file's state is unknown (and a
-        # retried fsync may report success for pages the kernel dropped):
-        # refuse everything from then on; a restart reopens at the last
-        # durable record and the sources re-send the rest.
-        # A full disk (ENOSPC, EDQUOT) is the same: nothing is confirmed past
-        # durable_csn, and the service ends with this one line (docs/service.md).
-        if self._failed is not None:
-            raise self._failed
-        try:
-            step()
-        except OSError as e:
-            code = errno.errorcode.get(e.errno or 0)
-            what = f"{e.strerror or e}{f' ({code})' if code else ''}"
-            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
-            todo = (
-                f"free space in {self.directory} (or give it more) and restart the service"
-                if full
-                else "restart the service"
-            )
-            self._failed = OutputError(
-                f"changelog {self.directory}: cannot write {e.filename or 'a segment'}: {what}; "
-                f"nothing after csn {self._durable_csn} is durable or confirmed to a slot; {todo}: "
-                "the changelog reopens at its last durable record and the sources re-send the rest"
-            )
-            raise self._failed from e
 
     def _flush(self) -> None:
         """Write the pending records, each into the segment it falls in."""
@@ -900,9 +792,9 @@ class Changelog:
         if self._closed:
             return
         try:
-            if self._failed is None:
+            if self._guard.failed is None:
                 self.abort_record()
-            if self._failed is None and (self._pending or self._dirty):
+            if self._guard.failed is None and (self._pending or self._dirty):
                 self.sync()
         finally:
             with self._cond:
@@ -954,38 +846,3 @@ def _check_retained(view: tuple[sg.Segment, ...], after_csn: int, strict: bool =
 def _whole_records(records: Iterator[tuple[int, bytes | sg.RecordPieces]]) -> Iterator[tuple[int, bytes]]:
     for csn, payload in records:
         yield csn, payload if isinstance(payload, bytes) else payload.read()
-
-
-def _fsync_covered(point: SyncPoint) -> None:
-    """fsync (and close) the sealed segments, then the active one, then the directory when it changed."""
-    for fd in point.sealed_fds:
-        os.fsync(fd)
-        os.close(fd)
-    point.sealed_fds = []
-    os.fsync(point.fd)
-    if point.directory_of is not None:
-        sync_directory(point.directory_of)
-
-
-def _take_lock(directory: str) -> int:
-    """An exclusive flock on DIR/LOCK for as long as the changelog is open; a second opener gets ConfigError."""
-    path = os.path.join(directory, LOCK_NAME)
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise ConfigError(f"cannot use {directory} as a changelog directory: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ConfigError(
-                f"changelog {directory} is in use by another csnd (pid {holder or 'unknown'} holds {path}); "
-                "each service needs its own changelog directory"
-            ) from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from csnd.changelog import Changelog
 from csnd.changelog.clock import CLOCK_NAME
-from csnd.changelog.log import LOCK_NAME
+from csnd.changelog.lock import LOCK_NAME
 from csnd.changelog.record import parse_segment_name, segment_name
 from csnd.changelog.relations import FILE_NAME as RELATIONS_NAME
 from csnd.changelog.subscriptions import FILE_NAME as SUBSCRIPTIONS_NAME

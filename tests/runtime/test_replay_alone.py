@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
-from csnd.changelog.log import SyncPoint
+from csnd.changelog.sync import SyncPoint
 from csnd.coordinator import AloneOrder, CsnMerge, json_line
 from csnd.core.errors import ProtocolError
 from csnd.core.ids import Csn, Lsn, Xid

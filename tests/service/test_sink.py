@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from csnd.changelog import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
-from csnd.changelog.log import SyncPoint
+from csnd.changelog.sync import SyncPoint
 from csnd.core.errors import CsndError
 from csnd.service.sink import ChangelogSink
 
