@@ -9,6 +9,7 @@ drops one -- never an active one, which belongs to a running reader.
 
 from __future__ import annotations
 
+import shlex
 import urllib.parse
 from typing import TextIO
 
@@ -98,7 +99,7 @@ def report_created(created: list[tuple[str, str, str]], out: TextIO) -> None:
             held = " holds WAL"  # (the server is away: the slot is still there)
         out.write(
             f"csnd: slot {slot} on {node}{held}; drop it with "
-            f"csnd slot drop {slot} {shown_url(conninfo)} when done\n"
+            f"csnd slot drop {slot} {shlex.quote(shown_url(conninfo))} when done\n"
         )
 
 

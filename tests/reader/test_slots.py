@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
 
+from csnd.reader.slots import report_created, shown_url
 from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
 from tests.reader.test_live import _record_cli
@@ -67,3 +69,22 @@ def test_an_active_slot_is_not_dropped(pg: PgDatabase) -> None:
 def test_slot_usage_errors() -> None:
     proc = _csnd("slot", "drop", "only_a_name")
     assert proc.returncode == 2 and "usage: csnd slot drop [-h] [-v] NAME URL" in proc.stderr
+
+
+def test_a_drop_hint_with_libpq_parameters_pastes_into_a_shell(pg: PgDatabase) -> None:
+    """A URL with `?...&...` in the hint is quoted, so the command line works pasted as it is."""
+    pg.execute("SELECT pg_create_logical_replication_slot('csnd_q', 'pgoutput')")
+    url = f"{pg.url}?sslmode=disable&connect_timeout=5"
+    out = io.StringIO()
+    report_created([("dn1", "csnd_q", url)], out)
+    hint = out.getvalue().strip()
+    command = hint.split("drop it with ", 1)[1].removesuffix(" when done")
+    # (as bash reads it: an unquoted & would end the command there)
+    words = ["slot", "drop", "csnd_q", shown_url(url)]
+    shell = subprocess.run(
+        ["bash", "-c", "csnd() { printf '%s\\n' \"$@\"; wait; }; " + command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shell.stdout.splitlines() == words, hint
