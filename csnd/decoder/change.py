@@ -23,7 +23,6 @@ from typing import TypeAlias, final
 
 from csnd.core.ids import Lsn, Xid
 from csnd.reader.pgoutput import (
-    ST_XID,
     Begin,
     Commit,
     Keepalive,
@@ -102,15 +101,15 @@ class DecodedRun:
 
 
 # A complete non-streamed transaction of row changes, as far as its stream says:
-# Begin, positions, Commit -- a `reader.pgoutput.ScannedTxn` tuple (its `ST_*`
-# indices), so that the transactions a live reader scanned go on to the sender
-# with no object per transaction.  When its node is the only one (and in
+# Begin, positions, Commit -- a `reader.pgoutput.ScannedTxn` (a NamedTuple), so
+# that the transactions a live reader scanned go on to the sender with no object
+# per transaction.  When its node is the only one (and in
 # single-node CSN mode, where the commit LSN is the CSN), the decoder pool
 # hands a transaction whose Begin, row changes and Commit fell in one batch,
 # with nothing else between them, to a worker whole, and the worker writes its
 # transaction line (`csnd.core.lines`) where it decoded the changes.  Its
-# `ST_LSNS` are the changes' positions (as in `DecodedRun`), never empty; its
-# `ST_BLOB` is not read past the pool (it may be None).
+# `lsns` are the changes' positions (as in `DecodedRun`), never empty; its
+# `blob` is not read past the pool (it may be None).
 WholeTxn: TypeAlias = ScannedTxn
 
 
@@ -135,7 +134,7 @@ class WholeTxns:
         return len(self.txns)
 
     def __repr__(self) -> str:
-        first = f"xid {self.txns[0][ST_XID]}" if self.txns else None
+        first = f"xid {self.txns[0].xid}" if self.txns else None
         return f"WholeTxns(n={len(self.txns)}, first={first})"
 
 

@@ -57,12 +57,6 @@ from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
-    ST_BEGIN_AT,
-    ST_BLOB,
-    ST_COMMIT_LSN,
-    ST_COMMIT_TIME,
-    ST_LSNS,
-    ST_XID,
     Begin,
     Change,
     ChangeFrames,
@@ -358,17 +352,17 @@ class DecoderPool:
                     else:
                         wholes: _Wholes | None = None  # the open stretch of ones with changes
                         for t in msg.txns:
-                            blob = t[ST_BLOB]
+                            blob = t.blob
                             if blob is None:  # none: its Begin and Commit go on as they came
                                 wholes = None
                                 whole_txn(scanned_txn_frames(t))
                                 continue
                             if wholes is None:
                                 wholes = _Wholes([])
-                                keep((t[ST_BEGIN_AT], wholes))
+                                keep((t.begin_at, wholes))
                             wholes.txns.append(t)
-                            wire((t[ST_COMMIT_LSN], "W", t[ST_XID], t[ST_COMMIT_TIME], blob))
-                            pending += len(t[ST_LSNS])
+                            wire((t.commit_lsn, "W", t.xid, t.commit_time, blob))
+                            pending += len(t.lsns)
                             pending_bytes += len(blob)
                     if pending >= limit or pending_bytes >= BATCH_BYTES:
                         cut()

@@ -306,6 +306,58 @@ held_hand_back(Held *h, PyObject *pending)
     return failed ? -1 : 0;
 }
 
+/* The class of a scanned transaction, `csnd.reader.pgoutput.ScannedTxn`: a NamedTuple of
+ * TXN_FIELDS fields, bound once by csnd/reader/txnscan.py (`bind_txn_type`).  Its instances
+ * are made as the interpreter makes a tuple subclass's (tp_alloc, then the items), with no
+ * call of its Python-level __new__. */
+#define TXN_FIELDS 11
+static PyTypeObject *txn_type = NULL;
+
+static PyObject *
+bind_txn_type(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type) ||
+        ((PyTypeObject *)cls)->tp_basicsize != PyTuple_Type.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "bind_txn_type: a tuple subclass without fields of its own (a NamedTuple)");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(txn_type, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
+/* A ScannedTxn of the given items; steals the references to `blob` and `run`. */
+static PyObject *
+new_txn(uint64_t begin_at, uint64_t final_lsn, int64_t begin_time, uint64_t xid, PyObject *blob, PyObject *run,
+        uint64_t commit_at, unsigned int flags, uint64_t commit_lsn, uint64_t end_lsn, int64_t commit_time)
+{
+    PyObject *txn = txn_type->tp_alloc(txn_type, TXN_FIELDS);
+    if (txn == NULL) {
+        Py_DECREF(blob);
+        Py_DECREF(run);
+        return NULL;
+    }
+    PyObject *items[TXN_FIELDS] = {
+        PyLong_FromUnsignedLongLong(begin_at), PyLong_FromUnsignedLongLong(final_lsn),
+        PyLong_FromLongLong(begin_time),       PyLong_FromUnsignedLongLong(xid),
+        blob,                                  run,
+        PyLong_FromUnsignedLongLong(commit_at), PyLong_FromUnsignedLong(flags),
+        PyLong_FromUnsignedLongLong(commit_lsn), PyLong_FromUnsignedLongLong(end_lsn),
+        PyLong_FromLongLong(commit_time),
+    };
+    int failed = 0;
+    for (int i = 0; i < TXN_FIELDS; i++) {
+        if (items[i] == NULL)
+            failed = 1;
+        PyTuple_SET_ITEM(txn, i, items[i]); /* (a NULL item is allowed in a tuple being freed) */
+    }
+    if (failed) {
+        Py_DECREF(txn);
+        return NULL;
+    }
+    return txn;
+}
+
 static PyObject *
 result(PyObject *txns, PyObject *pending, uint64_t received)
 {
@@ -317,6 +369,10 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "take_whole_txns(get_copy_data, max_frames, max_changes, stop_at)");
+        return NULL;
+    }
+    if (txn_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "take_whole_txns: no ScannedTxn class bound (bind_txn_type)");
         return NULL;
     }
     PyObject *get_copy_data = args[0];
@@ -462,12 +518,8 @@ take_whole_txns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         goto done;
                     }
                 }
-                PyObject *txn = Py_BuildValue("(KKLKNNKIKKL)", (unsigned long long)begin_at,
-                                              (unsigned long long)final_lsn, (long long)begin_time,
-                                              (unsigned long long)xid, blob, run,
-                                              (unsigned long long)commit_at, flags,
-                                              (unsigned long long)commit_lsn,
-                                              (unsigned long long)end_lsn, (long long)commit_time);
+                PyObject *txn = new_txn(begin_at, final_lsn, begin_time, xid, blob, run, commit_at, flags,
+                                        commit_lsn, end_lsn, commit_time);
                 if (txn == NULL || PyList_Append(txns, txn) < 0) {
                     Py_XDECREF(txn);
                     goto done;
@@ -515,6 +567,9 @@ static PyMethodDef methods[] = {
     {"bind_libpq", bind_libpq, METH_O,
      "bind_libpq(version) -> None, or why the loaded libpq cannot be used (a str)\n\n"
      "Finds the one libpq the process loaded (psycopg's), of libpq version `version`, for CopyReader."},
+    {"bind_txn_type", bind_txn_type, METH_O,
+     "bind_txn_type(cls) -> None\n\n"
+     "The class take_whole_txns makes each transaction of: csnd.reader.pgoutput.ScannedTxn."},
     {"take_whole_txns", (PyCFunction)(void (*)(void))take_whole_txns, METH_FASTCALL,
      "take_whole_txns(get_copy_data, max_frames, max_changes, stop_at) -> (txns, handed_back, received)\n\n"
      "See csnd.reader.txnscan.take_whole_txns_py, its twin."},

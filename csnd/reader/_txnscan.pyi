@@ -10,6 +10,7 @@ BEGIN_SIZE: int
 COMMIT_SIZE: int
 CHANGE_MIN: int
 
+def bind_txn_type(cls: type[tuple[Any, ...]]) -> None: ...
 def bind_libpq(version: int) -> str | None: ...
 
 class CopyReader:

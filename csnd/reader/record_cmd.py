@@ -29,7 +29,6 @@ from csnd.core.errors import ConfigError, CsndError, StreamFormatError, Truncate
 from csnd.core.ids import lsn_to_str
 from csnd.reader.live import LiveSource
 from csnd.reader.pgoutput import (
-    ST_END_LSN,
     ChangeFrames,
     Commit,
     Keepalive,
@@ -75,7 +74,7 @@ def durable_after(
     if isinstance(msg, TxnFrames):
         return max(current, msg.commit.end_lsn)
     if isinstance(msg, TxnRun):
-        return max(current, msg.txns[-1][ST_END_LSN])
+        return max(current, msg.txns[-1].end_lsn)
     if isinstance(msg, StreamAbort) and msg.xid == msg.subxid:
         return max(current, lsn)
     if isinstance(msg, Keepalive) and open_txns == 0:

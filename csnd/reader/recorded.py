@@ -8,9 +8,6 @@ from csnd.core.errors import StreamFormatError, TimestampError
 from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
 from csnd.reader.events import Event, iter_events
 from csnd.reader.pgoutput import (
-    ST_COMMIT_LSN,
-    ST_COMMIT_TIME,
-    ST_XID,
     Begin,
     Commit,
     PgOutputParser,
@@ -93,8 +90,6 @@ def checked_commit_times(events: Iterable[Event], node: str, path: str | None = 
                 raise TimestampError(commit.commit_time, node=node, lsn=commit.commit_lsn, xid=xid, path=path)
         elif kind is TxnRun:
             for t in msg.txns:  # type: ignore[union-attr]
-                if not lo <= t[ST_COMMIT_TIME] <= hi:
-                    raise TimestampError(
-                        t[ST_COMMIT_TIME], node=node, lsn=t[ST_COMMIT_LSN], xid=t[ST_XID], path=path
-                    )
+                if not lo <= t.commit_time <= hi:
+                    raise TimestampError(t.commit_time, node=node, lsn=t.commit_lsn, xid=t.xid, path=path)
         yield ev

@@ -40,8 +40,6 @@ from typing import Final
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.reader.pgoutput import (
     RUN_FRAME_LENGTH,
-    ST_END_LSN,
-    ST_XID,
     XLOGDATA_HEADER_SIZE,
     Begin,
     Change,
@@ -245,7 +243,7 @@ class ResumeFilter:
     def _whole_run(self, item: Item, run: TxnRun) -> list[Item]:
         """Whole transactions: all new, they pass as one; else each is judged as its `TxnFrames`."""
         txns = run.txns
-        xids = [t[ST_XID] for t in txns]
+        xids = [t.xid for t in txns]
         if (
             self._txn is not None
             or not self.completed.keys().isdisjoint(xids)
@@ -256,7 +254,7 @@ class ResumeFilter:
             for txn in run.frames():
                 out += self._whole((txn.begin_at, txn, b""), txn)
             return out
-        ends = [t[ST_END_LSN] for t in txns]
+        ends = [t.end_lsn for t in txns]
         self._conn_floor = max(self._conn_floor, ends[-1])  # (commits come in end-LSN order)
         self._complete_many(xids, ends)
         return [item]

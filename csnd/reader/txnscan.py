@@ -4,7 +4,7 @@ On a busy node nearly every transaction the walsender sends is one piece:
 its Begin, its row changes (Insert, Update, Delete) and its Commit, one
 after another, nothing else between them.  `take_whole_txns` reads such
 transactions with the connection's `get_copy_data` and returns each as a
-`ScannedTxn`, a tuple of its fields and its changes framed as a `ChangeFrames`
+`ScannedTxn`, a NamedTuple of its fields and its changes framed as a `ChangeFrames`
 run (`uint32 length | XLogData payload` per frame), which `reader.live` hands
 on as one `TxnRun`.  It stops at the first frame that is not part of one --
 a keepalive, a Relation, a Begin or Commit too short for its fields, a
@@ -108,6 +108,8 @@ def take_whole_txns_py(
 
 
 _compiled = compiled_module("csnd.reader._txnscan")
+if _compiled is not None:
+    _compiled.bind_txn_type(ScannedTxn)  # (it makes its transactions of this class)
 take_whole_txns: Callable[[Callable[[int], CopyData], int, int, int], Any] = (
     take_whole_txns_py if _compiled is None else _compiled.take_whole_txns
 )

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import eq, itemgetter, le
+from operator import attrgetter, eq, itemgetter, le
 from typing import Any, Final, cast
 
 from csnd.core.errors import (
@@ -93,13 +93,6 @@ from csnd.core.modes import MODES
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import (
-    ST_COMMIT_AT,
-    ST_COMMIT_LSN,
-    ST_COMMIT_TIME,
-    ST_END_LSN,
-    ST_FINAL_LSN,
-    ST_LSNS,
-    ST_XID,
     Begin,
     Commit,
     Keepalive,
@@ -316,8 +309,8 @@ class NodeSender:
             return self._one_by_one(run)  # (a restart's re-sent ones are dropped there)
         n = len(txns)
         last = txns[-1]
-        if last[ST_COMMIT_AT]:
-            self._last_lsn = last[ST_COMMIT_AT]
+        if last.commit_at:
+            self._last_lsn = last.commit_at
         self._finished += n
         xids: list[Xid] = list(map(_xid_of, txns))
         finished = FinishedTxn(
@@ -325,16 +318,16 @@ class NodeSender:
             csns[-1],
             None,
             xids[-1],
-            last[ST_COMMIT_LSN],
-            last[ST_END_LSN],
-            last[ST_COMMIT_TIME],
+            last.commit_lsn,
+            last.end_lsn,
+            last.commit_time,
             (),
             sum(map(len, lsns_each)),
         )
         finished.written = WrittenLines(csns, xids, commit_lsns, run.lines)
         finished.seq = self._finished - 1
         confirm = self._confirm
-        confirm.passed(last[ST_END_LSN])
+        confirm.passed(last.end_lsn)
         finished.confirmable = confirm.value
         self.released += n
         return [finished]
@@ -359,7 +352,7 @@ class NodeSender:
         worker's line (`FinishedTxn.written`).
         """
         txn_frames = scanned_txn_frames(w)
-        begin, commit, lsns = txn_frames.begin, txn_frames.commit, cast("list[Lsn]", w[ST_LSNS])
+        begin, commit, lsns = txn_frames.begin, txn_frames.commit, cast("list[Lsn]", w.lsns)
         if self._gtm:
             raise InternalError(
                 "a whole transaction's line reached a gtm-mode sender; its csn comes from a marker",
@@ -852,11 +845,11 @@ def _sorted(lsns: list[Lsn]) -> bool:
 
 
 # A `WholeTxn`'s fields, for the C-level passes of `_wholes`.
-_final_lsn_of: Final[Callable[[WholeTxn], Lsn]] = itemgetter(ST_FINAL_LSN)
-_commit_lsn_of: Final[Callable[[WholeTxn], Lsn]] = itemgetter(ST_COMMIT_LSN)
-_end_lsn_of: Final[Callable[[WholeTxn], Lsn]] = itemgetter(ST_END_LSN)
-_xid_of: Final[Callable[[WholeTxn], Xid]] = itemgetter(ST_XID)
-_lsns_of: Final[Callable[[WholeTxn], list[Lsn]]] = itemgetter(ST_LSNS)  # (never None in a WholeTxn)
+_final_lsn_of: Final[Callable[[WholeTxn], Lsn]] = attrgetter("final_lsn")
+_commit_lsn_of: Final[Callable[[WholeTxn], Lsn]] = attrgetter("commit_lsn")
+_end_lsn_of: Final[Callable[[WholeTxn], Lsn]] = attrgetter("end_lsn")
+_xid_of: Final[Callable[[WholeTxn], Xid]] = attrgetter("xid")
+_lsns_of: Final[Callable[[WholeTxn], list[Lsn]]] = attrgetter("lsns")  # (never None in a WholeTxn)
 _last_of: Final[Callable[[list[Lsn]], Lsn]] = itemgetter(-1)
 
 

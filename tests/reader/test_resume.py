@@ -319,7 +319,7 @@ def _scanned(xid: int, lsn: int) -> p.ScannedTxn:
     """A one-insert transaction as the compiled loop reads it (`_plain_txn`'s, scanned)."""
     payload = p.encode_xlogdata(lsn, lsn, 0, p.encode_insert(1, [str(xid)]))
     blob = struct.pack("!I", len(payload)) + payload
-    return (
+    return p.ScannedTxn(
         Lsn(lsn),
         Lsn(lsn + 8),
         0,

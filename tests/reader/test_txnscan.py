@@ -24,6 +24,7 @@ from csnd.reader.pgoutput import (
     ChangeFrames,
     Commit,
     Keepalive,
+    ScannedTxn,
     TxnFrames,
     TxnRun,
     encode_begin,
@@ -113,15 +114,27 @@ def test_whole_transactions_carry_what_the_parser_reads(take: Callable[..., Any]
         begin_at, begin = parse_txn_frame(frames[first])  # type: ignore[misc]
         commit_at, commit = parse_txn_frame(frames[last])  # type: ignore[misc]
         assert isinstance(begin, Begin) and isinstance(commit, Commit)
-        assert txn[:4] == (begin_at, begin.final_lsn, begin.commit_time, begin.xid)
-        assert txn[6:] == (commit_at, commit.flags, commit.commit_lsn, commit.end_lsn, commit.commit_time)
+        assert type(txn) is ScannedTxn  # (the compiled loop makes instances of the class too)
+        assert (txn.begin_at, txn.final_lsn, txn.begin_time, txn.xid) == (
+            begin_at,
+            begin.final_lsn,
+            begin.commit_time,
+            begin.xid,
+        )
+        assert (txn.commit_at, txn.flags, txn.commit_lsn, txn.end_lsn, txn.commit_time) == (
+            commit_at,
+            commit.flags,
+            commit.commit_lsn,
+            commit.end_lsn,
+            commit.commit_time,
+        )
         changes = frames[first + 1 : last]
         if not changes:
-            assert txn[4] is None and txn[5] is None
+            assert txn.blob is None and txn.lsns is None
             continue
-        assert txn[4] == b"".join(struct.pack("!I", len(f)) + f for f in changes)
-        assert txn[5] == [0x1000 + 10 * (i + 1) for i in range(3)] if first == 0 else [0x3010]
-        assert len(list(iter_change_frames(txn[4], False))) == len(changes)
+        assert txn.blob == b"".join(struct.pack("!I", len(f)) + f for f in changes)
+        assert txn.lsns == [0x1000 + 10 * (i + 1) for i in range(3)] if first == 0 else [0x3010]
+        assert len(list(iter_change_frames(txn.blob, False))) == len(changes)
 
 
 @pytest.mark.parametrize("take", IMPLEMENTATIONS, ids=lambda f: f.__module__)

@@ -130,7 +130,7 @@ def _run_of(first_commit: int, n: int, bad: int | None = None) -> WholeTxns:
     for k in range(n):
         commit = first_commit + 0x100 * k
         final = commit + 8 if k == bad else commit
-        whole: WholeTxn = (
+        whole = WholeTxn(
             Lsn(commit - 0x40),
             Lsn(final),
             0,

@@ -158,39 +158,6 @@ from csnd.reader.pgoutput.parse import (
     FRAMED_CHANGE_HEAD as FRAMED_CHANGE_HEAD,
 )
 from csnd.reader.pgoutput.parse import (
-    ST_BEGIN_AT as ST_BEGIN_AT,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_BEGIN_TIME as ST_BEGIN_TIME,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_BLOB as ST_BLOB,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_COMMIT_AT as ST_COMMIT_AT,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_COMMIT_LSN as ST_COMMIT_LSN,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_COMMIT_TIME as ST_COMMIT_TIME,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_END_LSN as ST_END_LSN,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_FINAL_LSN as ST_FINAL_LSN,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_FLAGS as ST_FLAGS,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_LSNS as ST_LSNS,
-)
-from csnd.reader.pgoutput.parse import (
-    ST_XID as ST_XID,
-)
-from csnd.reader.pgoutput.parse import (
     TXN_TAGS as TXN_TAGS,
 )
 from csnd.reader.pgoutput.parse import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Final, TypeAlias
+from typing import Final, NamedTuple
 
 from csnd.core.errors import FrameError
 from csnd.core.ids import Lsn, Xid
@@ -311,55 +311,65 @@ class TxnFrames:
         return f"TxnFrames(xid={self.begin.xid}, n={n}, commit={self.commit.commit_lsn})"
 
 
-# A whole one-piece transaction as a tuple of its fields (`reader.txnscan` reads
-# them so, and they travel so as far as the sender): (Begin's dataStart, final
-# LSN, Begin's commit time, xid, its changes' framed run or None, their
-# dataStarts or None, Commit's dataStart, flags, commit LSN, end LSN, commit
-# time).  A tuple, not an object, because on a busy node there is one per
-# transaction.  The indices:
-ScannedTxn: TypeAlias = "tuple[Lsn, Lsn, int, Xid, bytes | None, list[Lsn] | None, Lsn, int, Lsn, Lsn, int]"
-ST_BEGIN_AT: Final = 0
-ST_FINAL_LSN: Final = 1
-ST_BEGIN_TIME: Final = 2
-ST_XID: Final = 3
-ST_BLOB: Final = 4
-ST_LSNS: Final = 5
-ST_COMMIT_AT: Final = 6
-ST_FLAGS: Final = 7
-ST_COMMIT_LSN: Final = 8
-ST_END_LSN: Final = 9
-ST_COMMIT_TIME: Final = 10
+class ScannedTxn(NamedTuple):
+    """A whole one-piece transaction, as `reader.txnscan` reads it and as it travels as far as the sender.
+
+    A NamedTuple, not a class of its own, because on a busy node there is one
+    per transaction: it is made (in C by `_txnscan`, which makes instances of
+    this class) and read at a tuple's cost, its fields by name.  `blob` is its
+    changes' framed run (`uint32 length | XLogData payload` each) and `lsns`
+    their dataStarts, both None for a transaction without changes.
+    """
+
+    begin_at: Lsn  # the Begin's dataStart
+    final_lsn: Lsn  # as the Begin announced it
+    begin_time: int  # the Begin's commit time
+    xid: Xid
+    blob: bytes | None
+    lsns: list[Lsn] | None
+    commit_at: Lsn  # the Commit's dataStart
+    flags: int
+    commit_lsn: Lsn
+    end_lsn: Lsn
+    commit_time: int
+
+
+# (`tuple.__new__` itself: the class's own __new__ is a Python function, a call more per transaction)
+_new_scanned: Final = tuple.__new__
 
 
 def scanned_txn(
     begin_at: Lsn, begin: Begin, blob: bytes | None, lsns: list[Lsn] | None, commit_at: Lsn, commit: Commit
 ) -> ScannedTxn:
-    """A whole transaction of parsed messages as the tuple a scanned one is."""
-    return (
-        begin_at,
-        begin.final_lsn,
-        begin.commit_time,
-        begin.xid,
-        blob,
-        lsns,
-        commit_at,
-        commit.flags,
-        commit.commit_lsn,
-        commit.end_lsn,
-        commit.commit_time,
+    """A whole transaction of parsed messages as a scanned one."""
+    return _new_scanned(
+        ScannedTxn,
+        (
+            begin_at,
+            begin.final_lsn,
+            begin.commit_time,
+            begin.xid,
+            blob,
+            lsns,
+            commit_at,
+            commit.flags,
+            commit.commit_lsn,
+            commit.end_lsn,
+            commit.commit_time,
+        ),
     )
 
 
 def scanned_txn_frames(t: ScannedTxn) -> TxnFrames:
     """The `TxnFrames` a scanned transaction stands for (its run's frames have a 4-byte head)."""
-    blob, lsns = t[ST_BLOB], t[ST_LSNS]
+    blob, lsns = t.blob, t.lsns
     changes = None if blob is None or lsns is None else ChangeFrames(blob, False, None, lsns)
     return TxnFrames(
-        t[ST_BEGIN_AT],
-        Begin(t[ST_FINAL_LSN], t[ST_BEGIN_TIME], t[ST_XID]),
+        t.begin_at,
+        Begin(t.final_lsn, t.begin_time, t.xid),
         changes,
-        t[ST_COMMIT_AT],
-        Commit(t[ST_FLAGS], t[ST_COMMIT_LSN], t[ST_END_LSN], t[ST_COMMIT_TIME]),
+        t.commit_at,
+        Commit(t.flags, t.commit_lsn, t.end_lsn, t.commit_time),
     )
 
 
@@ -386,7 +396,7 @@ class TxnRun:
 
     def __repr__(self) -> str:
         first, last = self.txns[0], self.txns[-1]
-        return f"TxnRun(n={len(self.txns)}, xids={first[ST_XID]}..{last[ST_XID]})"
+        return f"TxnRun(n={len(self.txns)}, xids={first.xid}..{last.xid})"
 
 
 # A change as `ChangeFrames.blob` holds it: the frame's length (and, with an
