@@ -19,8 +19,9 @@ Relation and Type messages end the current batch and are *broadcast* to every
 worker's queue in stream order: each worker's queue is FIFO, so every worker
 reloads table metadata before it decodes any later change of that table.
 
-Work crosses the process boundary in batches of plain tuples (cheap to
-pickle).  A recorded file's row changes come as `ChangeFrames`: runs of frames
+Work crosses the process boundary as one typed message per batch
+(`decoder.messages`, which holds every message to and from a worker) whose
+entries are plain tuples (cheap to pickle).  A recorded file's row changes come as `ChangeFrames`: runs of frames
 still in their recorded framing, one bytes slice each, which the workers
 parse -- so the reader thread, the one serial step in front of them, spends a
 few operations per change instead of parsing each one and building its
@@ -55,6 +56,19 @@ from typing import Any, Final, TypeAlias, cast, final
 from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
 from csnd.core.ids import INVALID_LSN, Lsn, Xid
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
+from csnd.decoder.messages import (
+    LINE,
+    RUN,
+    WHOLE,
+    ApplyMeta,
+    DecodeBatch,
+    Decoded,
+    Failed,
+    Stop,
+    Sync,
+    Wire,
+    truncate_wire,
+)
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
     Begin,
@@ -145,23 +159,6 @@ class BatchEnd(enum.Enum):
 
 
 BATCH_END: Final = BatchEnd.BATCH_END  # `DecoderPool.run`'s mark after each batch
-
-
-def _wire(lsn: int, msg: Truncate | Relation | TypeMsg) -> tuple[Any, ...]:
-    """A Truncate, Relation or Type message as a plain tuple for the trip to a worker.
-
-    (A row change's tuple, `(lsn, kind, xid, relid, data)`, a run of raw change
-    frames', `(lsn, "F", xid, (in_stream, head), blob)`, and a scanned whole
-    transaction's, `(commit_lsn, "W", xid, commit_time, blob)`, are built inline on
-    the reader's hot path; `decoder.worker.decode_batch` reads them all.)
-    """
-    if isinstance(msg, Truncate):
-        return (lsn, "T", msg.xid, msg.options, msg.relids)
-    if isinstance(msg, Relation):
-        cols = tuple((c.flags, c.name, c.type_oid, c.typmod) for c in msg.columns)
-        return ("r", lsn, msg.xid, msg.relid, msg.namespace, msg.name, msg.replident, cols)
-    assert isinstance(msg, TypeMsg)
-    return ("y", lsn, msg.xid, msg.type_oid, msg.namespace, msg.name)
 
 
 @final  # (the collector tests `type(msg) is _Run`: mypy then narrows both ways)
@@ -270,7 +267,7 @@ class DecoderPool:
         try:
             rotation = 0
             batch = _Batch()
-            wires: list[tuple[Any, ...]] = []
+            wires: list[Wire] = []
             keep, wire = batch.events.append, wires.append  # rebound at each cut
             limit = self.batch_changes
             stopping = self._stop.is_set
@@ -288,7 +285,7 @@ class DecoderPool:
                 if wires:
                     batch.worker = rotation
                     batch.n_changes = pending
-                    self._put(self._in[rotation], ("batch", wires), rotation)
+                    self._put(self._in[rotation], DecodeBatch(wires), rotation)
                     rotation = (rotation + 1) % self.n
                 if batch.events:
                     self._put_skeleton(batch)
@@ -320,7 +317,7 @@ class DecoderPool:
                     keep((msg.commit_at, msg.commit))
                     return
                 lsns = changes.lsns
-                wire((lsns[0], "F", None, (False, changes.head), changes.blob))
+                wire((lsns[0], RUN, None, (False, changes.head), changes.blob))
                 if write_lines:
                     keep(
                         (
@@ -330,7 +327,7 @@ class DecoderPool:
                             ),
                         )
                     )
-                    wire((len(lsns), "L", msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
+                    wire((len(lsns), LINE, msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
                 else:
                     run = _Run(None)
                     run.lsns = lsns
@@ -361,7 +358,7 @@ class DecoderPool:
                                 wholes = _Wholes([])
                                 keep((t.begin_at, wholes))
                             wholes.txns.append(t)
-                            wire((t.commit_lsn, "W", t.xid, t.commit_time, blob))
+                            wire((t.commit_lsn, WHOLE, t.xid, t.commit_time, blob))
                             pending += len(t.lsns)
                             pending_bytes += len(blob)
                     if pending >= limit or pending_bytes >= BATCH_BYTES:
@@ -384,7 +381,7 @@ class DecoderPool:
                         run_xid = msg.xid
                     if cls is ChangeFrames:
                         run_lsns += msg.lsns
-                        wire((lsn, "F", msg.xid, (msg.in_stream, msg.head), msg.blob))
+                        wire((lsn, RUN, msg.xid, (msg.in_stream, msg.head), msg.blob))
                         pending += len(msg.lsns)
                         pending_bytes += len(msg.blob)
                     else:
@@ -407,7 +404,7 @@ class DecoderPool:
                     begin_at, begin = cast("tuple[Lsn, Begin]", events_now[whole_at])
                     del events_now[whole_at:]
                     keep((begin_at, _Wholes([scanned_txn(begin_at, begin, None, lsns, event[0], msg)])))
-                    wire((len(lsns), "L", begin.xid, msg.commit_lsn, msg.commit_time))
+                    wire((len(lsns), LINE, begin.xid, msg.commit_lsn, msg.commit_time))
                     whole_at = -1
                     continue
                 whole_at = -1
@@ -421,15 +418,15 @@ class DecoderPool:
                 lsn = event[0]
                 if isinstance(msg, Truncate):
                     keep(event)
-                    wire(_wire(lsn, msg))
+                    wire(truncate_wire(lsn, msg))
                     pending += 1
                     if pending >= limit:
                         cut()
                 elif isinstance(msg, _CONTROL_KINDS):
                     cut()
-                    w = _wire(lsn, msg)
+                    meta = ApplyMeta(lsn, msg)
                     for i in range(self.n):
-                        self._put(self._in[i], ("meta", w), i)
+                        self._put(self._in[i], meta, i)
                     keep(event)
                 else:
                     keep(event)
@@ -549,7 +546,7 @@ class DecoderPool:
 
     def _result(self, worker: int) -> list[Any]:
         try:
-            kind, payload = _recv_message(self._out[worker].fileno(), lambda: self._check_worker(worker))
+            reply = _recv_message(self._out[worker].fileno(), lambda: self._check_worker(worker))
         except (EOFError, OSError):
             self._procs[worker].join(timeout=5)
             self._check_worker(worker)
@@ -558,10 +555,10 @@ class DecoderPool:
                 "without exiting",
                 node=self.node,
             ) from None
-        if kind == "ok":
-            return payload  # type: ignore[no-any-return]
-        assert kind == "error"
-        err, tb = payload
+        if type(reply) is Decoded:
+            return reply.bodies
+        assert type(reply) is Failed, reply
+        err, tb = reply.error, reply.traceback
         if not isinstance(err, CsndError):  # (the worker sends only ours; anything else is a bug)
             err = InternalError(f"decoder worker {worker} failed: {err!r}", node=self.node)
         raise err from RemoteTraceback(tb)
@@ -577,7 +574,7 @@ class DecoderPool:
         after everything queued before it, or its error comes first.
         """
         for i in range(self.n):
-            self._put(self._in[i], ("sync", None), i)
+            self._put(self._in[i], Sync(), i)
         for i in range(self.n):
             self._result(i)
 
@@ -629,7 +626,7 @@ class DecoderPool:
         for i, p in enumerate(self._procs):
             if p.is_alive() or _server_lost(p):
                 try:
-                    self._in[i].put_nowait(None)
+                    self._in[i].put_nowait(Stop())
                 except queue.Full:
                     # Stopped mid-run (Ctrl-C, an error): its inbox is full of
                     # batches nobody will read, so the stop message would only

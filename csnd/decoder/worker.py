@@ -16,41 +16,51 @@ from typing import Any
 
 from csnd.core.errors import CsndError, InternalError
 from csnd.core.lines import node_key, one_change_line, single_node_line
+from csnd.decoder.messages import (
+    LINE,
+    RUN,
+    TRUNCATE,
+    WHOLE,
+    ApplyMeta,
+    DecodeBatch,
+    Decoded,
+    Failed,
+    FromWorker,
+    Stop,
+    Sync,
+    ToWorker,
+    Wire,
+)
 from csnd.decoder.rows import RelationCache, decode_change, one_change_line_c, row_change_body
-from csnd.reader.pgoutput import Column, Relation, Truncate, TypeMsg, iter_change_frames, one_change_frame
+from csnd.reader.pgoutput import Truncate, iter_change_frames, one_change_frame
 
 # How often an idle worker checks that its parent is still there.
 PARENT_POLL_S = 1.0
 
 
-def _meta(w: tuple[Any, ...]) -> Relation | TypeMsg:
-    if w[0] == "r":
-        return Relation(w[2], w[3], w[4], w[5], w[6], tuple(Column(*c) for c in w[7]))
-    return TypeMsg(w[2], w[3], w[4], w[5])
-
-
-def decode_batch(
-    batch: list[tuple[Any, ...]], cache: RelationCache, binary: bool, node: str = ""
-) -> list[Any]:
-    """The bodies of a batch of wired changes, in order: one str per change, a list per Truncate.
+def decode_batch(batch: list[Wire], cache: RelationCache, binary: bool, node: str = "") -> list[Any]:
+    """The bodies of a batch's entries (`decoder.messages.Wire`), in order: one str per change, a list per Truncate.
 
     Only the bodies go back: the pool still holds each change's LSN, xid and
     kind, so sending them back would only cost pickling.  A whole
-    transaction's mark, `(n, "L", xid, commit_lsn, commit_time)` after its
+    transaction's mark, `(n, LINE, xid, commit_lsn, commit_time)` after its
     changes, turns the last n bodies into its transaction line
     (`decoder.change.WholeTxn`; single-node mode: the commit LSN is the CSN,
-    and with no cid marker every change has cid 0); `(commit_lsn, "W", xid,
+    and with no cid marker every change has cid 0); `(commit_lsn, WHOLE, xid,
     commit_time, blob)` is the same for a transaction whose changes are all
     in `blob`, in one tuple.
     """
     out: list[Any] = []
     append = out.append
     key = node_key(node)
-    for lsn, kind, xid, a, b in batch:
-        if kind == "F":  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is (in_stream, head)
+    # (Any: the entry's layout follows its tag, which mypy cannot narrow a tuple's fields on)
+    entry: Any
+    for entry in batch:
+        lsn, kind, xid, a, b = entry
+        if kind == RUN:  # a run of change frames (`reader.pgoutput.ChangeFrames`): a is (in_stream, head)
             for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, *a):
                 append(row_change_body(kind_i, xid_i, relid, data, lsn_i, cache, binary))
-        elif kind == "W":  # a scanned whole transaction: b its run's frames (4-byte head), then its line
+        elif kind == WHOLE:  # a scanned whole transaction: b its run's frames (4-byte head), then its line
             one = one_change_frame(b)
             if one is not None:  # (a one-row transaction: no loop, one format)
                 start, kind_i, relid, data_at = one
@@ -64,11 +74,11 @@ def decode_batch(
                 for lsn_i, kind_i, xid_i, relid, data in iter_change_frames(b, False)
             ]
             append(single_node_line(node, lsn, None, xid, lsn, a, 0, bodies))
-        elif kind == "L":
+        elif kind == LINE:
             bodies = out[-lsn:]
             del out[-lsn:]
             append(single_node_line(node, a, None, xid, a, b, 0, bodies))
-        elif kind == "T":
+        elif kind == TRUNCATE:
             append([r.body for r in decode_change(Truncate(xid, a, b), lsn, cache, binary)])
         else:
             append(row_change_body(kind, xid, a, b, lsn, cache, binary))
@@ -113,25 +123,27 @@ def worker_main(
             continue
         except (EOFError, OSError):
             return  # the parent died with a batch half sent: there is no one to decode for
-        if item is None:
+        message: ToWorker = item
+        if type(message) is Stop:
             return
-        kind, payload = item
         if failed is not None:
             continue  # already reported; wait for the parent to stop us
+        reply: FromWorker
         try:
-            if kind == "meta":
-                cache.apply(_meta(payload), payload[1])
+            if type(message) is ApplyMeta:
+                cache.apply(message.message, message.lsn)
                 continue
-            if kind == "sync":  # the end of the stream: every meta message before it is applied
-                reply: tuple[str, Any] = ("ok", [])
+            if type(message) is Sync:  # the end of the stream: every meta message before it is applied
+                reply = Decoded([])
             else:
-                reply = ("ok", decode_batch(payload, cache, binary, node))
+                assert type(message) is DecodeBatch
+                reply = Decoded(decode_batch(message.wires, cache, binary, node))
         except CsndError as e:
             failed = e.where(node=node)
-            reply = ("error", (failed, traceback.format_exc()))
+            reply = Failed(failed, traceback.format_exc())
         except Exception as e:  # (a bug: its traceback travels as the error's __cause__)
             failed = InternalError(f"decoder worker {index} crashed: {e!r}", node=node)
-            reply = ("error", (failed, traceback.format_exc()))
+            reply = Failed(failed, traceback.format_exc())
         try:
             outbox.send(reply)
         except BrokenPipeError:
