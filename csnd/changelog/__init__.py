@@ -25,7 +25,16 @@ Version-1 segments (a 28-byte head naming no predecessor) are still read.  Its i
 
 record.py        pure: frames, headers, names, index entries, tail scans
 segment.py       one segment file: open and repair, verify, read records
-log.py           Changelog: append, group commit, read, retention, lock
+log.py           Changelog: the one class callers hold, each job handed to a part:
+  lock.py          the directory's flock
+  opening.py       the segments found on open, checked as a chain, made durable
+  writer.py        SegmentWriter: frames placed in segments, rolled, written
+  pieces.py        PiecedRecords: a record too large to hold, appended in pieces
+  sync.py          SyncPoint: what one group commit's fsync covers, and the fsync
+  view.py          ReaderView: reads, lag counts and waits on the durable segments
+  retainer.py      Retainer: retention.py's plan carried out
+  guard.py         WriteGuard: after one failed write or fsync, every later one is refused
+retention.py     pure: which old segments retention drops, and which holders hold
 subscriptions.py SubscriptionStore: durable named offsets
 relations.py     RelationStore: every relation version (column names and types), durable
 """

@@ -137,7 +137,7 @@ def test_a_record_cut_by_a_crash_is_a_torn_tail_cut_at_the_next_open(tmp_path: P
     log.sync()  # (the sync thread may fsync the half: it must not be taken for a record)
     assert log.durable_csn == 1
     # kill -9 here: the files are left as they are (the lock goes with the process)
-    for fd in (log._fd, log._index_fd, log._lock_fd):
+    for fd in (log._writer.fd, log._writer.index_fd, log._lock_fd):
         os.close(fd)
     with Changelog(str(tmp_path)) as again:
         assert list(again.read(0)) == [(1, b'{"csn": 1}')]
