@@ -150,7 +150,7 @@ class LiveOptions:
     slot: str
     publication: str
     create_slot: bool = False
-    until_lsn: int | None = None
+    until_lsn: Lsn | None = None
     binary: bool = True
     streaming: bool = True
     messages: bool = True
@@ -220,13 +220,13 @@ class LiveSource:
 
     # --- positions ------------------------------------------------------------------
 
-    def confirm(self, lsn: int) -> None:
+    def confirm(self, lsn: Lsn) -> None:
         with self._lock:
             if lsn > self._confirmed:
                 self._confirmed = lsn
         self.filter.confirmed(lsn)
 
-    def confirm_final(self, lsn: int, timeout_s: float = 15.0) -> None:
+    def confirm_final(self, lsn: Lsn, timeout_s: float = 15.0) -> None:
         """Confirm `lsn` after the stream has ended (`--until-lsn`), so the slot really moves.
 
         A pipeline whose stages run after the reader (decoders, sender, merge)
@@ -322,7 +322,7 @@ class LiveSource:
                 text = f"cannot {what} replication slot {slot}: {text}"
             raise SourceError(text, node=self.node) from None
 
-    def slot_position(self) -> int:
+    def slot_position(self) -> Lsn:
         """Where the slot resumes (its confirmed_flush_lsn), over an ordinary connection."""
         slot = self.options.slot
         try:
@@ -340,7 +340,7 @@ class LiveSource:
                 "position, so an existing recording cannot be continued without a gap; record to a new file",
                 node=self.node,
             )
-        return lsn_from_str(str(row[0])) if row[0] is not None else 0
+        return lsn_from_str(str(row[0])) if row[0] is not None else Lsn(0)
 
     @property
     def received_lsn(self) -> int:

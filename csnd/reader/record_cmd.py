@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final, TextIO
 
 from csnd.core.errors import ConfigError, CsndError, StreamFormatError, TruncatedFrame
-from csnd.core.ids import lsn_to_str
+from csnd.core.ids import Lsn, lsn_to_str
 from csnd.reader.live import LiveSource
 from csnd.reader.pgoutput import (
     ChangeFrames,
@@ -194,7 +194,7 @@ def record(
 
         def make_durable() -> None:
             writer.sync()
-            source.confirm(durable_candidate)
+            source.confirm(Lsn(durable_candidate))
 
         source.before_finish = make_durable
         last_sync = last_progress = clock()

@@ -47,7 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_to_pb, end_to_pb, position_from_pb
 from csnd.core.auth import AccessInterceptor, Credentials
 from csnd.core.errors import AckError, ConfigError
-from csnd.core.ids import lsn_to_str
+from csnd.core.ids import INVALID_LSN, Lsn, lsn_to_str
 from csnd.core.listening import check_listen
 from csnd.core.reflection import enable_reflection
 from csnd.core.tls import server_credentials
@@ -58,7 +58,7 @@ from csnd.runtime.config import NodeAgentConfig
 from csnd.runtime.inputs import NodePipeline
 from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.runtime.remote import CHANNEL_OPTIONS
-from csnd.runtime.sources import open_live, open_source, parse_source
+from csnd.runtime.sources import LiveNode, open_live, open_source, parse_source
 from csnd.runtime.stopping import install_stop_handlers
 from csnd.runtime.window import MAX_UNACKED, AckWindow, Entry
 
@@ -86,7 +86,7 @@ class AgentState:
         pipeline: NodePipeline,
         capacity: int = MAX_UNACKED,
         after_batch: Callable[[], None] | None = None,
-        resumed_lsn: int = 0,
+        resumed_lsn: Lsn = INVALID_LSN,
     ) -> None:
         self.pipeline = pipeline
         self.cond = threading.Condition()
@@ -94,7 +94,7 @@ class AgentState:
         self.end: pb.AgentMessage | None = None
         self.generation = 0  # bumped by each new subscription; older streams stop
         self.stopping = False
-        self.confirmed = 0
+        self.confirmed = INVALID_LSN
         self._after_batch = after_batch
 
     @property
@@ -105,7 +105,7 @@ class AgentState:
 
     def produce(self) -> None:
         pipe = self.pipeline
-        pipe.start(threading.Event())
+        pipe.start(threading.Event(), alone=False)  # (cut into batches for a coordinator: never alone)
         last_pos: Position = BEFORE_ALL
         try:
             while not self.stopping:
@@ -116,7 +116,7 @@ class AgentState:
                         last_pos = pos
                         confirmable = item.confirmable if index == 0 else None
                         msg = pb.AgentMessage(batch=batch_to_pb(batch, index, confirmable))
-                        self._append(pos, msg, is_batch=True, lsn=confirmable or 0)
+                        self._append(pos, msg, is_batch=True, lsn=confirmable or INVALID_LSN)
                         if self._after_batch is not None:
                             self._after_batch()
                 elif isinstance(item, WatermarkItem):
@@ -136,7 +136,7 @@ class AgentState:
                 self.end = pb.AgentMessage(end=end_to_pb(e))
                 self.cond.notify_all()
 
-    def _append(self, pos: Position, msg: pb.AgentMessage, is_batch: bool, lsn: int = 0) -> None:
+    def _append(self, pos: Position, msg: pb.AgentMessage, is_batch: bool, lsn: Lsn = INVALID_LSN) -> None:
         with self.cond:
             # (a batch the coordinator has already -- we restarted -- is passed over at once)
             while self.window.full and not self.stopping and not (is_batch and pos <= self.window.acked):
@@ -146,7 +146,7 @@ class AgentState:
 
     # --- coordinator side -------------------------------------------------------
 
-    def ack(self, received: Position, confirm_lsn: int, final: bool) -> None:
+    def ack(self, received: Position, confirm_lsn: Lsn, final: bool) -> None:
         """The coordinator has every batch at or before `received` and its output is durable to `confirm_lsn`.
 
         AckError, and nothing acknowledged or confirmed, if `received` or
@@ -184,7 +184,7 @@ class AgentState:
             pipe.confirm(limit)
 
     def _slot_text(self) -> str:
-        slot = getattr(getattr(self.pipeline.source, "options", None), "slot", None)
+        slot = self.pipeline.slot_name
         return f" for slot {slot}" if slot else ""
 
     def messages(
@@ -268,7 +268,7 @@ class NodeAgentServicer(pb_grpc.NodeAgentServicer):  # type: ignore[misc]  # gen
                         a = msg.ack
                         # no `received`: an ack sent before the first batch arrived
                         got = position_from_pb(a.received) if a.HasField("received") else BEFORE_ALL
-                        state.ack(got, a.confirm_lsn, a.final)
+                        state.ack(got, Lsn(a.confirm_lsn), a.final)
                         if a.final:
                             break
             except AckError as e:
@@ -312,7 +312,7 @@ def _serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None) -> i
     if spec.is_grpc:
         raise ConfigError("csnd node serves one database node or recorded file, not another agent")
     live = open_live(spec, config.live) if spec.is_live else None
-    source = live if live is not None else open_source(spec, config.live, 0)
+    opened = LiveNode(live) if live is not None else open_source(spec, config.live, 0)
     token = read_token_file(config.token_file) if config.token_file else None
     access = Credentials.of(token, None)  # (the one token: every call)
     server = grpc.server(
@@ -331,11 +331,11 @@ def _serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None) -> i
         raise ConfigError(f"cannot listen on {config.listen}: {e}") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {config.listen}")
-    resumed_lsn = 0
+    resumed_lsn = INVALID_LSN
     if live is not None:
         live.prepare()  # the slot at its consistent point before the ready line
         resumed_lsn = live.slot_position()
-    pipeline = NodePipeline(source, config.decoders)
+    pipeline = NodePipeline(opened, config.decoders)
     state = AgentState(pipeline, after_batch=after_batch, resumed_lsn=resumed_lsn)
     pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)
     health_servicer = health.HealthServicer()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from csnd.core.addresses import is_loopback, split_host_port
 from csnd.core.errors import ConfigError, UsageError
+from csnd.core.ids import Lsn
 from csnd.core.modes import MODES, Mode, is_mode
 from csnd.core.tls import TlsFiles
 
@@ -37,7 +38,7 @@ class LiveSourceConfig:
     slot: str | None = None
     publication: str | None = None
     create_slot: bool = False
-    until_lsn: int | None = None  # end at the first transaction boundary at or after it
+    until_lsn: Lsn | None = None  # end at the first transaction boundary at or after it
     binary: bool = True
     mode: Mode = "single"
     # how long a stream that was flowing is reconnected to before the run fails (--give-up)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from csnd.core.ids import Lsn
+
 
 class ConfirmTracker:
     """The confirmable LSN of one node, held back until what it covers is durable."""
@@ -34,14 +36,14 @@ class ConfirmTracker:
         self.written = 0  # of them, ended in the sink
         self.durable = 0  # of them, durable (as of the last on_durable)
         # (released count, confirmable lsn) not yet covered by `durable`; counts increase
-        self._marks: deque[tuple[int, int]] = deque()
-        self.safe = 0  # the LSN that may be confirmed: never decreases
+        self._marks: deque[tuple[int, Lsn]] = deque()
+        self.safe = Lsn(0)  # the LSN that may be confirmed: never decreases
 
-    def on_release(self, confirmable: int) -> None:
+    def on_release(self, confirmable: Lsn) -> None:
         self.released += 1
         self._marks.append((self.released, confirmable))
 
-    def on_position(self, confirmable: int) -> None:
+    def on_position(self, confirmable: Lsn) -> None:
         """The node's confirmable LSN moved without a release (an idle keepalive's WAL end).
 
         It covers the transactions released so far, so it becomes safe with
@@ -60,7 +62,7 @@ class ConfirmTracker:
     def on_written(self) -> None:
         self.written += 1
 
-    def on_durable(self, written: int | None = None) -> int:
+    def on_durable(self, written: int | None = None) -> Lsn:
         """Everything written is durable now (or the first `written` of it); returns the new `safe`."""
         if written is not None and not self.durable <= written <= self.written:
             raise ValueError(f"durable count {written} outside {self.durable}..{self.written}")

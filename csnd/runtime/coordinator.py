@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final, TypeGuard
+from typing import Final
 
 from csnd.coordinator import (
     JSON_TAIL,
@@ -44,6 +44,7 @@ from csnd.coordinator import (
     json_head,
 )
 from csnd.core.errors import CsndError, InternalError
+from csnd.core.ids import Csn
 from csnd.runtime.confirm import ConfirmTracker
 from csnd.runtime.inputs import NodeInput
 from csnd.runtime.items import (
@@ -58,7 +59,7 @@ from csnd.runtime.items import (
 )
 from csnd.runtime.jsonsink import OUTPUT_CHUNK_BYTES
 from csnd.runtime.replay_progress import ReplayProgress
-from csnd.runtime.sinks import GroupCommitSink, Sink
+from csnd.runtime.sinks import GroupCommit, Sink
 from csnd.sender import FinishedTxn
 
 # How often the sink is made durable and slots confirmed.  Shorter: a slot
@@ -101,24 +102,16 @@ class CoordinatorRuntime:
         self.trackers = {p.node: ConfirmTracker() for p in self.confirming}
         lone = self.inputs[0] if len(self.inputs) == 1 else None
         self.alone = AloneOrder(lone.node) if lone is not None and lone.releases_whole else None
-        if self.alone is not None:
-            write_lines = getattr(lone, "write_whole_lines", None)  # (a local node pipeline)
-            if write_lines is not None:
-                write_lines()
         self.ended: set[str] = set()
         # A group-commit sink syncs in its own thread: each confirmation round asks for
         # a sync and confirms what an earlier, finished one covered (_confirm_behind).
-        self._group_commit = sink if _is_group_commit(sink) else None
+        self._group_commit = sink.group_commit
         self._durable_asks: deque[tuple[int, dict[str, int]]] = deque()  # (ticket, written per node)
         self._asked_at_ended = -1  # sink.ended at the newest ask
         self._feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
         # The current transaction's text not yet handed to the sink, and whether its next part is its first.
         self._line: list[str] = []
         self._line_chars = 0
-        # A sink that keeps or writes relation versions takes them before their transaction.
-        self._relations: Callable[[int, Sequence[tuple[str, str]]], None] | None = getattr(
-            sink, "relations", None
-        )
         self._first_part = True
         self._last_confirm = clock()
 
@@ -127,7 +120,8 @@ class CoordinatorRuntime:
     def run(self) -> None:
         """Until every input has ended and every line is written and durable; raises the first failure."""
         for p in self.inputs:
-            p.start(self.wakeup)
+            # (alone, a local pipeline's decoders may write the lines: `write_alone`)
+            p.start(self.wakeup, alone=self.alone is not None)
         inputs, ended, merge, stopping = self.inputs, self.ended, self.merge, self._stopping
         while (len(ended) < len(inputs) or merge.has_pending()) and not stopping.is_set():
             self.wakeup.clear()
@@ -274,8 +268,8 @@ class CoordinatorRuntime:
         line, line_chars, first_part = self._line, self._line_chars, self._first_part
         for ev in events:
             if isinstance(ev, TxnStart):
-                if ev.relations and self._relations is not None:
-                    self._relations(ev.csn, ev.relations)
+                if ev.relations:  # (taken before their transaction: kept or written, as the sink says)
+                    sink.relations(ev.csn, ev.relations)
                 sink.start_transaction(ev.csn)
                 line = [json_head(ev.csn, ev.gid, ev.commit_time, ev.nodes)]
                 line_chars = 0
@@ -312,7 +306,7 @@ class CoordinatorRuntime:
                 self._confirm(final=False)
             self._last_confirm = now
 
-    def _confirm_behind(self, sink: GroupCommitSink) -> None:
+    def _confirm_behind(self, sink: GroupCommit) -> None:
         """Ask for a sync of what is new; move each slot to what the syncs finished so far cover."""
         asks = self._durable_asks
         if sink.ended != self._asked_at_ended:
@@ -355,10 +349,6 @@ class CoordinatorRuntime:
             self.sink.make_durable()
 
 
-def _is_group_commit(sink: Sink) -> TypeGuard[GroupCommitSink]:
-    return callable(getattr(sink, "request_durable", None))
-
-
 def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
     """Write the line of a transaction of the only node, as the merge would, after the merge's checks.
 
@@ -374,13 +364,7 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
                 sink.end_transaction(line_csn, line)
             raise InternalError("a run of transactions out of order passed the order checks one by one")
         _relations_of(sink, txn, written.csns[0])  # (in force from the first of them)
-        append_lines = getattr(sink, "append_lines", None)
-        if append_lines is not None:
-            append_lines(written.csns, written.lines)
-        else:
-            for line_csn, line in zip(written.csns, written.lines, strict=True):
-                sink.start_transaction(line_csn)
-                sink.end_transaction(line_csn, line)
+        sink.append_lines(written.csns, written.lines)
         return txn.n_changes
     csn = txn.csn
     order.check(csn, txn.gid, txn.xid, txn.commit_lsn)
@@ -406,9 +390,7 @@ def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
     return count
 
 
-def _relations_of(sink: Sink, txn: FinishedTxn, csn: int) -> None:
-    """Hand a sink that keeps relation versions the ones first in force with `txn` (at `csn`)."""
+def _relations_of(sink: Sink, txn: FinishedTxn, csn: Csn) -> None:
+    """Hand the sink the relation versions first in force with `txn` (at `csn`)."""
     if txn.relations:
-        relations = getattr(sink, "relations", None)
-        if relations is not None:
-            relations(csn, [(txn.node, body) for body in txn.relations])
+        sink.relations(csn, [(txn.node, body) for body in txn.relations])

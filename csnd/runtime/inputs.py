@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final, Protocol, TypeGuard
+from typing import Final, Protocol
 
 from csnd.core.errors import CsndError
-from csnd.core.ids import Csn
+from csnd.core.ids import Csn, Lsn
 from csnd.decoder.change import DecodedRun
 from csnd.decoder.pool import BATCH_END, DecoderPool
 from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
+from csnd.runtime.sources import FileSource, LiveNode, NodeSource, OpenedSource, SlotSource
 from csnd.runtime.stats import NodeStats
 from csnd.sender import SPILL_BYTES, NodeSender
-
-if TYPE_CHECKING:  # (only for types: reader.live imports psycopg, which a replay of files never needs)
-    from csnd.reader.events import Event
-    from csnd.reader.live import LiveSource
-    from csnd.reader.recorded import RecordedSource
 
 # Lists of finished transactions (or watermarks) waiting per node between its
 # pipeline thread and the coordinator.  Small: the merge keeps its own bounded buffer.
@@ -48,80 +43,53 @@ class NodeInput(Protocol):
     # pipeline): a lone such input skips the merge.
     releases_whole: bool
 
-    def start(self, wakeup: threading.Event) -> None:
-        """Start producing; `wakeup` is set after each hand-off to `out`."""
+    def start(self, wakeup: threading.Event, *, alone: bool) -> None:
+        """Start producing; `wakeup` is set after each hand-off to `out`.
+
+        `alone`: this input releases whole and is the run's only one, so its
+        transactions are written as they come (`write_alone`): a local
+        pipeline's decoders may then write single-node lines themselves.
+        """
 
     def stop(self) -> None:
         """Stop producing and release what the input holds (idempotent; from any thread)."""
 
-    def confirm(self, lsn: int) -> None:
+    def confirm(self, lsn: Lsn) -> None:
         """Every transaction of this node committed before `lsn` is durable downstream."""
 
-    def confirm_final(self, lsn: int) -> None:
+    def confirm_final(self, lsn: Lsn) -> None:
         """As `confirm`, once the stream has ended: make the slot move even though streaming stopped."""
 
     def stats(self) -> NodeStats:
         """Where the input is now, for every report of the node (any thread; never waits)."""
 
 
-class NodeSource(Protocol):
-    """What a node pipeline reads: a live node's `LiveSource` or a `RecordedSource` (csnd.reader).
-
-    Besides these, the pipeline looks up by name what a source may have:
-    `enum_types`, `on_drained`, `options`, `path` and the progress attributes
-    `stats` reads.  A `SlotSource` has a replication slot to confirm as well.
-    """
-
-    node: str
-    mode: str  # "gtm" or "single" (csnd.core.modes)
-    binary: bool  # pgoutput's binary mode: how the decoders read values
-
-    def events(self, raw_changes: bool = False) -> Iterator[Event]:
-        """The stream; `raw_changes`: a recorded file's row changes as `ChangeFrames` runs."""
-
-    def confirm(self, lsn: int) -> None:
-        """Everything committed before `lsn` is durable downstream (a file: nothing to do)."""
-
-    def close(self) -> None:
-        """Stop reading and let go of the source (idempotent; from any thread)."""
-
-
-class SlotSource(NodeSource, Protocol):
-    """A source with a replication slot behind it, confirmed as the output becomes durable."""
-
-    def confirm_final(self, lsn: int) -> None:
-        """As `confirm`, once the stream has ended: the slot moves although streaming stopped."""
-
-
-def _has_slot(source: NodeSource) -> TypeGuard[SlotSource]:
-    return hasattr(source, "confirm_final")
-
-
-if TYPE_CHECKING:
-
-    def _both_sources_fit(live: LiveSource, recorded: RecordedSource) -> tuple[SlotSource, NodeSource]:
-        """Never called: mypy checks here that the two sources are what a pipeline reads."""
-        return live, recorded
-
-
 class NodePipeline:
-    """reader -> decoder pool -> sender for one node, in its own thread."""
+    """reader -> decoder pool -> sender for one node, in its own thread.
+
+    `opened` says what kind of source it reads (`csnd.runtime.sources`): a
+    live node's slot is confirmed and its pauses end decoder batches; a
+    file's path names it in a read error and its progress is a fraction.
+    """
 
     releases_whole = True
 
     def __init__(
         self,
-        source: NodeSource,
+        opened: OpenedSource,
         decoders: int,
         resume_csn: Csn | None = None,
         *,
         spill_dir: str | None = None,
         spill_bytes: int | None = None,
     ) -> None:
+        source: NodeSource = opened.source
         self.source = source
         self.node: str = source.node
         self.mode: str = source.mode
-        self._slot = source if _has_slot(source) else None  # (a live node: its slot is ours to confirm)
+        # (a live node: its slot is ours to confirm; a file: none)
+        self._slot: SlotSource | None = opened.source if isinstance(opened, LiveNode) else None
+        self._file: FileSource | None = None if isinstance(opened, LiveNode) else opened.source
         self.confirms: bool = self._slot is not None
         # A live gtm node's stream starts mid-way: its sender holds every release until this
         # start is settled (csnd.reader.settle), which `_run` does before the stream starts.
@@ -130,7 +98,7 @@ class NodePipeline:
             from csnd.reader.settle import new_start_token
 
             self._start_token = new_start_token()
-        enums = source.enum_types() if source.binary and hasattr(source, "enum_types") else None
+        enums = source.enum_types() if source.binary else None
         self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
         # resume_csn: what the output already holds (a service restarting
         # over its changelog); the sender drops the re-sent transactions.
@@ -149,38 +117,38 @@ class NodePipeline:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
 
-    def write_whole_lines(self) -> None:
-        """This node is the only one: let the decoders write whole transactions' lines (single-node mode).
+    @property
+    def slot_name(self) -> str | None:
+        """The live node's replication slot (None for a file)."""
+        return self._slot.options.slot if self._slot is not None else None
 
-        Called before `start`.  In gtm mode a transaction's CSN comes from a
-        marker the sender reads, so its line is the coordinator's to write.
-        """
-        if self.mode == "single":
+    def start(self, wakeup: threading.Event, *, alone: bool) -> None:
+        # Alone in single-node mode the decoders write whole transactions' lines.  (In
+        # gtm mode a transaction's CSN comes from a marker the sender reads, so its
+        # line is the coordinator's to write.)
+        if alone and self.mode == "single":
             self.pool.write_lines = True
-
-    def start(self, wakeup: threading.Event) -> None:
         self.wakeup = wakeup
         self.thread.start()
 
-    def confirm(self, lsn: int) -> None:
-        if self.confirms:
-            self.source.confirm(lsn)
+    def confirm(self, lsn: Lsn) -> None:
+        if self._slot is not None:
+            self._slot.confirm(lsn)
 
-    def confirm_final(self, lsn: int) -> None:
+    def confirm_final(self, lsn: Lsn) -> None:
         if self._slot is not None:
             self._slot.confirm_final(lsn)
 
     def stats(self) -> NodeStats:
-        source = self.source
-        read_fraction = getattr(source, "read_fraction", None)
+        slot, file = self._slot, self._file
         sent = self.sender.statistics()
         return NodeStats(
             node=self.node,
             mode=self.mode,
-            received_lsn=int(getattr(source, "received_lsn", 0) or 0),
-            confirmed_lsn=int(getattr(source, "confirmed_lsn", 0) or 0),
-            read_fraction=read_fraction() if read_fraction is not None else None,
-            reconnecting=bool(getattr(source, "reconnecting", False)),
+            received_lsn=slot.received_lsn if slot is not None else 0,
+            confirmed_lsn=slot.confirmed_lsn if slot is not None else 0,
+            read_fraction=file.read_fraction() if file is not None else None,
+            reconnecting=slot.reconnecting if slot is not None else False,
             decoded_changes=self.pool.stats.changes,
             inboxes=tuple(self.pool.inbox_depths()),
             released=sent.released,
@@ -210,15 +178,15 @@ class NodePipeline:
                 return
             sender = self.sender
             feed = sender.feed
-            last_wm: int | None = None
-            last_confirmable = 0
+            last_wm: Csn | None = None
+            last_confirmable = Lsn(0)
+            slot = self._slot
             # A source that ends at an LSN (--until-lsn) hands on an idle
             # position only up to it: WAL the server has past that point is
             # not this run's to confirm, the next run reads it.
-            options = getattr(self.source, "options", None)
-            until = getattr(options, "until_lsn", None)
-            if hasattr(self.source, "on_drained"):  # (a live node: a paused stream ends the batch)
-                self.source.on_drained = self.pool.drained
+            until = slot.options.until_lsn if slot is not None else None
+            if slot is not None:  # (a live node: a paused stream ends the batch)
+                slot.on_drained = self.pool.drained
                 self.pool.reports_pauses = True
             for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
                 if type(item) is DecodedRun:
@@ -246,7 +214,7 @@ class NodePipeline:
                 sender.finish()
             self._put([*released, EndItem()])
         except OSError as e:  # reading the source: say which node and file
-            where = getattr(self.source, "path", None) or "its source"
+            where = self._file.path if self._file is not None else "its source"
             err = CsndError(f"cannot read {where}: {e.strerror or e}", node=self.node)
             self._put([*released, EndItem(err)])
         except BaseException as e:  # (handed to the coordinator thread)
@@ -254,13 +222,12 @@ class NodePipeline:
 
     def _settle_start(self, token: str) -> bool:
         """The slot at its position (made now if asked), then the start settled; False if stopped meanwhile."""
-        from csnd.reader.live import LiveSource
         from csnd.reader.settle import settle_start
 
-        source = self.source
-        assert isinstance(source, LiveSource), "only a live node's stream starts mid-way"
-        source.prepare()  # (one query for a slot that exists; `csnd stream --create-slot` makes it here)
-        o = source.options
+        slot = self._slot
+        assert slot is not None, "only a live node's stream starts mid-way"
+        slot.prepare()  # (one query for a slot that exists; `csnd stream --create-slot` makes it here)
+        o = slot.options
         return settle_start(o.conninfo, self.node, o.slot, token, self._stop) is not None
 
     def stop(self) -> None:

@@ -1,6 +1,6 @@
 """What a node input hands to the coordinator runtime, and how a transaction is cut into merge batches.
 
-A local `NodePipeline` (csnd.runtime.pipeline) queues whole finished
+A local `NodePipeline` (csnd.runtime.inputs) queues whole finished
 transactions; a node agent's client (csnd.runtime.remote) queues batches
 already cut by the agent with `cut_batches`, the same cut, so positions
 `<csn, index>` agree.  Both queue through an `Outbox`.
@@ -18,7 +18,7 @@ from typing import Final
 from csnd.coordinator import NodeBatch
 from csnd.coordinator.batch import change_cid
 from csnd.core.errors import InternalError
-from csnd.core.ids import Csn
+from csnd.core.ids import Csn, Lsn
 from csnd.sender.txn import FinishedTxn
 
 # Changes per batch handed to the merge: the merge interleaves nodes, streams
@@ -32,7 +32,7 @@ class TxnItem:
     """A transaction the sender released, and the node's confirmable LSN after it."""
 
     txn: FinishedTxn
-    confirmable: int
+    confirmable: Lsn
 
 
 @dataclass
@@ -40,7 +40,7 @@ class BatchItem:
     """One batch from a node agent; `confirmable` is set on a transaction's first batch."""
 
     batch: NodeBatch
-    confirmable: int | None
+    confirmable: Lsn | None
 
 
 @dataclass
@@ -52,7 +52,7 @@ class WatermarkItem:
     """
 
     csn: Csn
-    confirmable: int | None = None
+    confirmable: Lsn | None = None
 
 
 @dataclass

@@ -27,7 +27,8 @@ from typing import Final
 from csnd.coordinator import relation_line
 from csnd.core.durable import Writeback, sync_directory
 from csnd.core.errors import ConfigError, CsndError
-from csnd.runtime.sinks import OutputClosed
+from csnd.core.ids import Csn
+from csnd.runtime.sinks import GroupCommit, OutputClosed
 
 # Output is handed to the file in chunks of this many bytes: fewer GIL
 # round trips for the coordinator thread, at most this much held in memory.
@@ -52,6 +53,8 @@ class JsonLinesSink:
     With `schemas`, a relation line goes before the first transaction that
     uses each version of a table.
     """
+
+    group_commit: GroupCommit | None = None  # (durable when `make_durable` returns: fsynced there)
 
     def __init__(self, path: str | None, fd: int | None = None, *, schemas: bool = False) -> None:
         self.path = path
@@ -97,14 +100,20 @@ class JsonLinesSink:
         if self._pending_bytes >= OUTPUT_CHUNK_BYTES:
             self._drain()
 
-    def start_transaction(self, csn: int) -> None:
+    def start_transaction(self, csn: Csn) -> None:
         pass  # (every part is written through as it comes)
 
-    def end_transaction(self, csn: int, tail: str) -> None:
+    def end_transaction(self, csn: Csn, tail: str) -> None:
         self.write(tail, _NEWLINE)
         self.transactions += 1
 
-    def relations(self, csn: int, entries: Sequence[tuple[str, str]]) -> None:
+    def append_lines(self, csns: Sequence[Csn], lines: Sequence[str]) -> None:
+        """Whole lines of consecutive transactions: each written as it would be ended alone."""
+        for line in lines:
+            self.write(line, _NEWLINE)
+            self.transactions += 1
+
+    def relations(self, csn: Csn, entries: Sequence[tuple[str, str]]) -> None:
         """The relation versions first in force with the transaction at `csn`, before its line."""
         if self.schemas:
             for node, body in entries:

@@ -30,7 +30,7 @@ import grpc
 from csnd.coordinator.wire import BEFORE_ALL, Position, batch_from_pb, end_from_pb, position_to_pb
 from csnd.core.backoff import Backoff
 from csnd.core.errors import ConfigError, ConnectionLost, CsndError
-from csnd.core.ids import Csn
+from csnd.core.ids import INVALID_LSN, Csn, Lsn
 from csnd.core.tls import channel_credentials
 from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
@@ -101,7 +101,7 @@ class RemoteNode:
         self.binary = hello.binary
         self.out = Outbox(QUEUE_DEPTH)
         self.position: Position = BEFORE_ALL
-        self._confirm = 0
+        self._confirm = INVALID_LSN
         self._final = threading.Event()
         self._final_sent = threading.Event()
         self._stop = threading.Event()
@@ -140,10 +140,10 @@ class RemoteNode:
 
     # --- confirmation -----------------------------------------------------------------
 
-    def confirm(self, lsn: int) -> None:
+    def confirm(self, lsn: Lsn) -> None:
         self._confirm = max(self._confirm, lsn)
 
-    def confirm_final(self, lsn: int) -> None:
+    def confirm_final(self, lsn: Lsn) -> None:
         """Send the last confirmation and wait (at most 10 s) until the agent has taken it."""
         self.confirm(lsn)
         self._final.set()
@@ -161,8 +161,8 @@ class RemoteNode:
             agent=self.address,
         )
 
-    def start(self, wakeup: threading.Event) -> None:
-        self._wakeup = wakeup
+    def start(self, wakeup: threading.Event, *, alone: bool) -> None:
+        self._wakeup = wakeup  # (never alone: its batches are cut already, `releases_whole` is False)
         self.thread.start()
 
     def stop(self) -> None:
@@ -214,7 +214,8 @@ class RemoteNode:
                         batch, pos, confirmable = batch_from_pb(msg.batch)
                         if pos <= self.position:
                             continue  # never twice, whatever the agent does
-                        if not self._put(BatchItem(batch, confirmable)):
+                        lsn = None if confirmable is None else Lsn(confirmable)  # (the wire's integer)
+                        if not self._put(BatchItem(batch, lsn)):
                             return
                         self.position = pos
                         self.received_transactions += batch.last_of_txn
@@ -290,6 +291,7 @@ class RemoteNode:
 
 
 def _rpc_text(e: grpc.RpcError) -> str:
-    code = e.code() if hasattr(e, "code") else None
-    details = e.details() if hasattr(e, "details") else str(e)
-    return f"{code.name if code else 'error'}: {details}"
+    if not isinstance(e, grpc.Call):  # (an RpcError that is no call: no status to name)
+        return f"error: {e}"
+    code = e.code()
+    return f"{code.name if code else 'error'}: {e.details()}"

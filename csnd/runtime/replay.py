@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from csnd.core.errors import ConfigError, CsndError, os_error_text
 from csnd.runtime.config import ReplayConfig
@@ -30,16 +30,23 @@ from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.jsonsink import JsonLinesSink, is_written_in_place
 from csnd.runtime.replay_progress import ReplayProgress
-from csnd.runtime.sinks import OutputClosed, Sink
-from csnd.runtime.sources import SourceSpec, check_nodes, open_source, parse_source
+from csnd.runtime.sinks import OutputClosed
+from csnd.runtime.sources import (
+    LiveNode,
+    OpenedSource,
+    RecordedNode,
+    SourceSpec,
+    check_nodes,
+    open_source,
+    parse_source,
+)
 from csnd.runtime.stopping import ignore_stop_signals
 
 if TYPE_CHECKING:
-    from csnd.runtime.inputs import NodeSource
     from csnd.runtime.remote import RemoteNode
 
 
-def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> NodeSource | RemoteNode:
+def open_node(spec: SourceSpec, config: ReplayConfig, index: int) -> OpenedSource | RemoteNode:
     """A SOURCE's reader-side object: a source, or a node agent's client (a whole `NodeInput`)."""
     if spec.is_grpc:
         from csnd.runtime.remote import RemoteNode
@@ -95,11 +102,9 @@ def run_replay(config: ReplayConfig) -> int:
     check_nodes(opened)
     sink = JsonLinesSink(config.output, schemas=config.schemas)  # (before any decoder: a bad path fails now)
     try:
-        # A node agent's client is a node input already (told by the spec: RemoteNode
-        # is imported only when one is named, so a file replay never loads gRPC).
+        # A node agent's client is a node input already.
         inputs: list[NodeInput] = [
-            cast("RemoteNode", s) if spec.is_grpc else NodePipeline(cast("NodeSource", s), config.decoders)
-            for spec, s in zip(specs, opened, strict=True)
+            NodePipeline(s, config.decoders) if isinstance(s, LiveNode | RecordedNode) else s for s in opened
         ]
     except BaseException:
         sink.discard()  # nothing was written: leave no FILE.partial behind
@@ -140,12 +145,12 @@ def _stop_all(inputs: list[NodeInput]) -> None:
         p.stop()
 
 
-def _abandoned(e: BaseException, sink: Sink) -> BaseException:
+def _abandoned(e: BaseException, sink: JsonLinesSink) -> BaseException:
     """The failure `e` of a run, its output abandoned, naming where the incomplete output is."""
     try:
         partial = sink.abandon()
     except CsndError:  # (the output failing too: the first error is the one to tell)
-        partial = getattr(sink, "partial", None)
+        partial = sink.partial
     if isinstance(e, KeyboardInterrupt) and partial:
         e.partial = partial  # type: ignore[attr-defined]  # (for the command line's one line)
     if isinstance(e, OSError):  # not one of ours: still one line, with where the output is

@@ -15,49 +15,36 @@ not care which.  The runtime confirms a node's slot only after
 durable then, whatever "durable" means for the sink (fsynced, handed to a
 pipe, synced to the changelog).
 
-A sink may also have `relations(csn, [(node, body), ...])`, called before a
-transaction's first part with the relation versions first in force with it
-(docs/design.md section 7, relation lines): the changelog keeps them, JSON
-lines write them when asked to.  A sink without it is not told.
+Every sink also takes what the runtime may hand it besides parts, and
+says what it does with it: `relations(csn, [(node, body), ...])`, called
+before a transaction's first part with the relation versions first in force
+with it (docs/design.md section 7, relation lines: the changelog keeps them,
+JSON lines write them when asked to), and `append_lines(csns, lines)`, the
+whole lines of consecutive transactions a lone node's decoders wrote
+(`FinishedTxn.written`: the changelog appends them in one call, JSON lines
+writes them one after another).
+
+How a sink becomes durable is the one thing sinks differ in, and each says
+which: `group_commit` is None for a sink made durable in the runtime's
+thread by `make_durable` (JSON lines), or the sink's `GroupCommit` when it
+syncs in a thread of its own (the service's changelog): the runtime then
+asks for a sync by ticket and goes on writing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
+
+from csnd.core.ids import Csn
 
 
 class OutputClosed(Exception):  # (a stop, not an error)
     """The sink's reader went away (`csnd replay ... | head -3`): the run stops quietly, confirming nothing more."""
 
 
-class Sink(Protocol):
-    transactions: int  # transactions ended so far (for progress lines)
-    bytes_out: int  # bytes written so far (for progress lines)
-
-    def start_transaction(self, csn: int) -> None:
-        """A transaction's line begins (its parts and end follow): a sink may stream it from here."""
-
-    def write(self, text: str) -> None:
-        """Part of the current transaction's line (not its end)."""
-
-    def end_transaction(self, csn: int, tail: str) -> None:
-        """The rest of the current transaction's line: the transaction is complete (not yet durable)."""
-
-    def make_durable(self) -> None:
-        """After it returns, every transaction ended so far is durable; raises if it cannot be made so."""
-
-    def commit(self) -> None:
-        """Every source has ended: make everything durable and present the output as complete."""
-
-    def discard(self) -> None:
-        """Give up before anything was written: leave nothing behind."""
-
-    def abandon(self) -> str | None:
-        """Give up mid-run; returns where the incomplete output is (None if nowhere to name)."""
-
-
-class GroupCommitSink(Sink, Protocol):
-    """A sink that makes itself durable in the background (the service's changelog).
+class GroupCommit(Protocol):
+    """A sink's durability in the background (the service's changelog: its sync thread).
 
     The runtime asks and goes on writing; it confirms slots only as far as
     a finished request covers.
@@ -71,3 +58,40 @@ class GroupCommitSink(Sink, Protocol):
 
     def request_durable(self) -> int:
         """A ticket for everything ended so far; `durable_ticket` reaches it once that is durable."""
+
+
+class Sink(Protocol):
+    """Where the runtime writes the merged transactions' lines (see the module docstring)."""
+
+    transactions: int  # transactions ended so far (for progress lines)
+    bytes_out: int  # bytes written so far (for progress lines)
+    # None: durable only when `make_durable` returns (in the runtime's thread);
+    # else the sink syncs in the background, asked by ticket (the changelog).
+    group_commit: GroupCommit | None
+
+    def start_transaction(self, csn: Csn) -> None:
+        """A transaction's line begins (its parts and end follow): a sink may stream it from here."""
+
+    def write(self, text: str) -> None:
+        """Part of the current transaction's line (not its end)."""
+
+    def end_transaction(self, csn: Csn, tail: str) -> None:
+        """The rest of the current transaction's line: the transaction is complete (not yet durable)."""
+
+    def append_lines(self, csns: Sequence[Csn], lines: Sequence[str]) -> None:
+        """The whole lines of consecutive transactions, in CSN order: each as a transaction ended at once."""
+
+    def relations(self, csn: Csn, entries: Sequence[tuple[str, str]]) -> None:
+        """`(node, body)` of each relation version first in force at `csn`, before its transaction's line."""
+
+    def make_durable(self) -> None:
+        """After it returns, every transaction ended so far is durable; raises if it cannot be made so."""
+
+    def commit(self) -> None:
+        """Every source has ended: make everything durable and present the output as complete."""
+
+    def discard(self) -> None:
+        """Give up before anything was written: leave nothing behind."""
+
+    def abandon(self) -> str | None:
+        """Give up mid-run; returns where the incomplete output is (None if nowhere to name)."""

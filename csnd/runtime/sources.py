@@ -1,30 +1,125 @@
-"""SOURCE arguments (docs/design.md section 8).
+"""SOURCE arguments (docs/design.md section 8), and what a node pipeline may do with each kind of source.
 
 A SOURCE is `[NAME=]PATH`, `[NAME=]postgresql://...` or `grpc://HOST:PORT`.
 
 `parse_source` reads the text (no I/O beyond asking whether a file of that
-name exists); `open_source` makes the reader-side object for one: a live
-node's `LiveSource` or a `RecordedSource` (a node agent is a whole node input
-of its own: `csnd.runtime.remote`).
+name exists); `open_source` makes the reader-side object for one and says
+which kind it is: a `LiveNode` (a live node's `LiveSource`: a slot to
+confirm, a stream that pauses) or a `RecordedNode` (a `RecordedSource`: a
+file read from start to end).  A node agent is a whole node input of its
+own (`csnd.runtime.remote`).
+
+The kinds are declared here, where the source is opened, and a pipeline is
+given one: it never asks a source by name what it can do.  `NodeSource` is
+what every source has; `SlotSource` and `FileSource` add what only a live
+node or only a file has.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from csnd.core.errors import ConfigError
-from csnd.core.ids import lsn_from_str
+from csnd.core.ids import Lsn, lsn_from_str
 from csnd.core.modes import check_modes
 from csnd.runtime.config import LiveSourceConfig
 
 if TYPE_CHECKING:  # (only for types: each is imported where it is opened, as late as it can be)
-    from csnd.reader.live import LiveSource
-    from csnd.reader.recorded import RecordedSource
-    from csnd.runtime.inputs import NodeInput, NodeSource
+    from csnd.reader.events import Event
+    from csnd.reader.live import LiveOptions, LiveSource
+    from csnd.runtime.inputs import NodeInput
+
+
+class NodeSource(Protocol):
+    """What a node pipeline reads from every source (csnd.reader)."""
+
+    node: str
+    mode: str  # "gtm" or "single" (csnd.core.modes)
+    binary: bool  # pgoutput's binary mode: how the decoders read values
+
+    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+        """The stream; `raw_changes`: row changes as unparsed `ChangeFrames` runs."""
+
+    def enum_types(self) -> list[tuple[int, int]]:
+        """(type OID, array type OID) of the source's enums, which binary pgoutput sends as labels."""
+
+    def confirm(self, lsn: Lsn) -> None:
+        """Everything committed before `lsn` is durable downstream (a file: nothing to do)."""
+
+    def close(self) -> None:
+        """Stop reading and let go of the source (idempotent; from any thread)."""
+
+
+class FileSource(NodeSource, Protocol):
+    """A recorded file (`RecordedSource`): no slot, read from its start to its end."""
+
+    path: str  # (named in a read error)
+
+    def read_fraction(self) -> float | None:
+        """How much of the file has been read, 0.0-1.0 (None for a pipe)."""
+
+
+class SlotSource(NodeSource, Protocol):
+    """A live node (`LiveSource`): a replication slot confirmed as the output becomes durable."""
+
+    options: LiveOptions  # its slot, conninfo and `until_lsn`
+    reconnecting: bool  # between connections (for status)
+    # Called in the thread iterating `events`, between two of its items, when
+    # the stream has paused: whoever gathers batches downstream hands on what
+    # it has.  A pipeline sets it to its decoder pool's `drained`.
+    on_drained: Callable[[], None] | None
+
+    @property
+    def received_lsn(self) -> int:
+        """The newest WAL position the server has sent (any thread)."""
+
+    @property
+    def confirmed_lsn(self) -> int:
+        """The position confirmed to the slot so far (any thread)."""
+
+    def prepare(self) -> object:
+        """The slot at its consistent point (made now if asked), in the calling thread."""
+
+    def confirm_final(self, lsn: Lsn) -> None:
+        """As `confirm`, once the stream has ended: the slot moves although streaming stopped."""
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """A live node's source, opened: a pipeline over it confirms its slot and passes on its pauses."""
+
+    source: SlotSource
+
+    @property
+    def node(self) -> str:
+        return self.source.node
+
+    @property
+    def mode(self) -> str:
+        return self.source.mode
+
+
+@dataclass(frozen=True)
+class RecordedNode:
+    """A recorded file, opened: a pipeline over it has no slot and reads it to its end."""
+
+    source: FileSource
+
+    @property
+    def node(self) -> str:
+        return self.source.node
+
+    @property
+    def mode(self) -> str:
+        return self.source.mode
+
+
+OpenedSource = LiveNode | RecordedNode
+
 
 _NAME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 
@@ -58,7 +153,7 @@ def parse_source(text: str) -> SourceSpec:
     return SourceSpec(None, text)
 
 
-def parse_lsn_arg(text: str) -> int:
+def parse_lsn_arg(text: str) -> Lsn:
     try:
         return lsn_from_str(text)
     except ValueError as e:
@@ -72,24 +167,24 @@ def open_live(spec: SourceSpec, live: LiveSourceConfig, default_name: str = "dn1
     return LiveSource(spec.name or default_name, live.options(spec.target), mode=live.mode)
 
 
-def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> LiveSource | RecordedSource:
-    """A live node's or a recorded file's source object; `index` names an unnamed live node dn<index+1>.
+def open_source(spec: SourceSpec, live: LiveSourceConfig, index: int) -> OpenedSource:
+    """A live node's or a recorded file's source, of its kind; `index` names an unnamed live node dn<index+1>.
 
-    Both are a `csnd.runtime.inputs.NodeSource`.  A caller that does more with
-    a live node (prepares its slot) opens it with `open_live`.
+    A caller that does more with a live node (prepares its slot) opens it
+    with `open_live` and hands the pipeline `LiveNode(source)`.
     """
     if spec.is_grpc:
         raise ConfigError(f"{spec.target} is a node agent, not a source to read")
     if spec.is_live:
-        return open_live(spec, live, f"dn{index + 1}")
+        return LiveNode(open_live(spec, live, f"dn{index + 1}"))
     if not os.path.exists(spec.target):
         raise ConfigError(f"source {spec.target!r}: no such file (a live node is postgresql://...)")
     from csnd.reader.recorded import RecordedSource
 
-    return RecordedSource(spec.target, name=spec.name)
+    return RecordedNode(RecordedSource(spec.target, name=spec.name))
 
 
-def check_nodes(opened: Sequence[NodeSource | NodeInput]) -> None:
+def check_nodes(opened: Sequence[OpenedSource | NodeInput]) -> None:
     """The opened sources of one run: unique node names and CSN modes that can be merged (ConfigError)."""
     names = [s.node for s in opened]
     dup = {n for n in names if names.count(n) > 1}

@@ -35,6 +35,7 @@ from collections import deque
 from typing import Final, Generic, TypeVar
 
 from csnd.coordinator.wire import BEFORE_ALL, Position
+from csnd.core.ids import INVALID_LSN, Lsn
 
 # Batches produced but not yet acknowledged.  Larger: more slack over a slow
 # link; smaller: less memory (a batch is up to MERGE_BATCH_CHANGES changes).
@@ -46,7 +47,7 @@ M = TypeVar("M")
 class Entry(Generic[M]):
     __slots__ = ("seq", "pos", "msg", "is_batch", "lsn")
 
-    def __init__(self, seq: int, pos: Position, msg: M, is_batch: bool, lsn: int = 0) -> None:
+    def __init__(self, seq: int, pos: Position, msg: M, is_batch: bool, lsn: Lsn = INVALID_LSN) -> None:
         self.seq = seq  # order within this agent's life
         self.pos = pos  # order across restarts
         self.msg = msg
@@ -55,7 +56,7 @@ class Entry(Generic[M]):
 
 
 class AckWindow(Generic[M]):
-    def __init__(self, capacity: int = MAX_UNACKED, resumed_lsn: int = 0) -> None:
+    def __init__(self, capacity: int = MAX_UNACKED, resumed_lsn: Lsn = INVALID_LSN) -> None:
         self.capacity = capacity
         self.entries: deque[Entry[M]] = deque()
         self.acked: Position = BEFORE_ALL  # the coordinator has every batch at or before it
@@ -74,7 +75,7 @@ class AckWindow(Generic[M]):
     def full(self) -> bool:
         return len(self.entries) >= self.capacity
 
-    def append(self, pos: Position, msg: M, is_batch: bool, lsn: int = 0) -> bool:
+    def append(self, pos: Position, msg: M, is_batch: bool, lsn: Lsn = INVALID_LSN) -> bool:
         """Keep `msg` (carrying confirmable LSN `lsn`, 0: none) until acknowledged.
 
         False (and nothing kept) for a batch the coordinator has: its LSN then
@@ -135,7 +136,7 @@ class AckWindow(Generic[M]):
         """
         return received <= max(self.acked, self.sent)
 
-    def confirm_limit(self, confirm_lsn: int, ended: bool) -> int | None:
+    def confirm_limit(self, confirm_lsn: Lsn, ended: bool) -> Lsn | None:
         """How far a coordinator's confirm LSN may move the slot now; None: refuse it.
 
         Up to `sent_lsn` always.  Beyond it only while `behind` and the

@@ -37,6 +37,7 @@ from typing import Final
 
 from csnd.changelog import Changelog
 from csnd.core.errors import SnapshotError
+from csnd.runtime.sinks import GroupCommit
 from csnd.snapshot.watermark import Windows
 
 # How often retention runs (from the sync thread, after a sync).
@@ -52,6 +53,9 @@ STREAM_OVER_CHARS: Final = 8 << 20
 
 class ChangelogSink:
     """A `csnd.runtime.sinks.Sink` over a `Changelog`, with its own sync thread once started.
+
+    It is its own `GroupCommit` (`group_commit`): the runtime asks for a
+    sync by ticket and goes on appending.
 
     The runtime's one thread writes; the sync thread only syncs.  Every
     call into the changelog that changes it is made under `_lock`, except
@@ -73,6 +77,7 @@ class ChangelogSink:
         `windows`: the incremental snapshots' open windows, shown every transaction appended.
         """
         self.log = log
+        self.group_commit: GroupCommit | None = self  # (durable in the background: `request_durable`)
         self.windows = windows
         if windows is not None:
             windows.in_force = log.relations.in_force

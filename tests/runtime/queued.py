@@ -14,11 +14,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from csnd.core.ids import Csn, Lsn
 from csnd.runtime.items import NodeItem, Outbox
 from csnd.runtime.stats import NodeStats
 
 if TYPE_CHECKING:
     from csnd.runtime.inputs import NodeInput
+    from csnd.runtime.sinks import GroupCommit, Sink
 
 
 class QueuedInput:
@@ -33,7 +35,7 @@ class QueuedInput:
         queued: Sequence[NodeItem] = (),
         *,
         confirms: bool = True,
-        on_confirm: Callable[[int], None] | None = None,
+        on_confirm: Callable[[Lsn], None] | None = None,
     ) -> None:
         self.node = node
         self.mode = mode
@@ -42,10 +44,10 @@ class QueuedInput:
         if queued:
             self.out.put_many(list(queued))
         self.on_confirm = on_confirm
-        self.confirmed: list[int] = []
-        self.final: int | None = None
+        self.confirmed: list[Lsn] = []
+        self.final: Lsn | None = None
 
-    def start(self, wakeup: threading.Event) -> None:
+    def start(self, wakeup: threading.Event, *, alone: bool) -> None:
         pass
 
     def stop(self) -> None:
@@ -54,12 +56,12 @@ class QueuedInput:
     def stats(self) -> NodeStats:
         return NodeStats(self.node)
 
-    def confirm(self, lsn: int) -> None:
+    def confirm(self, lsn: Lsn) -> None:
         self.confirmed.append(lsn)
         if self.on_confirm is not None:
             self.on_confirm(lsn)
 
-    def confirm_final(self, lsn: int) -> None:
+    def confirm_final(self, lsn: Lsn) -> None:
         self.final = lsn
 
 
@@ -69,13 +71,34 @@ if TYPE_CHECKING:
         """Never called: mypy checks here that a `QueuedInput` is what the runtime reads."""
         return queued
 
+    def _is_a_sink(lines: EndedLines) -> Sink:
+        """Never called: mypy checks here that a test's sink is what the runtime writes to."""
+        return lines
+
 
 class QuietSink:
-    """The parts of a `Sink` that a test's sink leaves alone: counters, and durability that is always there."""
+    """The parts of a `Sink` that a test's sink leaves alone: counters, durability that is always there,
+    relation versions dropped and whole lines taken one by one."""
+
+    group_commit: GroupCommit | None = None
 
     def __init__(self) -> None:
         self.transactions = 0
         self.bytes_out = 0
+
+    def start_transaction(self, csn: Csn) -> None:
+        pass
+
+    def end_transaction(self, csn: Csn, tail: str) -> None:
+        raise NotImplementedError
+
+    def append_lines(self, csns: Sequence[Csn], lines: Sequence[str]) -> None:
+        for csn, line in zip(csns, lines, strict=True):
+            self.start_transaction(csn)
+            self.end_transaction(csn, line)
+
+    def relations(self, csn: Csn, entries: Sequence[tuple[str, str]]) -> None:
+        pass
 
     def make_durable(self) -> None:
         pass
@@ -97,12 +120,9 @@ class EndedLines(QuietSink):
         super().__init__()
         self.ended: list[tuple[int, str]] = []
 
-    def start_transaction(self, csn: int) -> None:
-        pass
-
     def write(self, text: str) -> None:
         pass
 
-    def end_transaction(self, csn: int, tail: str) -> None:
+    def end_transaction(self, csn: Csn, tail: str) -> None:
         self.ended.append((csn, tail))
         self.transactions += 1

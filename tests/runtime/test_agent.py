@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from csnd.core.ids import lsn_from_str
+from csnd.core.ids import Lsn, lsn_from_str
 from csnd.gtm import generate_cluster
 from csnd.testing import pgworkload as workload
 from tests.fixtures.pg import PgDatabase
@@ -212,12 +212,12 @@ def test_the_final_ack_moves_the_slot_even_if_an_earlier_ack_carried_its_positio
 
     slot = _Slot()
     state = AgentState(slot)  # type: ignore[arg-type]  # (a node pipeline's confirm and confirm_final)
-    state.window.append((10, 0), pb.AgentMessage(), True, lsn=0x500)  # (sent: confirmable to 0/500)
+    state.window.append((10, 0), pb.AgentMessage(), True, lsn=Lsn(0x500))  # (sent: confirmable to 0/500)
     state.window.next_to_send(0, BEFORE_ALL)
-    state.ack((10, 0), 0x500, final=False)
-    state.ack((10, 0), 0x500, final=True)
+    state.ack((10, 0), Lsn(0x500), final=False)
+    state.ack((10, 0), Lsn(0x500), final=True)
     assert slot.calls == [("confirm", 0x500), ("confirm_final", 0x500)]
-    state.ack((10, 0), 0x400, final=True)  # never backwards
+    state.ack((10, 0), Lsn(0x400), final=True)  # never backwards
     assert slot.calls[-1] == ("confirm_final", 0x500)
 
 

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from csnd.coordinator.wire import BEFORE_ALL, Position, position_from_pb, position_to_pb
 from csnd.core.addresses import is_loopback
 from csnd.core.errors import AckError, UsageError
-from csnd.core.ids import lsn_from_str
+from csnd.core.ids import Lsn, lsn_from_str
 from csnd.gtm import generate_cluster
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
@@ -63,7 +63,7 @@ class ConfirmBoundMachine(RuleBasedStateMachine):
         self._new_life(0)
 
     def _new_life(self, first_txn: int) -> None:
-        self.window: AckWindow[str] = AckWindow(capacity=4, resumed_lsn=self.slot)
+        self.window: AckWindow[str] = AckWindow(capacity=4, resumed_lsn=Lsn(self.slot))
         self.next_txn, self.next_index = first_txn, 0
         self.delivered: list[int] = [self.slot]  # the model's record: LSNs sent or passed over in this life
         self.produced: list[Position] = []
@@ -84,7 +84,7 @@ class ConfirmBoundMachine(RuleBasedStateMachine):
         lsn = self.lsns[i] if index == 0 else 0
         if self.window.full and pos > self.window.acked:
             return  # (the agent waits for acknowledgements)
-        kept = self.window.append(pos, f"{pos}", True, lsn)
+        kept = self.window.append(pos, f"{pos}", True, Lsn(lsn))
         if not kept:
             self.delivered.append(lsn)
         self.produced.append(pos)
@@ -110,7 +110,7 @@ class ConfirmBoundMachine(RuleBasedStateMachine):
         assert self.window.received_ok(received) == claimable
         if not claimable:
             return None  # (refused whole)
-        limit = self.window.confirm_limit(confirm, self.ended)
+        limit = self.window.confirm_limit(Lsn(confirm), self.ended)
         behind = self.acked > max(self.produced, default=BEFORE_ALL)
         if confirm <= max(self.delivered):
             assert limit == confirm
@@ -165,7 +165,7 @@ class _Slot:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
         self.node = "dn1"
-        self.source = None  # (no slot name to tell)
+        self.slot_name = None  # (no slot name to tell)
 
     def confirm(self, lsn: int) -> None:
         self.calls.append(("confirm", lsn))
@@ -177,14 +177,14 @@ class _Slot:
 def test_an_ack_past_what_the_agent_sent_is_refused_and_confirms_nothing() -> None:
     slot = _Slot()
     state = AgentState(slot)  # type: ignore[arg-type]  # (a node pipeline's confirm and confirm_final)
-    state.window.append((10, 0), pb.AgentMessage(), True, lsn=0x500)
+    state.window.append((10, 0), pb.AgentMessage(), True, lsn=Lsn(0x500))
     state.window.next_to_send(0, BEFORE_ALL)
     with pytest.raises(AckError, match=r"confirmed 0/600.*beyond 0/500"):
-        state.ack((10, 0), 0x600, final=True)
+        state.ack((10, 0), Lsn(0x600), final=True)
     with pytest.raises(AckError, match=r"acknowledged csn 11 batch 0, beyond the last batch this agent sent"):
-        state.ack((11, 0), 0x500, final=True)
+        state.ack((11, 0), Lsn(0x500), final=True)
     assert slot.calls == [] and state.acked == BEFORE_ALL
-    state.ack((10, 0), 0x500, final=True)
+    state.ack((10, 0), Lsn(0x500), final=True)
     assert slot.calls == [("confirm_final", 0x500)]
 
 

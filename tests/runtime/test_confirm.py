@@ -47,7 +47,7 @@ class ConfirmMachine(RuleBasedStateMachine):
         self.released += 1
         report = self.confirmable(self.released)
         self.reports.append(report)
-        self.tracker.on_release(report)
+        self.tracker.on_release(Lsn(report))
 
     @precondition(lambda self: self.written < self.released)
     @rule()
@@ -174,24 +174,24 @@ TestAckWindow.settings = settings(max_examples=150, stateful_step_count=40, dead
 def test_an_idle_position_is_confirmed_only_with_what_was_released_before_it() -> None:
     """`on_position` (an idle keepalive's confirmable LSN) becomes safe with the releases before it."""
     t = ConfirmTracker()
-    t.on_position(100)  # nothing released: safe at the next on_durable
+    t.on_position(Lsn(100))  # nothing released: safe at the next on_durable
     t._check()
     assert t.on_durable() == 100
-    t.on_release(200)
-    t.on_position(300)  # covers the release: waits for it to be written and durable
+    t.on_release(Lsn(200))
+    t.on_position(Lsn(300))  # covers the release: waits for it to be written and durable
     t._check()
     assert t.on_durable() == 100
     t.on_written()
     t._check()
     assert t.on_durable() == 300
-    t.on_position(250)  # an older position never moves `safe` back
+    t.on_position(Lsn(250))  # an older position never moves `safe` back
     assert t.on_durable() == 300
     t._check()
 
 
 def test_a_durable_count_outside_what_was_written_is_refused() -> None:
     t = ConfirmTracker()
-    t.on_release(100)
+    t.on_release(Lsn(100))
     t.on_written()
     assert t.on_durable(0) == 0
     assert t.on_durable(1) == 100

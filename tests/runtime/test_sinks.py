@@ -9,16 +9,22 @@ generated 3-node cluster its records are the expected output, line for line.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
+from csnd.core.ids import Csn
 from csnd.gtm import generate_cluster
 from csnd.reader.recorded import RecordedSource
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodePipeline
+from csnd.runtime.sinks import GroupCommit
+from csnd.runtime.sources import RecordedNode
 
 
 class RecordSink:
     """One (csn, line) record per transaction; durable when make_durable says so."""
+
+    group_commit: GroupCommit | None = None
 
     def __init__(self) -> None:
         self.transactions = 0
@@ -28,13 +34,20 @@ class RecordSink:
         self.committed = False
         self._parts: list[str] = []
 
-    def start_transaction(self, csn: int) -> None:
+    def start_transaction(self, csn: Csn) -> None:
         pass
+
+    def append_lines(self, csns: Sequence[Csn], lines: Sequence[str]) -> None:
+        for csn, line in zip(csns, lines, strict=True):
+            self.end_transaction(csn, line)
+
+    def relations(self, csn: Csn, entries: Sequence[tuple[str, str]]) -> None:
+        pass  # (a record per transaction only)
 
     def write(self, text: str) -> None:
         self._parts.append(text)
 
-    def end_transaction(self, csn: int, tail: str) -> None:
+    def end_transaction(self, csn: Csn, tail: str) -> None:
         self._parts.append(tail)
         line = "".join(self._parts).encode()
         self._parts.clear()
@@ -59,7 +72,9 @@ class RecordSink:
 
 def test_a_record_per_transaction_sink_gets_the_expected_lines_with_their_csns(tmp_path: Path) -> None:
     generate_cluster(str(tmp_path), 3, 300, seed=51, binary=True)
-    inputs = [NodePipeline(RecordedSource(str(tmp_path / f"dn{k}.pgstream")), 1) for k in (1, 2, 3)]
+    inputs = [
+        NodePipeline(RecordedNode(RecordedSource(str(tmp_path / f"dn{k}.pgstream"))), 1) for k in (1, 2, 3)
+    ]
     sink = RecordSink()
     try:
         CoordinatorRuntime(inputs, sink).run()

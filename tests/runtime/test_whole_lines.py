@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from csnd.changelog import Changelog
 from csnd.coordinator import AloneOrder
 from csnd.core.errors import LsnOrderViolation, TimestampError
-from csnd.core.ids import PG_TIME_MAX_US, Lsn, Xid
+from csnd.core.ids import PG_TIME_MAX_US, Csn, Lsn, Xid
 from csnd.decoder.change import WholeTxns
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
@@ -46,16 +46,16 @@ class _Lines(QuietSink):
         self.out: list[str] = []
         self._parts: list[str] = []
 
-    def start_transaction(self, csn: int) -> None:
+    def start_transaction(self, csn: Csn) -> None:
         self._parts = []
 
     def write(self, text: str) -> None:
         self._parts.append(text)
 
-    def end_transaction(self, csn: int, tail: str) -> None:
+    def end_transaction(self, csn: Csn, tail: str) -> None:
         self.out.append("".join([*self._parts, tail]))
 
-    def relations(self, csn: int, entries: list[tuple[str, str]]) -> None:
+    def relations(self, csn: Csn, entries: Sequence[tuple[str, str]]) -> None:
         self.out += [f"relation {csn} {node} {body}" for node, body in entries]
 
 
