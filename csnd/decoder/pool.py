@@ -51,50 +51,31 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
-from typing import Any, Final, TypeAlias, cast, final
+from typing import Any, Final, cast
 
 from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
-from csnd.core.ids import INVALID_LSN, Lsn, Xid
+from csnd.core.ids import INVALID_LSN, Lsn
 from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
+from csnd.decoder.feed import (
+    BATCH_CHANGES,
+    BatchFeed,
+    CutBatch,
+    RunSlot,
+    Stopped,
+    WholesSlot,
+)
 from csnd.decoder.messages import (
-    LINE,
-    RUN,
-    WHOLE,
-    ApplyMeta,
-    DecodeBatch,
     Decoded,
     Failed,
     Stop,
     Sync,
-    Wire,
-    truncate_wire,
+    ToWorker,
 )
 from csnd.reader.events import Event
 from csnd.reader.pgoutput import (
-    Begin,
-    Change,
-    ChangeFrames,
-    Commit,
-    Keepalive,
-    Relation,
     Truncate,
-    TxnFrames,
-    TxnRun,
-    TypeMsg,
-    scanned_txn,
-    scanned_txn_frames,
 )
 
-# A batch ends at this many changes or this many bytes of raw change data,
-# whichever comes first.  Bigger batches amortise pickling, pipe hand-offs
-# and the collector's per-batch work (2048 against 512 cut the main
-# process's CPU by about a tenth on the wide rows); the byte bound keeps a
-# batch of wide TOASTed rows from holding hundreds of megabytes.
-BATCH_CHANGES: Final = 2048
-BATCH_BYTES: Final = 1 << 20
-# A keepalive ends the batch being gathered only while fewer batches than this
-# wait for their results: downstream is idle, a partial batch goes on at once.
-KEEPALIVE_CUT_BELOW: Final = 2
 # Batches in flight per worker (input queue bound).  Enough to keep a worker
 # busy while the collector is momentarily slow; memory is about
 # N x QUEUE_DEPTH x BATCH_BYTES of input, and their results.
@@ -103,9 +84,6 @@ QUEUE_DEPTH: Final = 4
 PIPE_BYTES: Final = 1 << 20
 # How often a blocked wait checks that the workers are still alive.
 LIVENESS_POLL_S: Final = 0.5
-
-_CONTROL_KINDS = (Relation, TypeMsg)
-
 
 # How long close() waits for the workers, all together, before ending them.
 STOP_GRACE_S: Final = 0.5
@@ -135,17 +113,6 @@ class PoolStats:
     queues: list[QueueStats] = field(default_factory=list)
 
 
-class _Batch:
-    """A cut of the event stream: its events in order; changes go to a worker."""
-
-    __slots__ = ("events", "worker", "n_changes")
-
-    def __init__(self) -> None:
-        self.events: list[tuple[Lsn, SkeletonItem]] = []
-        self.worker = -1
-        self.n_changes = 0
-
-
 _END: Final = object()
 
 
@@ -159,34 +126,6 @@ class BatchEnd(enum.Enum):
 
 
 BATCH_END: Final = BatchEnd.BATCH_END  # `DecoderPool.run`'s mark after each batch
-
-
-@final  # (the collector tests `type(msg) is _Run`: mypy then narrows both ways)
-class _Run:
-    """In a batch's skeleton: where a run of row changes of one (sub)xid stood, and their LSNs."""
-
-    __slots__ = ("xid", "lsns")
-
-    def __init__(self, xid: Xid | None) -> None:
-        self.xid = xid
-        self.lsns: list[Lsn] = []
-
-
-@final
-class _Wholes:
-    """In a batch's skeleton: consecutive whole transactions whose lines the workers write (`WholeTxn`)."""
-
-    __slots__ = ("txns",)
-
-    def __init__(self, txns: list[WholeTxn]) -> None:
-        self.txns = txns
-
-
-_NO_RUN: Final = object()  # no run open: the next change starts one
-
-# An entry of a batch's skeleton: a run of row changes stands for them, a Truncate
-# for its decoded tables; everything else goes on as it is.
-SkeletonItem: TypeAlias = PassThroughItem | Truncate | _Run | _Wholes
 
 
 class DecoderPool:
@@ -238,7 +177,7 @@ class DecoderPool:
         ]
         # batches cut by the reader thread, waiting for their results, in order
         pending = workers * (QUEUE_DEPTH + 1)
-        self._skeletons: queue.Queue[_Batch | object] = queue.Queue(pending)
+        self._skeletons: queue.Queue[CutBatch | object] = queue.Queue(pending)
         self.stats = PoolStats(
             queues=[QueueStats(f"decoder-{node}-{i}-in", QUEUE_DEPTH) for i in range(workers)]
             + [QueueStats(f"decoder-{node}-in-flight", pending)]
@@ -260,186 +199,12 @@ class DecoderPool:
 
     # --- reader side (its own thread) ---------------------------------------------
 
-    def _feed(self, events: Iterable[tuple[Lsn, Any]]) -> None:
-        # `events` are `run`'s, each an `Event`.  Any here: the loop picks each event's
-        # branch by one `type(msg)` kept in `cls`, which mypy cannot follow (it narrows
-        # only on `type(msg)` written out in each test, a call each on the hot path).
+    def _feed(self, events: Iterable[Event]) -> None:
+        """The reader thread: `events` cut into batches (`decoder.feed`), then the end mark."""
         try:
-            rotation = 0
-            batch = _Batch()
-            wires: list[Wire] = []
-            keep, wire = batch.events.append, wires.append  # rebound at each cut
-            limit = self.batch_changes
-            stopping = self._stop.is_set
-            pending = 0  # row changes (and truncates) in `wires`
-            pending_bytes = 0  # their raw data
-            # Where the open Begin stands in `batch.events` while everything after
-            # it is row changes of its own (-1: no such Begin), and how many
-            # changes the batch held before it.
-            write_lines = self.write_lines
-            whole_at = -1
-            whole_pending = 0
-
-            def cut() -> None:
-                nonlocal batch, wires, rotation, keep, wire, pending, pending_bytes, whole_at
-                if wires:
-                    batch.worker = rotation
-                    batch.n_changes = pending
-                    self._put(self._in[rotation], DecodeBatch(wires), rotation)
-                    rotation = (rotation + 1) % self.n
-                if batch.events:
-                    self._put_skeleton(batch)
-                batch, wires, pending, pending_bytes = _Batch(), [], 0, 0
-                keep, wire = batch.events.append, wires.append
-                whole_at = -1  # (a transaction cut in two is no whole one)
-                if stopping():
-                    raise _Stopped
-
-            run_xid: object = _NO_RUN  # xid of the run the next change may join
-            run_lsns: list[Lsn] = []  # the open run's (none yet)
-
-            def cut_drained() -> None:
-                nonlocal run_xid
-                # (Not once stopping: this runs inside the source's iterator, which a
-                # stop should end through its own close, saying where it got.)
-                if (wires or batch.events) and not stopping():
-                    run_xid = _NO_RUN
-                    cut()
-
-            self._cut_drained = cut_drained
-
-            def whole_txn(msg: TxnFrames) -> None:
-                """A whole transaction into the batch (the caller cuts it if it is full)."""
-                nonlocal pending, pending_bytes
-                changes = msg.changes
-                if changes is None:
-                    keep((msg.begin_at, msg.begin))
-                    keep((msg.commit_at, msg.commit))
-                    return
-                lsns = changes.lsns
-                wire((lsns[0], RUN, None, (False, changes.head), changes.blob))
-                if write_lines:
-                    keep(
-                        (
-                            msg.begin_at,
-                            _Wholes(
-                                [scanned_txn(msg.begin_at, msg.begin, None, lsns, msg.commit_at, msg.commit)]
-                            ),
-                        )
-                    )
-                    wire((len(lsns), LINE, msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
-                else:
-                    run = _Run(None)
-                    run.lsns = lsns
-                    keep((msg.begin_at, msg.begin))
-                    keep((lsns[0], run))
-                    keep((msg.commit_at, msg.commit))
-                pending += len(lsns)
-                pending_bytes += len(changes.blob)
-
-            gated = self.reports_pauses
-            for event in events:
-                msg = event[1]
-                cls = type(msg)
-                if cls is TxnRun:  # a live node's whole transactions, as its compiled loop read them
-                    run_xid, whole_at = _NO_RUN, -1
-                    if not write_lines:
-                        for txn in msg.frames():
-                            whole_txn(txn)
-                    else:
-                        wholes: _Wholes | None = None  # the open stretch of ones with changes
-                        for t in msg.txns:
-                            blob = t.blob
-                            if blob is None:  # none: its Begin and Commit go on as they came
-                                wholes = None
-                                whole_txn(scanned_txn_frames(t))
-                                continue
-                            if wholes is None:
-                                wholes = _Wholes([])
-                                keep((t.begin_at, wholes))
-                            wholes.txns.append(t)
-                            wire((t.commit_lsn, WHOLE, t.xid, t.commit_time, blob))
-                            pending += len(t.lsns)
-                            pending_bytes += len(blob)
-                    if pending >= limit or pending_bytes >= BATCH_BYTES:
-                        cut()
-                    continue
-                if cls is TxnFrames:  # a live node's whole transaction: one event for all of it
-                    run_xid, whole_at = _NO_RUN, -1
-                    whole_txn(msg)
-                    if pending >= limit or pending_bytes >= BATCH_BYTES:
-                        cut()
-                    continue
-                if cls is ChangeFrames or cls is Change:  # the hot path: nearly every event of a busy node
-                    lsn = event[0]
-                    if msg.xid is not None:
-                        whole_at = -1
-                    if msg.xid != run_xid:
-                        run = _Run(msg.xid)
-                        keep((lsn, run))
-                        run_lsns = run.lsns
-                        run_xid = msg.xid
-                    if cls is ChangeFrames:
-                        run_lsns += msg.lsns
-                        wire((lsn, RUN, msg.xid, (msg.in_stream, msg.head), msg.blob))
-                        pending += len(msg.lsns)
-                        pending_bytes += len(msg.blob)
-                    else:
-                        run_lsns.append(lsn)
-                        wire((lsn, msg.kind, msg.xid, msg.relid, msg.data))
-                        pending += 1
-                        pending_bytes += len(msg.data)
-                    if pending >= limit or pending_bytes >= BATCH_BYTES:
-                        cut()
-                        run_xid = _NO_RUN
-                    continue
-                run_xid = _NO_RUN
-                if cls is Commit and whole_at >= 0 and pending > whole_pending:
-                    # Begin, row changes, Commit and nothing else, all in this batch:
-                    # the worker writes the line (`WholeTxn`).
-                    events_now = batch.events
-                    lsns: list[Lsn] = []
-                    for _, r in events_now[whole_at + 1 :]:
-                        lsns += r.lsns  # type: ignore[union-attr]  # (only runs follow the Begin)
-                    begin_at, begin = cast("tuple[Lsn, Begin]", events_now[whole_at])
-                    del events_now[whole_at:]
-                    keep((begin_at, _Wholes([scanned_txn(begin_at, begin, None, lsns, event[0], msg)])))
-                    wire((len(lsns), LINE, begin.xid, msg.commit_lsn, msg.commit_time))
-                    whole_at = -1
-                    continue
-                whole_at = -1
-                if cls is Begin or cls is Commit:  # the next most common: straight into the skeleton
-                    keep(event)
-                    if cls is Begin and write_lines:
-                        whole_at, whole_pending = len(batch.events) - 1, pending
-                    continue
-                if stopping():
-                    break
-                lsn = event[0]
-                if isinstance(msg, Truncate):
-                    keep(event)
-                    wire(truncate_wire(lsn, msg))
-                    pending += 1
-                    if pending >= limit:
-                        cut()
-                elif isinstance(msg, _CONTROL_KINDS):
-                    cut()
-                    meta = ApplyMeta(lsn, msg)
-                    for i in range(self.n):
-                        self._put(self._in[i], meta, i)
-                    keep(event)
-                else:
-                    keep(event)
-                    # A keepalive is a moment the server had nothing to send.  From a
-                    # source that reports its pauses (`drained`, which always cuts),
-                    # it cuts only while the decoders are idle: with batches cut
-                    # before still waiting, a small one would only wait behind them
-                    # (under load the server sends hundreds a second).
-                    if isinstance(msg, Keepalive) and (
-                        not gated or self._skeletons.qsize() < KEEPALIVE_CUT_BELOW
-                    ):
-                        cut()
-            cut()
+            feed = BatchFeed(self, self.n, self.batch_changes, self.write_lines, self.reports_pauses)
+            self._cut_drained = feed.cut_drained
+            feed.run(events)
         except BaseException as e:  # (handed to the collector)
             self._reader_error = e
         finally:
@@ -462,6 +227,22 @@ class DecoderPool:
         if cut is not None:
             cut()
 
+    def put_work(self, worker: int, message: ToWorker) -> None:
+        """`FeedOutlet.put_work`: to worker `worker`'s inbox, waiting while it is full."""
+        self._put(self._in[worker], message, worker)
+
+    def put_skeleton(self, batch: CutBatch) -> None:
+        """`FeedOutlet.put_skeleton`."""
+        self._put_skeleton(batch)
+
+    def batches_waiting(self) -> int:
+        """`FeedOutlet.batches_waiting`."""
+        return self._skeletons.qsize()
+
+    def stopping(self) -> bool:
+        """`FeedOutlet.stopping`."""
+        return self._stop.is_set()
+
     def _put(self, q: Any, item: Any, worker: int) -> None:
         while True:
             try:
@@ -469,12 +250,12 @@ class DecoderPool:
                 break
             except queue.Full:
                 if self._stop.is_set():
-                    raise _Stopped from None
+                    raise Stopped from None
                 self._check_worker(worker)
         with contextlib.suppress(NotImplementedError):  # qsize() is missing on macOS
             self.stats.queues[worker].observe(q.qsize())
 
-    def _put_skeleton(self, item: _Batch | object) -> None:
+    def _put_skeleton(self, item: CutBatch | object) -> None:
         while not self._stop.is_set():
             try:
                 self._skeletons.put(item, timeout=LIVENESS_POLL_S)
@@ -498,12 +279,12 @@ class DecoderPool:
                     self._check_all()
                     continue
                 if item is _END:
-                    if self._reader_error is not None and not isinstance(self._reader_error, _Stopped):
+                    if self._reader_error is not None and not isinstance(self._reader_error, Stopped):
                         raise self._reader_error
                     if self._reader_error is None:
                         self._sync()
                     return
-                assert isinstance(item, _Batch)
+                assert isinstance(item, CutBatch)
                 if item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
                     yield from cast("list[tuple[Lsn, PassThroughItem]]", item.events)
                     yield INVALID_LSN, BATCH_END
@@ -516,7 +297,7 @@ class DecoderPool:
                 lines: list[str] = []
                 whole_at = INVALID_LSN
                 for lsn, msg in item.events:
-                    if type(msg) is _Wholes:
+                    if type(msg) is WholesSlot:
                         if not wholes:
                             whole_at = lsn
                         n = len(msg.txns)
@@ -527,7 +308,7 @@ class DecoderPool:
                     if wholes:
                         yield whole_at, WholeTxns(wholes, lines)
                         wholes, lines = [], []
-                    if type(msg) is _Run:
+                    if type(msg) is RunSlot:
                         n = len(msg.lsns)
                         yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
                         at += n
@@ -735,10 +516,6 @@ def _worker_entry(*args: Any) -> None:
     from csnd.decoder.worker import worker_main
 
     worker_main(*args)
-
-
-class _Stopped(Exception):
-    """The pool is closing: the reader thread stops quietly."""
 
 
 @contextlib.contextmanager
