@@ -20,15 +20,15 @@ from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.core.tls import TlsFiles
 from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
-from csnd.runtime.config import (
+from csnd.runtime.logsetup import FORMATS, chosen_format
+from csnd.runtime.logsetup import configure as configure_logging
+from csnd.runtime.options import (
     AGENT_GIVE_UP_S,
     AgentDialConfig,
     LiveSourceConfig,
     NodeAgentConfig,
     ReplayConfig,
 )
-from csnd.runtime.logsetup import FORMATS, chosen_format
-from csnd.runtime.logsetup import configure as configure_logging
 from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Terminated, install_stop_handlers

@@ -149,7 +149,7 @@ def _defaults() -> dict[str, str]:
     unless the setting stands for a default kept elsewhere: those few are
     named here, each read from its constant.
     """
-    from csnd.runtime.config import AgentDialConfig, LiveSourceConfig
+    from csnd.runtime.options import AgentDialConfig, LiveSourceConfig
     from csnd.service.arrow_rows import FILES_BUDGET_BYTES
     from csnd.service.config import ServeConfig
 

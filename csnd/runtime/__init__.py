@@ -5,7 +5,7 @@
         └─ Outbox of items (items) ─► CoordinatorRuntime (coordinator) ─► Sink (sinks; jsonsink)
                                          └─ ConfirmTracker (confirm) ─► confirm each slot
 
-`config` holds what a run is asked to do (built by the command line), `sources`
+`options` holds what a run is asked to do (built by the command line), `sources`
 turns SOURCE arguments into readers, `replay` wires one `csnd replay`, `agent`
 serves one node to a coordinator (its unacknowledged window: `window`),
 `replay_progress` and `stopping` are the command line's manners while a run lasts.

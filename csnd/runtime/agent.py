@@ -54,9 +54,9 @@ from csnd.core.tls import server_credentials
 from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.runtime.config import NodeAgentConfig
 from csnd.runtime.inputs import NodePipeline
 from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
+from csnd.runtime.options import NodeAgentConfig
 from csnd.runtime.remote import CHANNEL_OPTIONS
 from csnd.runtime.sources import LiveNode, open_live, open_source, parse_source
 from csnd.runtime.stopping import install_stop_handlers

@@ -35,8 +35,8 @@ from csnd.core.tls import channel_credentials
 from csnd.core.tokens import read_token_file
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
-from csnd.runtime.config import AGENT_GIVE_UP_S, AgentDialConfig
 from csnd.runtime.items import BatchItem, EndItem, NodeItem, Outbox, WatermarkItem
+from csnd.runtime.options import AGENT_GIVE_UP_S, AgentDialConfig
 from csnd.runtime.stats import NodeStats
 
 ACK_INTERVAL_S: Final = 0.5

@@ -25,10 +25,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from csnd.core.errors import ConfigError, CsndError, os_error_text
-from csnd.runtime.config import ReplayConfig
 from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.jsonsink import JsonLinesSink, is_written_in_place
+from csnd.runtime.options import ReplayConfig
 from csnd.runtime.replay_progress import ReplayProgress
 from csnd.runtime.sinks import OutputClosed
 from csnd.runtime.sources import (

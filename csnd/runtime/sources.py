@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from csnd.core.errors import ConfigError
 from csnd.core.ids import Lsn, lsn_from_str
 from csnd.core.modes import check_modes
-from csnd.runtime.config import LiveSourceConfig
+from csnd.runtime.options import LiveSourceConfig
 
 if TYPE_CHECKING:  # (only for types: each is imported where it is opened, as late as it can be)
     from csnd.reader.events import Event

@@ -1,4 +1,8 @@
-"""`csnd serve`'s settings: flags over CSND_* variables over a TOML file over defaults.
+"""Loading `csnd serve`'s settings into its `ServeConfig`: flags over CSND_* variables over a TOML file over defaults.
+
+The table of the settings -- what each takes and where it may come from --
+is `csnd.service.settings`; this module reads them (`build_config`) and
+builds the runtime's options (`csnd.runtime.options`) for each source.
 
 Each source carries its own live settings (slot, publication, mode,
 until-LSN, ...): several live nodes need their own slot and publication.  On
@@ -25,7 +29,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from csnd.core.errors import ConfigError
-from csnd.runtime.config import AgentDialConfig, LiveSourceConfig
+from csnd.runtime.options import AgentDialConfig, LiveSourceConfig
 from csnd.service.limits import MAX_STREAMS, MAX_STREAMS_PER_PEER
 from csnd.service.settings import (
     CONFIG_ENV,

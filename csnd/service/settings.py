@@ -1,4 +1,7 @@
-"""The settings of `csnd serve`, typed: what each one takes and where it may come from.
+"""The table of `csnd serve`'s settings, typed: what each one takes and where it may come from.
+
+Loading them into a `ServeConfig` is `csnd.service.config`'s job; the
+runtime's own options are `csnd.runtime.options`.
 
     --decoders 2 ────────┐
     CSND_DECODERS=2 ─────┼─► Kind: one typed value ─► ServeConfig (csnd.service.config)
@@ -34,7 +37,7 @@ from csnd.core import addresses
 from csnd.core.errors import ConfigError, UsageError
 from csnd.core.ids import lsn_from_str
 from csnd.core.modes import Mode, is_mode
-from csnd.runtime.config import SNAPSHOT_MODES
+from csnd.runtime.options import SNAPSHOT_MODES
 from csnd.service.http_guard import check_allowed_host
 
 # The variable naming the config file (--config).
@@ -238,7 +241,7 @@ SETTINGS: Final = (
     Setting("parquet_dir", TEXT, "DIR"),
     Setting("arrow_files_bytes", BYTES, "BYTES"),
     Setting("log_format", LOG_FORMAT, "text|json"),
-    # how the service reaches grpc:// node agents (csnd.runtime.config.AgentDialConfig)
+    # how the service reaches grpc:// node agents (csnd.runtime.options.AgentDialConfig)
     Setting("agent_token_file", TEXT, "FILE"),
     Setting("agent_ca", TEXT, "PEM"),
     Setting("agent_cert", TEXT, "PEM"),

@@ -427,7 +427,7 @@ def test_an_ack_past_what_the_agent_sent_leaves_the_slot_where_it_is(
 
 
 def test_serve_reads_how_to_reach_agents_from_its_config_file() -> None:
-    from csnd.runtime.config import AgentDialConfig
+    from csnd.runtime.options import AgentDialConfig
     from csnd.service.config import build_config
 
     file = {"changelog": "/tmp/log", "agent_token_file": "/t", "agent_ca": "/ca.pem"}

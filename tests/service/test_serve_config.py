@@ -208,7 +208,7 @@ def test_the_environment_reaches_a_running_service(dn1: str, tmp_path: Path) -> 
 
 def test_the_runtime_configs_check_their_values() -> None:
     """What an embedding service builds for itself gets the command line's checks."""
-    from csnd.runtime.config import LiveSourceConfig, NodeAgentConfig, ReplayConfig
+    from csnd.runtime.options import LiveSourceConfig, NodeAgentConfig, ReplayConfig
 
     with pytest.raises(ConfigError, match="mode: expected gtm or single, got 'paxos'"):
         LiveSourceConfig(mode="paxos")  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from psycopg.conninfo import conninfo_to_dict
 
-from csnd.runtime.config import LiveSourceConfig
+from csnd.runtime.options import LiveSourceConfig
 from csnd.service.config import split_source
 
 

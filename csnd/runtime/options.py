@@ -1,4 +1,10 @@
-"""What a run is asked to do, as plain values: built once by the command line (or a service), read by the runtime.
+"""The runtime's options: what a run is asked to do, as plain values, built once and read by the runtime.
+
+Of the three places configuration lives, this one is the runtime's: typed
+options for `csnd replay`, `csnd node` and a live source.  The service's
+own settings are listed in `csnd.service.settings` (what each takes, from
+flag, variable or file) and loaded into its `ServeConfig` by
+`csnd.service.config`, which builds these options for the runtime it embeds.
 
 The runtime never sees `argparse.Namespace`: the command line turns its
 arguments into these dataclasses (checking them on the way), and a service
