@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final, Protocol
 
 from csnd.core.errors import SlotLost
 from csnd.core.ids import lsn_from_str
@@ -40,6 +40,23 @@ BEHIND_SAMPLES: Final = 86_400
 # How often each live node's slot is read from pg_replication_slots.  The query is
 # cheap, but it is a connection per node: every few seconds is enough to see WAL grow.
 SLOT_POLL_S: Final = 5.0
+
+
+class WatchedInput(Protocol):
+    """What a watch reads of a run's node input (csnd.runtime.inputs.NodeInput)."""
+
+    @property
+    def confirms(self) -> bool:
+        """Whether a slot stands behind it: only then can it lag behind what is confirmed."""
+
+    def stats(self) -> NodeStats: ...
+
+
+class SafePosition(Protocol):
+    """A live node's confirmable position (csnd.runtime.confirm.ConfirmTracker)."""
+
+    @property
+    def safe(self) -> int: ...
 
 
 @dataclass
@@ -156,8 +173,8 @@ class NodeWatch:
         self.clock = clock
         self.state = "streaming"
         self.error = ""
-        self.input: Any = None  # the current run's NodeInput
-        self.tracker: Any = None  # the current run's ConfirmTracker (live nodes)
+        self.input: WatchedInput | None = None  # the current run's NodeInput
+        self.tracker: SafePosition | None = None  # the current run's ConfirmTracker (nodes that confirm)
         self.slot: SlotMonitor | None = None
         self.waiting_merge: Callable[[], int] = lambda: 0
         self.restarts = 0
@@ -169,7 +186,9 @@ class NodeWatch:
         self._watermark_moved_at = clock()
         self._down_since: float | None = None  # first seen reconnecting or restarting
 
-    def attach(self, node_input: Any, tracker: Any, waiting_merge: Callable[[], int]) -> None:
+    def attach(
+        self, node_input: WatchedInput, tracker: SafePosition | None, waiting_merge: Callable[[], int]
+    ) -> None:
         self.input, self.tracker, self.waiting_merge = node_input, tracker, waiting_merge
         if self.state != "failed":
             self.state = "streaming"
@@ -179,7 +198,7 @@ class NodeWatch:
         inp = self.input
         if inp is None:
             return NodeStats(self.name, self.mode)
-        own: NodeStats = inp.stats()
+        own = inp.stats()
         return dataclasses.replace(own, waiting_merge=self.waiting_merge())
 
     def _lag_since(self, now: float, received: int, confirmed: int) -> float:
@@ -193,7 +212,7 @@ class NodeWatch:
         own time, so the figure is at most one look's interval too high.
         """
         behind = self._behind
-        if received <= confirmed or not getattr(self.input, "confirms", False):
+        if received <= confirmed or self.input is None or not self.input.confirms:
             self._caught_up_at = now
             behind.clear()
             return now
@@ -209,7 +228,7 @@ class NodeWatch:
         now = self.clock()
         st = self.stats()
         received = st.received_lsn
-        confirmed = int(getattr(self.tracker, "safe", 0) or st.confirmed_lsn)
+        confirmed = int((self.tracker.safe if self.tracker is not None else 0) or st.confirmed_lsn)
         watermark = st.watermark_csn
         if watermark != self._watermark:
             self._watermark, self._watermark_moved_at = watermark, now
