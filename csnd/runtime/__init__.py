@@ -2,7 +2,7 @@
 
     NodeInput (inputs.NodePipeline: reader -> decoder pool -> sender, in a thread;
                remote.RemoteNode: a node agent over gRPC)
-        └─ Outbox of items (items) ─► CoordinatorRuntime (coordinator) ─► Sink (sinks; jsonsink)
+        └─ Outbox of items (items) ─► Merger (merger) ─► Sink (sinks; jsonsink)
                                          └─ ConfirmTracker (confirm) ─► confirm each slot
 
 `options` holds what a run is asked to do (built by the command line), `sources`

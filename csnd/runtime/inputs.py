@@ -1,4 +1,4 @@
-"""What the coordinator runtime reads: one `NodeInput` per node, local or remote.
+"""What the merger reads: one `NodeInput` per node, local or remote.
 
     NodePipeline: source ─► DecoderPool ─► NodeSender ─► Outbox   (this process, its own thread)
     RemoteNode:   node agent ══ gRPC Stream ══► Outbox              (csnd.runtime.remote)
@@ -31,7 +31,7 @@ NODE_QUEUE_DEPTH: Final = 64
 
 
 class NodeInput(Protocol):
-    """One node's stream as the coordinator runtime reads it."""
+    """One node's stream as the merger reads it."""
 
     node: str
     mode: str
@@ -217,7 +217,7 @@ class NodePipeline:
             where = self._file.path if self._file is not None else "its source"
             err = CsndError(f"cannot read {where}: {e.strerror or e}", node=self.node)
             self._put([*released, EndItem(err)])
-        except BaseException as e:  # (handed to the coordinator thread)
+        except BaseException as e:  # (handed to the merger's thread)
             self._put([*released, EndItem(e)])
 
     def _settle_start(self, token: str) -> bool:

@@ -1,4 +1,4 @@
-"""What a node input hands to the coordinator runtime, and how a transaction is cut into merge batches.
+"""What a node input hands to the merger, and how a transaction is cut into merge batches.
 
 A local `NodePipeline` (csnd.runtime.inputs) queues whole finished
 transactions; a node agent's client (csnd.runtime.remote) queues batches

@@ -12,7 +12,7 @@ Pieces are encoded as they come and handed to the kernel about every
 `OUTPUT_CHUNK_BYTES` in one `os.writev`: one system call (one GIL hand-off
 to win back from the reader and pipeline threads) per chunk, and no copy of
 the chunk in between -- joining the pieces into one string and encoding that
-cost the coordinator thread four times what the gathering write does.
+cost the merger's thread four times what the gathering write does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from csnd.core.ids import Csn
 from csnd.runtime.sinks import GroupCommit, OutputClosed
 
 # Output is handed to the file in chunks of this many bytes: fewer GIL
-# round trips for the coordinator thread, at most this much held in memory.
+# round trips for the merger's thread, at most this much held in memory.
 OUTPUT_CHUNK_BYTES: Final = 1 << 20
 # Pieces per writev() call at most (the system's IOV_MAX; Linux's is 1024).
 _IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX"), 1024)

@@ -1,6 +1,6 @@
 """`csnd replay grpc://HOST:PORT`: a node pipeline running in a node agent (`csnd node`).
 
-`RemoteNode` is the `NodeInput` of a node agent: the coordinator runtime reads
+`RemoteNode` is the `NodeInput` of a node agent: the merger reads
 its `Outbox` of batches (already cut by the agent), watermarks and the end.  One thread holds the Stream
 RPC; it subscribes after the last position it received, acknowledges what
 arrived (with the LSN the merge says is durable, for the agent's slot), and

@@ -1,12 +1,12 @@
 """`csnd replay`: the embedded pipeline over one or more sources, wired together.
 
     source ─► DecoderPool ─► NodeSender ─┐  (NodePipeline: one thread per node, an Outbox each)
-    source ─► DecoderPool ─► NodeSender ─┼─► CoordinatorRuntime ─► JsonLinesSink ─► confirm live slots
+    source ─► DecoderPool ─► NodeSender ─┼─► Merger ─► JsonLinesSink ─► confirm live slots
     node agent ══ gRPC ══► RemoteNode ───┘  (this thread)
 
 `run_replay` checks the output against the sources (`check_output`), opens
 the sources and the output (a bad path fails before any decoder starts),
-runs the coordinator runtime, and on the way out either commits the output
+runs the merger, and on the way out either commits the output
 (FILE.partial renamed to FILE) or abandons it and says where the incomplete
 output is.  A reader that closes the output (`| head -3`) ends the run
 quietly, with exit status 0 and nothing more confirmed.
@@ -25,9 +25,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from csnd.core.errors import ConfigError, CsndError, os_error_text
-from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodeInput, NodePipeline
 from csnd.runtime.jsonsink import JsonLinesSink, is_written_in_place
+from csnd.runtime.merger import Merger
 from csnd.runtime.options import ReplayConfig
 from csnd.runtime.replay_progress import ReplayProgress
 from csnd.runtime.sinks import OutputClosed
@@ -115,7 +115,7 @@ def run_replay(config: ReplayConfig) -> int:
     inputs.sort(key=lambda p: p.node)
     progress = ReplayProgress(sys.stderr, inputs) if config.verbose or sys.stderr.isatty() else None
     try:
-        CoordinatorRuntime(inputs, sink, progress).run()
+        Merger(inputs, sink, progress).run()
     except OutputClosed:  # the reader's choice: stop, confirm nothing more, say nothing
         _stop_all(inputs)
         sink.abandon()

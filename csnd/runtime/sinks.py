@@ -1,8 +1,8 @@
-"""Where the coordinator runtime writes the merged transactions, and how it learns what is durable.
+"""Where the merger writes the merged transactions, and how it learns what is durable.
 
-    CoordinatorRuntime ── write(text)* end_transaction(csn, tail) ──► Sink ──► JSON lines / changelog
-                       ◄───────────── make_durable() returns ─────────┘
-                       ── confirm(safe LSN) ──► each live node's slot
+    Merger ── write(text)* end_transaction(csn, tail) ──► Sink ──► JSON lines / changelog
+           ◄───────────── make_durable() returns ─────────┘
+           ── confirm(safe LSN) ──► each live node's slot
 
 A transaction reaches the sink as its docs/design.md section 7 line:
 `start_transaction` with its csn, zero or more `write` calls with its leading parts (a big transaction's line is handed on

@@ -56,7 +56,7 @@ class FinishedTxn(TxnHeader):
     its header is the last one's, `n_changes` all of theirs, `changes` is
     empty, and `confirmable` holds once all of them are durable.  Only a
     lone node's transactions come so, since only they are written as they
-    come (`csnd.runtime.coordinator.write_alone`).
+    come (`csnd.runtime.merger.write_alone`).
     """
 
     node: str

@@ -1,6 +1,6 @@
 """`csnd serve`: the pipeline over the sources, the durable changelog, the changefeed, the dashboard.
 
-    sources ─► NodeInputs ─► CoordinatorRuntime ─► ChangelogSink ─► Changelog ─► Changefeed (gRPC)
+    sources ─► NodeInputs ─► Merger ─► ChangelogSink ─► Changelog ─► Changefeed (gRPC)
                     ▲            (pipeline thread)      group commit   │            Subscribe / Fetch / Status
                     │                                                   │
                     └──── confirm each slot to what is durable ◄────────┘     DashboardServer (HTTP)

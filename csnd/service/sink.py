@@ -1,9 +1,9 @@
-"""The coordinator runtime's sink in the service: every merged transaction into the changelog.
+"""The merger's sink in the service: every merged transaction into the changelog.
 
-    CoordinatorRuntime ── end_transaction(csn, tail) ──► ChangelogSink ── append ──► Changelog
-                       ── request_durable() ─► ticket      │ sync thread: begin_sync ─ fsync ─ finish_sync
-                       ◄─ durable_ticket ───────────────────┘                               ─► durable_csn
-                          consumers (changefeed) read only what is durable ◄──────────────────────┘
+    Merger ── end_transaction(csn, tail) ──► ChangelogSink ── append ──► Changelog
+           ── request_durable() ─► ticket      │ sync thread: begin_sync ─ fsync ─ finish_sync
+           ◄─ durable_ticket ───────────────────┘                               ─► durable_csn
+              consumers (changefeed) read only what is durable ◄──────────────────────┘
 
 A transaction is gathered into one record (its docs/design.md section 7 line) and
 appended; one too large to gather (STREAM_OVER_CHARS) is appended piece by

@@ -1,4 +1,4 @@
-"""A node input whose items a test queues: what the coordinator runtime reads, with no thread behind it.
+"""A node input whose items a test queues: what the merger reads, with no thread behind it.
 
 The runtime drains `out`; the test puts there what a pipeline would have
 released (at construction, or later between the runtime's steps).  With

@@ -18,8 +18,8 @@ from csnd.core.ids import Csn, Lsn, Xid
 from csnd.decoder.change import DecodedChange
 from csnd.reader.pgoutput import Begin, Commit, LogicalMessage
 from csnd.runtime.confirm import ConfirmTracker
-from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.items import TxnItem, WatermarkItem
+from csnd.runtime.merger import Merger
 from csnd.runtime.window import AckWindow
 from csnd.sender import FinishedTxn, NodeSender
 from tests.runtime.queued import EndedLines, QueuedInput
@@ -236,7 +236,7 @@ def test_a_group_released_at_once_never_confirms_past_a_commit_still_in_the_merg
     dn1.out.put_many([TxnItem(t, t.confirmable) for t in group])
     dn2.out.put_many([WatermarkItem(Csn(11))])  # dn2 may still send csn 12
     sink = EndedLines()
-    runtime = CoordinatorRuntime([dn1, dn2], sink, confirm_interval_s=0.0)
+    runtime = Merger([dn1, dn2], sink, confirm_interval_s=0.0)
     for _ in range(3):
         for p in (dn1, dn2):
             runtime._poll(p)

@@ -80,7 +80,7 @@ def test_generated_cluster_replays_to_the_expected_output(
 
 
 def test_a_transaction_line_longer_than_an_output_chunk_is_written_whole(tmp_path: Path) -> None:
-    """A big transaction's line goes out part by part (the coordinator runtime gathers short lines whole): nothing lost."""
+    """A big transaction's line goes out part by part (the merger gathers short lines whole): nothing lost."""
     from csnd.reader import pgoutput as pg
 
     path = tmp_path / "big.pgstream"

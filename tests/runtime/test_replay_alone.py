@@ -18,9 +18,9 @@ from csnd.coordinator import AloneOrder, CsnMerge, json_line
 from csnd.core.errors import ProtocolError
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.runtime import items
-from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
 from csnd.runtime.items import EndItem, TxnItem, cut_batches
 from csnd.runtime.jsonsink import JsonLinesSink
+from csnd.runtime.merger import Merger, write_alone
 from csnd.sender.txn import FinishedTxn
 from csnd.service.sink import ChangelogSink
 from tests.runtime.queued import QueuedInput
@@ -133,7 +133,7 @@ def test_a_node_releasing_faster_than_it_is_written_still_has_its_slot_confirmed
     queued: list[items.NodeItem] = [*(TxnItem(t, t.end_lsn) for t in txns), EndItem()]
     node = QueuedInput("dn1", "single", queued, on_confirm=note_lines)
     out = JsonLinesSink(str(tmp_path / "out.jsonl"))
-    CoordinatorRuntime([node], out, confirm_interval_s=0.0).run()
+    Merger([node], out, confirm_interval_s=0.0).run()
     out.commit()
     assert out.transactions == n
     assert len(node.confirmed) >= 3  # one per round at least, before the stream ended
@@ -229,7 +229,7 @@ def _group_commit_run(directory: Path) -> int:
     feeder = threading.Thread(target=feed_after_syncs, daemon=True)
     try:
         feeder.start()
-        CoordinatorRuntime([node], sink, confirm_interval_s=0.0, durable_always=True).run()
+        Merger([node], sink, confirm_interval_s=0.0, durable_always=True).run()
     finally:
         feeder.join(timeout=60)
         sink.stop()

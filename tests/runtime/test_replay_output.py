@@ -23,9 +23,9 @@ import pytest
 
 from csnd.core.ids import Csn, Lsn, Xid, lsn_from_str
 from csnd.gtm import generate_cluster
-from csnd.runtime.coordinator import CoordinatorRuntime, write_alone
 from csnd.runtime.items import EndItem, TxnItem
 from csnd.runtime.jsonsink import JsonLinesSink
+from csnd.runtime.merger import Merger, write_alone
 from csnd.runtime.sinks import OutputClosed
 from csnd.sender.txn import FinishedTxn
 from csnd.testing import pgworkload as workload
@@ -172,7 +172,7 @@ def test_a_closed_output_confirms_nothing_past_what_was_written(tmp_path: Path) 
     sink = JsonLinesSink(None, fd=w)
     try:
         with pytest.raises(OutputClosed):
-            CoordinatorRuntime([slot], sink, confirm_interval_s=0.0).run()
+            Merger([slot], sink, confirm_interval_s=0.0).run()
     finally:
         reader.join()
         os.close(w)

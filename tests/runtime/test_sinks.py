@@ -15,8 +15,8 @@ from pathlib import Path
 from csnd.core.ids import Csn
 from csnd.gtm import generate_cluster
 from csnd.reader.recorded import RecordedSource
-from csnd.runtime.coordinator import CoordinatorRuntime
 from csnd.runtime.inputs import NodePipeline
+from csnd.runtime.merger import Merger
 from csnd.runtime.sinks import GroupCommit
 from csnd.runtime.sources import RecordedNode
 
@@ -77,7 +77,7 @@ def test_a_record_per_transaction_sink_gets_the_expected_lines_with_their_csns(t
     ]
     sink = RecordSink()
     try:
-        CoordinatorRuntime(inputs, sink).run()
+        Merger(inputs, sink).run()
     finally:
         for p in inputs:
             p.stop()

@@ -30,7 +30,7 @@ from csnd.reader import pgoutput as p
 from csnd.reader.events import Event
 from csnd.reader.recorded import RecordedSource, checked_commit_times
 from csnd.reader.streamfile import StreamHeader, StreamWriter
-from csnd.runtime.coordinator import write_alone
+from csnd.runtime.merger import write_alone
 from csnd.sender.node import NodeSender
 from csnd.service.sink import ChangelogSink
 from tests.runtime.queued import QuietSink
@@ -105,7 +105,7 @@ def _write_stream(path: Path, txns: list[tuple[list[str], str]]) -> None:
 
 
 def _folded(events: Iterator[Event]) -> Iterator[Event]:
-    """Begin, a run (or none) and Commit, one after another, as a live reader hands them on: one `TxnFrames`."""
+    """Begin, a run (or none) and Commit, one after another, as a live reader hands them on: a `TxnRun` of one."""
     held: list[Event] = []
     for event in events:
         m = event[1]
@@ -117,7 +117,9 @@ def _folded(events: Iterator[Event]) -> Iterator[Event]:
         elif held and type(m) is p.Commit:
             begin_at, begin = held[0]
             run = held[1][1] if len(held) == 2 else None
-            yield begin_at, p.TxnFrames(begin_at, begin, run, event[0], m)  # type: ignore[arg-type]
+            assert type(begin) is p.Begin and (run is None or type(run) is p.ChangeFrames)
+            blob, lsns = (None, None) if run is None else (_head4(run), run.lsns)
+            yield begin_at, p.TxnRun([p.scanned_txn(begin_at, begin, blob, lsns, event[0], m)])
             held = []
         else:
             yield from held
@@ -141,19 +143,17 @@ def _batched(events: Iterator[Event], size: int) -> Iterator[Event]:
     batch: list[p.ScannedTxn] = []
     for event in events:
         m = event[1]
-        if type(m) is p.TxnFrames:
-            changes = m.changes
-            blob, lsns = (None, None) if changes is None else (_head4(changes), changes.lsns)
-            batch.append(p.scanned_txn(m.begin_at, m.begin, blob, lsns, m.commit_at, m.commit))
+        if type(m) is p.TxnRun:  # (`_folded`'s, of one)
+            batch += m.txns
             if len(batch) < size:
                 continue
         if batch:
-            yield batch[0][0], p.TxnRun(batch)
+            yield batch[0].begin_at, p.TxnRun(batch)
             batch = []
-        if type(m) is not p.TxnFrames:
+        if type(m) is not p.TxnRun:
             yield event
     if batch:
-        yield batch[0][0], p.TxnRun(batch)
+        yield batch[0].begin_at, p.TxnRun(batch)
 
 
 def _lines(
@@ -268,7 +268,7 @@ def test_a_whole_transaction_with_a_commit_time_past_year_9999_is_refused_naming
     """A corrupt commit time in a folded transaction fails where it came in, naming the node, LSN and xid."""
     begin = p.Begin(Lsn(0x1800), 0, Xid(777))
     commit = p.Commit(0, Lsn(0x1800), Lsn(0x1810), PG_TIME_MAX_US + 1)
-    whole = p.TxnFrames(Lsn(0x1000), begin, None, Lsn(0x1800), commit)
+    whole = p.TxnRun([p.scanned_txn(Lsn(0x1000), begin, None, None, Lsn(0x1800), commit)])
     with pytest.raises(TimestampError) as raised:
         list(checked_commit_times(iter([(Lsn(0x1000), whole)]), "dn1"))
     assert (raised.value.node, raised.value.lsn, raised.value.xid) == ("dn1", 0x1800, 777)

@@ -19,7 +19,7 @@ from csnd.coordinator import AloneOrder
 from csnd.core.errors import CsnOrderViolation, LsnOrderViolation
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.decoder.change import WholeTxn, WholeTxns
-from csnd.runtime.coordinator import write_alone
+from csnd.runtime.merger import write_alone
 from csnd.sender import CsnOrderer, FinishedTxn, NodeSender
 from tests.runtime.queued import EndedLines
 

@@ -1,4 +1,4 @@
-"""The coordinator runtime: node inputs in, one CSN-ordered stream of transactions out through a sink.
+"""The merger: node inputs in, one CSN-ordered stream of transactions out through a sink.
 
     NodeInput dn1 ─ Outbox ─┐                                        ┌─► Sink (JSON lines, changelog)
     NodeInput dn2 ─ Outbox ─┼─► poll ─► CsnMerge ─► render (lines) ──┤
@@ -21,6 +21,10 @@ two thirds of this thread's work per transaction.
 Slots are confirmed only after the sink says the lines are durable: for each
 node, the end LSN up to which every committed transaction of that node is
 written (`ConfirmTracker`).
+
+The names: `csnd.coordinator` is the merge itself (pure, no threads); this
+module runs it, in the thread of whichever process coordinates the nodes --
+`csnd replay` or `csnd serve`, with node agents or without.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ IDLE_WAIT_S: Final = 0.2
 _CLOCK_EVERY: Final = 64
 
 
-class CoordinatorRuntime:
+class Merger:
     """Merges `inputs` (in this order: it decides ties and the nodes' order in a line) into `sink`."""
 
     def __init__(
