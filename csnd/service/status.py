@@ -19,7 +19,7 @@ gRPC client read the same figures; `/api/status` is the JSON of the very
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -91,10 +91,6 @@ class NodeState:
             slot_wal_status=self.slot_wal_status,
             slot_safe_wal_size=self.slot_safe_wal_size,
         )
-
-
-# The nodes now, in a stable order (what a changefeed without a StatusSource is given).
-NodeStatusSource = Callable[[], Iterable[NodeState]]
 
 
 @dataclass(frozen=True)
