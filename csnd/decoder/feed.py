@@ -193,12 +193,6 @@ class BatchFeed:
                 if self._pending >= limit or self._pending_bytes >= BATCH_BYTES:
                     cut()
                 continue
-            if cls is TxnFrames:  # a live node's whole transaction: one event for all of it
-                self._run_xid, self._whole_at = _NO_RUN, -1
-                whole_txn(msg)
-                if self._pending >= limit or self._pending_bytes >= BATCH_BYTES:
-                    cut()
-                continue
             if cls is ChangeFrames or cls is Change:  # the hot path: nearly every event of a busy node
                 lsn = event[0]
                 xid = msg.xid
@@ -264,7 +258,11 @@ class BatchFeed:
             self.cut()
 
     def _whole_txn(self, msg: TxnFrames) -> None:
-        """A whole transaction into the batch (the caller cuts it if it is full)."""
+        """A whole transaction into the batch as its messages, its changes one run (the caller cuts a full batch).
+
+        (Where the workers write lines, this takes only transactions without
+        changes: `_scanned_wholes` takes the rest.)
+        """
         keep = self._keep
         changes = msg.changes
         if changes is None:
@@ -273,16 +271,11 @@ class BatchFeed:
             return
         lsns = changes.lsns
         self._wire((lsns[0], RUN, None, (False, changes.head), changes.blob))
-        if self._write_lines:
-            whole = scanned_txn(msg.begin_at, msg.begin, None, lsns, msg.commit_at, msg.commit)
-            keep((msg.begin_at, WholesSlot([whole])))
-            self._wire((len(lsns), LINE, msg.begin.xid, msg.commit.commit_lsn, msg.commit.commit_time))
-        else:
-            run = RunSlot(None)
-            run.lsns = lsns
-            keep((msg.begin_at, msg.begin))
-            keep((lsns[0], run))
-            keep((msg.commit_at, msg.commit))
+        run = RunSlot(None)
+        run.lsns = lsns
+        keep((msg.begin_at, msg.begin))
+        keep((lsns[0], run))
+        keep((msg.commit_at, msg.commit))
         self._pending += len(lsns)
         self._pending_bytes += len(changes.blob)
 

@@ -4,6 +4,13 @@
 where `lsn` is the XLogData frame's dataStart (0/0 for Relation frames, see
 docs/design.md section 9) or, for a keepalive, its walEnd.  Errors gain the node, the
 position and -- for recorded files -- the path and byte offset.
+
+An `Event` is what every source hands the resume filter and the decoder pool,
+one of four shapes: a parsed pgoutput `Message`, a `Keepalive`, and the two
+batches of the hot path (docs/design.md section 1) -- a `ChangeFrames` run of
+row-change frames of one (sub)transaction, and a `TxnRun` of whole one-piece
+transactions (`ScannedTxn` each), which a live reader hands on for one whole
+transaction as well as for the many its compiled loop read.
 """
 
 from __future__ import annotations
@@ -18,13 +25,12 @@ from csnd.reader.pgoutput import (
     Keepalive,
     Message,
     PgOutputParser,
-    TxnFrames,
     TxnRun,
     parse_frame,
     parse_hot_frame,
 )
 
-Event = tuple[Lsn, Message | Keepalive | ChangeFrames | TxnFrames | TxnRun]
+Event = tuple[Lsn, Message | Keepalive | ChangeFrames | TxnRun]
 
 
 def iter_events(

@@ -62,12 +62,12 @@ from csnd.reader.pgoutput import (
     Keepalive,
     Message,
     PgOutputParser,
-    TxnFrames,
     TxnRun,
     XLogData,
     encode_status_update,
     parse_frame,
     parse_hot_frame,
+    scanned_txn,
 )
 from csnd.reader.reconnect import (
     RECONNECT_GIVE_UP_S,
@@ -685,7 +685,7 @@ class LiveSource:
         frame_length, data_start = RUN_FRAME_LENGTH.pack, XLOGDATA_START.unpack_from
 
         # A Begin held back (`runs`) while its transaction may still come whole:
-        # its changes and Commit next, with nothing else between (`TxnFrames`).
+        # its changes and Commit next, with nothing else between (a `TxnRun` of one).
         held: tuple[Lsn, Begin, bytes] | None = None
 
         def take_run() -> ChangeFrames | None:
@@ -906,7 +906,10 @@ class LiveSource:
                 elif type(msg) is Commit and held is not None:  # the transaction came whole
                     begin_at, begin, _ = held
                     held = None
-                    yield from filt((begin_at, TxnFrames(begin_at, begin, take_run(), start, msg), b""))
+                    blob, lsns = (b"".join(run_parts), run_lsns) if run_lsns else (None, None)
+                    run_parts, run_lsns = [], []
+                    whole = scanned_txn(begin_at, begin, blob, lsns, start, msg)
+                    yield from filt((begin_at, TxnRun([whole]), b""))
                 else:
                     if held is not None or run_lsns:  # (anything else ends it: it goes on first)
                         yield from held_items()

@@ -36,7 +36,6 @@ from csnd.reader.pgoutput import (
     PgOutputParser,
     StreamAbort,
     StreamCommit,
-    TxnFrames,
     TxnRun,
     parse_frame,
 )
@@ -66,13 +65,11 @@ _PRUNE_FRAMES: Final = 10_000
 
 
 def durable_after(
-    lsn: int, msg: Message | Keepalive | ChangeFrames | TxnFrames | TxnRun, open_txns: int, current: int
+    lsn: int, msg: Message | Keepalive | ChangeFrames | TxnRun, open_txns: int, current: int
 ) -> int:
     """The position a file holding everything up to `msg` may confirm (END LSNs; see the module docstring)."""
     if isinstance(msg, (Commit, StreamCommit)):
         return max(current, msg.end_lsn)
-    if isinstance(msg, TxnFrames):
-        return max(current, msg.commit.end_lsn)
     if isinstance(msg, TxnRun):
         return max(current, msg.txns[-1].end_lsn)
     if isinstance(msg, StreamAbort) and msg.xid == msg.subxid:

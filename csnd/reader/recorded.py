@@ -12,7 +12,6 @@ from csnd.reader.pgoutput import (
     Commit,
     PgOutputParser,
     StreamCommit,
-    TxnFrames,
     TxnRun,
 )
 from csnd.reader.streamfile import StreamFileReader, StreamHeader
@@ -83,11 +82,6 @@ def checked_commit_times(events: Iterable[Event], node: str, path: str | None = 
                 if kind is StreamCommit:
                     xid = msg.xid  # type: ignore[union-attr]
                 raise TimestampError(t, node=node, lsn=msg.commit_lsn, xid=xid, path=path)  # type: ignore[union-attr]
-        elif kind is TxnFrames:
-            commit = msg.commit  # type: ignore[union-attr]
-            if not lo <= commit.commit_time <= hi:
-                xid = msg.begin.xid  # type: ignore[union-attr]
-                raise TimestampError(commit.commit_time, node=node, lsn=commit.commit_lsn, xid=xid, path=path)
         elif kind is TxnRun:
             for t in msg.txns:  # type: ignore[union-attr]
                 if not lo <= t.commit_time <= hi:

@@ -50,12 +50,12 @@ from csnd.reader.pgoutput import (
     Message,
     Origin,
     Relation,
+    ScannedTxn,
     StreamAbort,
     StreamCommit,
     StreamStart,
     StreamStop,
     Truncate,
-    TxnFrames,
     TxnRun,
     TypeMsg,
     encode_relation,
@@ -63,9 +63,10 @@ from csnd.reader.pgoutput import (
     encode_stream_stop,
     encode_type,
     encode_xlogdata,
+    scanned_txn_frames,
 )
 
-Item = tuple[Lsn, "Message | Keepalive | ChangeFrames | TxnFrames | TxnRun", bytes]
+Item = tuple[Lsn, "Message | Keepalive | ChangeFrames | TxnRun", bytes]
 """`(lsn, message, CopyData payload)`; the payload is what a recording stores."""
 
 _NO_POS: Final = (-1, 0)
@@ -194,8 +195,6 @@ class ResumeFilter:
             return [item] if self.progress[xid].admit(lsn) else self._drop()
         if type(msg) is TxnRun and self._block is None:  # (a live reader's batch of whole transactions)
             return self._whole_run(item, msg)
-        if type(msg) is TxnFrames and self._block is None:  # (a live reader's whole transaction)
-            return self._whole(item, msg)
         if type(msg) is ChangeFrames and self._block is None:  # (a live reader's run of them)
             return self._run(item, msg)
         if isinstance(msg, Keepalive):
@@ -228,20 +227,20 @@ class ResumeFilter:
             return [item]
         return [item] if self.progress[self._txn].admit(lsn) else self._drop()
 
-    def _whole(self, item: Item, txn: TxnFrames) -> list[Item]:
-        """A whole transaction: new, it passes whole; else judged as the events it stands for."""
-        xid, end_lsn = txn.begin.xid, txn.commit.end_lsn
+    def _whole(self, t: ScannedTxn) -> list[Item]:
+        """A whole transaction of a run that cannot pass as one: new, it passes whole (a run of one); else judged as the events it stands for."""
+        xid, end_lsn = t.xid, t.end_lsn
         if self._txn is not None or xid in self.progress or xid in self.completed:
             out: list[Item] = []
-            for lsn, msg in txn.events():
+            for lsn, msg in scanned_txn_frames(t).events():
                 out += self.feed((lsn, msg, msg.blob if type(msg) is ChangeFrames else b""))
             return out
         self._conn_floor = max(self._conn_floor, end_lsn)
         self._complete(xid, end_lsn)
-        return [item]
+        return [(t.begin_at, TxnRun([t]), b"")]
 
     def _whole_run(self, item: Item, run: TxnRun) -> list[Item]:
-        """Whole transactions: all new, they pass as one; else each is judged as its `TxnFrames`."""
+        """Whole transactions: all new, they pass as one; else each is judged by itself (`_whole`)."""
         txns = run.txns
         xids = [t.xid for t in txns]
         if (
@@ -251,8 +250,8 @@ class ResumeFilter:
             or len(set(xids)) != len(xids)  # (a corrupt stream's repeat: dropped there, as it always was)
         ):
             out: list[Item] = []
-            for txn in run.frames():
-                out += self._whole((txn.begin_at, txn, b""), txn)
+            for t in txns:
+                out += self._whole(t)
             return out
         ends = [t.end_lsn for t in txns]
         self._conn_floor = max(self._conn_floor, ends[-1])  # (commits come in end-LSN order)

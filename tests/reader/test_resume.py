@@ -134,7 +134,7 @@ def _as_runs(items: list[Item], data: Any) -> list[Item]:
 
 
 def _as_whole(items: list[Item], data: Any) -> list[Item]:
-    """Begin, one run (or none) and Commit, one after another, as one `TxnFrames` where the draw says."""
+    """Begin, one run (or none) and Commit, one after another, as a `TxnRun` of one where the draw says."""
     out: list[Item] = []
     i = 0
     while i < len(items):
@@ -144,9 +144,11 @@ def _as_whole(items: list[Item], data: Any) -> list[Item]:
             run = items[k][1] if k < len(items) and type(items[k][1]) is p.ChangeFrames else None
             k += run is not None
             if k < len(items) and type(items[k][1]) is p.Commit and data.draw(st.booleans()):
-                commit = items[k]
-                whole = p.TxnFrames(items[i][0], m, run, commit[0], commit[1])  # type: ignore[arg-type]
-                out.append((items[i][0], whole, b""))
+                commit_at, commit = items[k][0], items[k][1]
+                assert type(commit) is p.Commit and (run is None or type(run) is p.ChangeFrames)
+                blob, lsns = (None, None) if run is None else (run.blob, run.lsns)
+                whole = p.scanned_txn(items[i][0], m, blob, lsns, commit_at, commit)
+                out.append((items[i][0], p.TxnRun([whole]), b""))
                 i = k + 1
                 continue
         out.append(items[i])
@@ -155,27 +157,13 @@ def _as_whole(items: list[Item], data: Any) -> list[Item]:
 
 
 def _as_txn_runs(items: list[Item], data: Any) -> list[Item]:
-    """Consecutive `TxnFrames` as one `TxnRun` (the compiled loop's batch), cut where the draw says."""
+    """Consecutive whole transactions as one `TxnRun` (the compiled loop's batch), cut where the draw says."""
     out: list[Item] = []
     for item in items:
         m = item[1]
-        if type(m) is not p.TxnFrames:
-            out.append(item)
-            continue
-        changes = m.changes
-        scanned = p.scanned_txn(
-            m.begin_at,
-            m.begin,
-            None if changes is None else changes.blob,
-            None if changes is None else changes.lsns,
-            m.commit_at,
-            m.commit,
-        )
         last = out[-1][1] if out else None
-        if type(last) is p.TxnRun and data.draw(st.booleans()):
-            last.txns.append(scanned)
-        elif data.draw(st.booleans()):
-            out.append((m.begin_at, p.TxnRun([scanned]), b""))
+        if type(m) is p.TxnRun and type(last) is p.TxnRun and data.draw(st.booleans()):
+            last.txns += m.txns
         else:
             out.append(item)
     return out
@@ -187,8 +175,6 @@ def _deliver(f: ResumeFilter, items: list[Item]) -> list[tuple[int, Any]]:
         for lsn, m, _ in f.feed(item):
             if type(m) is p.TxnRun:
                 events: list[tuple[int, Any]] = [e for txn in m.frames() for e in txn.events()]
-            elif type(m) is p.TxnFrames:
-                events = list(m.events())
             else:
                 events = [(lsn, m)]
             for lsn_e, e in events:
@@ -213,7 +199,7 @@ def test_cut_and_resend_is_invisible_when_changes_come_in_runs(
 ) -> None:
     """A run is judged change by change: re-sent in runs cut elsewhere, only its new tail passes.
 
-    And a whole transaction (`TxnFrames`), or a batch of them (`TxnRun`), passes whole only if
+    And a whole transaction, or a batch of them (a `TxnRun` either way), passes whole only if
     it is new.
     """
     _check_cut_and_resend(stream, data, runs=True)
@@ -340,7 +326,7 @@ def test_batches_of_whole_transactions_re_sent_after_reconnects_come_once_each(n
     """`TxnRun`s of many plain transactions, cut anywhere and re-sent after reconnects in other cuts.
 
     Each new connection re-sends what ends after the confirmed position.  Every
-    transaction comes once, in order, as when each comes as a `TxnFrames` of its own,
+    transaction comes once, in order, as when each comes as a `TxnRun` of its own,
     and the filter remembers little more than it does then.
     """
     txns = [_scanned(1000 + i, 0x100 + 0x20 * i) for i in range(n)]
@@ -364,14 +350,14 @@ def test_batches_of_whole_transactions_re_sent_after_reconnects_come_once_each(n
         for k, sizes in enumerate(connections):
             for size in sizes:
                 batch = txns[at : at + size]
-                events = [p.TxnRun(batch)] if batched else [p.scanned_txn_frames(t) for t in batch]
+                events = [p.TxnRun(batch)] if batched else [p.TxnRun([t]) for t in batch]
                 for m in events:
                     for _, out, _ in f.feed((Lsn(0), m, b"")):
                         done = out.frames() if type(out) is p.TxnRun else [out]
                         got += [txn.begin.xid for txn in done]  # type: ignore[union-attr]
                 at += size
             if k < len(confirms):
-                confirmed = txns[confirms[k] - 1][9] if confirms[k] else 0
+                confirmed = txns[confirms[k] - 1].end_lsn if confirms[k] else 0
                 f.confirmed(confirmed)
                 f.reconnected(confirmed)
                 at = confirms[k]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from csnd.core.ids import lsn_from_str
+from csnd.core.ids import Lsn, lsn_from_str
 from csnd.reader import live as live_module
 from csnd.reader import txnscan
 from csnd.reader.live import LiveOptions, LiveSource
@@ -25,7 +25,6 @@ from csnd.reader.pgoutput import (
     Commit,
     Keepalive,
     ScannedTxn,
-    TxnFrames,
     TxnRun,
     encode_begin,
     encode_commit,
@@ -322,7 +321,7 @@ def _changes_in_order(
     frames: list[bytes], pauses: set[int], runs: bool, until: int | None = None
 ) -> list[tuple[str, int]]:
     """Every event the copy loop yields, flattened to (what, LSN): whole transactions and runs opened."""
-    source = LiveSource("dn1", LiveOptions("", "s", "p", until_lsn=until))
+    source = LiveSource("dn1", LiveOptions("", "s", "p", until_lsn=None if until is None else Lsn(until)))
     source._wait = lambda *a, **k: True  # type: ignore[method-assign]
     source._consume = lambda pgconn: None  # type: ignore[method-assign]
     source._send_status = lambda *a, **k: None  # type: ignore[method-assign]
@@ -334,8 +333,6 @@ def _changes_in_order(
             events: list[tuple[int, object]]
             if isinstance(msg, TxnRun):
                 events = [e for txn in msg.frames() for e in txn.events()]
-            elif isinstance(msg, TxnFrames):
-                events = list(msg.events())
             else:
                 events = [(lsn, msg)]
             for at, event in events:
@@ -408,8 +405,6 @@ def _flat(msg: object, at: int) -> list[tuple[Any, ...]]:
     """A live event as plain tuples: every message's fields, every change frame's data."""
     if isinstance(msg, TxnRun):
         return [x for txn in msg.frames() for e in txn.events() for x in _flat(e[1], e[0])]
-    if isinstance(msg, TxnFrames):
-        return [x for e in msg.events() for x in _flat(e[1], e[0])]
     if isinstance(msg, ChangeFrames):
         return [("change", *c) for c in iter_change_frames(msg.blob, msg.in_stream, msg.head)]
     if isinstance(msg, Change):

@@ -19,7 +19,7 @@ import pytest
 from csnd.core.ids import lsn_to_str
 from csnd.decoder.change import DecodedChange, DecodedItem
 from csnd.gtm import GenerateOptions, generate_cluster
-from csnd.reader.pgoutput import Change, ChangeFrames, Truncate, TxnFrames, TxnRun
+from csnd.reader.pgoutput import Change, ChangeFrames, Truncate, TxnRun
 from csnd.reader.recorded import RecordedSource
 from csnd.sender import NodeSender
 
@@ -52,9 +52,7 @@ def test_nodes_release_the_expected_transactions(cluster: Path, spill_bytes: int
             elif isinstance(m, Truncate):
                 items = [DecodedChange(lsn, m.xid, "truncate", f"t{r}") for r in m.relids]
             else:
-                assert not isinstance(
-                    m, (ChangeFrames, TxnFrames, TxnRun)
-                )  # (only with raw_changes, from a live node)
+                assert not isinstance(m, (ChangeFrames, TxnRun))  # (only with raw_changes, from a live node)
                 items = [m]
             for item in items:
                 for t in ns.feed(lsn, item):

@@ -274,16 +274,17 @@ class ChangeFrames:
 
 
 class TxnFrames:
-    """A whole non-streamed transaction as a live reader with runs received it: Begin, row changes, Commit.
+    """A whole non-streamed transaction as messages: Begin, its row changes as one run, Commit.
 
-    The frames came one after another with nothing else between them, so
-    the reader hands them on as one event (`reader.live`): the resume
-    filter, the decoder pool and its feed then take a transaction at a time
-    instead of three or more events.  `changes` is its row changes as a
-    `ChangeFrames` run (None: the transaction has none, as one touching only
-    tables outside the publication); `begin_at` / `commit_at` are the
-    positions the Begin and Commit came at (their dataStarts), as the
-    events each would be.
+    What a `ScannedTxn` stands for (`scanned_txn_frames`), for a consumer
+    that takes a transaction's messages rather than its fields: the decoder
+    pool's feed when it does not write lines, the resume filter when it
+    must judge the transaction's events one by one.  Not an event of its own
+    (a source hands on whole transactions as a `TxnRun`).  `changes` is its
+    row changes as a `ChangeFrames` run (None: the transaction has none, as
+    one touching only tables outside the publication); `begin_at` /
+    `commit_at` are the positions the Begin and Commit came at (their
+    dataStarts), as the events each would be.
     """
 
     __slots__ = ("begin_at", "begin", "changes", "commit_at", "commit")
@@ -377,8 +378,9 @@ class TxnRun:
     """Whole one-piece transactions that came one after another, as one event (`ScannedTxn` each).
 
     What a live reader hands on for a batch of transactions its compiled
-    loop read (`reader.txnscan`): the resume filter, the decoder pool's feed
-    and the sender then take them a batch at a time, with no object per
+    loop read (`reader.txnscan`), and for one that came whole on its
+    frame-by-frame path: the resume filter, the decoder pool's feed and the
+    sender then take them a batch at a time, with no object per
     transaction -- on a node of one-row transactions those objects were a
     tenth of the service's CPU.  Each stands for the `TxnFrames` that
     `frames()` builds, which is what a consumer without a batch path takes.
