@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter, eq, itemgetter, le
-from typing import Any, Final, cast
+from typing import Any, Final, NoReturn, cast
 
 from csnd.core.errors import (
     ConfigError,
@@ -189,7 +189,7 @@ class NodeSender:
         self._new_relations: list[tuple[int, str]] = []
         self._finished = 0  # transactions finished so far (their `seq`)
         # An error of a transaction in a run, after others of the run were released: raised
-        # by the next call, so those go on first, as when each was fed apart (`_one_by_one`).
+        # by the next call, so those go on first, as when each was fed apart (`_wholes`).
         self._deferred: CsndError | None = None
         # statistics
         self.released = 0
@@ -281,13 +281,34 @@ class NodeSender:
         return self._finish_txn(txn, m.commit_lsn, m.end_lsn, m.commit_time)
 
     def _wholes(self, run: WholeTxns) -> list[FinishedTxn]:
-        """Whole transactions with their lines written (single-node mode): released as one, if they may be.
+        """Whole transactions with their lines written (single-node mode): released as one if they may be, else one by one.
 
-        The common case -- nothing open, nothing waiting, no relation
-        versions to attach, no restart to skip past -- takes one pass of
-        checks and one call of the orderer, and releases one `FinishedTxn`
-        that carries all of their lines (`FinishedTxn.written`).  Anything
-        else takes them one by one (`_whole`), which also reports errors.
+        The common case takes `_released_together`'s one pass; anything else
+        takes `_whole` for each, which also reports errors.  An error after
+        some were released is raised by the next call, so those go on first,
+        as when each was fed apart.
+        """
+        together = self._released_together(run)
+        if together is not None:
+            return [together]
+        out: list[FinishedTxn] = []
+        for w, line in zip(run.txns, run.lines, strict=True):
+            try:
+                out += self._whole(w, line)
+            except CsndError as e:
+                if not out:
+                    raise
+                self._deferred = e
+                break
+        return out
+
+    def _released_together(self, run: WholeTxns) -> FinishedTxn | None:
+        """All of `run` released as one `FinishedTxn` carrying their lines, or None (nothing changed) if they may not be.
+
+        They may when nothing is open, nothing waits, no relation versions
+        are to attach and no restart is to skip past, and their positions
+        are as their Begins and Commits say: then one pass of checks and one
+        call of the orderer release them all (`FinishedTxn.written`).
         """
         txns = run.txns
         if (
@@ -297,16 +318,16 @@ class NodeSender:
             or self._new_relations
             or self._ready
         ):
-            return self._one_by_one(run)
+            return None
         commit_lsns: list[Lsn] = list(map(_commit_lsn_of, txns))
         lsns_each: list[list[Lsn]] = list(map(_lsns_of, txns))
         if not _all_in_place(txns, commit_lsns, lsns_each):
-            return self._one_by_one(run)
+            return None
         csns = cast("list[Csn]", commit_lsns)  # (single-node mode: the commit LSN is the CSN)
         ticks = cast("list[Csn]", [end - 1 for end in map(_end_lsn_of, txns)])
         resume = self.resume_csn
         if (resume is not None and csns[0] <= resume) or not self._orderer.commit_run(csns, ticks):
-            return self._one_by_one(run)  # (a restart's re-sent ones are dropped there)
+            return None  # (a restart's re-sent ones are dropped one by one)
         n = len(txns)
         last = txns[-1]
         if last.commit_at:
@@ -330,20 +351,7 @@ class NodeSender:
         confirm.passed(last.end_lsn)
         finished.confirmable = confirm.value
         self.released += n
-        return [finished]
-
-    def _one_by_one(self, run: WholeTxns) -> list[FinishedTxn]:
-        """`_whole` for each; an error after some were released is raised by the next call (as if fed apart)."""
-        out: list[FinishedTxn] = []
-        for w, line in zip(run.txns, run.lines, strict=True):
-            try:
-                out += self._whole(w, line)
-            except CsndError as e:
-                if not out:
-                    raise
-                self._deferred = e
-                break
-        return out
+        return finished
 
     def _whole(self, w: WholeTxn, line: str) -> list[FinishedTxn]:
         """A whole transaction with its line written (single-node mode): `_begin`, the changes and `_commit` in one.
@@ -351,47 +359,44 @@ class NodeSender:
         The same checks, without a buffer: it holds no changes, only the
         worker's line (`FinishedTxn.written`).
         """
-        txn_frames = scanned_txn_frames(w)
-        begin, commit, lsns = txn_frames.begin, txn_frames.commit, cast("list[Lsn]", w.lsns)
+        xid, commit_lsn, end_lsn = w.xid, w.commit_lsn, w.end_lsn
+        lsns = cast("list[Lsn]", w.lsns)  # (never None in a WholeTxn)
         if self._gtm:
             raise InternalError(
                 "a whole transaction's line reached a gtm-mode sender; its csn comes from a marker",
                 node=self.node,
-                lsn=commit.commit_lsn,
-                xid=begin.xid,
+                lsn=commit_lsn,
+                xid=xid,
             )
-        if (
-            self._cur is not None
-            or self._block is not None
-            or not _all_in_place([w], [commit.commit_lsn], [lsns])
-        ):
-            # (the errors as the message-by-message path finds them)
-            self._begin(txn_frames.begin_at, begin)
-            txn = self._cur
-            assert txn is not None
-            if lsns[-1] > txn.bound or not _sorted(lsns):
-                txn.buf.close()
-                self._cur = None
-                raise position_error(self.node, txn, lsns, None)
-            self._commit(txn_frames.commit_at, commit)
-            raise InternalError("a whole transaction failed a check and passed it again", node=self.node)
-        if txn_frames.commit_at:
-            self._last_lsn = txn_frames.commit_at
+        if self._cur is not None or self._block is not None or not _all_in_place([w], [commit_lsn], [lsns]):
+            self._whole_refused(w, lsns)
+        if w.commit_at:
+            self._last_lsn = w.commit_at
         seq = self._finished
         self._finished = seq + 1
-        xid, commit_lsn, end_lsn = begin.xid, commit.commit_lsn, commit.end_lsn
         csn = _as_csn(commit_lsn)
         if self.resume_csn is not None and csn <= self.resume_csn:
             self.dropped_resumed += 1
             self._confirm.passed(end_lsn)
             return []
         released = self._orderer.commit(xid, csn, lsn=commit_lsn, xid=xid, tick=_as_csn(end_lsn - 1))
-        finished = FinishedTxn(
-            self.node, csn, None, xid, commit_lsn, end_lsn, commit.commit_time, (), len(lsns)
-        )
+        finished = FinishedTxn(self.node, csn, None, xid, commit_lsn, end_lsn, w.commit_time, (), len(lsns))
         finished.written = WrittenLines([csn], [xid], [commit_lsn], [line])
         finished.seq = seq
         return self._release(xid, None, finished, released)
+
+    def _whole_refused(self, w: WholeTxn, lsns: list[Lsn]) -> NoReturn:
+        """A whole transaction that failed a check: its error, as the message-by-message path finds it."""
+        txn_frames = scanned_txn_frames(w)
+        self._begin(txn_frames.begin_at, txn_frames.begin)
+        txn = self._cur
+        assert txn is not None
+        if lsns[-1] > txn.bound or not _sorted(lsns):
+            txn.buf.close()
+            self._cur = None
+            raise position_error(self.node, txn, lsns, None)
+        self._commit(txn_frames.commit_at, txn_frames.commit)
+        raise InternalError("a whole transaction failed a check and passed it again", node=self.node)
 
     def _stream_start(self, lsn: Lsn, m: StreamStart) -> list[FinishedTxn]:
         if self._cur is not None or self._block is not None:
@@ -844,7 +849,7 @@ def _sorted(lsns: list[Lsn]) -> bool:
     return len(lsns) < 2 or sorted(lsns) == lsns
 
 
-# A `WholeTxn`'s fields, for the C-level passes of `_wholes`.
+# A `WholeTxn`'s fields, for the C-level passes of `_released_together`.
 _final_lsn_of: Final[Callable[[WholeTxn], Lsn]] = attrgetter("final_lsn")
 _commit_lsn_of: Final[Callable[[WholeTxn], Lsn]] = attrgetter("commit_lsn")
 _end_lsn_of: Final[Callable[[WholeTxn], Lsn]] = attrgetter("end_lsn")
