@@ -9,6 +9,7 @@ import pytest
 
 from csnd.core import durable as writeback
 from csnd.core.durable import WRITEBACK_BYTES, Writeback
+from csnd.core.ids import Csn
 from csnd.reader import streamfile
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.runtime.jsonsink import JsonLinesSink as _Output
@@ -59,7 +60,7 @@ def test_output_through_the_hint_is_every_byte_in_order(tmp_path: Path) -> None:
     out = _Output(str(path))
     lines = [f'{{"n":{i},"pad":"{"y" * (i % 5000)}"}}' for i in range(12_000)]
     for i, line in enumerate(lines):
-        out.end_transaction(i, line)
+        out.end_transaction(Csn(i), line)
     out.commit()
     data = path.read_bytes()
     assert len(data) > 3 * WRITEBACK_BYTES
@@ -99,7 +100,7 @@ def test_replay_output_and_recordings_make_their_names_durable(
     named.clear()
     monkeypatch.setattr(csnd.runtime.jsonsink, "sync_directory", named.append)
     out = _Output(str(tmp_path / "o.jsonl"))
-    out.end_transaction(1, "{}")
+    out.end_transaction(Csn(1), "{}")
     assert named == []
     out.commit()
     assert named == [str(tmp_path / "o.jsonl")] and (tmp_path / "o.jsonl").exists()
@@ -113,7 +114,7 @@ def test_a_failed_fsync_of_the_output_is_a_clear_error_and_keeps_the_partial(
     from csnd.core.errors import CsndError
 
     out = _Output(str(tmp_path / "o.jsonl"))
-    out.end_transaction(1, "{}")
+    out.end_transaction(Csn(1), "{}")
 
     def fsync(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from csnd.core.ids import lsn_from_str
+from csnd.core.ids import Lsn, lsn_from_str
 from csnd.reader.live import LiveOptions, LiveSource
 from tests.fixtures.pg import PgDatabase
 
@@ -21,5 +21,5 @@ def test_a_final_confirmation_of_nothing_leaves_the_slot_alone(pg: PgDatabase) -
     pg.execute("CREATE PUBLICATION csnd_pub FOR ALL TABLES")
     pg.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
     before = _confirmed(pg)
-    LiveSource("dn1", LiveOptions(pg.url, "csnd", "csnd_pub")).confirm_final(0)
+    LiveSource("dn1", LiveOptions(pg.url, "csnd", "csnd_pub")).confirm_final(Lsn(0))
     assert _confirmed(pg) == before

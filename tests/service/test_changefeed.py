@@ -403,7 +403,8 @@ def test_health_reflection_and_status(log: Changelog) -> None:
                 drain(feed, 6)
                 feed.ack(7)
                 wait_for(
-                    lambda: [c.acknowledged_csn for c in srv.servicer.feed_status().consumers] == [7], "the ack"
+                    lambda: [c.acknowledged_csn for c in srv.servicer.feed_status().consumers] == [7],
+                    "the ack",
                 )
                 status = pb_grpc.ChangefeedStub(ch).Status(pb.StatusRequest())
         (node,) = status.nodes
