@@ -77,21 +77,26 @@ class DecodedRun:
     `DecodedChange` each, so the coordinator's process spends a few list
     operations per run, not a Python call per change.  `xid` is as in
     `DecodedChange` (the subtransaction inside a stream block, else None);
-    `lsns[i]` and `bodies[i]` belong to the i-th change.
+    `lsns[i]` and `bodies[i]` belong to the i-th change.  `op` is "truncate"
+    for the tables of one TRUNCATE (one body each, all at its LSN), else
+    "row": a run's row changes keep no op of their own (their bodies say it).
     """
 
-    __slots__ = ("xid", "lsns", "bodies")
+    __slots__ = ("xid", "lsns", "bodies", "op")
 
-    def __init__(self, xid: Xid | None, lsns: list[Lsn], bodies: list[str]) -> None:
+    def __init__(self, xid: Xid | None, lsns: list[Lsn], bodies: list[str], op: str = "row") -> None:
         if len(lsns) != len(bodies):
             raise ValueError(f"a run of {len(lsns)} changes with {len(bodies)} bodies")
         self.xid = xid
         self.lsns = lsns
         self.bodies = bodies
+        self.op = op
 
     def changes(self) -> list[DecodedChange]:
-        """The run as single changes (their op is not kept: "row")."""
-        return [DecodedChange(lsn, self.xid, "row", b) for lsn, b in zip(self.lsns, self.bodies, strict=True)]
+        """The run as single changes (for the message of an error about one)."""
+        return [
+            DecodedChange(lsn, self.xid, self.op, b) for lsn, b in zip(self.lsns, self.bodies, strict=True)
+        ]
 
     def __len__(self) -> int:
         return len(self.lsns)
@@ -156,5 +161,7 @@ PassThroughItem: TypeAlias = (
 )
 
 # One item of a node's decoded stream, in stream order: what `DecoderPool.run`
-# yields (besides its batch marks) and `NodeSender.feed` takes.
-DecodedItem: TypeAlias = DecodedRun | DecodedChange | WholeTxns | PassThroughItem
+# yields (besides its batch marks) and `NodeSender.feed` takes.  Decoded changes
+# come in runs only: a run of row changes, a TRUNCATE's tables, or whole
+# transactions with their lines.
+DecodedItem: TypeAlias = DecodedRun | WholeTxns | PassThroughItem

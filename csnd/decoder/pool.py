@@ -55,7 +55,7 @@ from typing import Any, Final, cast
 
 from csnd.core.errors import ConfigError, CsndError, InternalError, RemoteTraceback, WorkerError
 from csnd.core.ids import INVALID_LSN, Lsn
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
+from csnd.decoder.change import DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 from csnd.decoder.feed import (
     BATCH_CHANGES,
     BatchFeed,
@@ -133,8 +133,9 @@ class DecoderPool:
 
     `run(events)` yields `(lsn, item)` where item (a `DecodedItem`) is the original message, a
     `DecodedRun` in place of each run of consecutive row changes of one
-    (sub)transaction (`lsn` its first change's), or a `DecodedChange` per
-    table of a TRUNCATE; and `(INVALID_LSN, BATCH_END)` (0/0) after each batch, where the
+    (sub)transaction (`lsn` its first change's) and of the tables of each
+    TRUNCATE (`op` "truncate"), or a `WholeTxns` for consecutive whole
+    transactions whose lines the workers wrote; and `(INVALID_LSN, BATCH_END)` (0/0) after each batch, where the
     next item may mean waiting for a worker (a consumer that hands results
     on to another thread hands them on there, in one go).
     """
@@ -313,8 +314,9 @@ class DecoderPool:
                         yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
                         at += n
                     elif isinstance(msg, Truncate):
-                        for body in decoded[at]:
-                            yield lsn, DecodedChange(lsn, msg.xid, "truncate", body)
+                        bodies = decoded[at]
+                        if bodies:
+                            yield lsn, DecodedRun(msg.xid, [lsn] * len(bodies), bodies, "truncate")
                         at += 1
                     else:
                         yield lsn, msg

@@ -3,8 +3,10 @@
     (lsn, item) in stream order ──► NodeSender.feed ──► [FinishedTxn, ...] in CSN order
         Begin / Commit                 open txn ──► TxnBuffer (spills beyond spill_bytes)
         Stream Start/Stop/Commit/Abort streamed txns by top-level xid, interleaved
-        DecodedChange / DecodedRun     into the open Begin txn (xid None) or the open
+        DecodedRun                     into the open Begin txn (xid None) or the open
                                        stream block's txn (xid = its subtransaction)
+        WholeTxns (single-node mode)   whole transactions, their lines written by the
+                                       decoders: released as they are
         Message 'csn' (GTM mode)       committing / abort / tick ─► CsnOrderer
                                        commit / cid ─► the transaction they are in
         Keepalive                      tick (single-node mode) and confirmable LSN
@@ -222,16 +224,6 @@ class NodeSender:
                     raise position_error(self.node, txn, lsns, sub)
                 txn.last_lsn = last
             txn.buf.extend(txn.cid, sub, lsns, item.bodies)
-            return []
-        if type(item) is DecodedChange:
-            sub = item.xid
-            txn = self._cur if sub is None else self._block
-            if txn is None:
-                raise self._stray_change(lsn, item)
-            if item.lsn < txn.last_lsn or item.lsn > txn.bound:
-                raise position_error(self.node, txn, [item.lsn], sub)
-            txn.last_lsn = item.lsn
-            txn.buf.append(txn.cid, item.lsn, sub, item.body)
             return []
         if lsn:
             self._last_lsn = lsn

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from csnd.coordinator.wire import BEFORE_ALL, Position
 from csnd.core.ids import Csn, Lsn, Xid
-from csnd.decoder.change import DecodedChange
+from csnd.decoder.change import DecodedRun
 from csnd.reader.pgoutput import Begin, Commit, LogicalMessage
 from csnd.runtime.confirm import ConfirmTracker
 from csnd.runtime.items import TxnItem, WatermarkItem
@@ -211,7 +211,7 @@ def _gtm_txn(sender: NodeSender, xid: int, gid: str, csn: int, commit_lsn: int) 
     """Feed one GTM transaction with one change and its commit marker; what it released."""
     first = commit_lsn - 0x40
     out = sender.feed(Lsn(first), Begin(Lsn(commit_lsn), xid * 10, Xid(xid)))
-    out += sender.feed(Lsn(first), DecodedChange(Lsn(first), None, "insert", f'"x": {xid}'))
+    out += sender.feed(Lsn(first), DecodedRun(None, [Lsn(first)], [f'"x": {xid}']))
     marker = f"commit {gid} {csn}".encode()
     out += sender.feed(Lsn(first + 0x10), LogicalMessage(None, True, Lsn(first + 0x10), "csn", marker))
     out += sender.feed(Lsn(commit_lsn + 0x30), Commit(0, Lsn(commit_lsn), Lsn(commit_lsn + 0x30), xid * 10))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from csnd.core.ids import lsn_to_str
-from csnd.decoder.change import DecodedChange, DecodedItem
+from csnd.decoder.change import DecodedItem, DecodedRun
 from csnd.gtm import GenerateOptions, generate_cluster
 from csnd.reader.pgoutput import Change, ChangeFrames, Truncate, TxnRun
 from csnd.reader.recorded import RecordedSource
@@ -48,9 +48,9 @@ def test_nodes_release_the_expected_transactions(cluster: Path, spill_bytes: int
         for lsn, m in src.events():
             items: list[DecodedItem]
             if isinstance(m, Change):
-                items = [DecodedChange(lsn, m.xid, m.kind, f"b{lsn}")]
+                items = [DecodedRun(m.xid, [lsn], [f"b{lsn}"], m.kind)]
             elif isinstance(m, Truncate):
-                items = [DecodedChange(lsn, m.xid, "truncate", f"t{r}") for r in m.relids]
+                items = [DecodedRun(m.xid, [lsn] * len(m.relids), [f"t{r}" for r in m.relids], "truncate")]
             else:
                 assert not isinstance(m, (ChangeFrames, TxnRun))  # (only with raw_changes, from a live node)
                 items = [m]

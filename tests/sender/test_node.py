@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from csnd.core.ids import Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun
+from csnd.decoder.change import DecodedItem, DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
     Column,
@@ -114,7 +114,7 @@ class NodeMachine(RuleBasedStateMachine):
                 lsns = [it[1] for it in items[i:j]]
                 self._feed(lsns[0], DecodedRun(sub, lsns, [it[3] for it in items[i:j]]))
             else:
-                self._feed(item[1], DecodedChange(item[1], sub, "insert", item[3]))
+                self._feed(item[1], DecodedRun(sub, [item[1]], [item[3]], "insert"))
             i = j
 
     # --- helpers ------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from csnd.core.errors import (
     TruncatedStream,
 )
 from csnd.core.ids import Csn, Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedItem
+from csnd.decoder.change import DecodedItem, DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
     Change,
@@ -44,8 +44,8 @@ def _m(text: str, transactional: bool = False, xid: int | None = None, lsn: int 
     )
 
 
-def _ch(lsn: int, xid: int | None = None, body: str = '"op": "insert"') -> DecodedChange:
-    return DecodedChange(Lsn(lsn), None if xid is None else Xid(xid), "insert", body)
+def _ch(lsn: int, xid: int | None = None, body: str = '"op": "insert"') -> DecodedRun:
+    return DecodedRun(None if xid is None else Xid(xid), [Lsn(lsn)], [body], "insert")
 
 
 def _feed(ns: NodeSender, *items: DecodedItem) -> list[FinishedTxn]:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from csnd.core.errors import LsnOrderViolation, ProtocolError
 from csnd.core.ids import Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedRun
+from csnd.decoder.change import DecodedRun
 from csnd.reader.pgoutput import (
     Begin,
     Column,
@@ -47,8 +47,9 @@ def _run(lsns: list[int], xid: int | None = None) -> tuple[int, DecodedRun]:
     return lsns[0], DecodedRun(xid, lsns, [f'"n": {i}' for i in range(len(lsns))])  # type: ignore[arg-type]
 
 
-def _one(lsn: int, xid: int | None = None) -> tuple[int, DecodedChange]:
-    return lsn, DecodedChange(lsn, xid, "truncate", '"op": "truncate"')  # type: ignore[arg-type]
+def _one(lsn: int, xid: int | None = None) -> tuple[int, DecodedRun]:
+    """A TRUNCATE of one table, as the decoder pool hands it on."""
+    return lsn, DecodedRun(xid, [Lsn(lsn)], ['"op": "truncate"'], "truncate")  # type: ignore[arg-type]
 
 
 def _begin(xid: int, final: int = COMMIT) -> tuple[int, Begin]:

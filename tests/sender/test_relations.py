@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from csnd.core.ids import Lsn, Xid
-from csnd.decoder.change import DecodedChange, DecodedItem
+from csnd.decoder.change import DecodedItem, DecodedRun
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Begin, Column, Commit, LogicalMessage, Relation, TypeMsg
 from csnd.sender import FinishedTxn, NodeSender
@@ -31,8 +31,8 @@ def _txn(xid: int, commit_lsn: int, *middle: DecodedItem) -> list[DecodedItem]:
     return [Begin(Lsn(commit_lsn), 5, Xid(xid)), *middle, Commit(0, Lsn(commit_lsn), Lsn(commit_lsn + 8), 5)]
 
 
-def _change(lsn: int) -> DecodedChange:
-    return DecodedChange(Lsn(lsn), None, "insert", '"op": "insert"')
+def _change(lsn: int) -> DecodedRun:
+    return DecodedRun(None, [Lsn(lsn)], ['"op": "insert"'], "insert")
 
 
 def test_a_version_travels_with_the_transaction_it_arrived_in_once() -> None:
