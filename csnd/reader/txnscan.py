@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from csnd.core.compiled import compiled_module
+from csnd.core.errors import ConfigError
 from csnd.core.ids import Lsn
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
@@ -109,7 +110,14 @@ def take_whole_txns_py(
 
 _compiled = compiled_module("csnd.reader._txnscan")
 if _compiled is not None:
-    _compiled.bind_txn_type(ScannedTxn)  # (it makes its transactions of this class)
+    try:
+        _compiled.bind_txn_type(ScannedTxn)  # (it makes its transactions of this class)
+    except AttributeError:
+        raise ConfigError(
+            f"the compiled {_compiled.__name__} ({_compiled.__file__}) was built from an older "
+            "_txnscan.c, without bind_txn_type; rebuild it (pip install -e . or make install), "
+            "or run the Python twins with CSND_IMPL=python"
+        ) from None
 take_whole_txns: Callable[[Callable[[int], CopyData], int, int, int], Any] = (
     take_whole_txns_py if _compiled is None else _compiled.take_whole_txns
 )
