@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from csnd.service.status import ChangelogFigures
+
 if TYPE_CHECKING:
     from csnd.changelog import RecordPieces, RelationStore
     from csnd.snapshot.progress import TableProgress
@@ -70,32 +72,8 @@ class AdminLog(RecordReader, LagCounter, Protocol):
     def durable_csn(self) -> int: ...
 
 
-class StatusLog(LagCounter, Protocol):
-    """The changelog's figures that Status shows."""
-
-    @property
-    def oldest_csn(self) -> int: ...
-
-    @property
-    def visible_csn(self) -> int: ...
-
-    @property
-    def size_bytes(self) -> int: ...
-
-    @property
-    def segment_count(self) -> int: ...
-
-    @property
-    def fsyncs(self) -> int: ...
-
-    @property
-    def fsync_seconds_total(self) -> float: ...
-
-    @property
-    def last_fsync_seconds(self) -> float: ...
-
-    @property
-    def retention_held(self) -> Mapping[str, int]: ...
+class StatusLog(LagCounter, ChangelogFigures, Protocol):
+    """The changelog's figures that Status shows (the status builder's), and its lag counts."""
 
 
 class RetentionHolders(Protocol):
