@@ -51,9 +51,8 @@ def test_every_subcommand_takes_verbose_after_its_name() -> None:
 def test_decoders_out_of_range_is_a_usage_error(small: Path, n: str) -> None:
     proc = _csnd("replay", str(small), "--decoders", n)
     assert proc.returncode == 2 and f"--decoders: must be 1 to {cli.MAX_DECODERS}" in proc.stderr
-    assert f"at most {cli.MAX_DECODERS}" in _csnd("replay", "--help").stdout.replace("\n", " ").replace(
-        "  ", " "
-    )
+    # (the help states the rule, not this machine's number: docs/reference.md is made from it)
+    assert "at most 4 per core" in " ".join(_csnd("replay", "--help").stdout.split())
 
 
 def test_until_lsn_is_checked_for_files_too(small: Path) -> None:
