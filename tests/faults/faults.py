@@ -212,21 +212,6 @@ def client_cut(run: Run) -> None:
     proxy.resume()
 
 
-def client_black_hole(run: Run) -> None:
-    """The subscribers' TCP path drops every packet from now on, closing nothing.
-
-    Each subscriber must notice the silence (its HTTP/2 keepalive pings go
-    unanswered) and reconnect, and the service must drop the silent streams
-    (its keepalive replies stop) without a gap or a duplicate in either.
-    """
-    run.wait_flowing()
-    d = run.pause(0.0, 2.0)
-    proxy = run.client_proxy
-    assert proxy is not None
-    run.mark_fault(f"black-hole the subscribers' connections after {d:.2f}s")
-    assert proxy.black_hole() >= 1, "the proxy carried no connection"
-
-
 FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "service-kill": service_kill,
     "decoder-kill": decoder_kill,
@@ -237,13 +222,10 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "replication-stall": proxy_stall,
     "replication-black-hole": proxy_black_hole,
     "client-cut": client_cut,
-    "client-black-hole": client_black_hole,
 }
 SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
 PROXIED: Final = frozenset({"replication-cut", "replication-stall", "replication-black-hole"})
-CLIENT_PROXIED: Final = frozenset(
-    {"client-cut", "client-black-hole"}
-)  # (the subscribers reach the service through a proxy)
+CLIENT_PROXIED: Final = frozenset({"client-cut"})  # (the subscribers reach the service through a proxy)
 
 
 def evidence_dir() -> Path:
