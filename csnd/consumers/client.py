@@ -62,6 +62,7 @@ from csnd.core.errors import (
     ConfigError,
     CsnOutOfRange,
 )
+from csnd.core.tls import channel_credentials
 from csnd.proto import csnd_pb2 as pb
 from csnd.proto import csnd_pb2_grpc as pb_grpc
 
@@ -225,12 +226,8 @@ def why_unreachable(address: str, timeout: float = PROBE_TIMEOUT_S) -> str:
 def _channel(address: str, tls_ca: str | None) -> grpc.Channel:
     if tls_ca is None:
         return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    try:
-        with open(tls_ca, "rb") as f:
-            ca = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read the TLS CA certificate {tls_ca}: {e.strerror or e}") from None
-    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), CHANNEL_OPTIONS)
+    # (the one builder of the project's TLS credentials, which reads and checks the PEM file)
+    return grpc.secure_channel(address, channel_credentials(ca=tls_ca), CHANNEL_OPTIONS)
 
 
 def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
