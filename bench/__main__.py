@@ -13,7 +13,10 @@ same WAL, steady rates and CPU per transaction of every process
 (bench/drain_bench.py); `feed`, the changefeed alone serving a changelog to
 `csnd subscribe`, CPU per transaction (bench/feed_bench.py); `hotpath`, a
 live node's reader, decoder pool and sender over canned frames, with no
-server, CPU per transaction (bench/hotpath_bench.py).
+server, CPU per transaction (bench/hotpath_bench.py); `latency`, commit to
+consumer latency of `csnd serve` -> `csnd subscribe` and of `pg_recvlogical`
+on the same pgbench load at the same time, 100 to 10,000 transactions/s
+(bench/latency_bench.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from bench import (
     feed_bench,
     gtm_bench,
     hotpath_bench,
+    latency_bench,
     load_bench,
     merge_bench,
     reader_bench,
@@ -45,6 +49,7 @@ BY_NAME: dict[str, Callable[[list[str]], Any]] = {
     "drain": drain_bench.main,
     "feed": feed_bench.main,
     "hotpath": hotpath_bench.main,
+    "latency": latency_bench.main,
 }
 
 

@@ -1,0 +1,400 @@
+"""Live latency: `csnd serve` -> `csnd subscribe` against `pg_recvlogical`, same load at the same time.
+
+One PostgreSQL 15 server (the test server).  Two slots on it: `twin`
+(test_decoding, `include-timestamp`) read by `pg_recvlogical`, and `csnd`
+(pgoutput, publication `bench`) read by `csnd serve`, whose changefeed one
+`csnd subscribe` prints.  Both readers run through the whole bench, so they
+see the same load at the same time.  For each rate, pgbench (4 clients,
+`-R RATE`) commits one-row INSERT transactions for `--seconds`; then the
+bench waits until both consumers have printed every transaction pgbench
+committed (delivered = committed is checked, not assumed).
+
+Latency of a transaction = when its line reached this process through the
+consumer's stdout pipe (`time.time()` as the read returned) minus the commit
+timestamp the stream carries (test_decoding's `COMMIT ... (at TS)`, csnd's
+`commit_time`): the same clock, this machine's.  p50 / p99 / max per rate
+and consumer.
+
+Stage by stage (where a live transaction waits inside csnd): the service's
+`/metrics` histograms `csnd_commit_to_durable_seconds` (commit timestamp to
+the changelog's group commit having made it durable) and
+`csnd_commit_to_sent_seconds` (to the changefeed having handed it to a
+subscriber's stream), scraped before and after each rate: the difference is
+that rate's histogram, and its p50 / p99 are read off the buckets (bucket
+upper bounds, so a bound and not an exact figure).  What is left after
+"sent" is gRPC, the subscriber process and its pipe.
+
+CPU per transaction of every process (utime + stime from /proc) over each
+rate's window: `csnd serve`, its decoders, `csnd subscribe`, the two
+walsenders and `pg_recvlogical`.
+
+    python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
+    python -m bench.latency_bench ...
+
+Prints a table and writes it to bench-out/latency.md, raw figures to
+bench-out/latency.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import datetime
+from typing import Any, Final
+
+import psycopg
+
+from bench.loadkit import Service, Watch, cpu_seconds, end_all, subscribe
+from csnd.testing.pgserver import PG_BIN, PgServer, start_server
+
+RATES: Final = (100, 1_000, 2_000, 5_000, 10_000)
+CLIENTS: Final = 4
+SECONDS: Final = 10.0
+SMALL_SECONDS: Final = 4.0
+DRAIN_TIMEOUT_S: Final = 300.0
+STAGES: Final = ("csnd_commit_to_durable_seconds", "csnd_commit_to_sent_seconds")
+
+
+class Arrivals:
+    """Reads a consumer's stdout in a thread: for each line, arrival time minus its commit time."""
+
+    def __init__(self, fd: int, commit_time: Any, name: str) -> None:
+        self.latencies: list[float] = []
+        self.lines = 0
+        self._fd, self._commit_time = fd, commit_time
+        self._cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rest = b""
+        while chunk := os.read(self._fd, 1 << 16):
+            now = time.time()
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            got = [now - t for t in map(self._commit_time, lines) if t is not None]
+            with self._cond:
+                self.latencies += got
+                self.lines += len(got)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, seconds: float) -> bool:
+        """True once `count` transactions have arrived; False after `seconds` or at the pipe's end."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while self.lines < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.thread.is_alive():
+                    return False
+                self._cond.wait(min(left, 1.0))
+        return True
+
+
+def csnd_commit_time(line: bytes) -> float | None:
+    # the native line opens {"csn": N, "gid": ..., "commit_time": "...": no JSON parse needed
+    at = line.find(b'"commit_time": "')
+    if at < 0:
+        return None
+    start = at + 16
+    return datetime.fromisoformat(line[start : line.index(b'"', start)].decode()).timestamp()
+
+
+def test_decoding_commit_time(line: bytes) -> float | None:
+    # COMMIT 1234 (at 2026-11-29 03:12:17.123456+00)
+    if not line.startswith(b"COMMIT "):
+        return None
+    at = line.rfind(b"(at ")
+    return datetime.fromisoformat(line[at + 4 : line.rindex(b")")].decode()).timestamp()
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * q))] if s else float("nan")
+
+
+# --- /metrics ---------------------------------------------------------------------------------
+
+
+def scrape(http: str) -> dict[str, dict[float, float]]:
+    """The stage histograms' cumulative buckets: {name: {upper bound: count}} (empty if absent)."""
+    with urllib.request.urlopen(http + "metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, dict[float, float]] = {name: {} for name in STAGES}
+    for line in text.splitlines():
+        for name in STAGES:
+            if line.startswith(name + "_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                out[name][float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile `q` of the observations between two scrapes."""
+    bounds = sorted(after)
+    if not bounds:
+        return None
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    if total <= 0:
+        return None
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= q * total:
+            return b
+    return bounds[-1]
+
+
+# --- the load ---------------------------------------------------------------------------------
+
+
+def setup(server: PgServer) -> None:
+    with psycopg.connect(server.dsn(), autocommit=True) as c:
+        c.execute("CREATE TABLE lat (id bigserial PRIMARY KEY, v int) WITH (autovacuum_enabled = off)")
+        c.execute("CREATE PUBLICATION bench FOR ALL TABLES")
+        c.execute("SELECT pg_create_logical_replication_slot('twin', 'test_decoding')")
+        c.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+
+
+def pgbench(server: PgServer, work: str, rate: int, seconds: float) -> int:
+    """pgbench at `rate` one-row transactions a second; returns the transactions it committed."""
+    script = os.path.join(work, "insert.sql")
+    with open(script, "w") as f:
+        f.write("INSERT INTO lat (v) VALUES (1);\n")
+    cmd = [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
+    cmd += [
+        "-c",
+        str(CLIENTS),
+        "-j",
+        "2",
+        "-R",
+        str(rate),
+        "-T",
+        str(round(seconds)),
+        "-f",
+        script,
+        "postgres",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench at {rate}/s failed: {done.stderr.strip()[-500:]}")
+    for line in done.stdout.splitlines():
+        if line.startswith("number of transactions actually processed:"):
+            return int(line.split(":")[1].split("/")[0])
+    raise RuntimeError(f"pgbench printed no transaction count: {done.stdout[-500:]}")
+
+
+class CpuWindow:
+    """utime + stime of named processes at a window's start and end."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.start = {k: cpu_seconds(p) or 0.0 for k, p in pids.items()}
+
+    def per_txn_us(self, txns: int) -> dict[str, float]:
+        return {k: ((cpu_seconds(p) or 0.0) - self.start[k]) / txns * 1e6 for k, p in self.pids.items()}
+
+
+def _walsenders(server: PgServer) -> dict[str, int]:
+    with psycopg.connect(server.dsn(), autocommit=True) as c:
+        rows = c.execute("SELECT slot_name, active_pid FROM pg_replication_slots").fetchall()
+    return {f"walsender ({name})": int(pid) for name, pid in rows if pid}
+
+
+def run(rates: list[int], seconds: float, decoders: int | None) -> dict[str, Any]:
+    server = start_server()
+    work = tempfile.mkdtemp(prefix="csnd-latency-bench-")
+    procs: list[subprocess.Popen[Any]] = []
+    svc: Service | None = None
+    results: dict[str, Any] = {"rates": [], "clients": CLIENTS, "seconds": seconds, "cpus": os.cpu_count()}
+    try:
+        setup(server)
+        twin = subprocess.Popen(
+            [
+                os.path.join(PG_BIN, "pg_recvlogical"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(server.port),
+                "-U",
+                "postgres",
+            ]
+            + [
+                "-d",
+                "postgres",
+                "--slot",
+                "twin",
+                "--start",
+                "-o",
+                "include-timestamp=on",
+                "-F",
+                "0",
+                "-f",
+                "-",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(twin)
+        extra = ["--decoders", str(decoders)] if decoders is not None else []
+        svc = Service([f"dn1={server.url()}?slot=csnd&publication=bench"], work, "lat", *extra)
+        sub = subscribe(svc.address, stdout=subprocess.PIPE)
+        procs.append(sub)
+        assert twin.stdout is not None and sub.stdout is not None
+        ours = Arrivals(sub.stdout.fileno(), csnd_commit_time, "csnd")
+        theirs = Arrivals(twin.stdout.fileno(), test_decoding_commit_time, "pg_recvlogical")
+        # start-up is not a commit's latency: measure once one transaction came through both
+        with psycopg.connect(server.dsn(), autocommit=True) as c:
+            c.execute("INSERT INTO lat (v) VALUES (0)")
+        for a, what in ((ours, "csnd subscribe"), (theirs, "pg_recvlogical")):
+            if not a.wait_for(1, 120):
+                raise RuntimeError(f"{what} printed no first transaction within 120 s: {svc.stderr()[-500:]}")
+        watch = Watch(svc.proc.pid)
+        watch.sample()
+        for rate in rates:
+            print(f"bench latency: {rate:,}/s for {seconds:.0f} s ...", file=sys.stderr, flush=True)
+            base = (ours.lines, theirs.lines)
+            pids = {"csnd serve": svc.proc.pid, "csnd subscribe": sub.pid, "pg_recvlogical": twin.pid}
+            watch.sample()
+            pids.update({p.label: pid for pid, p in watch.procs.items() if p.label.startswith("decoder")})
+            pids.update(_walsenders(server))
+            cpu = CpuWindow(pids)
+            before = scrape(svc.http)
+            committed = pgbench(server, work, rate, seconds)
+            got = {
+                "csnd": ours.wait_for(base[0] + committed, DRAIN_TIMEOUT_S),
+                "pg_recvlogical": theirs.wait_for(base[1] + committed, DRAIN_TIMEOUT_S),
+            }
+            after = scrape(svc.http)
+            row: dict[str, Any] = {
+                "rate": rate,
+                "committed": committed,
+                "cpu_us_per_txn": cpu.per_txn_us(committed),
+            }
+            for name, a, b in (("csnd", ours, base[0]), ("pg_recvlogical", theirs, base[1])):
+                lat = a.latencies[b : b + committed]
+                row[name] = {
+                    "delivered": a.lines - b,
+                    "all_delivered": got[name] and a.lines - b == committed,
+                    "p50_ms": pct(lat, 0.5) * 1000,
+                    "p99_ms": pct(lat, 0.99) * 1000,
+                    "max_ms": max(lat, default=float("nan")) * 1000,
+                }
+            row["stages"] = {
+                name: {
+                    "p50_ms_at_most": _ms(bucket_quantile(before[name], after[name], 0.5)),
+                    "p99_ms_at_most": _ms(bucket_quantile(before[name], after[name], 0.99)),
+                }
+                for name in STAGES
+            }
+            results["rates"].append(row)
+            print(f"bench latency: {json.dumps(_brief(row))}", file=sys.stderr, flush=True)
+    finally:
+        end_all(procs)
+        if svc is not None:
+            svc.stop()
+        server.stop("immediate")
+        shutil.rmtree(server.base_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    results["loadavg_at_end"] = os.getloadavg()
+    return results
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1000
+
+
+def _brief(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rate": row["rate"],
+        "committed": row["committed"],
+        **{
+            k: f"{row[k]['p50_ms']:.1f}/{row[k]['p99_ms']:.1f}/{row[k]['max_ms']:.1f} ms, {row[k]['delivered']}"
+            for k in ("csnd", "pg_recvlogical")
+        },
+        "stages": {k: (v["p50_ms_at_most"], v["p99_ms_at_most"]) for k, v in row["stages"].items()},
+    }
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+def goal_met(row: dict[str, Any]) -> bool:
+    """The issue's bar: csnd's p99 <= max(2 x pg_recvlogical's p99, 2 ms), every transaction delivered."""
+    c, p = row["csnd"], row["pg_recvlogical"]
+    return bool(c["all_delivered"]) and c["p99_ms"] <= max(2 * p["p99_ms"], 2.0)
+
+
+def _stage(v: float | None) -> str:
+    return "-" if v is None else f"<= {v:g}"
+
+
+def table(results: dict[str, Any]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for r in results["rates"]:
+        c, p, s = r["csnd"], r["pg_recvlogical"], r["stages"]
+        dur, sent = s["csnd_commit_to_durable_seconds"], s["csnd_commit_to_sent_seconds"]
+        cpu = r["cpu_us_per_txn"]
+        csnd_cpu = sum(v for k, v in cpu.items() if k.startswith(("csnd", "decoder")))
+        rows.append(
+            (
+                f"{r['rate']:,}/s",
+                f"{r['committed']:,}",
+                f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f} ({c['delivered']:,})",
+                f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f} ({p['delivered']:,})",
+                "yes" if goal_met(r) else "no",
+                f"{_stage(dur['p50_ms_at_most'])} / {_stage(dur['p99_ms_at_most'])}",
+                f"{_stage(sent['p50_ms_at_most'])} / {_stage(sent['p99_ms_at_most'])}",
+                f"{csnd_cpu:.0f}",
+            )
+        )
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    out = [
+        "| rate (pgbench -R, 4 clients) | committed | csnd p50 / p99 ms (delivered) | pg_recvlogical p50 / p99 ms "
+        "(delivered) | p99 within max(2x, 2 ms), all delivered | commit to durable p50 / p99 ms (bucket) | "
+        "commit to sent p50 / p99 ms (bucket) | csnd CPU µs per transaction |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    out += ["| " + " | ".join(r) + " |" for r in table(results)]
+    return "\n".join(out) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench latency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--small", action="store_true", help=f"{SMALL_SECONDS:g} s a rate instead of {SECONDS:g}")
+    p.add_argument("--rates", default=",".join(map(str, RATES)), help="comma-separated transactions/s")
+    p.add_argument(
+        "--seconds", type=float, default=None, help=f"seconds of load a rate (default {SECONDS:g})"
+    )
+    p.add_argument("--decoders", type=int, default=None, help="csnd serve --decoders (default: its own)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from bench.common import out_path
+
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    seconds = a.seconds if a.seconds is not None else SMALL_SECONDS if a.small else SECONDS
+    results = run([int(x) for x in a.rates.split(",")], seconds, a.decoders)
+    with open(out_path("latency.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, default=str)
+    text = markdown(results)
+    with open(out_path("latency.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text, end="")
+    return results
+
+
+if __name__ == "__main__":
+    main()
