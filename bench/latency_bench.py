@@ -217,29 +217,11 @@ def run(rates: list[int], seconds: float, decoders: int | None) -> dict[str, Any
     results: dict[str, Any] = {"rates": [], "clients": CLIENTS, "seconds": seconds, "cpus": os.cpu_count()}
     try:
         setup(server)
+        twin_cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
+        twin_cmd += ["-U", "postgres", "-d", "postgres", "--slot", "twin", "--start"]
+        twin_cmd += ["-o", "include-timestamp=on", "-F", "0", "-f", "-"]
         twin = subprocess.Popen(
-            [
-                os.path.join(PG_BIN, "pg_recvlogical"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(server.port),
-                "-U",
-                "postgres",
-            ]
-            + [
-                "-d",
-                "postgres",
-                "--slot",
-                "twin",
-                "--start",
-                "-o",
-                "include-timestamp=on",
-                "-F",
-                "0",
-                "-f",
-                "-",
-            ],
+            twin_cmd,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
