@@ -19,7 +19,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from csnd.core.ids import Csn
 from csnd.runtime.inputs import NodeInput, NodePipeline
@@ -127,15 +127,29 @@ def safe_target(src: ServedSource) -> str:
 
         return shown_conninfo(src.target)
     if src.is_live:
-        from urllib.parse import urlsplit, urlunsplit
-
-        url = urlsplit(src.target)
-        host = url.hostname or ""
-        netloc = (
-            f"{url.username + '@' if url.username else ''}{host}{':' + str(url.port) if url.port else ''}"
-        )
-        return urlunsplit(url._replace(netloc=netloc, query=""))
+        return shown_source_url(src.target)
     return src.target
+
+
+# The URL parameters Status shows: where the node is, never a password or a key's path.
+_SHOWN_PARAMETERS: Final = ("host", "hostaddr", "port")
+
+
+def shown_source_url(target: str) -> str:
+    """A postgresql:// URL without its password and with only the parameters that say where it points.
+
+    The netloc is taken apart by hand, not by `urlsplit().port`: libpq's
+    failover form `u@a:p1,b:p2` names several hosts and ports there, which
+    `urllib` cannot read as one port.
+    """
+    from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+    url = urlsplit(target)
+    userinfo, at, hosts = url.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}@{hosts}" if at and user else hosts
+    query = [(k, v) for k, v in parse_qsl(url.query, keep_blank_values=True) if k in _SHOWN_PARAMETERS]
+    return urlunsplit(url._replace(netloc=netloc, query=urlencode(query, safe=",", quote_via=quote)))
 
 
 def node_databases(sources: Sequence[ServedSource], env: Mapping[str, str] | None = None) -> dict[str, str]:
