@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Final
 import grpc
 
 from csnd.core.errors import AckError, ChangelogCorrupt, CsnOutOfRange
-from csnd.proto import csnd_pb2 as pb
-from csnd.service.batching import BatchBuilder
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.service.batching import BatchBuilder, Record
 from csnd.service.debezium import FORMATS as DEBEZIUM_FORMATS
 from csnd.service.debezium import DebeziumFormat, RelationTypes
 from csnd.service.feed_aborts import abort, bad_line, damaged, out_of_range, refuse_unknown, table_filter
@@ -47,6 +47,7 @@ from csnd.service.feed_ports import StoredRecord, StreamLog
 from csnd.service.feed_reading import open_at, open_oldest, read_from
 from csnd.service.filtering import LineFilter, Reshaped
 from csnd.service.knowntables import KnownTables
+from csnd.service.latency import COMMIT_TO_SENT
 
 if TYPE_CHECKING:
     from csnd.core.auth import Credentials
@@ -236,7 +237,13 @@ class SubscribeStreams:
     ) -> Iterator[pb.SubscribeResponse | bytes]:
         s = self.settings
         log = self.log
-        sent = self.consumers.sent
+        noted = self.consumers.sent
+
+        def sent(cid: int, csn: int, n: int, batch: list[Record] | None = None) -> None:
+            noted(cid, csn, n)
+            if batch:
+                COMMIT_TO_SENT.observe_lines([line for _, line in batch])
+
         builder = BatchBuilder(s.max_batch_bytes)
         pos = after
         next_keepalive = time.monotonic() + s.keepalive_s
@@ -259,7 +266,7 @@ class SubscribeStreams:
                         if fresh:
                             batch = builder.flush()
                             if batch:
-                                sent(cid, batch[-1][0], len(batch))
+                                sent(cid, batch[-1][0], len(batch), batch)
                                 yield batch_response(batch)
                             yield relations_response(fresh)
                     pos = csn
@@ -269,7 +276,7 @@ class SubscribeStreams:
                         if pieces is not None:
                             batch = builder.flush()
                             if batch:
-                                sent(cid, batch[-1][0], len(batch))
+                                sent(cid, batch[-1][0], len(batch), batch)
                                 yield batch_response(batch)
                             # Marked sent before its pieces go, as a batch is before it is
                             # yielded: the client may acknowledge the line as soon as the last
@@ -292,7 +299,7 @@ class SubscribeStreams:
                     except ValueError as e:
                         bad_line(context, csn, e)
                     if kept is not None and (batch := builder.add(csn, kept)) is not None:
-                        sent(cid, batch[-1][0], len(batch))
+                        sent(cid, batch[-1][0], len(batch), batch)
                         yield batch_response(batch)
                         if self._ended(cid, stream, context):
                             return
@@ -309,7 +316,7 @@ class SubscribeStreams:
             except ChangelogCorrupt as e:
                 damaged(context, e)
             batch = builder.flush()
-            sent(cid, pos, len(batch or ()))
+            sent(cid, pos, len(batch or ()), batch)
             if batch:
                 yield batch_response(batch)
             if self._ended(cid, stream, context):

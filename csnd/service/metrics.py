@@ -6,6 +6,10 @@ as prometheus_client's docs recommend for values kept elsewhere): nothing on
 the pipeline's hot path updates a metric, and no two surfaces can disagree
 about a figure.
 
+The two latency histograms are the exception: their observations are made
+where a transaction becomes durable and where it is sent
+(`csnd.service.latency`), and read here at scrape time.
+
 The names are a contract -- dashboards and alerts script against them -- so
 they are listed once here, and a test holds the exposition to this list.
 """
@@ -15,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from csnd.service.latency import COMMIT_TO_DURABLE, COMMIT_TO_SENT, LatencyHistogram
 
 # name -> help text.  Counters are listed with the `_total` suffix they are exposed with.
 METRICS: Final[Mapping[str, str]] = {
@@ -37,6 +43,10 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_changelog_fsyncs_total": "Group-commit fsyncs of the changelog since the service started.",
     "csnd_changelog_fsync_seconds_total": "Seconds spent in those fsyncs (over the count: the mean latency).",
     "csnd_changelog_last_fsync_seconds": "How long the last group-commit fsync took.",
+    "csnd_commit_to_durable_seconds": "Seconds from a transaction's source commit to the changelog's group "
+    "commit that made it durable.",
+    "csnd_commit_to_sent_seconds": "Seconds from a transaction's source commit to the changefeed handing it to "
+    "a subscriber's stream (once per subscriber).",
     "csnd_subscribers": "Connected changefeed consumers.",
     "csnd_subscriber_lag_transactions": "Durable transactions after the consumer's acknowledged CSN.",
     "csnd_subscriber_acknowledged_csn": "The consumer's acknowledged CSN.",
@@ -161,6 +171,20 @@ class StatusCollector(Collector):
                     [str(t.get("node", "")), f"{t.get('schema', '')}.{t.get('table', '')}"], value(t)
                 )
             yield g
+        yield from latency_families()
+
+
+def latency_families(
+    histograms: Mapping[str, LatencyHistogram] | None = None,
+) -> Iterator[Metric]:
+    """The latency histograms of this process (`csnd.service.latency`) as metric families."""
+    of = histograms or {
+        "csnd_commit_to_durable_seconds": COMMIT_TO_DURABLE,
+        "csnd_commit_to_sent_seconds": COMMIT_TO_SENT,
+    }
+    for name, histogram in of.items():
+        buckets, total = histogram.snapshot()
+        yield HistogramMetricFamily(name, METRICS[name], buckets=buckets, sum_value=total)
 
 
 def registry_for(status: Callable[[], Mapping[str, Any]]) -> CollectorRegistry:

@@ -38,6 +38,7 @@ from typing import Final
 from csnd.changelog import Changelog
 from csnd.core.errors import SnapshotError
 from csnd.runtime.sinks import GroupCommit
+from csnd.service.latency import COMMIT_TO_DURABLE
 from csnd.snapshot.watermark import Windows
 
 # How often retention runs (from the sync thread, after a sync).
@@ -295,6 +296,8 @@ class ChangelogSink:
             self.durable_ticket = ticket
             self._retention()
             self._changed.notify_all()
+        if point is not None:  # (outside the lock: the runtime appends meanwhile)
+            COMMIT_TO_DURABLE.observe_lines(point.lines)
         return True
 
     # --- under the lock ---------------------------------------------------------------
