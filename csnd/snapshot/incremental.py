@@ -19,6 +19,10 @@ itself (a record with its marker after that CSN), so a chunk is neither lost
 nor appended twice; a watermark whose rows were lost with the process is
 left in the changelog as an empty transaction.
 
+The parts: `jobstore` (the jobs as stored), `chunkreader` (a table's chunks
+and watermarks on its node), `newtables` (when_needed publications looked
+at), `watermark` (the DBLog rule); this module runs the jobs on one thread.
+
 Only single-mode live sources the service reads itself: in GTM mode the
 watermark's transaction would need a CSN from the GTM, which the service
 does not reach.  A table needs a primary key (rows are told apart by it)
@@ -28,8 +32,6 @@ INDEX of the primary key).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -37,95 +39,40 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Final, TypeVar
 
 import psycopg
 
 from csnd.changelog import Changelog
-from csnd.core.durable import replace_file
 from csnd.core.errors import CsnOutOfRange, SnapshotError
 from csnd.core.tablespec import parse_table
 from csnd.reader.reconnect import one_line
-from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
-from csnd.snapshot.lines import read_body
-from csnd.snapshot.plan import CHUNK_ROWS, Chunk, TableInfo, chunk_copy_sql, next_bound_sql
+from csnd.snapshot.chunkreader import WAIT_NOTE_S, ChunkReader, Stopped, table_info
+from csnd.snapshot.jobstore import JOBS_FILE, Job, Known, NodeAccess, TableJob, read_jobs, write_jobs
+from csnd.snapshot.newtables import look_for_new_tables
+from csnd.snapshot.plan import CHUNK_ROWS
 from csnd.snapshot.progress import SnapshotProgress
 from csnd.snapshot.run import table_relation_body
-from csnd.snapshot.watermark import PREFIX, UNPLACED_LSN, ReadSnapshot, Tracker, Window, Windows, body_key
 from csnd.snapshot.watermark import Chunk as WindowChunk
+from csnd.snapshot.watermark import Tracker, Window, Windows, body_key
+
+# (re-exported: the service builds NodeAccess from here, tests build jobs)
+__all__ = ["IncrementalSnapshots", "Job", "NodeAccess", "TableJob", "list_after"]
 
 log = logging.getLogger("csnd.snapshot")
 _T = TypeVar("_T")
 
-JOBS_FILE: Final = "incremental_snapshots.json"
 # A chunk every row of which had to be left out (the table truncated, a transaction too
 # large to look into) is read again; this many times in a row ends the job.
 REDO_LIMIT: Final = 20
-# How often a job waiting for its watermark to come through the pipeline says so.
-WAIT_NOTE_S: Final = 30.0
 # Waits on the database after a lost connection, before the chunk is tried again.
 RETRY_WAITS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
-# A chunk's rendered rows are held in memory and appended as one record: chunks of wide rows
-# hold fewer rows, so that one stays about this size (the first chunk of a table learns the width).
-CHUNK_BYTES: Final = 64 << 20
-# How long a connection to a node may take to open.
-CONNECT_TIMEOUT_S: Final = 10
 # After a job, the next look for tables new to a when_needed publication waits at least this long.
 AFTER_JOB_S: Final = 5.0
 # How often a when_needed node's publication is looked at for tables new to it
 # (CSND_NEW_TABLES_EVERY_S: tests make it short).
 NEW_TABLES_EVERY_S: Final = float(os.environ.get("CSND_NEW_TABLES_EVERY_S", "30"))
-
-_PUBLISHED_SQL: Final = """
-SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = %s
-ORDER BY schemaname, tablename
-"""
-
-
-@dataclass(frozen=True)
-class NodeAccess:
-    """How a job reaches one node: what the service's live source for it says."""
-
-    node: str
-    conninfo: str
-    publication: str
-    binary: bool
-    mode: str
-    enums: Callable[[], list[tuple[int, int]]]
-    # snapshot=when_needed: a table that joins the publication later is snapshotted by itself
-    when_needed: bool = False
-
-
-@dataclass
-class TableJob:
-    """One table of a job, as stored: where its next chunk starts and the chunk in flight."""
-
-    node: str
-    schema: str
-    table: str
-    state: str = "waiting"  # "waiting", "copying", "done"
-    after: list[str] | None = None  # the last key done, as text (None: none yet)
-    chunks: int = 0  # chunks done
-    rows: int = 0  # rows kept (appended as reads)
-    estimated: int = 0
-    # the chunk in flight: {"chunk": n, "hi": [...] | None, "floor": the changelog's newest csn before it}
-    pending: dict[str, Any] | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-
-@dataclass
-class Job:
-    id: str
-    tables: list[TableJob]
-    chunk_rows: int = CHUNK_ROWS
-    state: str = "running"  # "running", "complete", "failed"
-    error: str = ""
-    redo: int = field(default=0, repr=False)
 
 
 class IncrementalSnapshots:
@@ -153,33 +100,16 @@ class IncrementalSnapshots:
         self._thread: threading.Thread | None = None
         # when_needed nodes: the tables of their publication already covered (by the initial
         # snapshot, by a job, or there when the node was first seen), as [schema, table]
-        self.known: dict[str, list[list[str]]] = {}
+        self.known: Known = {}
         self._next_look = 0.0
-        self._active: _Table | None = None  # the table being read (stop() cancels its query)
+        self._active: ChunkReader | None = None  # the table being read (stop() cancels its query)
         self._submitting = threading.Lock()  # one submit at a time: "one job at a time" holds
 
     # --- jobs ---------------------------------------------------------------------------
 
     def load(self) -> None:
         """The jobs stored by an earlier run; the unfinished ones resume once `start()` is called."""
-        try:
-            with open(self.path, "rb") as f:
-                stored = json.loads(f.read())
-        except FileNotFoundError:
-            return
-        except ValueError as e:
-            raise SnapshotError(f"{self.path} is not the incremental snapshots' JSON: {e}") from None
-        try:
-            self.known = {n: [list(t) for t in ts] for n, ts in stored.get("known", {}).items()}
-            jobs = [
-                Job(j["id"], [TableJob(**t) for t in j["tables"]], j["chunk_rows"], j["state"], j["error"])
-                for j in stored.get("jobs", [])
-            ]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise SnapshotError(
-                f"{self.path} is not the incremental snapshots' JSON csnd writes ({type(e).__name__}: {e}); "
-                "move it away to forget the jobs (a job then running is not resumed)"
-            ) from None
+        jobs, self.known = read_jobs(self.path)
         for job in jobs:
             self._jobs.append(job)
             if job.state == "running":
@@ -191,74 +121,13 @@ class IncrementalSnapshots:
             return self._jobs[-1] if self._jobs else None
 
     def look_for_new_tables(self) -> None:
-        """Snapshot, by a job of their own, the tables new to a when_needed node's publication.
+        """Snapshot, by a job of their own, the tables new to a when_needed node's publication."""
+        look_for_new_tables(self.nodes, self.known, self.submit, self._update)
 
-        A node seen the first time takes its publication as it is: its tables
-        are the initial snapshot's, or were streamed from a slot that existed
-        (when_needed streams those without a snapshot).  A table that cannot be
-        snapshotted (no primary key) is logged once and counted as known.
-        """
-        for access in self.nodes.values():
-            if not access.when_needed or access.mode != "single":
-                continue
-            try:
-                with psycopg.connect(
-                    access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                ) as conn:
-                    published = [
-                        [str(a), str(b)] for a, b in conn.execute(_PUBLISHED_SQL, (access.publication,))
-                    ]
-            except psycopg.Error as e:
-                log.warning(
-                    "node %s: cannot look for new tables to snapshot: %s", access.node, one_line(str(e))
-                )
-                continue
-            known = self.known.get(access.node)
-            if known is None:
-                with self._lock:
-                    self.known[access.node] = published
-                    self._store()
-                continue
-            new = [t for t in published if t not in known]
-            if not new:
-                continue
-            specs = []
-            try:
-                for schema, table in new:
-                    try:
-                        self._table_info(access, schema, table, must=True)
-                        specs.append(table_spec(schema, table))
-                    except ValueError as e:
-                        log.warning(
-                            "node %s: not snapshotting %s.%s, new in its publication: %s",
-                            access.node,
-                            schema,
-                            table,
-                            e,
-                        )
-            except SnapshotError as e:  # (the node cannot be read now: looked at again later)
-                log.warning("node %s: cannot look for new tables to snapshot: %s", access.node, e)
-                continue
-            if specs:
-                try:
-                    self.submit(specs, access.node)
-                except (RuntimeError, SnapshotError) as e:  # (a job started meanwhile; the node is away)
-                    log.warning("node %s: new tables wait for the next look: %s", access.node, e)
-                    return
-                except ValueError as e:  # (one of them went away or changed meanwhile)
-                    log.warning("node %s: not snapshotting %s: %s", access.node, ", ".join(specs), e)
-                else:
-                    log.info(
-                        "node %s: new in publication %s: %s",
-                        access.node,
-                        access.publication,
-                        ", ".join(specs),
-                    )
-            with self._lock:
-                known.extend(new)
-                self._store()
-            if specs:
-                return  # (one job at a time: other nodes' new tables at the next look)
+    def _update(self, change: Callable[[], None]) -> None:
+        with self._lock:
+            change()
+            self._store()
 
     def submit(self, specs: list[str], node: str | None = None, chunk_rows: int = 0) -> Job:
         """A new job over `specs` (`schema.table`) on `node` (None: every node that has the table).
@@ -296,7 +165,7 @@ class IncrementalSnapshots:
         for schema, table in wanted:
             found = False
             for access in targets:
-                info = self._table_info(access, schema, table, must=node is not None)
+                info = table_info(access, schema, table, must=node is not None)
                 if info is not None:
                     found = True
                     tables.append(TableJob(access.node, schema, table, estimated=info.estimated_rows))
@@ -326,32 +195,6 @@ class IncrementalSnapshots:
             if t.state == "done":
                 self.progress.table_done(t.node, t.schema, t.table, t.chunks)
 
-    def _table_info(self, access: NodeAccess, schema: str, table: str, *, must: bool) -> TableInfo | None:
-        from csnd.snapshot.copier import read_tables
-
-        if access.mode != "single":
-            raise ValueError(
-                f"node {access.node} runs in {access.mode} mode: an incremental snapshot's watermark would "
-                "need a CSN from the GTM, which the service does not reach (take an initial snapshot instead)"
-            )
-        try:
-            with psycopg.connect(access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
-                tables = read_tables(conn, access.publication, (schema, table))
-        except psycopg.Error as e:
-            raise SnapshotError(
-                f"cannot list the tables of publication {access.publication}: {one_line(str(e))}",
-                node=access.node,
-            ) from None
-        info = tables[0] if tables else None  # (read_tables kept only this table)
-        if info is None:
-            if must:
-                raise ValueError(
-                    f"table {schema}.{table} is not in publication {access.publication} of node {access.node}"
-                )
-            return None
-        check_snapshottable(info, access.node)
-        return info
-
     # --- the job thread -------------------------------------------------------------------
 
     def start(self) -> None:
@@ -379,7 +222,7 @@ class IncrementalSnapshots:
                     self._next_look = time.monotonic() + NEW_TABLES_EVERY_S
                     try:
                         self.look_for_new_tables()
-                    except _Stopped:
+                    except Stopped:
                         return
                     except Exception as e:  # (looked at again later; the service goes on)
                         log.error("looking for new tables to snapshot failed: %s", e)
@@ -389,7 +232,7 @@ class IncrementalSnapshots:
                 continue
             try:
                 self._run_job(job)
-            except _Stopped:
+            except Stopped:
                 return
             except Exception as e:  # (the job ends; the service goes on)
                 message = str(e) if isinstance(e, SnapshotError) else f"{type(e).__name__}: {e}"
@@ -407,14 +250,14 @@ class IncrementalSnapshots:
             if access is None:
                 raise SnapshotError(f"node {t.node} is no longer a live source of this service", node=t.node)
             info = self._retrying(
-                job, t, "check the table", partial(self._table_info, access, t.schema, t.table, must=True)
+                job, t, "check the table", partial(table_info, access, t.schema, t.table, must=True)
             )
             assert info is not None
             t.state = "copying"
             self.progress.chunk_started(t.node, t.schema, t.table)
             if t.pending is not None:
                 self._settle_pending(job, t)
-            table = _Table(access, info, self._stop)
+            table = ChunkReader(access, info, self._stop)
             self._active = table
             tracker = self.windows.track(t.node, t.schema, t.table, info.key)
             try:
@@ -442,7 +285,7 @@ class IncrementalSnapshots:
                 return step()
             except psycopg.OperationalError as e:
                 if self._stop.is_set():
-                    raise _Stopped from None
+                    raise Stopped from None
                 if wait is None:
                     raise SnapshotError(
                         f"cannot {what}: {one_line(str(e))}", node=t.node, table=t.label
@@ -460,7 +303,7 @@ class IncrementalSnapshots:
                 if self._active is not None:
                     self._active.close()
                 if self._stop.wait(wait):
-                    raise _Stopped from None
+                    raise Stopped from None
         raise AssertionError("unreachable")
 
     def _settle_pending(self, job: Job, t: TableJob) -> None:
@@ -490,7 +333,7 @@ class IncrementalSnapshots:
                 return
         t.pending = None  # (lost with the process: read again)
 
-    def _chunk(self, job: Job, t: TableJob, table: _Table, tracker: Tracker) -> None:
+    def _chunk(self, job: Job, t: TableJob, table: ChunkReader, tracker: Tracker) -> None:
         number = t.chunks + 1
         rows = table.chunk_rows(job.chunk_rows)
 
@@ -574,7 +417,7 @@ class IncrementalSnapshots:
         note = time.monotonic() + WAIT_NOTE_S
         while not window.done.wait(0.5):
             if self._stop.is_set():
-                raise _Stopped
+                raise Stopped
             if time.monotonic() >= note:
                 note += WAIT_NOTE_S
                 log.warning(
@@ -590,212 +433,12 @@ class IncrementalSnapshots:
         csn = window.appended[0]
         while not self.log.wait_durable(csn - 1, 0.5):
             if self._stop.is_set():
-                raise _Stopped
+                raise Stopped
         return csn
 
     def _store(self) -> None:
         """Under the lock: every job, replaced atomically in the changelog directory."""
-        doc: dict[str, Any] = {
-            "jobs": [{**asdict(j), "tables": [asdict(t) for t in j.tables]} for j in self._jobs],
-            "known": self.known,
-        }
-        for j in doc["jobs"]:
-            j.pop("redo", None)
-        replace_file(self.path, json.dumps(doc, indent=1).encode())
-
-
-def table_spec(schema: str, table: str) -> str:
-    """`schema.table` as `csnd.core.tablespec` reads it back (a part with a dot, quote or space quoted)."""
-
-    def part(name: str) -> str:
-        plain = (
-            name and name != "*" and not any(ch in name for ch in '."') and not any(c.isspace() for c in name)
-        )
-        return name if plain else '"' + name.replace('"', '""') + '"'
-
-    return f"{part(schema)}.{part(table)}"
-
-
-class _Stopped(Exception):
-    """The service is stopping: the job ends here and resumes at the next start."""
-
-
-def check_snapshottable(info: TableInfo, node: str) -> None:
-    """ValueError unless the table's rows can be told apart in the stream by its primary key."""
-    if not info.key:
-        raise ValueError(
-            f"table {info.label} on node {node} has no primary key (or its publication leaves a key column "
-            "out): an incremental snapshot tells a chunk's rows from the stream's by it"
-        )
-    identity = {c.name for c in info.columns if c.identity}
-    if info.replident not in ("d", "f") and not set(info.key) <= identity:
-        raise ValueError(
-            f"table {info.label} on node {node} has a replica identity that does not hold its primary key "
-            f"({', '.join(info.key)}): a delete would not say which row it removed; use REPLICA IDENTITY "
-            "DEFAULT or FULL"
-        )
-
-
-class _Table:
-    """One table's connection to its node: chunks read in REPEATABLE READ, watermarks emitted."""
-
-    def __init__(self, access: NodeAccess, info: TableInfo, stop: threading.Event) -> None:
-        self.access = access
-        self.info = info
-        self._stop = stop
-        self._enums = access.enums() if access.binary else []
-        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
-        self._cache: Any = None
-        self._row_bytes = 0.0  # rendered bytes a row, as the chunks so far had them (0: none yet)
-
-    def error(self, message: str) -> SnapshotError:
-        return SnapshotError(message, node=self.access.node, table=self.info.label)
-
-    def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-            )
-        return self._conn
-
-    def close(self) -> None:
-        """Close the connection (from any thread: a query in progress is cancelled first)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=2.0)
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def chunk_rows(self, asked: int) -> int:
-        """`asked`, fewer when rows are wide: a chunk's rendered rows are one record, held in memory."""
-        if self._row_bytes <= 0:
-            return asked
-        return max(1, min(asked, int(CHUNK_BYTES / self._row_bytes)))
-
-    def wait_visible(self, job: str) -> None:
-        """Until no transaction committed before now is still invisible (see `csnd.snapshot.watermark`).
-
-        Such a transaction's commit may have been handed to the sink before the table was
-        tracked: a commit waiting for a synchronous standby (flushed, so sent to logical
-        decoding; its backend still holding its xid).  Once it is visible, every later chunk's
-        snapshot reflects it.
-        """
-        conn = self._connection()
-        waiting = [int(str(xid)) for (xid,) in conn.execute(_SYNC_REP_XIDS_SQL).fetchall()]
-        note = time.monotonic() + WAIT_NOTE_S
-        while waiting:
-            if self._stop.wait(0.05):
-                raise _Stopped
-            now = ReadSnapshot.parse(str(_one(conn, "SELECT pg_current_snapshot()::text")))
-            waiting = [x for x in waiting if not now.sees(x)]
-            if waiting and time.monotonic() >= note:
-                note += WAIT_NOTE_S
-                log.warning(
-                    "incremental snapshot %s: node %s: transactions %s have committed but are not visible yet "
-                    "(waiting for a synchronous standby?); the snapshot waits for them",
-                    job,
-                    self.access.node,
-                    ", ".join(map(str, waiting[:5])),
-                )
-
-    def _relation_cache(self) -> Any:
-        from csnd.decoder.rows import RelationCache
-
-        if self._cache is None:
-            cache = RelationCache(binary=self.access.binary)
-            for oid, array in self._enums:
-                cache.declare_enum(oid, array)
-            for msg in self.info.relation_messages():
-                cache.apply(msg, 0)
-            self._cache = cache
-        return self._cache
-
-    def read_chunk(
-        self, after: list[str] | None, chunk_rows: int, number: int
-    ) -> tuple[tuple[str, ...] | None, list[str], ReadSnapshot]:
-        """(the chunk's upper key or None if it is the last, its read bodies, its snapshot), in one
-        REPEATABLE READ transaction -- the table's columns too, so a change of them is never mixed in."""
-        from csnd.decoder.rows import row_change_body
-        from csnd.snapshot.copier import read_tables
-
-        conn = self._connection()
-        lo = tuple(after) if after is not None else None
-        binary = self.access.binary
-        parser = BinaryCopyRows() if binary else TextCopyRows()
-        bodies: list[str] = []
-        size = 0
-        try:
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                snapshot = ReadSnapshot.parse(str(_one(conn, "SELECT pg_current_snapshot()::text")))
-                found = read_tables(conn, self.access.publication, (self.info.schema, self.info.name))
-                if not found:
-                    raise self.error(f"the table left publication {self.access.publication} (chunk {number})")
-                if dataclasses.replace(found[0], estimated_rows=self.info.estimated_rows) != self.info:
-                    # (its columns changed: render with what the chunk's rows have)
-                    check_snapshottable(found[0], self.access.node)
-                    self.info, self._cache = found[0], None
-                cache = self._relation_cache()
-                relid = self.info.relid
-                row = conn.execute(next_bound_sql(self.info, lo, chunk_rows)).fetchone()
-                hi = tuple(str(v) for v in row) if row is not None else None
-                chunk = Chunk(self.info, number, 0, lo, hi)
-                with conn.cursor() as cur, cur.copy(chunk_copy_sql(chunk, binary)) as copy:
-                    for data in copy:
-                        for r in parser.feed(data):
-                            body = read_body(row_change_body("I", None, relid, r, 0, cache, binary))
-                            bodies.append(body)
-                            size += len(body)
-                parser.finish()
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as e:
-            raise self.error(f"cannot read chunk {number}: {one_line(str(e))}") from None
-        except CopyFormatError as e:
-            raise self.error(f"chunk {number}: {e}") from None
-        except ValueError as e:  # (check_snapshottable: the table no longer has what a snapshot needs)
-            raise self.error(str(e)) from None
-        if bodies:
-            self._row_bytes = size / len(bodies)
-        assert all(b.startswith(UNPLACED_LSN) for b in bodies)
-        return hi, bodies, snapshot
-
-    def emit_watermark(
-        self,
-        windows: Windows,
-        window: Window,
-        chunk: WindowChunk,
-        snapshot: ReadSnapshot,
-        job: str,
-        number: int,
-    ) -> None:
-        """The high watermark: its xid armed in the window before it commits, so the sink cannot miss it."""
-        conn = self._connection()
-        content = json.dumps({"job": job, "chunk": number})
-        try:
-            with conn.transaction():
-                # (its commit need not wait for a synchronous standby: only this node's decoding reads it)
-                conn.execute("SET LOCAL synchronous_commit = local")
-                xid = int(str(_one(conn, "SELECT txid_current()")))
-                windows.arm(window, xid, chunk, snapshot)
-                conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (PREFIX, content))
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as e:
-            raise self.error(f"cannot write the watermark of chunk {number}: {one_line(str(e))}") from None
-
-
-# Backends whose commit is flushed (so decoded and maybe appended) but not yet visible: waiting for a
-# synchronous standby.  (pg_xact_status cannot tell them: it says "in progress" while the xid is held.)
-_SYNC_REP_XIDS_SQL: Final = (
-    "SELECT backend_xid::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND wait_event = 'SyncRep'"
-)
-
-
-def _one(conn: psycopg.Connection[tuple[Any, ...]], query: str, params: tuple[Any, ...] | None = None) -> Any:
-    row = conn.execute(query, params).fetchone()
-    return row[0] if row is not None else None
+        write_jobs(self.path, self._jobs, self.known)
 
 
 def list_after(log: Changelog, csn: int, needle: bytes) -> list[tuple[int, bytes]]:
