@@ -161,9 +161,9 @@ def test_writer_cannot_write_what_the_reader_refuses(write: object) -> None:
 
 def test_writer_and_sender_use_the_one_grammar() -> None:
     import csnd.gtm.writer as writer
-    import csnd.sender.node as node
+    import csnd.sender.markers as sender_markers
 
     assert vars(writer)["markers"] is markers
 
-    assert vars(node)["parse_fields"] is markers.parse_fields  # (parse_marker's tuple form)
+    assert vars(sender_markers)["parse_fields"] is markers.parse_fields  # (parse_marker's tuple form)
     NodeSender("dn1", "gtm")  # (imports fine with it)

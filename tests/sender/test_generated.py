@@ -67,7 +67,7 @@ def test_nodes_release_the_expected_transactions(cluster: Path, spill_bytes: int
                 confirmable = ns.confirmable_lsn
         ns.finish()
         ns._check()
-        spilled += ns.spilled_txns
+        spilled += ns.statistics().spilled_txns
         want = [
             (
                 e["csn"],

@@ -163,7 +163,7 @@ def test_empty_transaction_without_marker_is_skipped() -> None:
     ns = NodeSender("dn2", "gtm")
     other = LogicalMessage(None, True, Lsn(LSN), "app", b"x")
     assert _feed(ns, *_plain(745, 0x16B3748, other)) == []
-    assert ns.skipped_empty == 1
+    assert ns.statistics().skipped_empty == 1
     # and one whose changes were all rolled back
     _feed(ns, StreamStart(Xid(746), True), _ch(0x16B3800, 747), StreamStop(), StreamAbort(Xid(746), Xid(747)))
     assert _feed(ns, StreamCommit(Xid(746), 0, Lsn(0x16B3900), Lsn(0x16B3958), 5)) == []
@@ -516,7 +516,7 @@ def test_resume_drops_durable_transactions() -> None:
     _feed(ns, _m("committing g-1 18"), _m("committing g-2 18"))
     assert _feed(ns, *_plain(2, 0x300, _ch(0x250), _m("commit g-2 21", True))) == []
     assert _feed(ns, *_plain(1, 0x400, _ch(0x350), _m("commit g-1 19", True))) != []
-    assert ns.dropped_resumed == 1
+    assert ns.statistics().dropped_resumed == 1
     assert _feed(ns, *_plain(3, 0x500, _ch(0x450), _m("commit g-3 15", True))) == []  # no committing seen
     ns.finish()
 
@@ -530,7 +530,7 @@ def test_spilled_transaction_released_in_order(tmp_path: object) -> None:
     st = ns.statistics()
     assert (st.open_txns, st.committing, st.buffered_bytes) == (1, 1, 0)  # all on disk
     (t,) = _feed(ns, *items[-2:])
-    assert ns.spilled_txns == 1 and ns.spilled_bytes > 500 * 30
     st = ns.statistics()
+    assert st.spilled_txns == 1 and st.spilled_bytes > 500 * 30
     assert (st.open_txns, st.committing, st.released, st.spilled_txns) == (0, 0, 1, 1)
     assert [c[1] for c in t.changes] == [0x1000 + i for i in range(500)]

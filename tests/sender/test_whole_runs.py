@@ -158,7 +158,7 @@ def test_a_run_past_a_restart_is_released_at_once_and_one_across_it_drops_the_re
     assert len(out) == 1 and _released(out) == [0x1000, 0x1100, 0x1200, 0x1300]  # (one release: the run)
     across = NodeSender("dn1", "single", resume_csn=Csn(0x1100))
     out = across.feed(Lsn(0), _run_of(0x1000, 4))
-    assert _released(out) == [0x1200, 0x1300] and across.dropped_resumed == 2
+    assert _released(out) == [0x1200, 0x1300] and across.statistics().dropped_resumed == 2
     assert out[-1].confirmable == 0x1310
 
 
