@@ -23,7 +23,7 @@ def _requirements(group: str | None = None) -> dict[str, Requirement]:
 
 def _generated_version() -> Version:
     """The grpcio-tools release that wrote csnd/proto/: its stubs refuse an older grpcio at import."""
-    text = (ROOT / "proto" / "csnd_pb2_grpc.py").read_text()
+    text = (ROOT / "proto" / "changefeed" / "v1" / "changefeed_pb2_grpc.py").read_text()
     m = re.search(r"GRPC_GENERATED_VERSION = '([^']+)'", text)
     assert m is not None
     return Version(m.group(1))

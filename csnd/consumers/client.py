@@ -63,8 +63,8 @@ from csnd.core.errors import (
     CsnOutOfRange,
 )
 from csnd.core.tls import channel_credentials
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 
 log = logging.getLogger("csnd.consumers.client")
 

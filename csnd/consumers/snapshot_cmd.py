@@ -66,7 +66,7 @@ def add_snapshot_parser(sub: Any) -> None:
 
 
 def progress_line(status: Any) -> str:
-    """One line of a job's progress (a `csnd.v1.SnapshotStatus`)."""
+    """One line of a job's progress (a `csnd.changefeed.v1.SnapshotStatus`)."""
     parts = []
     for t in status.tables:
         eta = f", eta {t.eta_seconds:.0f}s" if t.eta_seconds >= 0 and t.state != "done" else ""
@@ -80,7 +80,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     from csnd.consumers.subscriptions_cmd import operator_stub
     from csnd.core.errors import SnapshotError
-    from csnd.proto import csnd_pb2 as pb
+    from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 
     with operator_stub(args, CALL_TIMEOUT_S) as (stub, kw, address):
         request = pb.StartSnapshotRequest(tables=args.tables, node=args.node, chunk_rows=args.chunk_rows)

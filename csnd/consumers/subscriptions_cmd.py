@@ -92,7 +92,7 @@ def operator_stub(args: argparse.Namespace, timeout: float) -> Iterator[tuple[An
     `args.target`, `args.token_file` and `args.tls_ca` as `csnd subscriptions` and `csnd snapshot` take them."""
     from csnd.consumers.client import _channel, _metadata, parse_target
     from csnd.core.tokens import read_token_file
-    from csnd.proto import csnd_pb2_grpc as pb_grpc
+    from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 
     address = parse_target(args.target)
     md = _metadata(read_token_file(args.token_file) if args.token_file else None)
@@ -111,7 +111,7 @@ def operator_stub(args: argparse.Namespace, timeout: float) -> Iterator[tuple[An
 def cmd_subscriptions(args: argparse.Namespace) -> int:
     import grpc
 
-    from csnd.proto import csnd_pb2 as pb
+    from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 
     with operator_stub(args, CALL_TIMEOUT_S) as (stub, kw, address):
         try:
@@ -140,7 +140,7 @@ def cmd_subscriptions(args: argparse.Namespace) -> int:
 
 
 def list_line(s: Any) -> str:
-    """One subscription as `csnd subscriptions list` prints it (a `csnd.v1.SubscriptionInfo`)."""
+    """One subscription as `csnd subscriptions list` prints it (a `csnd.changefeed.v1.SubscriptionInfo`)."""
     lag = f"{s.lag_transactions}+" if s.lag_at_least else str(s.lag_transactions)
     state = f"connected {s.peer}" if s.connected else "idle"
     tables = ",".join(s.tables) or "*"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from csnd.coordinator.batch import NodeBatch
 from csnd.core.errors import CsndError, WireError, from_wire, to_wire
 from csnd.core.ids import Csn, Lsn, Xid
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.agent.v1 import agent_pb2 as pb
 
 Position = tuple[int, int]  # (csn, batch index in its transaction)
 

@@ -49,8 +49,12 @@ ADMIN: Final = "admin"
 ROLES: Final = (READ, ADMIN)
 # The methods that change what others read or start work on the sources: admin only.
 # Every other method of every service (open ones aside) needs `read`.
+# Under both names the changefeed answers to (csnd.service.server.SERVICE_NAMES: the
+# contract's, and the deprecated earlier one), so neither name is a way around the role.
 ADMIN_METHODS: Final = frozenset(
-    f"/csnd.v1.Changefeed/{m}" for m in ("ResetSubscription", "DeleteSubscription", "StartSnapshot")
+    f"/{service}/{m}"
+    for service in ("csnd.changefeed.v1.Changefeed", "csnd.v1.Changefeed")
+    for m in ("ResetSubscription", "DeleteSubscription", "StartSnapshot")
 )
 # The name the `--token-file` token goes by (in refusals and logs).
 TOKEN_FILE_NAME: Final = "token-file"

@@ -52,8 +52,10 @@ from csnd.core.listening import check_listen
 from csnd.core.reflection import enable_reflection
 from csnd.core.tls import server_credentials
 from csnd.core.tokens import read_token_file
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.agent.v1 import agent_pb2 as pb
+from csnd.proto.agent.v1 import agent_pb2_grpc as pb_grpc
+from csnd.proto.legacy import agent_pb2 as legacy_pb
+from csnd.proto.legacy import agent_pb2_grpc as legacy_pb_grpc
 from csnd.runtime.inputs import NodePipeline
 from csnd.runtime.items import EndItem, TxnItem, WatermarkItem, cut_batches
 from csnd.runtime.options import NodeAgentConfig
@@ -68,6 +70,10 @@ KEEPALIVE_S: Final = 1.0
 # How soon the main thread notices a stop signal that another thread received.
 STOP_POLL_S: Final = 0.2
 GRPC_OPTIONS: Final = [*CHANNEL_OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 1000)]
+# csnd.agent.v1.NodeAgent, and csnd.v1.NodeAgent: its name before the versioned packages (deprecated).
+AGENT_SERVICE_NAMES: Final[tuple[str, ...]] = tuple(
+    p.DESCRIPTOR.services_by_name["NodeAgent"].full_name for p in (pb, legacy_pb)
+)
 
 log = logging.getLogger(__name__)
 
@@ -337,12 +343,16 @@ def _serve(config: NodeAgentConfig, after_batch: Callable[[], None] | None) -> i
         resumed_lsn = live.slot_position()
     pipeline = NodePipeline(opened, config.decoders)
     state = AgentState(pipeline, after_batch=after_batch, resumed_lsn=resumed_lsn)
-    pb_grpc.add_NodeAgentServicer_to_server(NodeAgentServicer(state), server)
+    servicer = NodeAgentServicer(state)
+    pb_grpc.add_NodeAgentServicer_to_server(servicer, server)
+    # (and under its earlier name, deprecated: a merge of the previous release still reaches it)
+    legacy_pb_grpc.add_NodeAgentServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    health_servicer.set("csnd.v1.NodeAgent", health_pb2.HealthCheckResponse.SERVING)
+    for service in AGENT_SERVICE_NAMES:
+        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     # (what grpcurl and friends ask first; behind the token like every call but health checks)
-    enable_reflection(server, ("csnd.v1.NodeAgent", "grpc.health.v1.Health"))
+    enable_reflection(server, (*AGENT_SERVICE_NAMES, "grpc.health.v1.Health"))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

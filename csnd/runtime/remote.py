@@ -33,8 +33,8 @@ from csnd.core.errors import ConfigError, ConnectionLost, CsndError
 from csnd.core.ids import INVALID_LSN, Csn, Lsn
 from csnd.core.tls import channel_credentials
 from csnd.core.tokens import read_token_file
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.agent.v1 import agent_pb2 as pb
+from csnd.proto.agent.v1 import agent_pb2_grpc as pb_grpc
 from csnd.runtime.items import BatchItem, EndItem, NodeItem, Outbox, WatermarkItem
 from csnd.runtime.options import AGENT_GIVE_UP_S, AgentDialConfig
 from csnd.runtime.stats import NodeStats

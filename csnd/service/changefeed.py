@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES
 from csnd.service.feed_admin import Lag, SubscriptionAdmin
 from csnd.service.feed_consumers import FeedConsumers

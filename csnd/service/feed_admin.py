@@ -13,7 +13,7 @@ from __future__ import annotations
 import grpc
 
 from csnd.core.errors import SubscriptionBusy, SubscriptionNotFound
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.feed_aborts import abort, refuse
 from csnd.service.feed_consumers import FeedConsumers
 from csnd.service.feed_marks import MarkKeeper

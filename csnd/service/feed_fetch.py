@@ -21,7 +21,7 @@ import grpc
 
 from csnd.core.errors import ChangelogCorrupt, CsnOutOfRange
 from csnd.core.hostid import host_id
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.batching import BatchBuilder
 from csnd.service.feed_aborts import abort, bad_line, damaged, out_of_range, refuse_unknown, table_filter
 from csnd.service.feed_messages import fetch_response, piece_responses, pieces_kept

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import grpc
 
 from csnd.core.compiled import compiled_module
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.batching import Record
 from csnd.service.feed_aborts import bad_line
 from csnd.service.filtering import LineFilter

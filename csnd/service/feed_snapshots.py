@@ -13,7 +13,7 @@ import dataclasses
 import grpc
 
 from csnd.core.errors import SnapshotError
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.feed_aborts import abort
 from csnd.service.feed_ports import SnapshotJobs, SnapshotJobsSource
 

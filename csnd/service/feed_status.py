@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.feed_admin import Lag
 from csnd.service.feed_consumers import FeedConsumers
 

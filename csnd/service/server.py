@@ -2,7 +2,8 @@
 
     start_changefeed(log) ─► grpc.server ─┬─ AccessInterceptor (with credentials: token, roles)
                                          ├─ StreamLimitInterceptor (streams' own bound)
-                                         ├─ csnd.v1.Changefeed   (ChangefeedServicer)
+                                         ├─ csnd.changefeed.v1.Changefeed (ChangefeedServicer),
+                                         │   also as csnd.v1.Changefeed (its earlier name, deprecated)
                                          ├─ grpc.health.v1.Health (SERVING once started,
                                          │   or once `set_serving()` says so; open without
                                          │   the token unless `health_needs_token`)
@@ -38,8 +39,9 @@ from csnd.core.listening import check_listen
 from csnd.core.reflection import enable_reflection
 from csnd.core.tls import TlsFiles as TlsFiles  # (re-exported: the service names it here)
 from csnd.core.tls import server_credentials
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
+from csnd.proto.legacy import changefeed_pb2 as legacy_pb
 from csnd.service.changefeed import WAIT_S, ChangefeedServicer, FeedSettings
 from csnd.service.feed_ports import SnapshotJobsSource
 from csnd.service.limits import StreamLimitInterceptor, StreamLimits, StreamSlots
@@ -51,6 +53,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("csnd.changefeed")
 
 SERVICE_NAME: Final = pb.DESCRIPTOR.services_by_name["Changefeed"].full_name
+# The same service under its name before csnd.changefeed.v1 (deprecated): clients, stubs
+# and grpcurl scripts written against it keep working, reflection describes it too.
+LEGACY_SERVICE_NAME: Final = legacy_pb.DESCRIPTOR.services_by_name["Changefeed"].full_name
+SERVICE_NAMES: Final = (SERVICE_NAME, LEGACY_SERVICE_NAME)
 # Handler threads with the default limits (streams' share and unary calls').
 MAX_WORKERS: Final = StreamLimits().threads
 SERVER_OPTIONS: Final = [
@@ -76,7 +82,7 @@ class RunningServer:
 
     def set_serving(self) -> None:
         """Health says SERVING (a server started with `serving=False` is ready now)."""
-        for service in ("", SERVICE_NAME):
+        for service in ("", *SERVICE_NAMES):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     def stop(self, grace: float = 5.0) -> None:
@@ -146,7 +152,7 @@ def start_changefeed(
     add_changefeed(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    enable_reflection(server, (SERVICE_NAME, HEALTH_SERVICE))
+    enable_reflection(server, (*SERVICE_NAMES, HEALTH_SERVICE))
     check_listen(listen)  # (the cause in words: gRPC's own failure names none)
     try:
         if tls is None:
@@ -157,7 +163,7 @@ def start_changefeed(
         raise ConfigError(f"cannot listen on {listen}: {e}") from None
     if port == 0:
         raise ConfigError(f"cannot listen on {listen}: the address is in use or not valid here")
-    for service in ("", SERVICE_NAME):
+    for service in ("", *SERVICE_NAMES):
         health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     server.start()
     host = listen.rsplit(":", 1)[0]
@@ -218,7 +224,8 @@ def add_changefeed(servicer: ChangefeedServicer, server: grpc.Server) -> None:
     """The generated registration of the Changefeed service, with Subscribe and Fetch taking bytes too.
 
     Their batches come serialized already (`feed_messages.batch_response`): the
-    serializer passes bytes through and serializes every other message.
+    serializer passes bytes through and serializes every other message.  The
+    same handlers answer under both names (SERVICE_NAMES).
     """
     got = _Registration()
     pb_grpc.add_ChangefeedServicer_to_server(servicer, got)
@@ -226,8 +233,9 @@ def add_changefeed(servicer: ChangefeedServicer, server: grpc.Server) -> None:
     for name in ("Subscribe", "Fetch"):
         handler = handlers[name]
         handlers[name] = handler._replace(response_serializer=_bytes_or(handler.response_serializer))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(got.service, handlers),))
-    server.add_registered_method_handlers(got.service, handlers)
+    for name in SERVICE_NAMES:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+        server.add_registered_method_handlers(name, handlers)
 
 
 def _bytes_or(serialize: Any) -> Any:

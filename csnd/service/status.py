@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from google.protobuf import json_format
 
 from csnd import __version__
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 
 if TYPE_CHECKING:
     from csnd.snapshot.progress import TableProgress

@@ -19,7 +19,7 @@ from csnd.core.errors import (
     from_wire,
     to_wire,
 )
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.agent.v1 import agent_pb2 as pb
 
 BY_CAUSE = [
     E.FrameError,

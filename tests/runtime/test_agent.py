@@ -207,7 +207,7 @@ class _Slot:
 def test_the_final_ack_moves_the_slot_even_if_an_earlier_ack_carried_its_position() -> None:
     """A periodic Ack may carry the last position before the final one; the slot must still move at the end."""
     from csnd.coordinator.wire import BEFORE_ALL
-    from csnd.proto import csnd_pb2 as pb
+    from csnd.proto.agent.v1 import agent_pb2 as pb
     from csnd.runtime.agent import AgentState
 
     slot = _Slot()

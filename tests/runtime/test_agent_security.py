@@ -24,8 +24,8 @@ from csnd.core.addresses import is_loopback
 from csnd.core.errors import AckError, UsageError
 from csnd.core.ids import Lsn, lsn_from_str
 from csnd.gtm import generate_cluster
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.agent.v1 import agent_pb2 as pb
+from csnd.proto.agent.v1 import agent_pb2_grpc as pb_grpc
 from csnd.runtime.agent import AgentState
 from csnd.runtime.window import AckWindow
 from csnd.testing import pgworkload as workload

@@ -29,8 +29,8 @@ from csnd.consumers.spark.options import parse_options
 from csnd.consumers.spark.source import CsnRange, read_partition
 from csnd.core.errors import ChangefeedError, CsnOutOfRange
 from csnd.core.hostid import host_id
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings, arrow_rows
 from csnd.service.arrow_rows import RowBlocks, keep_tables, open_message
 from csnd.service.filtering import TableFilter

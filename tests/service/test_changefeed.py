@@ -18,8 +18,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from csnd.changelog import Changelog, SubscriptionStore
 from csnd.consumers.client import Changefeed, fetch
 from csnd.core.errors import ChangefeedError, ChangefeedRejected, ChangefeedUnauthenticated, CsnOutOfRange
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings, NodesOnly, NodeState, TlsFiles, start_changefeed
 from tests.service.feedkit import FAST, fill, line, serve, wait_for
 

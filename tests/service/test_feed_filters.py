@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from csnd.changelog import Changelog
 from csnd.consumers.client import Changefeed, fetch
 from csnd.core.errors import ChangefeedRejected
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings
 from csnd.service.debezium import debezium_events, to_debezium
 from csnd.service.filtering import Reshaped, TableFilter, filter_line

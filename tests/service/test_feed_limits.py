@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from csnd.changelog import Changelog
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service.limits import StreamLimits, StreamSlots, peer_host
 from tests.service.feedkit import FAST, fill, serve, wait_for
 

@@ -14,8 +14,8 @@ from csnd.changelog import Changelog
 from csnd.consumers.client import Changefeed, fetch
 from csnd.core.auth import ADMIN, READ, Credentials, read_credentials_file
 from csnd.core.errors import ChangefeedUnauthenticated, ConfigError
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service.server import _warn_if_exposed, is_loopback
 from tests.service.feedkit import FAST, fill, serve, wait_for
 

@@ -8,7 +8,7 @@ an exception a handler let escape.  Afterwards the service still answers
 health and Status, and has not kept a thread per bad call.
 
 Messages are built from the service's own descriptors, so a field added
-to csnd/proto/csnd.proto is fuzzed without a change here: integers at their
+to csnd/proto/changefeed/v1/changefeed.proto is fuzzed without a change here: integers at their
 edges (0, 1, 2**63, 2**64-1), strings that are empty, huge, not names at
 all or thousands of table names, and, beside the well-formed messages,
 their serialized bytes mutated (flipped, cut, doubled) and sent raw.
@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from csnd.gtm import generate_cluster
-from csnd.proto import csnd_pb2 as pb
+from csnd.proto.agent.v1 import agent_pb2 as agent_pb
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service import RunningServer
 from csnd.service.server import MAX_WORKERS
 from tests.runtime.test_agent import Agent
@@ -60,7 +61,7 @@ POOL_PREFIX = "csnd-feed_"
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Changefeed"]
 METHODS = list(SERVICE.methods)
-AGENT_SERVICE = pb.DESCRIPTOR.services_by_name["NodeAgent"]
+AGENT_SERVICE = agent_pb.DESCRIPTOR.services_by_name["NodeAgent"]
 
 _U64_EDGES = [0, 1, 2, 1000, 2**31 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1]
 _I64_EDGES = [0, -1, 1, -(2**63), 2**63 - 1]

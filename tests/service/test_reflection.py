@@ -53,11 +53,11 @@ def _described(channel: grpc.Channel, method: str, symbol: str) -> descriptor_pb
     return next(f for f in files if any(f"{f.package}.{s.name}" == symbol for s in f.service))
 
 
-def _both_versions_answer(address: str, own_service: str) -> None:
+def _both_versions_answer(address: str, *own_services: str) -> None:
     with grpc.insecure_channel(address) as ch:
         for method in (V1, V1ALPHA):
             services = _services(ch, method)
-            assert {own_service, "grpc.health.v1.Health"} <= services
+            assert {*own_services, "grpc.health.v1.Health"} <= services
             assert {
                 "grpc.reflection.v1.ServerReflection",
                 "grpc.reflection.v1alpha.ServerReflection",
@@ -76,7 +76,7 @@ def test_the_changefeed_answers_reflection_v1_and_v1alpha(tmp_path: Path) -> Non
     with Changelog(os.path.join(str(tmp_path), "log")) as log:
         srv = start_changefeed(log)
         try:
-            _both_versions_answer(srv.address, "csnd.v1.Changefeed")
+            _both_versions_answer(srv.address, "csnd.changefeed.v1.Changefeed", "csnd.v1.Changefeed")
         finally:
             srv.stop()
 
@@ -98,4 +98,4 @@ def agent(cluster: Path) -> Iterator[Agent]:
 
 
 def test_the_node_agent_answers_reflection_v1_and_v1alpha(agent: Agent) -> None:
-    _both_versions_answer(f"127.0.0.1:{agent.port}", "csnd.v1.NodeAgent")
+    _both_versions_answer(f"127.0.0.1:{agent.port}", "csnd.agent.v1.NodeAgent", "csnd.v1.NodeAgent")

@@ -20,8 +20,8 @@ import pytest
 from csnd.changelog import Changelog, SubscriptionStore
 from csnd.consumers.client import Changefeed
 from csnd.core.errors import CsnOutOfRange
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service import FeedSettings
 from csnd.service.parquet import ParquetExport
 from tests.service.feedkit import fill, serve

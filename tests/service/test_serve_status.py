@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import Served, start_serve, wait_for
 

@@ -34,8 +34,8 @@ from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
 from csnd.core.hostid import host_id
 from csnd.core.tablespec import parse_table
-from csnd.proto import csnd_pb2 as pb
-from csnd.proto import csnd_pb2_grpc as pb_grpc
+from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
+from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 
 log = logging.getLogger("csnd.consumers.spark")
 

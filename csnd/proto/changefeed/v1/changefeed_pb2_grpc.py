@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from csnd.proto import csnd_pb2 as csnd_dot_proto_dot_csnd__pb2
+from csnd.proto.changefeed.v1 import changefeed_pb2 as csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,159 +18,15 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in csnd/proto/csnd_pb2_grpc.py depends on'
+        + ' but the generated code in csnd/proto/changefeed/v1/changefeed_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class NodeAgentStub:
-    """---- scale-out: a node agent streams its node pipeline's output to the coordinator ----
-
-    `csnd node SOURCE --listen ADDR` runs reader -> decoders -> sender for one node
-    and serves NodeAgent; `csnd replay grpc://ADDR` subscribes.  Every batch has a
-    position <csn, index of the batch in its transaction>, derived from the stream
-    itself, so it is the same after an agent restart: the coordinator subscribes
-    after the last position it received and the agent skips everything up to it
-    (exactly once across reconnects and restarts, docs/design.md section 5).
-
-    """
-
-    def __init__(self, channel):
-        """Constructor.
-
-        Args:
-            channel: A grpc.Channel.
-        """
-        self.Describe = channel.unary_unary(
-                '/csnd.v1.NodeAgent/Describe',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.Hello.FromString,
-                _registered_method=True)
-        self.Stream = channel.stream_stream(
-                '/csnd.v1.NodeAgent/Stream',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.AgentMessage.FromString,
-                _registered_method=True)
-
-
-class NodeAgentServicer:
-    """---- scale-out: a node agent streams its node pipeline's output to the coordinator ----
-
-    `csnd node SOURCE --listen ADDR` runs reader -> decoders -> sender for one node
-    and serves NodeAgent; `csnd replay grpc://ADDR` subscribes.  Every batch has a
-    position <csn, index of the batch in its transaction>, derived from the stream
-    itself, so it is the same after an agent restart: the coordinator subscribes
-    after the last position it received and the agent skips everything up to it
-    (exactly once across reconnects and restarts, docs/design.md section 5).
-
-    """
-
-    def Describe(self, request, context):
-        """Who the node is, before anything is streamed (the merge checks modes first).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Stream(self, request_iterator, context):
-        """Batches and watermarks out; subscription, acknowledgements and keepalives in.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_NodeAgentServicer_to_server(servicer, server):
-    rpc_method_handlers = {
-            'Describe': grpc.unary_unary_rpc_method_handler(
-                    servicer.Describe,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.DescribeRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.Hello.SerializeToString,
-            ),
-            'Stream': grpc.stream_stream_rpc_method_handler(
-                    servicer.Stream,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.CoordinatorMessage.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.AgentMessage.SerializeToString,
-            ),
-    }
-    generic_handler = grpc.method_handlers_generic_handler(
-            'csnd.v1.NodeAgent', rpc_method_handlers)
-    server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('csnd.v1.NodeAgent', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class NodeAgent:
-    """---- scale-out: a node agent streams its node pipeline's output to the coordinator ----
-
-    `csnd node SOURCE --listen ADDR` runs reader -> decoders -> sender for one node
-    and serves NodeAgent; `csnd replay grpc://ADDR` subscribes.  Every batch has a
-    position <csn, index of the batch in its transaction>, derived from the stream
-    itself, so it is the same after an agent restart: the coordinator subscribes
-    after the last position it received and the agent skips everything up to it
-    (exactly once across reconnects and restarts, docs/design.md section 5).
-
-    """
-
-    @staticmethod
-    def Describe(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/csnd.v1.NodeAgent/Describe',
-            csnd_dot_proto_dot_csnd__pb2.DescribeRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.Hello.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Stream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/csnd.v1.NodeAgent/Stream',
-            csnd_dot_proto_dot_csnd__pb2.CoordinatorMessage.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.AgentMessage.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-
 class ChangefeedStub:
-    """---- the service: consumers read the durable changelog (docs/design.md sections 5, 7, 8) ----
+    """The service: consumers read the durable changelog (docs/design.md sections 5, 7, 8).
 
     `csnd serve` appends every merged transaction, in CSN order, to its changelog
     and serves it here.  A transaction travels as its CSN and its docs/design.md section 7
@@ -187,44 +43,44 @@ class ChangefeedStub:
             channel: A grpc.Channel.
         """
         self.Subscribe = channel.stream_stream(
-                '/csnd.v1.Changefeed/Subscribe',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscribeResponse.FromString,
+                '/csnd.changefeed.v1.Changefeed/Subscribe',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscribeResponse.FromString,
                 _registered_method=True)
         self.Fetch = channel.unary_stream(
-                '/csnd.v1.Changefeed/Fetch',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.FetchRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.FetchResponse.FromString,
+                '/csnd.changefeed.v1.Changefeed/Fetch',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.FetchRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.FetchResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
-                '/csnd.v1.Changefeed/Status',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.StatusRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.StatusResponse.FromString,
+                '/csnd.changefeed.v1.Changefeed/Status',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StatusRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StatusResponse.FromString,
                 _registered_method=True)
         self.ListSubscriptions = channel.unary_unary(
-                '/csnd.v1.Changefeed/ListSubscriptions',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsResponse.FromString,
+                '/csnd.changefeed.v1.Changefeed/ListSubscriptions',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ListSubscriptionsRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ListSubscriptionsResponse.FromString,
                 _registered_method=True)
         self.ResetSubscription = channel.unary_unary(
-                '/csnd.v1.Changefeed/ResetSubscription',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.ResetSubscriptionRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+                '/csnd.changefeed.v1.Changefeed/ResetSubscription',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ResetSubscriptionRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscriptionInfo.FromString,
                 _registered_method=True)
         self.DeleteSubscription = channel.unary_unary(
-                '/csnd.v1.Changefeed/DeleteSubscription',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+                '/csnd.changefeed.v1.Changefeed/DeleteSubscription',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.DeleteSubscriptionRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscriptionInfo.FromString,
                 _registered_method=True)
         self.StartSnapshot = channel.unary_unary(
-                '/csnd.v1.Changefeed/StartSnapshot',
-                request_serializer=csnd_dot_proto_dot_csnd__pb2.StartSnapshotRequest.SerializeToString,
-                response_deserializer=csnd_dot_proto_dot_csnd__pb2.SnapshotStatus.FromString,
+                '/csnd.changefeed.v1.Changefeed/StartSnapshot',
+                request_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StartSnapshotRequest.SerializeToString,
+                response_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SnapshotStatus.FromString,
                 _registered_method=True)
 
 
 class ChangefeedServicer:
-    """---- the service: consumers read the durable changelog (docs/design.md sections 5, 7, 8) ----
+    """The service: consumers read the durable changelog (docs/design.md sections 5, 7, 8).
 
     `csnd serve` appends every merged transaction, in CSN order, to its changelog
     and serves it here.  A transaction travels as its CSN and its docs/design.md section 7
@@ -303,49 +159,49 @@ def add_ChangefeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Subscribe': grpc.stream_stream_rpc_method_handler(
                     servicer.Subscribe,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.SubscribeRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscribeResponse.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscribeRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscribeResponse.SerializeToString,
             ),
             'Fetch': grpc.unary_stream_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.FetchRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.FetchResponse.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.FetchRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.FetchResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.StatusRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.StatusResponse.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StatusRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StatusResponse.SerializeToString,
             ),
             'ListSubscriptions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSubscriptions,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsResponse.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ListSubscriptionsRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ListSubscriptionsResponse.SerializeToString,
             ),
             'ResetSubscription': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetSubscription,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.ResetSubscriptionRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ResetSubscriptionRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscriptionInfo.SerializeToString,
             ),
             'DeleteSubscription': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteSubscription,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.DeleteSubscriptionRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscriptionInfo.SerializeToString,
             ),
             'StartSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.StartSnapshot,
-                    request_deserializer=csnd_dot_proto_dot_csnd__pb2.StartSnapshotRequest.FromString,
-                    response_serializer=csnd_dot_proto_dot_csnd__pb2.SnapshotStatus.SerializeToString,
+                    request_deserializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StartSnapshotRequest.FromString,
+                    response_serializer=csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SnapshotStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'csnd.v1.Changefeed', rpc_method_handlers)
+            'csnd.changefeed.v1.Changefeed', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('csnd.v1.Changefeed', rpc_method_handlers)
+    server.add_registered_method_handlers('csnd.changefeed.v1.Changefeed', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
 class Changefeed:
-    """---- the service: consumers read the durable changelog (docs/design.md sections 5, 7, 8) ----
+    """The service: consumers read the durable changelog (docs/design.md sections 5, 7, 8).
 
     `csnd serve` appends every merged transaction, in CSN order, to its changelog
     and serves it here.  A transaction travels as its CSN and its docs/design.md section 7
@@ -369,9 +225,9 @@ class Changefeed:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/csnd.v1.Changefeed/Subscribe',
-            csnd_dot_proto_dot_csnd__pb2.SubscribeRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.SubscribeResponse.FromString,
+            '/csnd.changefeed.v1.Changefeed/Subscribe',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscribeRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -396,9 +252,9 @@ class Changefeed:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/csnd.v1.Changefeed/Fetch',
-            csnd_dot_proto_dot_csnd__pb2.FetchRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.FetchResponse.FromString,
+            '/csnd.changefeed.v1.Changefeed/Fetch',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.FetchRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -423,9 +279,9 @@ class Changefeed:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/csnd.v1.Changefeed/Status',
-            csnd_dot_proto_dot_csnd__pb2.StatusRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.StatusResponse.FromString,
+            '/csnd.changefeed.v1.Changefeed/Status',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StatusRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -450,9 +306,9 @@ class Changefeed:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/csnd.v1.Changefeed/ListSubscriptions',
-            csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.ListSubscriptionsResponse.FromString,
+            '/csnd.changefeed.v1.Changefeed/ListSubscriptions',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ListSubscriptionsRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ListSubscriptionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -477,9 +333,9 @@ class Changefeed:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/csnd.v1.Changefeed/ResetSubscription',
-            csnd_dot_proto_dot_csnd__pb2.ResetSubscriptionRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+            '/csnd.changefeed.v1.Changefeed/ResetSubscription',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.ResetSubscriptionRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscriptionInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -504,9 +360,9 @@ class Changefeed:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/csnd.v1.Changefeed/DeleteSubscription',
-            csnd_dot_proto_dot_csnd__pb2.DeleteSubscriptionRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.SubscriptionInfo.FromString,
+            '/csnd.changefeed.v1.Changefeed/DeleteSubscription',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.DeleteSubscriptionRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SubscriptionInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -531,9 +387,9 @@ class Changefeed:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/csnd.v1.Changefeed/StartSnapshot',
-            csnd_dot_proto_dot_csnd__pb2.StartSnapshotRequest.SerializeToString,
-            csnd_dot_proto_dot_csnd__pb2.SnapshotStatus.FromString,
+            '/csnd.changefeed.v1.Changefeed/StartSnapshot',
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.StartSnapshotRequest.SerializeToString,
+            csnd_dot_proto_dot_changefeed_dot_v1_dot_changefeed__pb2.SnapshotStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""The node agent's wire (csnd.agent.v1): INTERNAL, between csnd's own processes."""

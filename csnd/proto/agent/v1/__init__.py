@@ -1,0 +1,1 @@
+"""Generated from agent.proto (scripts/gen_proto.py); do not edit."""

@@ -1,0 +1,1 @@
+"""The changefeed (csnd.changefeed.v1): the public gRPC contract consumers read."""

@@ -1,0 +1,1 @@
+"""Generated from changefeed.proto (scripts/gen_proto.py); do not edit."""

@@ -1,0 +1,1 @@
+"""The services under their earlier names (csnd.v1), deprecated; generated, do not edit."""
