@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 
 from csnd.core.errors import ProtocolError
 from csnd.core.ids import Csn, Lsn, Xid
-from csnd.sender import CsnOrderer
+from csnd.sender.ordering import CsnOrderer
 
 
 class _T:

@@ -24,7 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from csnd.core.errors import ConfigError, TruncatedStream
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.reader.pgoutput import Begin, Commit, LogicalMessage
-from csnd.sender import CsnOrderer, FinishedTxn, NodeSender
+from csnd.sender import FinishedTxn, NodeSender
+from csnd.sender.ordering import CsnOrderer
 
 
 class _T:

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csnd.sender import TxnBuffer
-from csnd.sender.txnbuf import CHANGE_OVERHEAD, SpillError
+from csnd.sender.txnbuf import CHANGE_OVERHEAD, SpillError, TxnBuffer
 
 
 def _open_spill_fds() -> int:

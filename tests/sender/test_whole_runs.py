@@ -20,7 +20,8 @@ from csnd.core.errors import CsnOrderViolation, LsnOrderViolation
 from csnd.core.ids import Csn, Lsn, Xid
 from csnd.decoder.change import WholeTxn, WholeTxns
 from csnd.runtime.merger import write_alone
-from csnd.sender import CsnOrderer, FinishedTxn, NodeSender
+from csnd.sender import FinishedTxn, NodeSender
+from csnd.sender.ordering import CsnOrderer
 from tests.runtime.queued import EndedLines
 
 # Steps between consecutive commits: a commit's csn and how far past it its tick
