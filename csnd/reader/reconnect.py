@@ -209,7 +209,11 @@ def lost_slot(
     if any(s in t for s in _INVALIDATED_TEXTS):
         how = "was invalidated by the server (its WAL exceeded max_slot_wal_keep_size and was removed)"
     elif started and sqlstate == "42704" and "replication slot" in t and "does not exist" in t:
-        how = "was dropped on the server"
+        how = (
+            "was dropped on the server, or the server reached now is a promoted standby without a "
+            "synchronised copy of it (to follow a failover, make the slot with --failover-slot and run "
+            "the standby with sync_replication_slots = on; docs/failover.md)"
+        )
     else:
         return None
     return slot_lost_error(node, slot, how, text, confirmed_lsn)
