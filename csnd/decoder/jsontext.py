@@ -114,6 +114,10 @@ _STRING_TYPES: Final = frozenset(
         "bytea", "char", "name", "text", "tid", "xid", "cid", "xid8", "xml", "macaddr", "macaddr8",
         "inet", "cidr", "bpchar", "varchar", "date", "time", "timestamp", "timestamptz", "interval",
         "timetz", "bit", "varbit", "numeric", "uuid", "pg_lsn",
+        # ranges and multiranges: their text output, rendered from binary by `decoder.pgtext`
+        "int4range", "int8range", "numrange", "daterange", "tsrange", "tstzrange",
+        "int4multirange", "int8multirange", "nummultirange", "datemultirange", "tsmultirange",
+        "tstzmultirange",
     )
 )  # fmt: skip
 

@@ -38,16 +38,27 @@ User-defined types.  pgoutput sends a Type message for every non-built-in
 column type, but it only carries the type's name -- an enum, a composite, a
 range and an array of any of them look alike.  A Type message in namespace ""
 (pg_catalog) is a domain over that built-in type and decodes as the built-in
-one.  Anything else is read as its text form in a text stream and is
-unreadable in a binary stream, unless the caller declared it an enum
-(`declare_enum`, e.g. from `SELECT oid, typarray FROM pg_type WHERE typtype
-= 'e'` on a live source): enum labels are the same text in both formats.
+one.  Any other user type must be declared to the cache (`declare_types`,
+the rows of `USER_TYPES_QUERY` on a live source; `declare_enum` for an enum
+alone), in both stream forms, so that both give the same JSON: an enum is its
+label, a composite, range or multirange its PostgreSQL text form (rendered
+from binary by `decoder.pgtext`), an array of any of them a JSON array, a
+domain its base type.  An undeclared user type keeps its text form in a text
+stream and is unreadable in a binary one.
+
+A binary stream cannot carry a column csnd does not read exactly in binary
+(pgoutput's `binary` option holds for the whole stream, so no single table
+can fall back to text): its Relation message is refused, naming every such
+column and why.  The walsender sends a Relation message without an LSN
+(dataStart 0/0, as every message of a transaction but its last), so the
+refusal then waits for the table's first change and names that change's LSN
+and xid.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import lru_cache, partial
 from types import CodeType
 from typing import Final
@@ -58,6 +69,7 @@ from csnd.core.compiled import compiled_module
 from csnd.core.errors import DecodeError
 from csnd.core.ids import Lsn, lsn_to_str
 from csnd.decoder import jsontext as J
+from csnd.decoder import pgtext
 from csnd.decoder import values as V
 from csnd.decoder.change import DecodedChange
 from csnd.decoder.tuples import (
@@ -74,7 +86,20 @@ from csnd.decoder.tuples import (
 )
 from csnd.reader.pgoutput import Change, Relation, Truncate, TypeMsg
 
-__all__ = ["RelationCache", "Table", "decode_change", "row_change_body"]
+__all__ = ["USER_TYPES_QUERY", "RelationCache", "Table", "decode_change", "row_change_body"]
+
+# The user types a decoder must be told of (`RelationCache.declare_types`): enums,
+# composites, ranges, multiranges and domains, as (oid, typtype, array oid, and
+# the range's or multirange's bound type, or the domain's base type, else 0).
+USER_TYPES_QUERY: Final = """\
+SELECT t.oid::int8, t.typtype::text, t.typarray::int8,
+       COALESCE(r.rngsubtype, m.rngsubtype, NULLIF(t.typbasetype, 0), 0)::int8
+FROM pg_type AS t
+LEFT JOIN pg_range AS r ON r.rngtypid = t.oid
+LEFT JOIN pg_range AS m ON m.rngmultitypid = t.oid
+WHERE t.typtype IN ('e', 'c', 'r', 'm', 'd') AND t.oid >= 16384
+ORDER BY t.oid"""
+_KINDS: Final = {"e": "enum", "c": "composite", "r": "range", "m": "multirange", "d": "domain"}
 
 
 # What a value decoder raises on bad input; anything else is a bug and travels
@@ -155,14 +180,14 @@ class RelationCache:
     right away (docs/design.md section 7), before any change of it.
     """
 
-    __slots__ = ("binary", "_tables", "_type_names", "_enums", "_enum_arrays")
+    __slots__ = ("binary", "_tables", "_type_names", "_declared", "_arrays")
 
     def __init__(self, binary: bool = False) -> None:
         self.binary = binary
         self._tables: dict[int, Table] = {}
         self._type_names: dict[int, tuple[str, str]] = {}
-        self._enums: set[int] = set()
-        self._enum_arrays: dict[int, int] = {}
+        self._declared: dict[int, tuple[str, int]] = {}  # user type oid -> (typtype, bound or base oid)
+        self._arrays: dict[int, int] = {}  # array oid of a declared type -> its element's oid
 
     def __len__(self) -> int:
         return len(self._tables)
@@ -172,12 +197,29 @@ class RelationCache:
 
     def declare_enum(self, type_oid: int, array_oid: int | None = None) -> None:
         """Declare a user type an enum (and `array_oid` its array), before its Relation."""
-        self._enums.add(type_oid)
-        if array_oid:
-            self._enum_arrays[array_oid] = type_oid
+        self.declare_types([(type_oid, "e", array_oid or 0, 0)])
+
+    def declare_types(self, types: Iterable[tuple[int, str, int, int]]) -> None:
+        """Declare user types, before their Relation: rows of `USER_TYPES_QUERY`.
+
+        Each is (oid, typtype, array oid or 0, other oid): typtype `e` an enum,
+        `c` a composite, `r` a range and `m` a multirange of bounds of the
+        other oid's type, `d` a domain over it; any other typtype is ignored.
+        """
+        for oid, kind, array_oid, other in types:
+            if kind not in _KINDS:
+                continue
+            self._declared[oid] = (kind, other)
+            if array_oid:
+                self._arrays[array_oid] = oid
 
     def apply(self, msg: Relation | TypeMsg, lsn: int | None = None) -> None:
-        """Take in a Relation (replacing the table's old metadata) or a Type message."""
+        """Take in a Relation (replacing the table's old metadata) or a Type message.
+
+        A binary stream's Relation with a column csnd cannot read in binary is
+        refused here when `lsn` is known (not None or 0/0), else at the table's
+        first change (see the module docstring).
+        """
         if isinstance(msg, TypeMsg):
             self._type_names[msg.type_oid] = (msg.namespace, msg.name)
             return
@@ -189,7 +231,8 @@ class RelationCache:
             labels.append(label)
             if binary is None:
                 if not V.binary_readable(col.type_oid):
-                    problems.append(f'column "{col.name}" has type {label} (oid {col.type_oid})')
+                    why = self._why_unreadable(col.type_oid)
+                    problems.append(f'column "{col.name}" has type {label} (oid {col.type_oid}){why}')
                 binary = _unreadable(col.name, label, col.type_oid)
             columns.append((col.name, binary, text))
         unreadable = None
@@ -200,7 +243,7 @@ class RelationCache:
                 "(pgoutput option binary 'false')"
             )
         self._tables[msg.relid] = Table(msg, columns, labels, unreadable, self.binary)
-        if unreadable and self.binary:
+        if unreadable and self.binary and lsn:
             raise DecodeError(unreadable, lsn=lsn, xid=msg.xid)
 
     def table(self, relid: int) -> Table:
@@ -214,24 +257,78 @@ class RelationCache:
 
     def _resolve(self, oid: int) -> tuple[V.BinaryDecoder | None, V.TextDecoder, str]:
         """(binary decoder or None if unreadable, text decoder, label) of a column type."""
-        if oid in self._enums:
-            return V.enum_binary, V.enum_text, self._label(oid, "enum")
-        if oid in self._enum_arrays:
-            elem = self._enum_arrays[oid]
-            return V.binary_array(elem, V.enum_binary), V.text_array(V.enum_text), self._label(oid, "enum[]")
+        declared = self._declared.get(oid)
+        if declared is not None:
+            kind, other = declared
+            if kind == "d":
+                binary, text, label = self._resolve(other)
+                return binary, text, f"domain over {label}"
+            label = self._label(oid, _KINDS[kind])
+            if kind == "e":
+                return V.enum_binary, V.enum_text, label
+            return self._pg_text(oid), V.text_form, label
+        elem = self._arrays.get(oid)
+        if elem is not None:
+            elem_binary, elem_text, elem_label = self._resolve(elem)
+            binary = None if elem_binary is None else V.binary_array(elem, elem_binary)
+            return binary, V.text_array(elem_text), f"{elem_label}[]"
         named = self._type_names.get(oid)
         if named is not None:
             namespace, name = named
             base: int | None = None
             if namespace == "":  # a domain over a built-in type: pgoutput names the base type
                 base = V.builtin_type_oid(name)
-            else:  # a domain over a declared enum: pgoutput gives the enum's name
-                base = next((e for e in self._enums if self._type_names.get(e) == named), None)
+            else:  # a domain over a declared type: pgoutput gives that type's name
+                base = next((t for t in self._declared if self._type_names.get(t) == named), None)
             if base is not None and base != oid:
                 binary, text, label = self._resolve(base)
                 return binary, text, f"domain over {label}"
             return None, V.text_decoder(oid), self._label(oid, "user type")
         return V.binary_decoder(oid), V.text_decoder(oid), self._label(oid, "type")
+
+    def _pg_text(self, oid: int) -> pgtext.PgText | None:
+        """The renderer of type `oid`'s text output from its binary form (built in or declared), or None."""
+        builtin = V.pg_text(oid)
+        if builtin is not None:
+            return builtin
+        declared = self._declared.get(oid)
+        if declared is not None:
+            kind, other = declared
+            if kind == "e":
+                return V.enum_binary
+            if kind == "d":
+                return self._pg_text(other)
+            if kind == "c":
+                field_text = self._pg_text
+                return lambda data: pgtext.record_out(data, field_text)
+            bound = self._pg_text(other)
+            if bound is None:
+                return None
+            return V.multirange_binary(bound) if kind == "m" else V.range_binary(bound)
+        elem = self._arrays.get(oid)
+        if elem is not None:
+            elem_text = self._pg_text(elem)
+            return None if elem_text is None else V.pg_array_text(elem, elem_text)
+        return None
+
+    def _why_unreadable(self, oid: int) -> str:
+        """`: why`, for the refusal of a column of type `oid` in a binary stream."""
+        declared = self._declared.get(oid)
+        while declared is not None and declared[0] == "d":
+            oid = declared[1]
+            declared = self._declared.get(oid)
+        elem = self._arrays.get(oid)
+        if elem is not None:
+            return self._why_unreadable(elem)
+        if declared is not None:
+            name = V.builtin_type_name(declared[1]) or f"oid {declared[1]}"
+            return f": its bounds' type {name} has no exact text form csnd renders from binary"
+        reason = V.no_binary_reason(oid)
+        if reason is not None:
+            return f": {reason}"
+        if oid in self._type_names:
+            return ": a user type not declared to the decoder (an enum, composite or range created after it started?)"
+        return ""
 
     def _label(self, oid: int, kind: str) -> str:
         named = self._type_names.get(oid)

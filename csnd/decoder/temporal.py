@@ -31,9 +31,16 @@ from psycopg.adapt import Transformer
 from psycopg.pq import Format
 
 __all__ = [
+    "INT32_MAX",
+    "INT32_MIN",
+    "INT64_MAX",
+    "INT64_MIN",
+    "US_PER_DAY",
+    "clock_text",
     "date_binary",
     "date_text",
     "interval_binary",
+    "pg_date_text",
     "time_binary",
     "timestamp_binary",
     "timestamp_iso",
@@ -48,11 +55,17 @@ _I64 = struct.Struct("!q")
 _TIMETZ = struct.Struct("!qi")  # time of day in us, zone in seconds WEST of UTC
 _INTERVAL = struct.Struct("!qii")  # time in us, days, months
 
-_INT64_MAX: Final = (1 << 63) - 1
-_INT64_MIN: Final = -(1 << 63)
-_INT32_MAX: Final = (1 << 31) - 1
-_INT32_MIN: Final = -(1 << 31)
-_US_PER_DAY: Final = 86_400_000_000
+# int64 / int32 max and min are +-infinity in timestamps and dates
+INT64_MAX: Final = (1 << 63) - 1
+INT64_MIN: Final = -(1 << 63)
+INT32_MAX: Final = (1 << 31) - 1
+INT32_MIN: Final = -(1 << 31)
+US_PER_DAY: Final = 86_400_000_000
+_INT64_MAX: Final = INT64_MAX
+_INT64_MIN: Final = INT64_MIN
+_INT32_MAX: Final = INT32_MAX
+_INT32_MIN: Final = INT32_MIN
+_US_PER_DAY: Final = US_PER_DAY
 _PG_EPOCH_DAYS: Final = 10_957  # 2000-01-01 in days since 1970-01-01
 _EPOCH: Final = datetime(2000, 1, 1)
 _EPOCH_UTC: Final = datetime(2000, 1, 1, tzinfo=UTC)
@@ -97,6 +110,19 @@ def _clock(us: int, fraction: bool = True) -> str:
     if us:
         text += "." + f"{us:06d}".rstrip("0") if fraction else f".{us:06d}"
     return text
+
+
+def pg_date_text(pg_days: int) -> str:
+    """date_out's text of days since 2000-01-01 (DateStyle ISO): `YYYY-MM-DD`, ` BC` before year 1."""
+    year, month, day = _civil_from_days(pg_days + _PG_EPOCH_DAYS)
+    if year <= 0:
+        return f"{1 - year:04d}-{month:02d}-{day:02d} BC"
+    return f"{year:04d}-{month:02d}-{day:02d}"
+
+
+def clock_text(us: int) -> str:
+    """A time of day in microseconds as PostgreSQL prints it: HH:MM:SS[.ffffff], fraction zeros dropped."""
+    return _clock(us)
 
 
 def timestamp_iso(us: int, utc: bool) -> str:

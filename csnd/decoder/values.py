@@ -46,6 +46,7 @@ from psycopg.adapt import Transformer
 from psycopg.pq import Format
 
 from csnd.core.ids import lsn_to_str
+from csnd.decoder import pgtext
 from csnd.decoder import temporal as T
 
 JsonValue = Any
@@ -484,6 +485,61 @@ _SCALARS: Final[dict[str, tuple[BinaryDecoder | None, TextDecoder]]] = {
     "jsonb": (_jsonb_bin, _jsonb_text),
 }
 
+# --- PostgreSQL's text output from binary: fields, bounds and elements of containers --------
+# A composite's field, a range's bound and an array's element inside them are
+# written in their type's text output (`decoder.pgtext`), not in the JSON rule.
+# For most types the JSON value *is* that text (the string types above); these
+# are the others, rendered as PostgreSQL 15-18 print them with DateStyle ISO.
+# float4 and float8 are left out: float8out's switch to exponent notation is not
+# Python's, and a guess is never written.
+
+
+def _date_out(data: bytes) -> str:
+    """date_out: `YYYY-MM-DD`, ` BC` for years before 1, the infinities."""
+    days = _I32.unpack(data)[0]
+    if days in (T.INT32_MAX, T.INT32_MIN):
+        return "infinity" if days > 0 else "-infinity"
+    return T.pg_date_text(days)
+
+
+def _timestamp_out(data: bytes) -> str:
+    """timestamp_out: `YYYY-MM-DD HH:MM:SS[.ffffff]` (fraction zeros dropped), ` BC`, the infinities."""
+    us = _I64.unpack(data)[0]
+    if us in (T.INT64_MAX, T.INT64_MIN):
+        return "infinity" if us > 0 else "-infinity"
+    days, rest = divmod(us, T.US_PER_DAY)
+    day = T.pg_date_text(days)
+    clock = T.clock_text(rest)
+    return f"{day[:-3]} {clock} BC" if day.endswith(" BC") else f"{day} {clock}"
+
+
+def _bool_out(data: bytes) -> str:
+    return "t" if _BOOL_BIN[data] else "f"
+
+
+_PG_TEXT_OTHERS: Final[dict[str, pgtext.PgText]] = {
+    "bool": _bool_out,
+    "int2": lambda data: str(_int2_bin(data)),
+    "int4": lambda data: str(_int4_bin(data)),
+    "int8": lambda data: str(_int8_bin(data)),
+    "oid": lambda data: str(_uint32_bin(data)),
+    "json": _utf8,
+    "jsonb": jsonb_payload,
+    "date": _date_out,
+    "timestamp": _timestamp_out,
+}
+# Types whose JSON value is their text output (a str from the binary decoder above).
+_PG_TEXT_AS_JSON: Final = frozenset(
+    (
+        "bytea", "char", "name", "text", "tid", "xid", "cid", "xid8", "xml", "macaddr", "macaddr8",
+        "inet", "cidr", "bpchar", "varchar", "time", "interval", "timetz", "bit", "varbit", "numeric",
+        "uuid", "pg_lsn",
+    )
+)  # fmt: skip
+# Ranges whose bounds' text does not depend on the session: tstzrange's bounds are
+# printed in the server's TimeZone, which a binary value does not carry.
+_TIME_ZONE_RANGES: Final = frozenset(("tstzrange", "tstzmultirange"))
+
 # Types without a send function (aclitem, gtsvector): PostgreSQL 15's pgoutput
 # sends them as text even in a binary stream, so a binary stream can carry them.
 _TEXT_IN_BINARY_STREAMS: Final = frozenset((1033, 3642))
@@ -492,6 +548,9 @@ _OID_BY_NAME: Final[dict[str, int]] = {"char": 18, "_char": 1002}
 _BINARY: Final[dict[int, BinaryDecoder]] = {}
 _TEXT: Final[dict[int, TextDecoder]] = {}
 _NAMES: Final[dict[int, str]] = {18: "char", 1002: "_char"}
+_PG_TEXT: Final[dict[int, pgtext.PgText]] = {}
+# Why a built-in type has no binary decoder, where the reason is not "csnd has none".
+_NO_BINARY_WHY: Final[dict[int, str]] = {790: "its text depends on the server's lc_monetary"}
 # (oid, name, element oid or None, array delimiter) of every built-in type, scalars first
 _CATALOGUE: Final[list[tuple[int, str, int | None, str]]] = []
 
@@ -508,6 +567,10 @@ def _build_catalogue() -> None:
         if binary is not None:
             _BINARY[oid] = binary
         _CATALOGUE.append((oid, name, None, delimiter))
+        if name in _PG_TEXT_OTHERS:
+            _PG_TEXT[oid] = _PG_TEXT_OTHERS[name]
+        elif name in _PG_TEXT_AS_JSON and binary is not None:
+            _PG_TEXT[oid] = binary
         if array_oid:
             _CATALOGUE.append((array_oid, "_" + name, oid, delimiter))
             _OID_BY_NAME["_" + name] = array_oid
@@ -515,6 +578,38 @@ def _build_catalogue() -> None:
             _TEXT[array_oid] = text_array(text, delimiter)
             if binary is not None:
                 _BINARY[array_oid] = binary_array(oid, binary)
+            if oid in _PG_TEXT:
+                _PG_TEXT[array_oid] = pg_array_text(oid, _PG_TEXT[oid], delimiter)
+    for info in postgres.types:  # the built-in ranges and multiranges, once their bounds' types are known
+        subtype = getattr(info, "subtype_oid", None)
+        if subtype is None:
+            continue
+        if info.name in _TIME_ZONE_RANGES:
+            _NO_BINARY_WHY[info.oid] = "its bounds' text depends on the server's TimeZone"
+            continue
+        bound = _PG_TEXT.get(subtype)
+        if bound is None:
+            continue
+        decode = multirange_binary(bound) if "multirange" in info.name else range_binary(bound)
+        _BINARY[info.oid] = _PG_TEXT[info.oid] = decode
+        if info.array_oid:
+            _BINARY[info.array_oid] = binary_array(info.oid, decode)
+            _PG_TEXT[info.array_oid] = pg_array_text(info.oid, decode, info.delimiter)
+
+
+def range_binary(bound: pgtext.PgText) -> BinaryDecoder:
+    """range_send -> range_out's text (a range's JSON value), each bound through `bound`."""
+    return lambda data: pgtext.range_out(data, bound)
+
+
+def multirange_binary(bound: pgtext.PgText) -> BinaryDecoder:
+    """multirange_send -> multirange_out's text (a multirange's JSON value)."""
+    return lambda data: pgtext.multirange_out(data, bound)
+
+
+def pg_array_text(elem_oid: int, elem: pgtext.PgText, delimiter: str = ",") -> pgtext.PgText:
+    """array_send -> array_out's text: an array inside a composite or as a range's bound."""
+    return lambda data: pgtext.array_out(data, elem_oid, elem, delimiter)
 
 
 _build_catalogue()
@@ -533,6 +628,16 @@ def binary_decoder(type_oid: int) -> BinaryDecoder | None:
 def text_decoder(type_oid: int) -> TextDecoder:
     """The decoder of a built-in type's text output; any other type keeps its text form."""
     return _TEXT.get(type_oid, _identity)
+
+
+def pg_text(type_oid: int) -> pgtext.PgText | None:
+    """The renderer of a built-in type's text output from its binary form, or None if csnd has none."""
+    return _PG_TEXT.get(type_oid)
+
+
+def no_binary_reason(type_oid: int) -> str | None:
+    """Why a built-in type has no exact binary decoder, when there is more to say than that it has none."""
+    return _NO_BINARY_WHY.get(type_oid)
 
 
 def binary_readable(type_oid: int) -> bool:

@@ -108,7 +108,8 @@ def test_a_relation_that_cannot_be_decoded_at_the_end_fails_the_run(tmp_path: Pa
             )
             w.write_frame(p.encode_xlogdata(lsn + 0x80, lsn, 1, p.encode_commit(lsn + 0x80, lsn + 0x90, 5)))
         bad = [p.Column(1, "id", 23, -1), p.Column(0, "shape", 999_999, -1)]
-        w.write_frame(p.encode_xlogdata(0, 0, 1, p.encode_relation(16384, "public", "t", "d", bad)))
+        # (at a known LSN: one sent as 0/0, as the walsender sends it, waits for the table's next change)
+        w.write_frame(p.encode_xlogdata(0x400, 0x400, 1, p.encode_relation(16384, "public", "t", "d", bad)))
     pool = DecoderPool("dn1", workers, binary=True, batch_changes=1)
     seen: list[DecodedItem | BatchEnd] = []
     with pytest.raises(DecodeError) as ei:

@@ -291,6 +291,22 @@ CASES: list[tuple[str, str, Any]] = [
     ("varbit[]", '{101,""}', ["101", ""]),
     ("name[]", "{pg_class}", ["pg_class"]),
     ('"char"[]', "{a,b}", ["a", "b"]),
+    # ranges and multiranges: their text form, rendered from binary (decoder.pgtext)
+    ("int4range", "[1,5)", "[1,5)"),
+    ("int4range", "empty", "empty"),
+    ("int8range", "(,)", "(,)"),
+    ("int8range", "[-9223372036854775808,0]", "[-9223372036854775808,1)"),
+    ("numrange", "(-1.50,NaN]", "(-1.50,NaN]"),
+    ("daterange", "[0044-03-15 BC,infinity)", '["0044-03-15 BC",infinity)'),
+    ("daterange", "[10000-01-01,)", "[10000-01-01,)"),
+    ("tsrange", "[-infinity,0044-03-15 10:00:00.25 BC]", '[-infinity,"0044-03-15 10:00:00.25 BC"]'),
+    ("tsrange", "(1999-12-31 23:59:59.999999,)", '("1999-12-31 23:59:59.999999",)'),
+    ("int4range[]", '{"[1,5)",empty,NULL}', ["[1,5)", "empty", None]),
+    ("int4multirange", "{[1,3),[5,7),(9,10]}", "{[1,3),[5,7),[10,11)}"),
+    ("nummultirange", "{}", "{}"),
+    ("datemultirange", "{[2026-01-01,2026-02-01)}", "{[2026-01-01,2026-02-01)}"),
+    ("tsmultirange", "{[2000-01-01 00:00:00,)}", '{["2000-01-01 00:00:00",)}'),
+    ("int8multirange[]", '{"{[1,2)}","{}"}', ["{[1,2)}", "{}"]),
 ]
 
 
@@ -321,8 +337,8 @@ TEXT_ONLY: list[tuple[str, str, Any]] = [
     ("money", "12.34", "$12.34"),
     ("money", "-1234567.891", "-$1,234,567.89"),
     ("money[]", "{1,2}", ["$1.00", "$2.00"]),
-    ("int4range", "[1,5)", "[1,5)"),
-    ("int4range[]", '{"[1,5)",empty}', ["[1,5)", "empty"]),
+    ("tstzrange", "empty", "empty"),  # (its bounds are printed in the session's TimeZone)
+    ("tstzmultirange[]", '{"{}"}', ["{}"]),
     ("tsvector", "a fat cat", "'a' 'cat' 'fat'"),
     ("box[]", "{(1,1),(0,0);(2,2),(1,1)}", ["(1,1),(0,0)", "(2,2),(1,1)"]),
     ("jsonpath", "$.a", '$."a"'),
