@@ -112,6 +112,14 @@ class Merger:
         self._group_commit = sink.group_commit
         self._durable_asks: deque[tuple[int, dict[str, int]]] = deque()  # (ticket, written per node)
         self._asked_at_ended = -1  # sink.ended at the newest ask
+        self._group_commit_now = True
+        if self._group_commit is not None and (self.confirming or durable_always):
+            # Group commit takes what is ready, not what a timer allows: a round that
+            # ended transactions asks for a sync at once unless one is under way, and
+            # the sync's end wakes this thread to ask for what piled up meanwhile.
+            self._group_commit.wake_on_durable(self.wakeup)
+        else:
+            self._group_commit_now = False
         self._feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
         # The current transaction's text not yet handed to the sink, and whether its next part is its first.
         self._line: list[str] = []
@@ -135,6 +143,8 @@ class Merger:
                     progressed = True
             if self._render():
                 progressed = True
+            if self._group_commit_now:
+                self._ask_durable()
             self._tick(self.clock())
             if not progressed:
                 self._check_stall()
@@ -310,10 +320,18 @@ class Merger:
                 self._confirm(final=False)
             self._last_confirm = now
 
+    def _ask_durable(self) -> None:
+        """A sync of what is new, unless one is under way (its end wakes the loop to ask again)."""
+        sink, asks = self._group_commit, self._durable_asks
+        assert sink is not None
+        if sink.ended != self._asked_at_ended and (not asks or asks[-1][0] <= sink.durable_ticket):
+            self._asked_at_ended = sink.ended
+            asks.append((sink.request_durable(), self._written()))
+
     def _confirm_behind(self, sink: GroupCommit) -> None:
         """Ask for a sync of what is new; move each slot to what the syncs finished so far cover."""
         asks = self._durable_asks
-        if sink.ended != self._asked_at_ended:
+        if not self._group_commit_now and sink.ended != self._asked_at_ended:
             self._asked_at_ended = sink.ended
             asks.append((sink.request_durable(), self._written()))
         done = sink.durable_ticket

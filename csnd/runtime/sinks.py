@@ -34,9 +34,12 @@ asks for a sync by ticket and goes on writing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from csnd.core.ids import Csn
+
+if TYPE_CHECKING:
+    import threading
 
 
 class OutputClosed(Exception):  # (a stop, not an error)
@@ -58,6 +61,9 @@ class GroupCommit(Protocol):
 
     def request_durable(self) -> int:
         """A ticket for everything ended so far; `durable_ticket` reaches it once that is durable."""
+
+    def wake_on_durable(self, wake: threading.Event) -> None:
+        """Set `wake` each time a sync finishes, so the runtime asks for the next group at once."""
 
 
 class Sink(Protocol):

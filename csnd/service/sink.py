@@ -103,6 +103,7 @@ class ChangelogSink:
         self._error: BaseException | None = None  # the sync thread's failure, raised to the runtime
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._wake: threading.Event | None = None  # set as each sync finishes (the runtime asks again)
 
     # --- the runtime's thread -----------------------------------------------------
 
@@ -227,6 +228,9 @@ class ChangelogSink:
                 self._changed.notify_all()
             return ticket
 
+    def wake_on_durable(self, wake: threading.Event) -> None:
+        self._wake = wake
+
     def make_durable(self) -> None:
         ticket = self.request_durable()
         with self._changed:
@@ -296,6 +300,9 @@ class ChangelogSink:
             self.durable_ticket = ticket
             self._retention()
             self._changed.notify_all()
+        wake = self._wake
+        if wake is not None:
+            wake.set()
         if point is not None:  # (outside the lock: the runtime appends meanwhile)
             COMMIT_TO_DURABLE.observe_lines(point.lines)
         return True

@@ -240,3 +240,31 @@ def _group_commit_run(directory: Path) -> int:
     assert node.final == txns[-1].end_lsn and log.durable_csn == txns[-1].csn
     log.close()
     return len(node.confirmed)
+
+
+def test_a_transaction_is_made_durable_without_waiting_for_a_timer_or_more_input(tmp_path: Path) -> None:
+    """A live source's lone transaction reaches the disk while its source stays open and silent.
+
+    The confirmation interval is an hour, so only a group commit asked for as
+    soon as the transaction is appended can make it durable: the wait below is
+    a ceiling for a stalled run, not a timing goal.
+    """
+    (txn,) = _txns([([0], True, None, 5)])
+    log = Changelog(str(tmp_path / "changelog"))
+    sink = ChangelogSink(log)
+    sink.start()
+    node = QueuedInput("dn1", "single", [TxnItem(txn, txn.end_lsn)])
+    merger = Merger([node], sink, confirm_interval_s=3600.0, durable_always=True)
+    runner = threading.Thread(target=merger.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (log.durable_csn or 0) < txn.csn and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert log.durable_csn == txn.csn  # durable with the source still open and nothing more sent
+    finally:
+        node.out.put_many([EndItem()])
+        runner.join(timeout=60)
+        sink.stop()
+        log.close()
+    assert not runner.is_alive()
