@@ -65,6 +65,19 @@ class SlotReading:
     wal_status: str = ""
     safe_wal_size: int | None = None
     error: str = ""
+    standby: bool | None = None  # the server is in recovery (None: not read yet, or unreachable)
+
+
+# The WAL a slot holds, from the server's own end of WAL.  A standby has no
+# pg_current_wal_lsn() (it fails in recovery): its end is what it has
+# received, or replayed when that is further (WAL restored from an archive
+# is replayed without being received).
+_SLOT_SQL: Final = (
+    "SELECT coalesce(CASE WHEN pg_is_in_recovery() THEN greatest(pg_last_wal_receive_lsn(), "
+    "pg_last_wal_replay_lsn()) ELSE pg_current_wal_lsn() END - restart_lsn, 0)::int8, "
+    "coalesce(wal_status, ''), safe_wal_size, pg_is_in_recovery() "
+    "FROM pg_replication_slots WHERE slot_name = %s"
+)
 
 
 class SlotMonitor:
@@ -89,16 +102,14 @@ class SlotMonitor:
 
         try:
             with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
-                row = conn.execute(
-                    "SELECT coalesce(pg_current_wal_lsn() - restart_lsn, 0)::int8, coalesce(wal_status, ''),"
-                    " safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
-                    (self.slot,),
-                ).fetchone()
+                row = conn.execute(_SLOT_SQL, (self.slot,)).fetchone()
         except psycopg.Error as e:
             return SlotReading(error=str(e).strip().splitlines()[0])
         if row is None:
             return SlotReading(error=f"slot {self.slot} does not exist")
-        return SlotReading(int(row[0]), str(row[1]), None if row[2] is None else int(row[2]))
+        return SlotReading(
+            int(row[0]), str(row[1]), None if row[2] is None else int(row[2]), "", bool(row[3])
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -268,4 +279,5 @@ class NodeWatch:
             slot_wal_status=slot.wal_status,
             slot_safe_wal_size=-1 if slot.safe_wal_size is None else slot.safe_wal_size,
             down_seconds=0.0 if self._down_since is None else round(now - self._down_since, 3),
+            server_role="" if slot.standby is None else ("standby" if slot.standby else "primary"),
         )

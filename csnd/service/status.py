@@ -61,6 +61,7 @@ class NodeState:
     spill_bytes: int = 0
     slot_wal_status: str = ""
     slot_safe_wal_size: int = -1  # -1: unknown or unlimited
+    server_role: str = ""  # "primary" or "standby" (a live node, once its slot is read); "" otherwise
     # Seconds it has been reconnecting or restarting (0 otherwise), counted from
     # when the service first saw it so (not in the protobuf: for /readyz).
     down_seconds: float = 0.0
@@ -90,6 +91,7 @@ class NodeState:
             spill_bytes=self.spill_bytes,
             slot_wal_status=self.slot_wal_status,
             slot_safe_wal_size=self.slot_safe_wal_size,
+            server_role=self.server_role,
         )
 
 

@@ -67,10 +67,11 @@ function renderNodes(nodes) {
     tr.className = lv;
     tr.dataset.node = n.name;
     tr.dataset.state = n.state || "";
+    tr.dataset.role = n.server_role || "";  // (a node decoded on a hot standby says so beside its mode)
     const stateCls = ["failed", "reconnecting", "restarting"].includes(n.state) ? "bad" : "";
     const safe = num(n.slot_safe_wal_size);
     tr.append(
-      cell(n.name), cell(n.mode || ""), cell((n.state || "") + (n.stuck ? " (stuck)" : ""), stateCls),
+      cell(n.name), cell((n.mode || "") + (n.server_role === "standby" ? " · standby" : "")), cell((n.state || "") + (n.stuck ? " (stuck)" : ""), stateCls),
       cell(lsn(n.received_lsn)), cell(lsn(n.confirmed_lsn)), cell(fmt(n.watermark_csn)), cell(bytes(n.lag_bytes)),
       isDown(n) ? cell("unknown", "bad")
         : cell(num(n.lag_seconds).toFixed(1), level(num(n.lag_seconds), thresholds.lag_seconds_amber, thresholds.lag_seconds_red)),

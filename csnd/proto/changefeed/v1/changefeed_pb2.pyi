@@ -263,7 +263,7 @@ class Totals(_message.Message):
     def __init__(self, transactions: _Optional[int] = ..., changes: _Optional[int] = ..., skipped: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "mode", "state", "received_lsn", "confirmed_lsn", "watermark_csn", "lag_bytes", "lag_seconds", "stuck", "error", "transactions", "changes", "retained_wal_bytes", "source", "queue_depths", "decoded_changes", "restarts", "waiting_committing", "waiting_commit", "waiting_merge", "spill_bytes", "slot_wal_status", "slot_safe_wal_size")
+    __slots__ = ("name", "mode", "state", "received_lsn", "confirmed_lsn", "watermark_csn", "lag_bytes", "lag_seconds", "stuck", "error", "transactions", "changes", "retained_wal_bytes", "source", "queue_depths", "decoded_changes", "restarts", "waiting_committing", "waiting_commit", "waiting_merge", "spill_bytes", "slot_wal_status", "slot_safe_wal_size", "server_role")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,7 @@ class NodeStatus(_message.Message):
     SPILL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SLOT_WAL_STATUS_FIELD_NUMBER: _ClassVar[int]
     SLOT_SAFE_WAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ROLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     mode: str
     state: str
@@ -310,7 +311,8 @@ class NodeStatus(_message.Message):
     spill_bytes: int
     slot_wal_status: str
     slot_safe_wal_size: int
-    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., received_lsn: _Optional[int] = ..., confirmed_lsn: _Optional[int] = ..., watermark_csn: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., error: _Optional[str] = ..., transactions: _Optional[int] = ..., changes: _Optional[int] = ..., retained_wal_bytes: _Optional[int] = ..., source: _Optional[str] = ..., queue_depths: _Optional[_Iterable[int]] = ..., decoded_changes: _Optional[int] = ..., restarts: _Optional[int] = ..., waiting_committing: _Optional[int] = ..., waiting_commit: _Optional[int] = ..., waiting_merge: _Optional[int] = ..., spill_bytes: _Optional[int] = ..., slot_wal_status: _Optional[str] = ..., slot_safe_wal_size: _Optional[int] = ...) -> None: ...
+    server_role: str
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., received_lsn: _Optional[int] = ..., confirmed_lsn: _Optional[int] = ..., watermark_csn: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., error: _Optional[str] = ..., transactions: _Optional[int] = ..., changes: _Optional[int] = ..., retained_wal_bytes: _Optional[int] = ..., source: _Optional[str] = ..., queue_depths: _Optional[_Iterable[int]] = ..., decoded_changes: _Optional[int] = ..., restarts: _Optional[int] = ..., waiting_committing: _Optional[int] = ..., waiting_commit: _Optional[int] = ..., waiting_merge: _Optional[int] = ..., spill_bytes: _Optional[int] = ..., slot_wal_status: _Optional[str] = ..., slot_safe_wal_size: _Optional[int] = ..., server_role: _Optional[str] = ...) -> None: ...
 
 class ChangelogStatus(_message.Message):
     __slots__ = ("oldest_csn", "newest_csn", "bytes", "segments", "directory", "fsyncs", "fsync_seconds_total", "last_fsync_seconds", "holds")
