@@ -271,6 +271,18 @@ class SnapshotError(SourceError):
         super().__init__(message, node=node, lsn=lsn, xid=xid)
 
 
+class BarrierError(SnapshotError):
+    """A GTM commit barrier (`csnd.gtm.barrier`) could not finish: released, naming what held it.
+
+    `gid`: the global transaction it waited for, when one did (a writer stuck
+    between taking its CSN and committing); `node`: the node that failed.
+    """
+
+    def __init__(self, message: str, *, node: str | None = None, gid: str | None = None) -> None:
+        self.gid = gid
+        super().__init__(message, node=node)
+
+
 class WorkerError(CsndError):
     """A decoder worker process died or raised; the run stops."""
 

@@ -48,6 +48,8 @@ before `next()` returns it.
 The commit log (table `<name>_txn`) is what in-doubt recovery reads
 (`gtm.recovery`); each row is written before the writer's first marker
 (`begin_commit`, which also returns current() in the same round trip),
+notes the CSN the moment it is taken (`take_csn`: `taken`, the same
+statement as nextval, which a commit barrier reads -- `gtm.barrier`),
 updated with the commit CSN once every node has prepared (`decide_commit`,
 the point of no return), and deleted lazily once the transaction is finished
 everywhere (`end_commit`: the gids are deleted by the next `begin_commit`'s
@@ -92,6 +94,7 @@ class PgGtm:
         self.table = f"{name}_txn"
         self._lock = threading.Lock()
         self._finished: list[str] = []
+        self._taken: set[str] = set()  # gids with a CSN taken and no decision yet
         try:
             self._conn: psycopg.Connection[Any] = psycopg.connect(
                 conninfo, autocommit=True, connect_timeout=connect_timeout
@@ -119,6 +122,26 @@ class PgGtm:
     def next(self) -> Csn:
         """A new CSN, strictly larger than every CSN handed out before, durable when returned."""
         return Csn(self._one("SELECT nextval(%s::regclass)", (self.name,)))
+
+    def take_csn(self, gid: str) -> Csn:
+        """`gid`'s commit CSN: `next()`, noted in its commit-log record in the same statement.
+
+        A commit barrier (`gtm.barrier`) holds the sequence and must tell the
+        transactions that already have a CSN (they commit before it lets go)
+        from those still to take one: the record says so, atomically.
+        """
+        with self._lock:
+            csn = self._execute(
+                f"UPDATE {self.table} SET taken = nextval(%s::regclass) WHERE gid = %s RETURNING taken",
+                (self.name, gid),
+            )
+            if csn is None:
+                raise CsndError(
+                    f"gtm: no commit record for global transaction {gid} in {self.table}; "
+                    "was it resolved by csnd gtm recover while its writer was alive?"
+                )
+            self._taken.add(gid)
+        return Csn(csn)
 
     # --- the commit log ---------------------------------------------------------------
 
@@ -151,6 +174,7 @@ class PgGtm:
             cur = self._cursor_execute(
                 f"UPDATE {self.table} SET csn = %s WHERE gid = %s AND csn IS NULL", (csn, gid)
             )
+        self._taken.discard(gid)
         if cur != 1:
             raise CsndError(
                 f"gtm: no open commit record for global transaction {gid} in {self.table}; "
@@ -159,6 +183,15 @@ class PgGtm:
 
     def end_commit(self, gid: str) -> None:
         with self._lock:
+            if gid in self._taken:
+                # Rolled back after taking a CSN (no decision): deleted now, not with the next
+                # begin_commit, or a commit barrier would wait for it as for a commit under way.
+                self._taken.discard(gid)
+                try:
+                    self._execute(f"DELETE FROM {self.table} WHERE gid = %s RETURNING 1", (gid,))
+                    return
+                except CsndError:
+                    pass  # (the connection broke: deleted later, by a begin_commit or recovery)
             self._finished.append(gid)
 
     def close(self) -> None:
@@ -218,8 +251,14 @@ def ensure_objects(conn: psycopg.Connection[Any], name: str) -> None:
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {name}_txn (gid text PRIMARY KEY, owner_pid int NOT NULL, "
             "owner_start timestamptz NOT NULL, nodes text[] NOT NULL, start_lsns pg_lsn[] NOT NULL, "
-            "csn bigint, created timestamptz NOT NULL DEFAULT now())".encode()
+            "csn bigint, created timestamptz NOT NULL DEFAULT now(), taken bigint)".encode()
         )
+        # (a commit log made before `taken` existed gets it; only then, as ALTER locks the table)
+        if not conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'taken' AND NOT attisdropped",
+            (f"{name}_txn",),
+        ).fetchone():
+            conn.execute(f"ALTER TABLE {name}_txn ADD COLUMN IF NOT EXISTS taken bigint".encode())
     row = conn.execute(
         "SELECT cache_size FROM pg_sequences WHERE sequencename = %s AND schemaname = current_schema()",
         (name,),

@@ -19,7 +19,8 @@ processes on any machine share.
 A sequencer also keeps the writers' *commit log* -- what in-doubt recovery
 (`gtm.recovery`) needs to finish a transaction whose writer died mid-commit:
 `begin_commit` (the intent: which nodes, from which WAL position, before the
-first `committing` marker), `decide_commit` (the commit point: written after
+first `committing` marker), `take_csn` (the commit CSN, noted as taken),
+`decide_commit` (the commit point: written after
 every node prepared, before the first COMMIT PREPARED) and `end_commit` (the
 transaction is finished everywhere).  `Gtm` lives in one process and dies with
 its writers, so for it they do nothing; `PgGtm` writes them durably.
@@ -43,6 +44,10 @@ class Sequencer(Protocol):
 
     def begin_commit(self, gid: str, start_lsns: Mapping[str, int]) -> Csn:
         """Record that `gid` is entering its commit on these nodes; returns `current()`."""
+        ...
+
+    def take_csn(self, gid: str) -> Csn:
+        """`next()` as `gid`'s commit CSN, noted in its record (for a shared GTM) in the same step."""
         ...
 
     def decide_commit(self, gid: str, csn: Csn) -> None:
@@ -84,6 +89,9 @@ class Gtm:
     # An in-process GTM dies with its writers: there is nothing to recover.
     def begin_commit(self, gid: str, start_lsns: Mapping[str, int]) -> Csn:
         return self.current()
+
+    def take_csn(self, gid: str) -> Csn:
+        return self.next()
 
     def decide_commit(self, gid: str, csn: Csn) -> None:
         pass

@@ -7,7 +7,7 @@ them with the protocol csnd's GTM mode reads (docs/design.md section 2):
                      statement n on a node, once the txn spans several nodes
     commit           0. gtm.begin_commit(gid, nodes): the intent (durable for a shared GTM)
                      1. `committing <gid> <current>` (non-transactional) on each node
-                     2. csn = gtm.next()
+                     2. csn = gtm.take_csn(gid): next(), noted in the intent
                      3. on each node: `commit <gid> <csn>` (transactional), PREPARE TRANSACTION
                      4. gtm.decide_commit(gid, csn): the point of no return
                      5. on each node: COMMIT PREPARED; gtm.end_commit(gid)
@@ -234,7 +234,7 @@ class GlobalTransaction:
                 emit(n.conn, False, markers.committing(gid, committing))
                 n.committing_logged = True
                 pause("committing")
-            csn = gtm.next()
+            csn = gtm.take_csn(gid)
             pause("csn")
             for n in nodes:
                 emit(n.conn, True, markers.commit(gid, csn))

@@ -1,0 +1,159 @@
+"""The GTM commit barrier on three live servers: one CSN X, every commit at or below it done everywhere.
+
+Writer threads (each its own `PgGtm` session, as writer processes have)
+commit global transactions that insert their gid on two or three nodes.
+While the barrier holds, each node's committed gids are read: afterwards
+every transaction with a CSN <= X must be on every node it wrote, and none
+above X on any.  A writer stopped between taking its CSN and preparing
+holds the barrier past its timeout: it is released and names the gid.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from csnd.core.errors import BarrierError
+from csnd.gtm.barrier import CommitBarrier
+from csnd.gtm.pggtm import PgGtm
+from csnd.gtm.writer import GlobalTransaction
+from csnd.testing.cluster import LocalCluster, start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with start_cluster(3) as c:
+        for url in c.urls().values():
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE TABLE bt (gid text PRIMARY KEY)")
+        PgGtm(c.gtm_url).close()
+        yield c
+
+
+def _gids(url: str) -> set[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {str(g) for (g,) in conn.execute("SELECT gid FROM bt").fetchall()}
+
+
+class _Writer(threading.Thread):
+    """Commits global transactions until told to stop; remembers each one's CSN and nodes."""
+
+    def __init__(self, cluster: LocalCluster, index: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.index, self.stop = cluster, index, stop
+        self.done: dict[str, tuple[int, list[str]]] = {}
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        urls = self.cluster.urls()
+        conns = {n: psycopg.connect(u, autocommit=True) for n, u in urls.items()}
+        names = sorted(urls)
+        try:
+            with PgGtm(self.cluster.gtm_url) as gtm:
+                n = 0
+                while not self.stop.is_set():
+                    n += 1
+                    pairs = [names[:2], names[1:], [names[0], names[2]]]
+                    touched = names if n % 2 else pairs[(n // 2) % 3]
+                    t = GlobalTransaction(gtm, conns, gid=f"b{self.index}-{n}")
+                    for node in touched:
+                        t.execute(node, "INSERT INTO bt VALUES (%s)", (t.gid,))
+                    csn = t.commit()
+                    assert csn is not None
+                    self.done[t.gid] = (int(csn), touched)
+        except BaseException as e:
+            self.error = e
+        finally:
+            for c in conns.values():
+                c.close()
+
+
+def test_the_barrier_cuts_every_node_at_one_csn_under_writers(cluster: LocalCluster) -> None:
+    urls = cluster.urls()
+    stop = threading.Event()
+    writers = [_Writer(cluster, i, stop) for i in range(4)]
+    for w in writers:
+        w.start()
+    try:
+        with PgGtm(cluster.gtm_url) as gtm:
+            first = gtm.current()
+            while gtm.current() < first + 40:  # (the writers are committing before the barrier)
+                assert all(w.is_alive() for w in writers), [w.error for w in writers]
+                threading.Event().wait(0.01)
+        cuts = []
+        for _ in range(3):
+            barrier = CommitBarrier(cluster.gtm_url, urls, timeout_s=20)
+            with barrier.hold() as held:
+                seen = {node: _gids(url) for node, url in urls.items()}
+            cuts.append((held, seen))
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(timeout=60)
+    assert all(w.error is None for w in writers), [w.error for w in writers]
+    done = {gid: v for w in writers for gid, v in w.done.items()}
+    for held, seen in cuts:
+        below = [g for g, (csn, _) in done.items() if csn <= held.csn]
+        above = [g for g, (csn, _) in done.items() if csn > held.csn]
+        assert below and above, "the barrier did not fall between commits"
+        for gid in below:
+            _, nodes = done[gid]
+            assert all(gid in seen[n] for n in nodes), f"{gid} (csn {done[gid][0]} <= {held.csn}) missing"
+        for gid in above:
+            assert not any(gid in s for s in seen.values()), f"{gid} (csn {done[gid][0]} > {held.csn}) seen"
+        assert held.held_s > 0 and held.held_s >= held.drain_s
+
+
+def test_a_writer_stuck_after_its_csn_times_the_barrier_out_and_it_names_the_gid(
+    cluster: LocalCluster,
+) -> None:
+    urls = cluster.urls()
+    at_csn, go_on = threading.Event(), threading.Event()
+
+    def pause(step: str) -> None:
+        if step == "csn":
+            at_csn.set()
+            go_on.wait(60)
+
+    result: dict[str, Any] = {}
+
+    def stuck() -> None:
+        conns = {n: psycopg.connect(u, autocommit=True) for n, u in urls.items()}
+        try:
+            with PgGtm(cluster.gtm_url) as gtm:
+                t = GlobalTransaction(gtm, conns, gid="stuck-1", pause=pause)
+                t.execute("dn1", "INSERT INTO bt VALUES ('stuck-1')")
+                t.execute("dn2", "INSERT INTO bt VALUES ('stuck-1')")
+                result["csn"] = t.commit()
+        except BaseException as e:
+            result["error"] = e
+        finally:
+            for c in conns.values():
+                c.close()
+
+    thread = threading.Thread(target=stuck, daemon=True)
+    thread.start()
+    try:
+        assert at_csn.wait(60), result
+        with pytest.raises(BarrierError) as caught, CommitBarrier(cluster.gtm_url, urls, timeout_s=1).hold():
+            raise AssertionError("the barrier held with a writer stuck after its csn")
+        assert caught.value.gid == "stuck-1"
+        assert "stuck-1" in str(caught.value) and "released" in str(caught.value)
+        with PgGtm(cluster.gtm_url) as gtm:  # (released: CSNs are handed out again)
+            assert gtm.next() > 0
+    finally:
+        go_on.set()
+        thread.join(timeout=60)
+    assert "error" not in result, result
+    assert all("stuck-1" in _gids(u) for n, u in urls.items() if n in ("dn1", "dn2"))
+
+
+def test_a_node_down_fails_before_the_gtm_is_held(cluster: LocalCluster) -> None:
+    urls = {**cluster.urls(), "dn9": "postgresql://127.0.0.1:1/postgres"}
+    with pytest.raises(BarrierError) as caught, CommitBarrier(cluster.gtm_url, urls, timeout_s=1).hold():
+        raise AssertionError("held with a node down")
+    assert caught.value.node == "dn9" and "nothing was held" in str(caught.value)
