@@ -52,6 +52,7 @@ from typing import Any, Final
 
 import psycopg
 
+from bench import loadkit
 from bench.loadkit import Service, Watch, cpu_seconds, end_all, subscribe
 from csnd.testing.pgserver import PG_BIN, PgServer, start_server
 
@@ -209,12 +210,30 @@ def _walsenders(server: PgServer) -> dict[str, int]:
     return {f"walsender ({name})": int(pid) for name, pid in rows if pid}
 
 
-def run(rates: list[int], seconds: float, decoders: int | None) -> dict[str, Any]:
+def with_switch_interval(seconds: float | None) -> None:
+    """Start csnd's processes with this switch interval instead of csnd.cli's (None: csnd's own)."""
+    if seconds is None:
+        loadkit.CSND[:] = [sys.executable, "-m", "csnd.cli"]
+        return
+    code = f"import sys, csnd.cli as c; c.SWITCH_INTERVAL_S = {seconds!r}; sys.exit(c.main())"
+    loadkit.CSND[:] = [sys.executable, "-c", code]
+
+
+def run(
+    rates: list[int], seconds: float, decoders: int | None, switch_s: float | None = None
+) -> dict[str, Any]:
+    with_switch_interval(switch_s)
     server = start_server()
     work = tempfile.mkdtemp(prefix="csnd-latency-bench-")
     procs: list[subprocess.Popen[Any]] = []
     svc: Service | None = None
-    results: dict[str, Any] = {"rates": [], "clients": CLIENTS, "seconds": seconds, "cpus": os.cpu_count()}
+    results: dict[str, Any] = {
+        "rates": [],
+        "clients": CLIENTS,
+        "seconds": seconds,
+        "switch_interval_s": switch_s,
+        "cpus": os.cpu_count(),
+    }
     try:
         setup(server)
         twin_cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
@@ -360,6 +379,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--seconds", type=float, default=None, help=f"seconds of load a rate (default {SECONDS:g})"
     )
     p.add_argument("--decoders", type=int, default=None, help="csnd serve --decoders (default: its own)")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="seconds: csnd's processes run with this sys.setswitchinterval (default: csnd.cli's)",
+    )
     return p.parse_args(argv)
 
 
@@ -368,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     seconds = a.seconds if a.seconds is not None else SMALL_SECONDS if a.small else SECONDS
-    results = run([int(x) for x in a.rates.split(",")], seconds, a.decoders)
+    results = run([int(x) for x in a.rates.split(",")], seconds, a.decoders, a.switch_interval)
     with open(out_path("latency.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     text = markdown(results)
