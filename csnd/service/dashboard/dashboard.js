@@ -369,6 +369,48 @@ function render(status) {
   renderPlots();
 }
 
+// The latency histograms of /metrics (cumulative buckets): what they observed between
+// two updates, as the upper bound of the bucket holding a quantile.
+const LATENCY = ["csnd_commit_to_sent_seconds", "csnd_commit_to_durable_seconds"];
+let lastLatency = null;
+
+function histograms(text) {
+  const out = Object.fromEntries(LATENCY.map((n) => [n, []]));
+  for (const line of text.split("\n")) {
+    for (const name of LATENCY) {
+      if (!line.startsWith(name + "_bucket{")) continue;
+      const le = line.slice(line.indexOf('le="') + 4).split('"')[0];
+      out[name].push([le === "+Inf" ? Infinity : Number(le), Number(line.slice(line.lastIndexOf(" ") + 1))]);
+    }
+  }
+  return out;
+}
+
+function bucketQuantile(before, now, q) {
+  const counts = now.map(([le, c], i) => [le, c - (before && before[i] ? before[i][1] : 0)]);
+  const total = counts.length ? counts[counts.length - 1][1] : 0;
+  if (total <= 0) return null;
+  for (const [le, c] of counts) if (c >= q * total) return le;
+  return Infinity;
+}
+
+function ms(le) {
+  return le === null ? "–" : le === Infinity ? "> 30 s" : "≤ " + +(le * 1000).toFixed(1) + " ms";
+}
+
+async function renderLatency() {
+  const r = await fetch("metrics", { cache: "no-store", credentials: "same-origin" });
+  if (!r.ok) return;
+  const now = histograms(await r.text());
+  const before = lastLatency;
+  lastLatency = now;
+  if (before === null) return;
+  const [sent, durable] = LATENCY.map((n) => [bucketQuantile(before[n], now[n], 0.5), bucketQuantile(before[n], now[n], 0.99)]);
+  document.getElementById("latency").textContent = ms(sent[1]);
+  document.getElementById("latency-detail").textContent =
+    `sent to a stream, since the last update: p50 ${ms(sent[0])} · to durable p50 ${ms(durable[0])}, p99 ${ms(durable[1])}`;
+}
+
 class Unauthorized extends Error {}
 
 async function get(path) {
@@ -395,6 +437,7 @@ async function tick() {
   try {
     render(await get("api/status"));
     err.hidden = true;
+    renderLatency().catch(() => {});  // (a figure of its own: the cards above stand without it)
   } catch (e) {
     if (e instanceof Unauthorized) {
       askForToken();
