@@ -12,6 +12,7 @@ refuses node sets that have no common commit order before anything starts.
 
     batch       NodeBatch (node -> merge contract), statistics
     merge       CsnMerge; its per-node state in mergestate, its output in txnevents
+                (TxnJoiner: whole transactions), its csn/gid checks in identity
     gids        naming transactions in errors, recent gids in bounded memory
     globaltxn   GlobalTxn, one per commit CSN; jsonlines writes it (docs/design.md section 7)
     alone       the merge's own checks for a node that skips the merge

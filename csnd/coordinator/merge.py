@@ -77,12 +77,13 @@ from typing import Any, Final
 from sortedcontainers import SortedList
 
 from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_body, change_cid
-from csnd.coordinator.gids import RecentGids as RecentGids
-from csnd.coordinator.gids import txn_name as txn_name
-from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit, Part
+from csnd.coordinator.gids import txn_name
+from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
+from csnd.coordinator.identity import TxnIdentities
 from csnd.coordinator.mergestate import Assembly, Key, MergeNode
 from csnd.coordinator.txnevents import TxnEnd as TxnEnd
 from csnd.coordinator.txnevents import TxnEvent as TxnEvent
+from csnd.coordinator.txnevents import TxnJoiner
 from csnd.coordinator.txnevents import TxnPart as TxnPart
 from csnd.coordinator.txnevents import TxnStart as TxnStart
 from csnd.core.errors import (
@@ -92,7 +93,7 @@ from csnd.core.errors import (
     ProtocolError,
     TruncatedStream,
 )
-from csnd.core.ids import Csn, lsn_to_str
+from csnd.core.ids import Csn
 
 # Batches one node may have waiting before wants_more() says stop.  Larger: a
 # node can run further ahead while another catches up (more decoding overlap,
@@ -140,13 +141,14 @@ class CsnMerge:
 
     __slots__ = (
         "_nodes",
+        "_names",
         "_by_name",
         "_keys",
         "_asm",
-        "_whole",
+        "_joiner",
+        "_ids",
         "_by_csn",
         "_by_gid",
-        "_recent",
         "_last_emitted",
         "_emitted",
         "max_pending_batches",
@@ -179,13 +181,13 @@ class CsnMerge:
         for n in self._nodes:
             n.key = self._bound(n)
             self._keys.add(n.key)
+        self._names = names
         self._asm: Assembly | None = None
-        self._whole: tuple[TxnStart, list[Part]] | None = None  # pop_ready's transaction in progress
-        # Transactions buffered here (waiting or being assembled): csn -> (gid, node index), gid -> (csn, node index).
-        self._by_csn: dict[int, tuple[str | None, int]] = {}
-        self._by_gid: dict[str, tuple[int, int]] = {}
-        # Recently emitted gids -> (csn, node name).
-        self._recent: RecentGids[tuple[int, str]] = RecentGids(recent_gids)
+        self._joiner = TxnJoiner()  # pop_ready's
+        # Which transaction each buffered CSN and gid names (their dicts at hand: once a transaction).
+        self._ids = TxnIdentities(recent_gids)
+        self._by_csn = self._ids.by_csn
+        self._by_gid = self._ids.by_gid
         self._last_emitted = Csn(-1)
         self._emitted = 0
 
@@ -280,7 +282,7 @@ class CsnMerge:
 
     def _check_new_txn(self, n: MergeNode, batch: NodeBatch) -> None:
         """The first batch of a node's transaction: its CSN must be new here and agree with other nodes."""
-        csn, gid = batch.csn, batch.gid
+        csn = batch.csn
         if csn <= n.last_csn:
             raise _error(
                 n,
@@ -297,35 +299,7 @@ class CsnMerge:
                 f"{n.watermark} would follow; its tick or committing markers are wrong",
                 CsnOrderViolation,
             )
-        other = self._by_csn.get(csn)
-        if other is not None and other[0] != gid:
-            raise _error(
-                n,
-                batch,
-                f"csn {csn} is transaction {gid} on node {n.name} (xid {batch.xid}, commit "
-                f"{lsn_to_str(batch.commit_lsn)}) but transaction {other[0]} on node {self._nodes[other[1]].name}; "
-                "one csn must name one global transaction: check the gtm",
-                CsnOrderViolation,
-            )
-        if gid is None:
-            return
-        seen = self._by_gid.get(gid)
-        if seen is not None:
-            other_csn, other_node = seen[0], self._nodes[seen[1]].name
-        else:
-            emitted = self._recent.get(gid)
-            if emitted is None:
-                return
-            other_csn, other_node = emitted
-        if other_csn != csn:
-            raise _error(
-                n,
-                batch,
-                f"global transaction {gid} has csn {csn} on node {n.name} (xid {batch.xid}, commit "
-                f"{lsn_to_str(batch.commit_lsn)}) but csn {other_csn} on node {other_node}; a global "
-                "transaction commits with one csn on every node: check the gtm and the commit markers",
-                CsnOrderViolation,
-            )
+        self._ids.check_new(n.name, batch, self._names)
 
     def add_watermark(self, node: str, csn: Csn) -> None:
         """`node` will send nothing with a CSN <= `csn` any more (a smaller one than before is ignored)."""
@@ -370,21 +344,7 @@ class CsnMerge:
         for very large transactions prefer `pop_events()`.  Use one or the
         other on a merge, not both.
         """
-        out: list[GlobalTxn] = []
-        for ev in self.pop_events():
-            if isinstance(ev, TxnStart):
-                self._whole = (ev, [])
-            elif isinstance(ev, TxnPart):
-                assert self._whole is not None
-                self._whole[1].append((ev.node, ev.changes))
-            else:
-                assert self._whole is not None
-                start, parts = self._whole
-                self._whole = None
-                out.append(
-                    GlobalTxn(start.csn, start.gid, start.nodes, start.end_lsns, parts, start.relations)
-                )
-        return out
+        return self._joiner.join(self.pop_events())
 
     def pop_events(self) -> list[TxnEvent]:
         """The output that is safe to emit now, as a stream: TxnStart, TxnPart..., TxnEnd.
@@ -485,11 +445,7 @@ class CsnMerge:
         assert not asm.unfinished and asm.csn > self._last_emitted, (asm.csn, asm.unfinished)
         nodes = self._nodes
         names = [nodes[i].name for i in sorted(asm.commits)]
-        del self._by_csn[asm.csn]
-        gid = asm.gid
-        if gid is not None:
-            del self._by_gid[gid]
-            self._recent.add(gid, (asm.csn, names[0]))
+        self._ids.emitted(asm.csn, asm.gid, names[0])
         self._last_emitted = asm.csn
         self._emitted += 1
         return TxnEnd(asm.csn, names)
@@ -582,8 +538,4 @@ class CsnMerge:
             for i in asm.unfinished:
                 k = self._nodes[i].key
                 assert k is not None and k[0] == asm.csn, (i, k)
-        assert set(self._by_csn) == buffered, (sorted(self._by_csn), sorted(buffered))
-        assert {g for g, _ in self._by_csn.values() if g is not None} == set(self._by_gid)
-        for gid, (csn, _i) in self._by_gid.items():
-            assert self._by_csn[csn][0] == gid
-        self._recent._check()
+        self._ids._check(buffered)

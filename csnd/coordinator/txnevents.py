@@ -5,16 +5,16 @@
     TxnEnd     the transaction is complete
 
 A transaction of any size passes through as these events in bounded memory;
-`CsnMerge.pop_ready` joins them into whole `GlobalTxn`s for callers that
-want those.
+`CsnMerge.pop_ready` joins them into whole `GlobalTxn`s (`TxnJoiner`) for
+callers that want those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from csnd.coordinator.globaltxn import NodeCommit
+from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit, Part
 from csnd.core.ids import Csn, Lsn
 
 
@@ -61,3 +61,31 @@ class TxnEnd(NamedTuple):
 
 
 TxnEvent = TxnStart | TxnPart | TxnEnd
+
+
+class TxnJoiner:
+    """Joins the events into whole `GlobalTxn`s: holds a transaction's parts until its end."""
+
+    __slots__ = ("_start", "_parts")
+
+    def __init__(self) -> None:
+        self._start: TxnStart | None = None  # the transaction in progress (None: between two)
+        self._parts: list[Part] = []
+
+    def join(self, events: Iterable[TxnEvent]) -> list[GlobalTxn]:
+        """The transactions `events` complete, in order; a transaction they begin and do not end is kept."""
+        out: list[GlobalTxn] = []
+        for ev in events:
+            if isinstance(ev, TxnStart):
+                self._start, self._parts = ev, []
+            elif isinstance(ev, TxnPart):
+                assert self._start is not None
+                self._parts.append((ev.node, ev.changes))
+            else:
+                start = self._start
+                assert start is not None
+                self._start = None
+                out.append(
+                    GlobalTxn(start.csn, start.gid, start.nodes, start.end_lsns, self._parts, start.relations)
+                )
+        return out
