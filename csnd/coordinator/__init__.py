@@ -17,6 +17,11 @@ refuses node sets that have no common commit order before anything starts.
     globaltxn   GlobalTxn, one per commit CSN; jsonlines writes it (docs/design.md section 7)
     alone       the merge's own checks for a node that skips the merge
     wire        NodeBatch and End <-> protobuf
+
+Public API: `__all__` below, what the runtime, the changelog and the
+snapshot use, plus `coordinator.wire`, imported by its module name (it loads
+protobuf, which a process that only merges does not need).  The merge's
+bookkeeping (mergestate, identity, gids) is the coordinator's own.
 """
 
 from csnd.coordinator.alone import AloneOrder

@@ -11,52 +11,59 @@
 
 The decoding layer (rows, tuples, values, temporal) is pure: no processes,
 no I/O; the pool and worker wire it into processes.
+
+Public API (what other packages use): the pool (`DecoderPool`, its
+`BATCH_END` mark, `start_worker_server`), the items it hands the sender
+(`DecodedItem`: `DecodedRun`, `WholeTxns` of `WholeTxn`, `DecodedChange`),
+and for the snapshot copier the per-table decoding (`RelationCache`,
+`row_change_body`) and a relation's rendering (`relation_body`).  The rest
+(tuple splitting, value decoders, the worker's messages) is the decoder's
+own, importable from its module for the tests.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from csnd.decoder.change import DecodedChange
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, WholeTxn, WholeTxns
 
 if TYPE_CHECKING:
-    from csnd.decoder.rows import RelationCache, Table, decode_change
-    from csnd.decoder.tuples import split_delete, split_insert, split_tuple, split_update
-    from csnd.decoder.values import binary_decoder, binary_readable, text_decoder
+    from csnd.decoder.pool import BATCH_END, BatchEnd, DecoderPool, start_worker_server
+    from csnd.decoder.rows import RelationCache, row_change_body
+    from csnd.decoder.schema import relation_body
 
 __all__ = [
+    "BATCH_END",
+    "BatchEnd",
     "DecodedChange",
+    "DecodedItem",
+    "DecodedRun",
+    "DecoderPool",
     "RelationCache",
-    "Table",
-    "binary_decoder",
-    "binary_readable",
-    "decode_change",
-    "split_delete",
-    "split_insert",
-    "split_tuple",
-    "split_update",
-    "text_decoder",
+    "WholeTxn",
+    "WholeTxns",
+    "relation_body",
+    "row_change_body",
+    "start_worker_server",
 ]
 
 # The decoding layer imports psycopg (its value loaders), a fifth of a
-# second at start-up that only the worker processes need: the coordinator's
-# process, which imports this package for `DecodedChange`, loads it lazily.
+# second at start-up that only the worker processes need, and the pool
+# multiprocessing: the coordinator's process, which imports this package for
+# the items, loads them lazily.
 _LAZY = {
+    "BATCH_END": "csnd.decoder.pool",
+    "BatchEnd": "csnd.decoder.pool",
+    "DecoderPool": "csnd.decoder.pool",
+    "start_worker_server": "csnd.decoder.pool",
     "RelationCache": "csnd.decoder.rows",
-    "Table": "csnd.decoder.rows",
-    "decode_change": "csnd.decoder.rows",
-    "split_delete": "csnd.decoder.tuples",
-    "split_insert": "csnd.decoder.tuples",
-    "split_tuple": "csnd.decoder.tuples",
-    "split_update": "csnd.decoder.tuples",
-    "binary_decoder": "csnd.decoder.values",
-    "binary_readable": "csnd.decoder.values",
-    "text_decoder": "csnd.decoder.values",
+    "row_change_body": "csnd.decoder.rows",
+    "relation_body": "csnd.decoder.schema",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'decoder' has no attribute {name!r}")
+        raise AttributeError(f"module 'csnd.decoder' has no attribute {name!r}")
     import importlib
 
     return getattr(importlib.import_module(module), name)

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from csnd.core.errors import DecodeError
 from csnd.core.ids import Lsn, Xid, lsn_from_str, lsn_to_str
-from csnd.decoder import DecodedChange, RelationCache, decode_change, rows
-from csnd.decoder.rows import row_change_body
+from csnd.decoder import DecodedChange, RelationCache, rows
+from csnd.decoder.rows import decode_change, row_change_body
 from csnd.gtm import GenerateOptions, generate_cluster
 from csnd.gtm import pgtypes as PT
 from csnd.reader import pgoutput as p
