@@ -147,8 +147,12 @@ class DecoderPool:
         binary: bool,
         batch_changes: int = BATCH_CHANGES,
         enums: list[tuple[int, int]] | None = None,
+        types: list[tuple[int, str, int, int]] | None = None,
     ) -> None:
-        """`enums`: (type OID, array OID) of the source's enum types, readable in binary."""
+        """`enums`: (type OID, array OID) of the source's enum types, readable in binary.
+
+        `types`: the source's user types (`decoder.rows.USER_TYPES_QUERY`), enums included.
+        """
         if workers < 1:
             raise ConfigError(f"--decoders must be at least 1, got {workers}", node=node)
         self.node = node
@@ -170,7 +174,7 @@ class DecoderPool:
         self._procs = [
             ctx.Process(
                 target=_worker_entry,
-                args=(i, node, binary, self._in[i], pipes[i][1], list(enums or ())),
+                args=(i, node, binary, self._in[i], pipes[i][1], list(enums or ()), list(types or ())),
                 name=f"csnd-decoder-{node}-{i}",
                 daemon=True,
             )

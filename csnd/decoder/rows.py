@@ -85,20 +85,10 @@ from csnd.decoder.tuples import (
     split_update,
 )
 from csnd.reader.pgoutput import Change, Relation, Truncate, TypeMsg
+from csnd.reader.usertypes import USER_TYPES_QUERY
 
 __all__ = ["USER_TYPES_QUERY", "RelationCache", "Table", "decode_change", "row_change_body"]
 
-# The user types a decoder must be told of (`RelationCache.declare_types`): enums,
-# composites, ranges, multiranges and domains, as (oid, typtype, array oid, and
-# the range's or multirange's bound type, or the domain's base type, else 0).
-USER_TYPES_QUERY: Final = """\
-SELECT t.oid::int8, t.typtype::text, t.typarray::int8,
-       COALESCE(r.rngsubtype, m.rngsubtype, NULLIF(t.typbasetype, 0), 0)::int8
-FROM pg_type AS t
-LEFT JOIN pg_range AS r ON r.rngtypid = t.oid
-LEFT JOIN pg_range AS m ON m.rngmultitypid = t.oid
-WHERE t.typtype IN ('e', 'c', 'r', 'm', 'd') AND t.oid >= 16384
-ORDER BY t.oid"""
 _KINDS: Final = {"e": "enum", "c": "composite", "r": "range", "m": "multirange", "d": "domain"}
 
 

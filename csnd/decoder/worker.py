@@ -92,12 +92,14 @@ def worker_main(
     inbox: Any,
     outbox: Any,
     enums: list[tuple[int, int]] | None = None,
+    types: list[tuple[int, str, int, int]] | None = None,
 ) -> None:
     # Ctrl-C goes to the whole process group; the parent decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cache = RelationCache(binary=binary)
     for type_oid, array_oid in enums or ():
         cache.declare_enum(type_oid, array_oid)
+    cache.declare_types(types or ())
     # After an error the worker decodes nothing more: it reported the error
     # (the pool reads it in place of the next result it expects from this
     # worker, or at the end-of-stream sync) and waits to be stopped.

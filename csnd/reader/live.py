@@ -285,6 +285,16 @@ class LiveSource:
             self._enums = [(int(a), int(b)) for a, b in rows]
         return self._enums
 
+    def user_types(self) -> list[tuple[int, str, int, int]]:
+        """The source database's enums, composites, ranges, multiranges and domains, for the decoders.
+
+        A Type message names a user type but does not say what it is; told,
+        the decoders read each in both stream forms alike (docs/design.md section 7).
+        """
+        from csnd.reader.usertypes import user_types
+
+        return user_types(self.node, self.options.conninfo)
+
     def prepare(self, snapshot: str = "never") -> ExportedSnapshot | None:
         """Check the source and make its slot (`create_slot`) now, in the calling thread.
 

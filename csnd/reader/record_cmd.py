@@ -168,6 +168,7 @@ def record(
     header = StreamHeader(node=source.node, binary=source.binary, mode=source.mode)
     if source.binary:
         header.extra["enums"] = [list(e) for e in source.enum_types()]
+    header.extra["types"] = [list(t) for t in source.user_types()]
     txns = 0
     durable_candidate = source.confirmed_lsn
     append_at = 0

@@ -38,6 +38,19 @@ class RecordedSource:
                 'header "enums" must be a list of [type oid, array oid] pairs', path=self.path
             ) from None
 
+    def user_types(self) -> list[tuple[int, str, int, int]]:
+        """The user types `csnd record` found in the source database (header `types`; else its `enums`)."""
+        raw = self.header.extra.get("types")
+        if raw is None:
+            return [(oid, "e", array_oid, 0) for oid, array_oid in self.enum_types()]
+        try:
+            return [(int(o), str(k), int(a), int(b)) for o, k, a, b in raw]
+        except (TypeError, ValueError):
+            raise StreamFormatError(
+                'header "types" must be a list of [type oid, typtype, array oid, other oid] rows',
+                path=self.path,
+            ) from None
+
     def events(self, raw_changes: bool = False) -> Iterator[Event]:
         """The stream's events; with `raw_changes`, row changes come in `ChangeFrames` runs, unparsed."""
         parser = PgOutputParser()

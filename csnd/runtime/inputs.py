@@ -98,8 +98,8 @@ class NodePipeline:
             from csnd.reader.settle import new_start_token
 
             self._start_token = new_start_token()
-        enums = source.enum_types() if source.binary else None
-        self.pool = DecoderPool(self.node, decoders, source.binary, enums=enums)
+        # (told in both forms: a text stream's arrays of them are JSON arrays too)
+        self.pool = DecoderPool(self.node, decoders, source.binary, types=source.user_types())
         # resume_csn: what the output already holds (a service restarting
         # over its changelog); the sender drops the re-sent transactions.
         # spill_dir / spill_bytes: where and beyond what a big transaction spills

@@ -47,6 +47,9 @@ class NodeSource(Protocol):
     def enum_types(self) -> list[tuple[int, int]]:
         """(type OID, array type OID) of the source's enums, which binary pgoutput sends as labels."""
 
+    def user_types(self) -> list[tuple[int, str, int, int]]:
+        """The source's enums, composites, ranges, multiranges and domains (`decoder.rows.USER_TYPES_QUERY`)."""
+
     def confirm(self, lsn: Lsn) -> None:
         """Everything committed before `lsn` is durable downstream (a file: nothing to do)."""
 

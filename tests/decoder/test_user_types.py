@@ -8,6 +8,8 @@ by a cache told the source's user types as a live source tells it
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -146,3 +148,49 @@ def test_a_range_whose_bounds_have_no_exact_binary_form_is_refused_per_column_at
     assert text_rows == [
         {"id": 1, "ok": "[1,2)", "tz": text_rows[0]["tz"], "fr": "[1.5,2)", "amount": "$1.00"}
     ]
+
+
+# --- end to end: `csnd replay` of a live source in both forms ------------------------
+
+CSND = [sys.executable, "-m", "csnd.cli"]
+
+
+def replay_new_rows(pg: PgDatabase, text: bool, until: str) -> list[object]:
+    """The `new` row of every change `csnd replay` writes from the slot, in one form."""
+    slot = f"replay_{pg.name}_{int(text)}"
+    args = [*CSND, "replay", pg.url, "--slot", slot, "--publication", "pub", "--until-lsn", until]
+    run = subprocess.run(
+        [*args, "--decoders", "1", *(["--text"] if text else [])], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return [c["new"] for line in run.stdout.splitlines() for c in json.loads(line)["changes"]]
+
+
+def test_replay_writes_the_same_lines_from_a_text_and_a_binary_stream(pg: PgDatabase) -> None:
+    """The live source tells its decoders the user types in both forms (`USER_TYPES_QUERY`)."""
+    pg.execute(
+        "CREATE TYPE mood AS ENUM ('a', 'b c'); CREATE TYPE pair AS (n int, s text);"
+        "CREATE TABLE u (id int PRIMARY KEY, ms mood[], p pair, ps pair[], r int4range, dm datemultirange);"
+        "CREATE PUBLICATION pub FOR ALL TABLES"
+    )
+    for text in (False, True):
+        pg.execute(f"SELECT pg_create_logical_replication_slot('replay_{pg.name}_{int(text)}', 'pgoutput')")
+    pg.execute(
+        "INSERT INTO u VALUES (1, '{a,\"b c\",NULL}', '(1,\"x y\")', '{\"(2,z)\",NULL}', '[1,5)', '{[2026-01-01,)}')"
+    )
+    until = pg.current_lsn()
+    binary_rows, text_rows = replay_new_rows(pg, False, until), replay_new_rows(pg, True, until)
+    assert (
+        binary_rows
+        == text_rows
+        == [
+            {
+                "id": 1,
+                "ms": ["a", "b c", None],
+                "p": '(1,"x y")',
+                "ps": ["(2,z)", None],
+                "r": "[1,5)",
+                "dm": "{[2026-01-01,)}",
+            }
+        ]
+    )

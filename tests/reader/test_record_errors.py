@@ -37,6 +37,9 @@ class FakeSource:
         yield 0x2000, pg.parse_message(commit, False), pg.encode_xlogdata(0x2000, 0x2000, 1, commit)
         raise self.failure
 
+    def user_types(self) -> list[tuple[int, str, int, int]]:
+        return []
+
     def confirm(self, lsn: int) -> None:
         self.confirmed.append(lsn)
 
