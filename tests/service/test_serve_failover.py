@@ -51,32 +51,6 @@ def _setup(pair: StandbyPair, failover: bool) -> None:
         c.execute("SELECT pg_create_logical_replication_slot('witness', 'test_decoding', false, false, true)")
 
 
-def wait_synced(pair: StandbyPair, slots: tuple[str, ...]) -> None:
-    """Until the standby holds each of `slots` (new, nothing written since) as a synchronised slot.
-
-    The standby keeps its copy temporary until the primary's slot needs no
-    older catalog rows than the standby can give: the slots are advanced
-    over running-xacts records until then (nothing is skipped: no table
-    has a row yet).
-    """
-    with (
-        psycopg.connect(pair.primary.dsn(DB), autocommit=True) as p,
-        psycopg.connect(pair.standby.dsn(), autocommit=True) as s,
-    ):
-
-        def synced() -> bool:
-            p.execute("SELECT pg_log_standby_snapshot()")
-            for slot in slots:
-                p.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
-            rows = s.execute(
-                "SELECT slot_name FROM pg_replication_slots WHERE synced AND NOT temporary AND slot_name = ANY(%s)",
-                (list(slots),),
-            ).fetchall()
-            return len(rows) == len(slots)
-
-        wait_for(synced, f"the standby to synchronise slots {slots}", seconds=120, every=0.2)
-
-
 class Writer:
     """Inserts one row a transaction through the multi-host URL until stopped, across the failover."""
 
@@ -137,7 +111,7 @@ def test_a_synchronised_slot_is_followed_with_every_row_once(
     pair: StandbyPair, tmp_path: Path, hosts_as_parameters: bool
 ) -> None:
     _setup(pair, failover=True)
-    wait_synced(pair, ("csnd", "witness"))
+    pair.sync_new_slots(DB, ("csnd", "witness"))
     url = pair.multi_host_url(DB, hosts_as_parameters)
     served = start_serve([f"dn1={url}&slot=csnd&publication=csnd_pub"], str(tmp_path / "log"))
     writer = Writer(url)
@@ -168,7 +142,7 @@ def test_a_slot_not_synchronised_stops_the_service_naming_node_and_slot(
     pair: StandbyPair, tmp_path: Path, hosts_as_parameters: bool
 ) -> None:
     _setup(pair, failover=False)
-    wait_synced(pair, ("witness",))
+    pair.sync_new_slots(DB, ("witness",))
     url = pair.multi_host_url(DB, hosts_as_parameters)
     source = f"dn1={url}&slot=csnd&publication=csnd_pub&create_slot=true"
     served = start_serve([source], str(tmp_path / "log"))
