@@ -1,6 +1,6 @@
 /*
- * csnd.decoder._rows: a table's row reader, compiled, for tables whose
- * columns are all of a few common types.
+ * csnd.decoder._rows: a table's row reader, compiled: the common column
+ * types written here, any other through its Python builder.
  *
  * `read_row(codes, keys, quote, data, pos, end)` is the reader that
  * `rows._compile_row_reader` compiles in Python for the same table, which is
@@ -12,13 +12,24 @@
  * PostgreSQL's own): the caller then takes the checked path, which writes
  * the same text.
  *
- * `codes` has one byte per column: 'h' int2, 'i' int4, 'q' int8, 'b' bool,
- * 's' a string type (text, varchar, bpchar, name: a JSON string of the UTF-8
- * value), 'N' numeric (numeric_out's text, quoted), 'T' timestamptz (binary
- * only: ISO 8601 in UTC, quoted, for years 1-9999) and 'J' jsonb (jsonb_out's
- * text as it is, checked only at its ends, as the twin does).  `keys` holds each column's `"name": ` as UTF-8 bytes, and `quote`
- * is json.encoder.encode_basestring, called for a string with a character
- * that needs escaping (or that is not ASCII), so the escapes are its own.
+ * `read_row(codes, keys, quote, builders, data, pos, end)`: `codes` has one
+ * byte per column: 'h' int2, 'i' int4, 'q' int8, 'b' bool, 's' a string type
+ * (text, varchar, bpchar, name: a JSON string of the UTF-8 value), 'N'
+ * numeric (numeric_out's text, quoted), 'T' timestamptz (ISO 8601 in UTC,
+ * quoted, for years 1-9999; its text form only at offset zero), 't'
+ * timestamp (the same without the offset), 'd' date, 'u' uuid, 'x' bytea
+ * (`\x` and lowercase hex), 'f' float8 (repr(); NaN and the infinities as
+ * strings), 'J' jsonb (jsonb_out's text as it is, checked only at its ends,
+ * as the twin does), 'S' a type whose text form is its JSON string (its
+ * binary value through the column's builder), and '?' any other type: both
+ * forms through the column's builders.  `keys` holds each column's
+ * `"name": ` as UTF-8 bytes, and `quote` is json.encoder.encode_basestring,
+ * called for a string with a character that needs escaping (or that is not
+ * ASCII), so the escapes are its own.  `builders` holds each column's
+ * (binary builder, text builder) pair, the twin's own: a value the compiled
+ * reader does not write itself is written by them, so that every table
+ * takes this reader and only such values pay for a Python call.  A builder
+ * that raises (an Exception) makes the reader give up, as the twin does.
  *
  * `one_change_line(node_key, commit_lsn, xid, commit_time, body)` is
  * csnd.core.lines.one_change_line (its twin) with the node's JSON key given:
@@ -29,6 +40,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -291,11 +303,288 @@ put_jsonb(Out *o, const unsigned char *p, Py_ssize_t n)
     return out_put(o, (const char *)p, n) < 0 ? -1 : 1;
 }
 
+/* A builder's result (a str) written as UTF-8: 1 written, 0 give up (it raised an Exception), -1 error. */
+static int
+put_built(Out *o, PyObject *built)
+{
+    if (built == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1; /* (KeyboardInterrupt and the like travel) */
+        PyErr_Clear(); /* the twin gives up on any failure too */
+        return 0;
+    }
+    if (!PyUnicode_Check(built)) {
+        Py_DECREF(built);
+        PyErr_SetString(PyExc_TypeError, "read_row: a builder must return a str");
+        return -1;
+    }
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(built, &size);
+    int r = utf8 == NULL ? 0 : out_put(o, utf8, size) < 0 ? -1 : 1;
+    if (utf8 == NULL) /* (a lone surrogate: the checked path writes it) */
+        PyErr_Clear();
+    Py_DECREF(built);
+    return r;
+}
+
+/* The value through the column's builder of its form (`pair`: binary, text): as put_built. */
+static int
+put_by_builder(Out *o, PyObject *pair, int kind, const unsigned char *p, Py_ssize_t n)
+{
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "read_row: each builder entry must be a (binary, text) pair");
+        return -1;
+    }
+    PyObject *arg = kind == KIND_BINARY ? PyBytes_FromStringAndSize((const char *)p, n)
+                                        : PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+    if (arg == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            return -1;
+        PyErr_Clear(); /* not UTF-8: the twin's decode fails the same way */
+        return 0;
+    }
+    PyObject *built = PyObject_CallOneArg(PyTuple_GET_ITEM(pair, kind == KIND_BINARY ? 0 : 1), arg);
+    Py_DECREF(arg);
+    return put_built(o, built);
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* uuid_send's 16 bytes as uuid_out's text, quoted. */
+static int
+put_uuid(Out *o, const unsigned char *p, Py_ssize_t n)
+{
+    if (n != 16)
+        return 0;
+    char buf[40];
+    int len = 0;
+    buf[len++] = '"';
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            buf[len++] = '-';
+        buf[len++] = HEX[p[i] >> 4];
+        buf[len++] = HEX[p[i] & 15];
+    }
+    buf[len++] = '"';
+    return out_put(o, buf, len) < 0 ? -1 : 1;
+}
+
+/* bytea: `"\\x` + lowercase hex + `"` (the JSON of `\x...`); its text form only as byteaout's hex. */
+static int
+put_bytea(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
+{
+    if (kind == KIND_TEXT) {
+        if (n < 2 || p[0] != '\\' || p[1] != 'x' || n % 2)
+            return 0;
+        for (Py_ssize_t i = 2; i < n; i++)
+            if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f')))
+                return 0;
+        if (out_put(o, "\"\\\\", 3) < 0 || out_put(o, (const char *)p + 1, n - 1) < 0 || out_put(o, "\"", 1) < 0)
+            return -1;
+        return 1;
+    }
+    if (out_put(o, "\"\\\\x", 4) < 0)
+        return -1;
+    char buf[256];
+    Py_ssize_t i = 0;
+    while (i < n) {
+        int len = 0;
+        for (; i < n && len < (int)sizeof buf; i++) {
+            buf[len++] = HEX[p[i] >> 4];
+            buf[len++] = HEX[p[i] & 15];
+        }
+        if (out_put(o, buf, len) < 0)
+            return -1;
+    }
+    return out_put(o, "\"", 1) < 0 ? -1 : 1;
+}
+
+/* float8: repr() of the double (Python's shortest round trip), NaN and the infinities as strings.
+   Its text form (float8out's) is read back first, only when it is plainly a number. */
+static int
+put_float8(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
+{
+    double x;
+    if (kind == KIND_BINARY) {
+        if (n != 8)
+            return 0;
+        uint64_t bits = (uint64_t)be_signed(p, 8);
+        memcpy(&x, &bits, sizeof x);
+    } else {
+        if (n == 3 && memcmp(p, "NaN", 3) == 0)
+            return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
+        if (n == 8 && memcmp(p, "Infinity", 8) == 0)
+            return out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1;
+        if (n == 9 && memcmp(p, "-Infinity", 9) == 0)
+            return out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1;
+        char text[64];
+        if (n == 0 || n >= (Py_ssize_t)sizeof text)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char c = p[i];
+            if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
+                return 0;
+        }
+        memcpy(text, p, (size_t)n);
+        text[n] = 0;
+        char *end;
+        x = PyOS_string_to_double(text, &end, NULL);
+        if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (end != text + n || !isfinite(x))
+            return 0;
+    }
+    if (isnan(x))
+        return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
+    if (isinf(x))
+        return x > 0 ? (out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1) : (out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1);
+    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL)
+        return -1;
+    int w = out_put(o, r, (Py_ssize_t)strlen(r));
+    PyMem_Free(r);
+    return w < 0 ? -1 : 1;
+}
+
+static int
+is_digits(const unsigned char *p, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+    return 1;
+}
+
+/* date: binary days from 2000 as `"YYYY-MM-DD"` for years 0-9999 and the infinities; the text form
+   as it is when it is `YYYY-MM-DD` or an infinity (the twin's own shortcut). */
+static int
+put_date(Out *o, PyObject *quote, int kind, const unsigned char *p, Py_ssize_t n)
+{
+    if (kind == KIND_TEXT) {
+        if ((n == 10 && p[4] == '-' && p[7] == '-') || (n == 8 && memcmp(p, "infinity", 8) == 0) ||
+            (n == 9 && memcmp(p, "-infinity", 9) == 0))
+            return put_string(o, quote, p, n);
+        return 0;
+    }
+    if (n != 4)
+        return 0;
+    int64_t days = be_signed(p, 4);
+    if (days == INT32_MAX)
+        return out_put(o, "\"infinity\"", 10) < 0 ? -1 : 1;
+    if (days == INT32_MIN)
+        return out_put(o, "\"-infinity\"", 11) < 0 ? -1 : 1;
+    int64_t y;
+    unsigned m, d;
+    civil_from_days(days + 10957, &y, &m, &d);
+    if (y < 0 || y > 9999)
+        return 0;
+    char buf[32];
+    int len = snprintf(buf, sizeof buf, "\"%04d-%02u-%02u\"", (int)y, m % 100, d % 100);
+    return out_put(o, buf, len) < 0 ? -1 : 1;
+}
+
+/* timestamp(tz) text in DateStyle ISO, the twin's common case: `YYYY-MM-DD HH:MM:SS[.f{1,6}]`, then
+   for timestamptz an offset of zero (`+00`, `-00`, `+00:00`, `+00:00:00`); written as isoformat(). */
+static int
+put_timestamp_text(Out *o, int utc, const unsigned char *p, Py_ssize_t n)
+{
+    if (n < 19 || !is_digits(p, 4) || p[4] != '-' || !is_digits(p + 5, 2) || p[7] != '-' || !is_digits(p + 8, 2) ||
+        p[10] != ' ' || !is_digits(p + 11, 2) || p[13] != ':' || !is_digits(p + 14, 2) || p[16] != ':' ||
+        !is_digits(p + 17, 2))
+        return 0;
+    Py_ssize_t i = 19, frac_at = 0, frac_len = 0;
+    if (i < n && p[i] == '.') {
+        frac_at = ++i;
+        while (i < n && p[i] >= '0' && p[i] <= '9')
+            i++;
+        frac_len = i - frac_at;
+        if (frac_len < 1 || frac_len > 6)
+            return 0;
+    }
+    if (utc) {
+        if (i + 3 > n || (p[i] != '+' && p[i] != '-') || p[i + 1] != '0' || p[i + 2] != '0')
+            return 0;
+        i += 3;
+        for (int group = 0; group < 2 && i < n; group++) {
+            if (i + 3 > n || p[i] != ':' || p[i + 1] != '0' || p[i + 2] != '0')
+                return 0;
+            i += 3;
+        }
+    }
+    if (i != n)
+        return 0;
+    char buf[48];
+    int len = 0;
+    buf[len++] = '"';
+    memcpy(buf + len, p, 10);
+    len += 10;
+    buf[len++] = 'T';
+    memcpy(buf + len, p + 11, 8);
+    len += 8;
+    if (frac_len) {
+        buf[len++] = '.';
+        for (Py_ssize_t k = 0; k < 6; k++)
+            buf[len++] = k < frac_len ? (char)p[frac_at + k] : '0';
+    }
+    if (utc) {
+        memcpy(buf + len, "+00:00", 6);
+        len += 6;
+    }
+    buf[len++] = '"';
+    return out_put(o, buf, len) < 0 ? -1 : 1;
+}
+
+/* timestamp(tz) binary: microseconds from 2000 as isoformat() in years 1-9999, or an infinity. */
+static int
+put_timestamp_binary(Out *o, int utc, const unsigned char *p, Py_ssize_t n)
+{
+    if (n != 8)
+        return 0;
+    int64_t us = be_signed(p, 8);
+    if (us == INT64_MAX)
+        return out_put(o, "\"infinity\"", 10) < 0 ? -1 : 1;
+    if (us == INT64_MIN)
+        return out_put(o, "\"-infinity\"", 11) < 0 ? -1 : 1;
+    char digits[48];
+    digits[0] = '"';
+    int len = iso_time((long long)us, digits + 1, sizeof digits - 2);
+    if (len <= 0)
+        return 0;
+    if (!utc)
+        len -= 6; /* (without its "+00:00") */
+    digits[len + 1] = '"';
+    return out_put(o, digits, len + 2) < 0 ? -1 : 1;
+}
+
 /* One value of column code `code`, of form `kind`, at p[0:n]: 1 written, 0 give up, -1 error. */
 static int
-put_value(Out *o, PyObject *quote, char code, int kind, const unsigned char *p, Py_ssize_t n)
+put_value(Out *o, PyObject *quote, PyObject *pair, char code, int kind, const unsigned char *p, Py_ssize_t n)
 {
     char digits[48];
+    switch (code) {
+    case '?':
+        return put_by_builder(o, pair, kind, p, n);
+    case 'S':
+        return kind == KIND_TEXT ? put_string(o, quote, p, n) : put_by_builder(o, pair, kind, p, n);
+    case 'u':
+        return kind == KIND_TEXT ? put_string(o, quote, p, n) : put_uuid(o, p, n);
+    case 'x':
+        return put_bytea(o, kind, p, n);
+    case 'f':
+        return put_float8(o, kind, p, n);
+    case 'd':
+        return put_date(o, quote, kind, p, n);
+    case 't':
+    case 'T':
+        if (kind == KIND_TEXT) {
+            if ((n == 8 && memcmp(p, "infinity", 8) == 0) || (n == 9 && memcmp(p, "-infinity", 9) == 0))
+                return put_string(o, quote, p, n);
+            return put_timestamp_text(o, code == 'T', p, n);
+        }
+        return put_timestamp_binary(o, code == 'T', p, n);
+    }
     if (code == 's' || (code == 'N' && kind == KIND_TEXT)) /* (numeric's text form: numeric_out's, quoted) */
         return put_string(o, quote, p, n);
     if (code == 'N')
@@ -304,16 +593,6 @@ put_value(Out *o, PyObject *quote, char code, int kind, const unsigned char *p, 
         if (kind == KIND_BINARY && (n < 1 || p[0] != 1))
             return 0; /* (jsonb_send: version 1, then jsonb_out's text) */
         return kind == KIND_BINARY ? put_jsonb(o, p + 1, n - 1) : put_jsonb(o, p, n);
-    }
-    if (code == 'T') { /* timestamptz: binary microseconds from 2000 in years 1-9999; else the twin */
-        if (kind != KIND_BINARY || n != 8)
-            return 0;
-        digits[0] = '"';
-        int len = iso_time((long long)be_signed(p, 8), digits + 1, sizeof digits - 2);
-        if (len <= 0)
-            return 0;
-        digits[len + 1] = '"';
-        return out_put(o, digits, len + 2) < 0 ? -1 : 1;
     }
     if (kind == KIND_TEXT) {
         if (code == 'b') {
@@ -340,20 +619,22 @@ put_value(Out *o, PyObject *quote, char code, int kind, const unsigned char *p, 
 static PyObject *
 read_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "read_row takes 6 arguments (%zd given)", nargs);
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "read_row takes 7 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *codes = args[0], *keys = args[1], *quote = args[2], *data = args[3];
-    if (!PyBytes_Check(codes) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != PyBytes_GET_SIZE(codes)) {
-        PyErr_SetString(PyExc_TypeError, "read_row: codes must be bytes and keys a tuple of as many bytes");
+    PyObject *codes = args[0], *keys = args[1], *quote = args[2], *builders = args[3], *data = args[4];
+    if (!PyBytes_Check(codes) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != PyBytes_GET_SIZE(codes) ||
+        !PyTuple_Check(builders) || PyTuple_GET_SIZE(builders) != PyBytes_GET_SIZE(codes)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_row: codes must be bytes, and keys and builders tuples of as many entries");
         return NULL;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    Py_ssize_t pos = PyLong_AsSsize_t(args[4]);
-    Py_ssize_t end = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[5]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t end = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[6]);
     if (PyErr_Occurred()) {
         PyBuffer_Release(&view);
         return NULL;
@@ -402,7 +683,7 @@ read_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         pos = start + length;
         if (pos > end || pos < start)
             goto done;
-        int r = put_value(&o, quote, code[i], kind, buf + start, length);
+        int r = put_value(&o, quote, PyTuple_GET_ITEM(builders, i), code[i], kind, buf + start, length);
         if (r < 0)
             goto error;
         if (r == 0)
@@ -492,7 +773,7 @@ one_change_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"read_row", (PyCFunction)(void (*)(void))read_row, METH_FASTCALL,
-     "read_row(codes, keys, quote, data, pos, end) -> (row JSON, end of the tuple) or None\n\n"
+     "read_row(codes, keys, quote, builders, data, pos, end) -> (row JSON, end of the tuple) or None\n\n"
      "A table's compiled row reader (see rows._compile_row_reader, its twin)."},
     {"one_change_line", (PyCFunction)(void (*)(void))one_change_line, METH_FASTCALL,
      "one_change_line(node_key, commit_lsn, xid, commit_time, body) -> str or None\n\n"
@@ -502,7 +783,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "csnd.decoder._rows",
-    "A table's row reader for common column types and a one-change line, compiled (twins in Python).", -1,
+    "A table's row reader and a one-change line, compiled (twins in Python).", -1,
     methods,
 };
 

@@ -288,11 +288,15 @@ _build_catalogue()
 
 # The types whose values the compiled row reader (`_rows.c`) writes itself, by
 # the code it knows them by.  Keyed by a column's pair of builders: a column
-# whose builders are these writes the same text as the compiled reader.
+# whose builders are these writes the same text as the compiled reader.  Any
+# other column is written by its own builders, called from the compiled reader:
+# code 'S' when its text form is its JSON string (the text builder is `quote`,
+# which the reader applies itself), '?' otherwise.
 _COMPILED_TYPES: Final = {
     "int2": "h", "int4": "i", "int8": "q", "bool": "b",
     "text": "s", "varchar": "s", "bpchar": "s", "name": "s",
-    "numeric": "N", "timestamptz": "T", "jsonb": "J",
+    "numeric": "N", "timestamptz": "T", "timestamp": "t", "date": "d", "uuid": "u",
+    "bytea": "x", "float8": "f", "jsonb": "J",
 }  # fmt: skip
 _COMPILED_CODES: Final[dict[tuple[BinaryJson, TextJson], str]] = {}
 for _name, _code in _COMPILED_TYPES.items():
@@ -302,8 +306,12 @@ for _name, _code in _COMPILED_TYPES.items():
     assert _binary is not None, _name
     _COMPILED_CODES[(binary_json(_binary), text_json(V.text_decoder(_oid)))] = _code
 
+Builders = tuple[tuple[BinaryJson, TextJson], ...]
 
-def compiled_codes(columns: list[tuple[str, BinaryJson, TextJson]]) -> bytes | None:
-    """The compiled row reader's code of each column (`key, binary builder, text builder`), or None if one has none."""
-    codes = [_COMPILED_CODES.get((binary, text)) for _, binary, text in columns]
-    return None if None in codes else "".join(codes).encode()  # type: ignore[arg-type]
+
+def compiled_codes(columns: list[tuple[str, BinaryJson, TextJson]]) -> tuple[bytes, Builders]:
+    """The compiled row reader's code of each column (`key, binary builder, text builder`), and their builders."""
+    codes = [
+        _COMPILED_CODES.get((binary, text)) or ("S" if text is quote else "?") for _, binary, text in columns
+    ]
+    return "".join(codes).encode(), tuple((binary, text) for _, binary, text in columns)

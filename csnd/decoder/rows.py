@@ -462,18 +462,19 @@ RowReader = Callable[[bytes, int, int], "tuple[str, int] | None"]
 
 
 def row_reader(columns: list[tuple[str, J.BinaryJson, J.TextJson]], binary_first: bool) -> RowReader:
-    """A table's row reader: the compiled one (`_rows.c`) when every column is of a type it writes.
+    """A table's row reader: the compiled one (`_rows.c`), which writes the common types itself
+    and any other column through its builders.
 
-    Otherwise, or when it was not built or `CSND_IMPL=python` asks for the
-    twins, the reader `_compile_row_reader` compiles in Python (the compiled
-    one's specification: the same results, held so by tests).
+    When it was not built, or `CSND_IMPL=python` asks for the twins, the
+    reader `_compile_row_reader` compiles in Python (the compiled one's
+    specification: the same results, held so by tests).
     """
     compiled = _read_row_c
-    codes = None if compiled is None else J.compiled_codes(columns)
-    if compiled is None or codes is None:
+    if compiled is None:
         return _compile_row_reader(columns, binary_first)
+    codes, builders = J.compiled_codes(columns)
     keys = tuple(key.encode() for key, _, _ in columns)
-    return partial(compiled, codes, keys, J.quote)
+    return partial(compiled, codes, keys, J.quote, builders)
 
 
 _compiled = compiled_module("csnd.decoder._rows")
