@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from csnd.core.ids import lsn_to_str
-from csnd.testing.pgserver import PG_BIN
+from csnd.testing.pgserver import PgServer
 
 OUT_DIR = os.environ.get("CSND_BENCH_DIR", "bench-out")
 T = TypeVar("T")
@@ -47,20 +47,20 @@ def children_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def pg_recvlogical_command(port: int, slot: str, publication: str) -> list[str]:
+def pg_recvlogical_command(server: PgServer, slot: str, publication: str) -> list[str]:
     """`pg_recvlogical` streaming pgoutput slot `slot` with csnd's own options (protocol 2, binary, streaming)."""
-    cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
+    cmd = [server.bin("pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
     cmd += ["-d", "postgres", "--slot", slot, "--start", "--no-loop", "-o", "proto_version=2"]
     return [*cmd, "-o", f"publication_names={publication}", "-o", "binary=true", "-o", "streaming=on"]
 
 
-def pg_recvlogical_seconds(port: int, slot: str, publication: str, end_lsn: int) -> float:
+def pg_recvlogical_seconds(server: PgServer, slot: str, publication: str, end_lsn: int) -> float:
     """How long `pg_recvlogical` takes to drain pgoutput slot `slot` up to `end_lsn`: one walsender's pace.
 
     The options are csnd's own (protocol 2, binary, streaming), and the
     output goes to /dev/null, so this is what the walsender can send.
     """
-    cmd = [*pg_recvlogical_command(port, slot, publication), "-E", lsn_to_str(end_lsn), "-f", "/dev/null"]
+    cmd = [*pg_recvlogical_command(server, slot, publication), "-E", lsn_to_str(end_lsn), "-f", "/dev/null"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
     return time.perf_counter() - t0

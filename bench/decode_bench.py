@@ -70,7 +70,7 @@ def walsender_rate(rows: int = ROWS) -> dict[str, float]:
             row = c.execute(b"SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
         end = lsn_from_str(str(row[0]))
-        secs = min(pg_recvlogical_seconds(server.port, slot, "bench", end) for slot in ("wide1", "wide2"))
+        secs = min(pg_recvlogical_seconds(server, slot, "bench", end) for slot in ("wide1", "wide2"))
         return {"rows": rows, "seconds": secs, "rows_per_s": rows / secs}
     finally:
         server.stop("immediate")

@@ -269,7 +269,7 @@ def _current(c: psycopg.Connection[Any]) -> int:
 def drain_pg_recvlogical(server: PgServer, work: str, slot: str, end: int, txns: int) -> dict[str, Any]:
     out_file = os.path.join(work, f"{slot}.out")
     cmd = [
-        *pg_recvlogical_command(server.port, slot, "bench"),
+        *pg_recvlogical_command(server, slot, "bench"),
         "-E",
         lsn_text(end),
         "-F",

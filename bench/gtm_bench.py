@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,6 @@ import psycopg
 from csnd.gtm.liveload import LoadOptions, run_workload
 from csnd.gtm.writer import emit, emit_flushed
 from csnd.testing.cluster import start_cluster
-from csnd.testing.pgserver import PG_BIN
 
 SECONDS = 15.0
 WRITERS = 4
@@ -53,7 +51,7 @@ def tick_latency(samples: int = LATENCY_SAMPLES) -> dict[str, Any]:
         server = c.servers[0]
         with psycopg.connect(server.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_create_logical_replication_slot('lat', 'test_decoding')")
-            cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
+            cmd = [server.bin("pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
             cmd += ["-U", "postgres", "-d", "postgres", "--slot", "lat", "--start", "-f", "-"]
             cmd += ["-F", "0", "-s", "1"]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, bufsize=0)

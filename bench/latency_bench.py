@@ -54,7 +54,7 @@ import psycopg
 
 from bench import loadkit
 from bench.loadkit import Service, Watch, cpu_seconds, end_all, subscribe
-from csnd.testing.pgserver import PG_BIN, PgServer, start_server
+from csnd.testing.pgserver import PgServer, start_server
 
 RATES: Final = (100, 1_000, 2_000, 5_000, 10_000)
 CLIENTS: Final = 4
@@ -170,7 +170,7 @@ def pgbench(server: PgServer, work: str, rate: int, seconds: float) -> int:
     script = os.path.join(work, "insert.sql")
     with open(script, "w") as f:
         f.write("INSERT INTO lat (v) VALUES (1);\n")
-    cmd = [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
+    cmd = [server.bin("pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
     cmd += [
         "-c",
         str(CLIENTS),
@@ -236,7 +236,7 @@ def run(
     }
     try:
         setup(server)
-        twin_cmd = [os.path.join(PG_BIN, "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
+        twin_cmd = [server.bin("pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
         twin_cmd += ["-U", "postgres", "-d", "postgres", "--slot", "twin", "--start"]
         twin_cmd += ["-o", "include-timestamp=on", "-F", "0", "-f", "-"]
         twin = subprocess.Popen(

@@ -78,7 +78,7 @@ from bench.loadkit import (
     wait_for,
 )
 from csnd.core.ids import lsn_from_str
-from csnd.testing.pgserver import PG_BIN, PgServer, start_server
+from csnd.testing.pgserver import PgServer, start_server
 
 # How often the slow-subscriber scenario reads /api/status.  Each read counts every
 # lagging consumer's backlog in the changelog, up to 10,000 records: with two
@@ -144,7 +144,7 @@ def _pgbench(
     with open(script, "w") as f:
         f.write(f"INSERT INTO {table} (v) VALUES (repeat(md5(random()::text), {max(1, chars // 32)}));\n")
     return subprocess.Popen(
-        [os.path.join(PG_BIN, "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
+        [server.bin("pgbench"), "-n", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
         + ["-c", str(PGBENCH_CLIENTS), "-j", "1", "-R", str(rate)]
         + (["-t", str(per_client)] if per_client else ["-T", str(int(seconds))])
         + ["-f", script, "postgres"],

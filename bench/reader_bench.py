@@ -76,7 +76,7 @@ def live_capture() -> dict[str, float]:
         transactions = 0
 
         def run_twin(slot: str) -> None:
-            twin_times.append(pg_recvlogical_seconds(server.port, slot, "bench", end))
+            twin_times.append(pg_recvlogical_seconds(server, slot, "bench", end))
 
         def run_ours(slot: str) -> None:
             nonlocal transactions

@@ -40,7 +40,7 @@ import psycopg
 
 from bench.common import pg_recvlogical_command, pg_recvlogical_seconds
 from csnd.core.ids import lsn_from_str
-from csnd.testing.pgserver import PG_BIN, start_server
+from csnd.testing.pgserver import start_server
 
 WIDE_ROWS: Final = 100_000
 ONE_ROW_TXNS: Final = 20_000
@@ -114,7 +114,7 @@ def _drain(url: str, slot: str, end: int, transactions: int, work: str) -> float
 
 
 def throughput(server: Any, work: str) -> dict[str, Any]:
-    url, port = server.url(), server.port
+    url = server.url()
     results: dict[str, Any] = {}
     with psycopg.connect(server.dsn(), autocommit=True) as c:
         c.execute(
@@ -145,7 +145,7 @@ def throughput(server: Any, work: str) -> dict[str, Any]:
     ):
         slot = "wide" if name == "wide_rows" else "one"
         ours = _drain(url, f"ours_{slot}", end, txns, work)
-        twin = pg_recvlogical_seconds(port, f"twin_{slot}", "bench", end)
+        twin = pg_recvlogical_seconds(server, f"twin_{slot}", "bench", end)
         results[name] = {
             "rows": rows,
             "transactions": txns,
@@ -180,7 +180,7 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
     done = threading.Event()
     consumer = _consumer(address, lambda _line: arrivals.append(time.perf_counter()), done)
     recv = subprocess.Popen(
-        [*pg_recvlogical_command(server.port, twin, "bench"), "-f", "/dev/null"],
+        [*pg_recvlogical_command(server, twin, "bench"), "-f", "/dev/null"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -196,7 +196,7 @@ def _steady_run(server: Any, work: str, kind: str) -> dict[str, Any]:
             t0 = time.perf_counter()
             load = subprocess.run(
                 [
-                    os.path.join(PG_BIN, "pgbench"),
+                    server.bin("pgbench"),
                     "-n",
                     "-h",
                     "127.0.0.1",

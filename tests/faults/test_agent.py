@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from csnd.core.ids import lsn_from_str
-from csnd.testing.pgserver import PG_BIN
 from tests.faults import witness as wit
 from tests.faults.conftest import record, runs
 from tests.faults.harness import Outcome, Stall, http_status, wait
@@ -112,7 +111,7 @@ def test_agent_kill(pg: PgDatabase, tmp_path: Path, seed: int) -> None:
     served: Served = start_serve([f"grpc://{address}"], log_dir)
     load = subprocess.Popen(
         [
-            os.path.join(PG_BIN, "pgbench"),
+            pg.server.bin("pgbench"),
             "-n",
             "-h",
             "127.0.0.1",

@@ -8,7 +8,6 @@ when a `committing` marker's writer was ended by the same shutdown).
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -22,7 +21,7 @@ from csnd.core.ids import lsn_from_str
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.pgoutput import Change
 from csnd.reader.shutdown import ShutdownProbe, refuses_as_stopping
-from csnd.testing.pgserver import PG_BIN, PgServer, start_server
+from csnd.testing.pgserver import PgServer, start_server
 
 CEILING_S = 120
 
@@ -117,7 +116,7 @@ def own_server() -> Iterator[PgServer]:
 def _pg_ctl_stop_fast(server: PgServer, seconds: int) -> int:
     """`pg_ctl stop -m fast -t seconds`; its exit status (1: the server did not stop in time)."""
     proc = server._run(
-        os.path.join(PG_BIN, "pg_ctl"),
+        server.bin("pg_ctl"),
         "-D",
         server.data_dir,
         "-m",

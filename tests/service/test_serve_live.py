@@ -239,10 +239,7 @@ def test_sigterm_under_load_stops_at_once_with_the_slot_at_what_is_durable(
 
 def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, tmp_path: Any) -> None:
     """The service killed with -9 twice while pgbench commits flat out; each restart resumes from the slot."""
-    import os
     import subprocess
-
-    from csnd.testing.pgserver import PG_BIN
 
     _setup(pg)
     source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub"
@@ -255,7 +252,7 @@ def test_kill_9_under_a_pgbench_load_loses_and_doubles_nothing(pg: PgDatabase, t
     served = start_serve([source], log_dir)
     load = subprocess.Popen(
         [
-            os.path.join(PG_BIN, "pgbench"),
+            pg.server.bin("pgbench"),
             "-n",
             "-h",
             "127.0.0.1",
