@@ -64,6 +64,7 @@ from csnd.runtime.items import (
 from csnd.runtime.jsonsink import OUTPUT_CHUNK_BYTES
 from csnd.runtime.replay_progress import ReplayProgress
 from csnd.runtime.sinks import GroupCommit, Sink
+from csnd.runtime.switching import SwitchPolicy
 from csnd.sender import FinishedTxn
 
 # How often the sink is made durable and slots confirmed.  Shorter: a slot
@@ -88,6 +89,7 @@ class Merger:
         clock: Callable[[], float] = time.monotonic,
         confirm_interval_s: float = CONFIRM_INTERVAL_S,
         durable_always: bool = False,
+        switching: SwitchPolicy | None = None,
     ) -> None:
         self.inputs = list(inputs)
         self.sink = sink
@@ -98,6 +100,8 @@ class Merger:
         # service: consumers see only what is durable).
         self.durable_always = durable_always
         self.changes_out = 0  # changes handed to the sink
+        # The switch interval by regime: short while caught up, the process's own while draining.
+        self.switching = switching if switching is not None else SwitchPolicy.around_current()
         self._stopping = threading.Event()
         self.merge = CsnMerge([p.node for p in self.inputs])
         self.wakeup = threading.Event()
@@ -134,6 +138,12 @@ class Merger:
         for p in self.inputs:
             # (alone, a local pipeline's decoders may write the lines: `write_alone`)
             p.start(self.wakeup, alone=self.alone is not None)
+        try:
+            self._loop()
+        finally:
+            self.switching.restore()
+
+    def _loop(self) -> None:
         inputs, ended, merge, stopping = self.inputs, self.ended, self.merge, self._stopping
         while (len(ended) < len(inputs) or merge.has_pending()) and not stopping.is_set():
             self.wakeup.clear()
@@ -148,6 +158,7 @@ class Merger:
             self._tick(self.clock())
             if not progressed:
                 self._check_stall()
+                self.switching.caught_up()
                 self.wakeup.wait(IDLE_WAIT_S)
         if stopping.is_set():
             # Stopped mid-stream: nothing more leaves the merge (an input
@@ -186,6 +197,8 @@ class Merger:
             progressed = True
             if not self._take(node, tracker, item):
                 break
+        else:  # (the merge holds all it may of this node, with more waiting: a backlog)
+            self.switching.backlog()
         return progressed
 
     def _feed_more(self, node: str) -> bool:
@@ -259,6 +272,8 @@ class Merger:
                     self.changes_out += write_alone(sink, item.txn, order)
             elif not self._take(node, tracker, item):
                 break
+        else:  # (a whole round's worth was waiting: a backlog)
+            self.switching.backlog()
         return progressed
 
     def _end(self, node: str, item: EndItem) -> None:
