@@ -30,14 +30,13 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from bench.common import out_path
 from bench.loadkit import cpu_seconds
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
-from csnd.reader.events import Event
+from csnd.reader.events import EventStream
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.recorded import checked_commit_times
 from csnd.sender.node import NodeSender
@@ -84,7 +83,7 @@ def make_frames(transactions: int, rows: int) -> list[bytes]:
     return frames
 
 
-def _events(frames: list[bytes]) -> Iterator[Event]:
+def _events(frames: list[bytes]) -> EventStream:
     source = LiveSource("dn1", LiveOptions("", "bench", "bench"))
     items = source._copy_loop(_CannedCopy(frames), runs=True)  # type: ignore[arg-type]
     try:

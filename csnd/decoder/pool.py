@@ -46,9 +46,10 @@ import queue
 import select
 import signal
 import struct
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.context import ForkServerContext
 from typing import Any, Final, cast
@@ -71,7 +72,7 @@ from csnd.decoder.messages import (
     Sync,
     ToWorker,
 )
-from csnd.reader.events import Event
+from csnd.reader.events import EventStream
 from csnd.reader.pgoutput import (
     Truncate,
 )
@@ -138,6 +139,9 @@ class DecoderPool:
     transactions whose lines the workers wrote; and `(INVALID_LSN, BATCH_END)` (0/0) after each batch, where the
     next item may mean waiting for a worker (a consumer that hands results
     on to another thread hands them on there, in one go).
+
+    `events` is a source's `EventStream`, read in a reader thread of the
+    pool's own; a stop before its end closes it there (`_feed`).
     """
 
     def __init__(
@@ -204,7 +208,7 @@ class DecoderPool:
 
     # --- reader side (its own thread) ---------------------------------------------
 
-    def _feed(self, events: Iterable[Event]) -> None:
+    def _feed(self, events: EventStream) -> None:
         """The reader thread: `events` cut into batches (`decoder.feed`), then the end mark."""
         try:
             feed = BatchFeed(self, self.n, self.batch_changes, self.write_lines, self.reports_pauses)
@@ -216,10 +220,8 @@ class DecoderPool:
             # A source left mid-stream (a stop) ends here, in the thread that ran it:
             # a live one then says where it got and hangs up, instead of holding its
             # replication connection (and the server its slot) until the process exits.
-            close = getattr(events, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    close()
+            with contextlib.suppress(Exception):
+                events.close()
             self._put_skeleton(_END)
 
     def drained(self) -> None:
@@ -271,7 +273,7 @@ class DecoderPool:
 
     # --- collector side (the caller's thread) --------------------------------------
 
-    def run(self, events: Iterable[Event]) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
+    def run(self, events: EventStream) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
         feeder = threading.Thread(
             target=self._feed, args=(events,), name=f"csnd-reader-{self.node}", daemon=True
         )
@@ -561,11 +563,10 @@ def _widen_pipe(fd: int) -> None:
     room for a whole batch a worker sends and goes on.  (A bounded queue
     still: `QUEUE_DEPTH` batches in, a pipe's worth out.)
     """
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
-    if set_size is None:
+    if sys.platform != "linux":  # (F_SETPIPE_SZ is Linux's)
         return
     with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: keep the default
-        fcntl.fcntl(fd, set_size, PIPE_BYTES)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
 def _signal_name(number: int) -> str:

@@ -11,11 +11,26 @@ batches of the hot path (docs/design.md section 1) -- a `ChangeFrames` run of
 row-change frames of one (sub)transaction, and a `TxnRun` of whole one-piece
 transactions (`ScannedTxn` each), which a live reader hands on for one whole
 transaction as well as for the many its compiled loop read.
+
+Why four shapes and not one batch.  Each is what one reading path has in
+hand at no cost: a control message parsed because its fields steer the
+stream (Begin, Commit, Relation, stream control, logical messages); a
+keepalive, which is a position and nothing else; the frames of a run of row
+changes as one slice of the buffer they were read into (a recorded file, and
+a live transaction that is streamed or cut by a batch); and the fields of
+whole transactions as the compiled loop builds them.  A single batch type
+would have to hold the four alongside each other, and its consumers -- the
+resume filter, the decoder pool's feed, the sender -- would dispatch on its
+contents just as they dispatch on `type(item)` now, after one allocation
+more per event on the recorded path, where every Begin and Commit is an
+event of its own.  The seam's one named type is `Event`; `EventStream` is
+what a source hands on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from csnd.core.errors import StreamFormatError
 from csnd.core.ids import Lsn
@@ -31,6 +46,24 @@ from csnd.reader.pgoutput import (
 )
 
 Event = tuple[Lsn, Message | Keepalive | ChangeFrames | TxnRun]
+
+
+class EventStream(Protocol):
+    """What a source's `events()` hands on: its events, and `close()` to end the stream early.
+
+    A source's generator is one.  The decoder pool reads it in a thread of
+    its own and, when it stops before the end, closes it in that thread: the
+    source's own clean-up then runs where it read (a live source says where
+    it got and hangs up) instead of holding its replication connection, and
+    the server its slot, until the process exits.
+    """
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def __next__(self) -> Event: ...
+
+    def close(self) -> None:
+        """End the stream where it is and let go of what it holds; idempotent."""
 
 
 def iter_events(

@@ -48,7 +48,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from csnd.core.appname import for_node
 from csnd.core.errors import ConnectionLost, ProtocolError, SlotLost, SourceError
 from csnd.core.ids import PG_EPOCH_UNIX_US, Lsn, lsn_from_str, lsn_to_str
-from csnd.reader.events import Event
+from csnd.reader.events import EventStream
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
     CHANGE_TAGS,
@@ -591,7 +591,7 @@ class LiveSource:
 
     # --- the stream -----------------------------------------------------------------
 
-    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+    def events(self, raw_changes: bool = False) -> EventStream:
         """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`.
 
         Every change comes parsed whatever `raw_changes` says: the resume

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from csnd.core.errors import StreamFormatError, TimestampError
 from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
-from csnd.reader.events import Event, iter_events
+from csnd.reader.events import Event, EventStream, iter_events
 from csnd.reader.pgoutput import (
     Begin,
     Commit,
@@ -51,7 +51,7 @@ class RecordedSource:
                 path=self.path,
             ) from None
 
-    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+    def events(self, raw_changes: bool = False) -> EventStream:
         """The stream's events; with `raw_changes`, row changes come in `ChangeFrames` runs, unparsed."""
         parser = PgOutputParser()
         frames = self._file.scan(lambda: parser.in_stream) if raw_changes else self._file

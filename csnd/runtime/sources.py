@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,7 +29,7 @@ from csnd.core.modes import check_modes
 from csnd.runtime.options import LiveSourceConfig
 
 if TYPE_CHECKING:  # (only for types: each is imported where it is opened, as late as it can be)
-    from csnd.reader.events import Event
+    from csnd.reader.events import EventStream
     from csnd.reader.live import LiveOptions, LiveSource
     from csnd.runtime.inputs import NodeInput
 
@@ -41,8 +41,11 @@ class NodeSource(Protocol):
     mode: str  # "gtm" or "single" (csnd.core.modes)
     binary: bool  # pgoutput's binary mode: how the decoders read values
 
-    def events(self, raw_changes: bool = False) -> Iterator[Event]:
-        """The stream; `raw_changes`: row changes as unparsed `ChangeFrames` runs."""
+    def events(self, raw_changes: bool = False) -> EventStream:
+        """The stream; `raw_changes`: row changes as unparsed `ChangeFrames` runs.
+
+        A pipeline's decoder pool closes it in the thread that reads it when it stops early.
+        """
 
     def enum_types(self) -> list[tuple[int, int]]:
         """(type OID, array type OID) of the source's enums, which binary pgoutput sends as labels."""

@@ -11,7 +11,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from csnd.core.ids import Lsn
 from csnd.decoder.change import DecodedItem, DecodedRun
 from csnd.decoder.pool import PIPE_BYTES, BatchEnd, DecoderPool, _recv_message, start_worker_server
 from csnd.reader import pgoutput as p
-from csnd.reader.events import Event
+from csnd.reader.events import Event, EventStream
 from csnd.reader.recorded import RecordedSource
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from tests.fixtures.procs import parent_of, wait_until_gone
@@ -203,7 +202,7 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
     resume = threading.Event()
     timed_out: list[bool] = []
 
-    def stream() -> Iterator[Event]:
+    def stream() -> EventStream:
         yield from first
         if pause == "drained":
             pool.drained()  # (as LiveSource calls it: in the reader thread, between two events)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from csnd.core.ids import PG_TIME_MAX_US, Csn, Lsn, Xid
 from csnd.decoder.change import WholeTxns
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
-from csnd.reader.events import Event
+from csnd.reader.events import Event, EventStream
 from csnd.reader.recorded import RecordedSource, checked_commit_times
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.runtime.merger import write_alone
@@ -104,7 +104,7 @@ def _write_stream(path: Path, txns: list[tuple[list[str], str]]) -> None:
             lsn += 0x1000
 
 
-def _folded(events: Iterator[Event]) -> Iterator[Event]:
+def _folded(events: Iterable[Event]) -> EventStream:
     """Begin, a run (or none) and Commit, one after another, as a live reader hands them on: a `TxnRun` of one."""
     held: list[Event] = []
     for event in events:
@@ -138,7 +138,7 @@ def _head4(run: p.ChangeFrames) -> bytes:
     return b"".join(out)
 
 
-def _batched(events: Iterator[Event], size: int) -> Iterator[Event]:
+def _batched(events: Iterable[Event], size: int) -> EventStream:
     """Consecutive whole transactions as one `TxnRun` of up to `size`, as the live reader's compiled loop reads them."""
     batch: list[p.ScannedTxn] = []
     for event in events:
@@ -242,7 +242,7 @@ def test_a_stream_of_plain_transactions_comes_whole_and_its_lines_are_json(tmp_p
     assert {c["cid"] for c in first["changes"]} == {0}
 
 
-def _spliced(path: Path) -> Iterator[Event]:
+def _spliced(path: Path) -> EventStream:
     for lsn, msg in RecordedSource(str(path)).events(raw_changes=True):
         if isinstance(msg, p.Commit):  # a commit where its Begin did not announce it
             msg = p.Commit(msg.flags, Lsn(msg.commit_lsn + 8), msg.end_lsn, msg.commit_time)
