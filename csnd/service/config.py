@@ -112,6 +112,8 @@ class ServeConfig:
     arrow_files_bytes: int | None = None
     # --log-format: log records as timestamped text or JSON lines (csnd.runtime.logsetup)
     log_format: str = "text"
+    # --gtm: the shared GTM's server (csnd.gtm.pggtm), for GTM-mode snapshots at one CSN (csnd.gtm.barrier)
+    gtm: str | None = None
     # --agent-token-file, --agent-ca, --agent-cert, --agent-key: how grpc:// node agents are reached
     agent_dial: AgentDialConfig = field(default_factory=AgentDialConfig)
 
@@ -295,6 +297,7 @@ def build_config(
         parquet_dir=pick("parquet_dir"),
         arrow_files_bytes=pick("arrow_files_bytes"),
         log_format=pick("log_format", default="text"),
+        gtm=pick("gtm"),
         agent_dial=AgentDialConfig(
             token_file=pick("agent_token_file"),
             ca=pick("agent_ca"),

@@ -162,6 +162,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "row schema, for spark.read.parquet and Spark's file-stream source (docs/design.md section 8)",
     )
     p.add_argument(
+        "--gtm",
+        type=flag_type(settings.TEXT),
+        metavar="URL",
+        help="the shared GTM's server (as csnd gtm and csnd workload take it): in GTM mode the initial "
+        "snapshot is taken under a short commit barrier, at one CSN on every node (docs/design.md section 5)",
+    )
+    p.add_argument(
         "--arrow-files-bytes",
         type=flag_type(settings.BYTES),
         metavar="B",

@@ -208,10 +208,15 @@ class PipelineSupervisor:
         log_.sync()  # (what an earlier run appended is durable before anyone resumes after it)
         resume = log_.durable_csn
         snapshot_csn = 0
-        if snapshot_state(newest_record(log_)).state == "complete":
+        state = snapshot_state(newest_record(log_))
+        if state.state == "complete":
             # Nothing streamed is held yet: the senders drop nothing, and the sink
-            # fails on a CSN the snapshot's records took (csnd.service.sink).
-            resume, snapshot_csn = 0, log_.durable_csn
+            # fails on a CSN the snapshot's records took (csnd.service.sink).  Taken
+            # under a GTM commit barrier, the snapshot holds every CSN up to the
+            # barrier's: the senders drop those, and only the CSNs above it that the
+            # snapshot's records took, if any, collide (csnd.snapshot.run.GtmCut).
+            cut = int((state.marker or {}).get("gtm_csn", 0))
+            resume, snapshot_csn = cut, (log_.durable_csn if cut < log_.durable_csn else 0)
         opened = open_inputs(self.config, resume)
         inputs = [o.input for o in opened]
         sink = ChangelogSink(log_, snapshot_csn=snapshot_csn, windows=self.windows)

@@ -5,7 +5,9 @@
                                            ▼ when_needed): its readers import it (csnd.snapshot)
                                        SnapshotNode per node ─► serve_snapshot.InitialSnapshot
 
-Every live source's slot exists at its consistent point before the ready
+In GTM mode with `--gtm`, the snapshots of a first start are exported
+under one commit barrier of the shared GTM instead (`snapshot_at_one_csn`):
+one CSN on every node.  Every live source's slot exists at its consistent point before the ready
 line -- created now with `create_slot`, checked otherwise
 (`LiveSource.prepare`) -- so every transaction committed after the line is
 delivered.  A changelog that holds transactions continues only from slots
@@ -16,18 +18,23 @@ and slot.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Final
 
-from csnd.core.errors import SourceError
+from csnd.core.errors import SnapshotError, SourceError
 from csnd.service.config import ServeConfig
 from csnd.service.nodes import check_slots_kept
 from csnd.service.serve_sources import live_sources
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveSource
+    from csnd.reader.sourcecheck import ExportedSnapshot
+    from csnd.snapshot.copier import SnapshotSettings
     from csnd.snapshot.run import SnapshotNode
+
+log = logging.getLogger("csnd.serve")
 
 # How long a slot to drop may still be in use by the connection of a killed service.
 SLOT_DROP_WAIT_S: Final = 30.0
@@ -69,6 +76,8 @@ class Slots:
             cfg.snapshot_chunk_rows or defaults.chunk_rows, cfg.snapshot_readers or defaults.readers
         )
         nodes: list[SnapshotNode] = []
+        at_barrier: list[tuple[LiveSource, ExportedSnapshot, list[tuple[int, int]]]] = []
+        gtm_nodes: list[str] = []
         try:
             for entry in live_sources(cfg.sources):
                 source = entry.source
@@ -81,8 +90,15 @@ class Slots:
                     wanted,
                     source.options.slot,
                 )
+                if source.mode == "gtm":
+                    gtm_nodes.append(source.node)
                 exported = source.prepare(wanted)
                 if exported is None:
+                    continue
+                if cfg.gtm and source.mode == "gtm":
+                    # (the slot is made; the snapshot that counts is exported under the barrier)
+                    exported.release()
+                    at_barrier.append((source, exported, enums))
                     continue
                 try:
                     reader = NodeSnapshot(
@@ -98,6 +114,22 @@ class Slots:
                 finally:
                     exported.release()  # (the readers' transactions hold the snapshot from here on)
                 nodes.append(SnapshotNode(reader, source.mode, exported.made_at))
+            if at_barrier:
+                made = [source.node for source, _, _ in at_barrier]
+                if sorted(made) != sorted(gtm_nodes):
+                    raise SnapshotError(
+                        f"GTM-mode nodes {', '.join(sorted(set(gtm_nodes) - set(made)))} take no initial "
+                        f"snapshot while {', '.join(made)} do: a snapshot at one CSN covers every GTM-mode node "
+                        "(their streams resume after its CSN); give every GTM-mode source the same snapshot "
+                        "setting, with new slots"
+                    )
+                nodes += snapshot_at_one_csn(cfg.gtm or "", at_barrier, settings)
+            elif any(n.mode == "gtm" for n in nodes) and len(gtm_nodes) > 1:
+                log.warning(
+                    "initial snapshot of GTM-mode nodes without --gtm: each node is copied at its own slot's "
+                    "point, so a distributed transaction committed meanwhile may be in one node's snapshot "
+                    "and another's stream (docs/design.md section 5); name the GTM to take it at one CSN"
+                )
         except BaseException:
             for n in nodes:
                 n.reader.close()
@@ -109,6 +141,78 @@ class Slots:
         for entry in live_sources(self.config.sources):
             if entry.config.live.snapshot == "initial":
                 drop_own_slot(entry.source)
+
+
+def snapshot_at_one_csn(
+    gtm: str,
+    made: list[tuple[LiveSource, ExportedSnapshot, list[tuple[int, int]]]],
+    settings: SnapshotSettings,
+) -> list[SnapshotNode]:
+    """The nodes' snapshots exported under one GTM commit barrier (`csnd.gtm.barrier`): at one CSN.
+
+    The slots are made first, outside the barrier: a slot's consistent point
+    waits for the transactions then open, which may be writers waiting on the
+    barrier.  Under it, each node only exports a snapshot on a connection
+    opened beforehand -- a round trip a node, so writers wait for little.
+    What the slots stream from before the barrier is at or below its CSN,
+    in the snapshot, and dropped as the stream resumes after it.
+    """
+    import psycopg
+
+    from csnd.gtm.barrier import CommitBarrier
+    from csnd.snapshot.copier import NodeSnapshot
+    from csnd.snapshot.run import GtmCut, SnapshotNode
+
+    exporters: dict[str, psycopg.Connection[tuple[object, ...]]] = {}
+    readers: list[SnapshotNode] = []
+    try:
+        for source, _, _ in made:
+            try:
+                exporters[source.node] = psycopg.connect(
+                    source.options.conninfo, autocommit=True, connect_timeout=10
+                )
+            except psycopg.Error as e:
+                raise SnapshotError(f"cannot connect to export its snapshot: {e}", node=source.node) from None
+        barrier = CommitBarrier(gtm, {source.node: source.options.conninfo for source, _, _ in made})
+        names: dict[str, str] = {}
+        with barrier.hold() as held:
+            for node, conn in exporters.items():
+                # (one round trip: the writers wait for every one of them)
+                cur = conn.execute(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_export_snapshot()"
+                )
+                cur.nextset()  # (the first result is BEGIN's)
+                row = cur.fetchone()
+                names[node] = str(row[0]) if row else ""
+        cut = GtmCut(held.csn, held.held_s * 1000)
+        log.info(
+            "initial snapshot: every GTM-mode node at csn %d; the GTM held %.1f ms (%d nodes, %d commits drained)",
+            held.csn,
+            cut.held_ms,
+            len(made),
+            len(held.drained),
+            extra={"csn": held.csn},
+        )
+        for source, exported, enums in made:
+            reader = NodeSnapshot(
+                source.node,
+                source.options.conninfo,
+                source.options.publication,
+                exported.consistent_lsn,
+                binary=source.binary,
+                enums=enums,
+                settings=settings,
+            )
+            readers.append(SnapshotNode(reader, source.mode, exported.made_at, cut))
+            reader.open(names[source.node])
+        return readers
+    except BaseException:
+        for n in readers:
+            n.reader.close()
+        raise
+    finally:
+        for conn in exporters.values():  # (the readers' transactions hold the snapshots from here on)
+            conn.close()
 
 
 def drop_own_slot(source: LiveSource) -> None:

@@ -241,6 +241,8 @@ SETTINGS: Final = (
     Setting("parquet_dir", TEXT, "DIR"),
     Setting("arrow_files_bytes", BYTES, "BYTES"),
     Setting("log_format", LOG_FORMAT, "text|json"),
+    # the shared GTM (csnd.gtm.pggtm): GTM-mode snapshots are taken under its commit barrier
+    Setting("gtm", TEXT, "URL"),
     # how the service reaches grpc:// node agents (csnd.runtime.options.AgentDialConfig)
     Setting("agent_token_file", TEXT, "FILE"),
     Setting("agent_ca", TEXT, "PEM"),

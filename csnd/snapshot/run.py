@@ -15,7 +15,10 @@ next one.  Every streamed transaction's CSN must be above them:
   segment's end); a snapshot that would reach it is refused;
 - GTM mode: the GTM's counter is checked when the stream starts -- a
   streamed transaction at or below the completion record's CSN ends the
-  service with one line (`csnd.service.sink`), never a silent skip.
+  service with one line (`csnd.service.sink`), never a silent skip.  Taken
+  under a GTM commit barrier (`GtmCut`), the completion record takes the
+  barrier's CSN X when the chunks stay below it; the stream then resumes
+  after X, dropping the transactions the snapshot already holds.
 
 A chunk record is made durable before the next is appended, so a crash
 leaves a prefix of whole chunks and no completion record: the next start
@@ -59,6 +62,19 @@ logger = logging.getLogger("csnd.snapshot")
 RESULTS_PER_READER: Final = 2
 
 
+@dataclass(frozen=True)
+class GtmCut:
+    """The GTM commit barrier the nodes' snapshots were exported under (`csnd.gtm.barrier`).
+
+    Every transaction with a CSN at most `csn` is in them, on every node, and
+    none above: the completion record takes `csn` (when the chunks left room
+    below it), so the stream resumes after it and drops what the snapshot holds.
+    """
+
+    csn: int
+    held_ms: float  # how long the GTM was held: what a writer's commit may have waited
+
+
 @dataclass
 class SnapshotNode:
     """One node to snapshot: its readers and what its exported snapshot said."""
@@ -66,6 +82,7 @@ class SnapshotNode:
     reader: NodeSnapshot
     mode: str  # "single" or "gtm"
     made_at: int  # when the slot was made (µs since 2000-01-01): the records' commit_time
+    gtm_cut: GtmCut | None = None  # exported under a GTM commit barrier (the same for every node)
 
 
 class SnapshotRun:
@@ -190,8 +207,18 @@ class SnapshotRun:
                 n.reader.join()
             tables = sum(len(n.reader.tables) for n in self.nodes)
             made_at = max(n.made_at for n in self.nodes)
-            marker = {"nodes": sorted(lsns), "tables": tables, "rows": rows, "first_csn": progress.first_csn}
-            log.append(next_csn, done_line(next_csn, lsns, made_at, marker).encode("utf-8"))
+            done: dict[str, object] = {
+                "nodes": sorted(lsns),
+                "tables": tables,
+                "rows": rows,
+                "first_csn": progress.first_csn,
+            }
+            cut = next((n.gtm_cut for n in self.nodes if n.gtm_cut is not None), None)
+            if cut is not None:
+                # (at the barrier's csn: the stream resumes after it, past what the snapshot holds)
+                next_csn = max(next_csn, cut.csn)
+                done.update(gtm_csn=cut.csn, barrier_ms=round(cut.held_ms, 1))
+            log.append(next_csn, done_line(next_csn, lsns, made_at, done).encode("utf-8"))
             log.sync()
             progress.last_csn = next_csn
             progress.state = "complete"

@@ -1,0 +1,138 @@
+"""An initial snapshot in GTM mode under unpaced distributed writers: one CSN across every node.
+
+Writers (`csnd workload`, unlimited rate) commit distributed transactions on
+three servers through the shared GTM while `csnd serve --snapshot initial`
+makes its slots and copies the tables.  Every distributed transaction must be
+wholly in the snapshot or wholly in the stream -- never one node's part in a
+snapshot and another's streamed -- and the snapshot followed by the stream
+must replay to every node's tables.  An independent witness (a test_decoding
+slot per node, made before the writers start) says which nodes each
+transaction touched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from csnd.gtm.liveload import TABLES, LoadOptions, setup
+from csnd.gtm.pggtm import PgGtm
+from csnd.gtm.ticker import Ticker
+from csnd.testing.cluster import LocalCluster, start_cluster
+from tests.fixtures.witness import create_slot, read_slot
+from tests.service.servekit import CSND, start_serve, subscribe, wait_for
+from tests.service.test_serve_cluster import _node_tables, _replay_tables
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with start_cluster(3) as c:
+        setup(LoadOptions(nodes=c.urls(), gtm=c.gtm_url, publication="csnd_pub"))
+        yield c
+
+
+def _witness_nodes(urls: dict[str, str]) -> dict[str, tuple[int, set[str]]]:
+    """gid -> (csn, the nodes where it changed rows), for every committed distributed transaction."""
+    out: dict[str, tuple[int, set[str]]] = {}
+    for node, url in urls.items():
+        with psycopg.connect(url, autocommit=True) as c:
+            w = read_slot(c, "witness_s", TABLES)
+        for t in w.commits:
+            if t.gid is None or t.csn is None or not t.changes:
+                continue
+            csn, nodes = out.setdefault(t.gid, (t.csn, set()))
+            assert csn == t.csn
+            nodes.add(node)
+    return out
+
+
+def _gtm_current(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as c:
+        row = c.execute("SELECT pg_sequence_last_value('csnd_gtm')").fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def test_a_snapshot_under_unpaced_writers_holds_each_distributed_transaction_whole(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    urls = cluster.urls()
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as c:
+            create_slot(c, "witness_s")
+    with psycopg.connect(cluster.gtm_url, autocommit=True) as c:
+        PgGtm(cluster.gtm_url).close()  # (its sequence exists)
+        c.execute("SELECT setval('csnd_gtm', greatest(pg_sequence_last_value('csnd_gtm'), 0) + 10000)")
+    start = _gtm_current(cluster.gtm_url)
+    committed = tmp_path / "committed.jsonl"
+    writers = subprocess.Popen(
+        [*CSND, "workload", "--nodes", *urls.values(), "--gtm", cluster.gtm_url, "--writers", "3",
+         "--duration", "15", "--publication", "csnd_pub", "--out", str(committed)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    sources = [f"{n}={u}?slot=snap_w&publication=csnd_pub&mode=gtm&snapshot=initial" for n, u in urls.items()]
+    gtm = PgGtm(cluster.gtm_url)
+    ticker = Ticker(gtm, urls, interval=0.1).start()
+    served = None
+    try:
+        # provably mid-run: the writers have committed transactions before the slots are asked for
+        wait_for(lambda: _gtm_current(cluster.gtm_url) > start + 50, "the writers committing")
+        served = start_serve(sources, str(tmp_path / "log"), "--gtm", cluster.gtm_url)
+        wait_for(
+            lambda: served.status().get("snapshot", {}).get("state") == "complete",
+            "the snapshot of every node",
+            diagnose=lambda: json.dumps(served.status().get("snapshot")),
+        )
+        assert writers.poll() is None, "the writers ended before the snapshot did: nothing raced it"
+        _, err = writers.communicate(timeout=300)
+        assert writers.returncode == 0, err
+        newest = max(json.loads(x)["csn"] for x in committed.read_text().splitlines())
+        wait_for(
+            lambda: served.newest_csn() >= newest,
+            f"every committed transaction (csn {newest})",
+            diagnose=lambda: json.dumps(served.status().get("nodes")),
+        )
+        got = subscribe(served.address, "--idle-timeout", "3")
+        assert got.returncode == 0, got.stderr
+    finally:
+        ticker.stop()
+        gtm.close()
+        if writers.poll() is None:
+            writers.kill()
+        code, err = served.terminate() if served is not None else (0, "")
+    assert code == 0, err
+    lines = got.stdout.splitlines()
+    records = [json.loads(x) for x in lines]
+    streamed: dict[str, set[str]] = {}
+    for r in records:
+        if "snapshot" in r:
+            continue
+        assert r["gid"] not in streamed, f"{r['gid']} streamed twice"
+        streamed[r["gid"]] = {ch["node"] for ch in r["changes"]}
+    witnessed = {g: v for g, v in _witness_nodes(urls).items() if v[0] <= newest}
+    assert sum(csn > start for csn, _ in witnessed.values()) > 50, "too few transactions raced the snapshot"
+    halves = {
+        g: (streamed[g], nodes)
+        for g, (_, nodes) in witnessed.items()
+        if g in streamed and streamed[g] != nodes
+    }
+    assert not halves, (
+        f"{len(halves)} transactions streamed from some of their nodes only: {list(halves.items())[:3]}"
+    )
+    replayed, want = _replay_tables(lines), _node_tables(urls)
+    for where, rows in want.items():
+        assert replayed.get(where, {}) == rows, where
+    done = [r for r in records if r.get("snapshot", {}).get("done") is True]
+    assert len(done) == 1
+    cut = int(done[0]["snapshot"]["gtm_csn"])  # the barrier's CSN: the snapshot holds exactly those <= it
+    assert start < cut < newest
+    assert done[0]["csn"] == cut and float(done[0]["snapshot"]["barrier_ms"]) > 0
+    for gid, (csn, nodes) in witnessed.items():
+        if csn <= cut:
+            assert gid not in streamed, f"{gid} (csn {csn} <= {cut}) is in the snapshot and streamed too"
+        else:
+            assert streamed.get(gid) == nodes, f"{gid} (csn {csn}) is not streamed whole"
