@@ -80,7 +80,7 @@ from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, c
 from csnd.coordinator.gids import txn_name
 from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
 from csnd.coordinator.identity import TxnIdentities
-from csnd.coordinator.mergestate import Assembly, Key, MergeNode
+from csnd.coordinator.mergestate import Assembly, Key, MergeNode, bound_key, head_key
 from csnd.coordinator.txnevents import TxnEnd as TxnEnd
 from csnd.coordinator.txnevents import TxnEvent as TxnEvent
 from csnd.coordinator.txnevents import TxnJoiner
@@ -116,9 +116,6 @@ DEFAULT_RECENT_GIDS: Final = 65536
 # body text, for the byte count.
 _BATCH_OVERHEAD: Final = 200
 _CHANGE_OVERHEAD: Final = 100
-# Sort positions of bounds: above any cid (uint32) or batch id, and below any.
-_TOP: Final = 1 << 64
-_BELOW: Final = -1
 
 
 def _where(batch: NodeBatch) -> str:
@@ -179,7 +176,7 @@ class CsnMerge:
         self._by_name = {n.name: n for n in self._nodes}
         self._keys: Any = SortedList()
         for n in self._nodes:
-            n.key = self._bound(n)
+            n.key = bound_key(n)
             self._keys.add(n.key)
         self._names = names
         self._asm: Assembly | None = None
@@ -192,25 +189,6 @@ class CsnMerge:
         self._emitted = 0
 
     # -- keys ---------------------------------------------------------------------------------
-
-    @staticmethod
-    def _bound(n: MergeNode) -> Key | None:
-        """The smallest key anything node `n` may still send can have (its queue is empty)."""
-        if n.open:
-            return (n.last_csn, n.last_cid, _TOP, n.index)
-        if n.ended:
-            return None
-        return (max(n.watermark, n.last_csn) + 1, _BELOW, _BELOW, n.index)
-
-    @staticmethod
-    def _head(n: MergeNode) -> Key:
-        """The key of node `n`'s first waiting batch; a new (csn, cid) restarts the batch_id."""
-        b = n.queue[0][0]
-        if b.csn != n.bid_csn or b.cid != n.bid_cid:
-            n.bid_csn = b.csn
-            n.bid_cid = b.cid
-            n.bid = 0
-        return (b.csn, b.cid, n.bid, n.index)
 
     def _rekey(self, n: MergeNode, key: Key | None) -> None:
         if key == n.key:
@@ -278,7 +256,7 @@ class CsnMerge:
         n.last_csn, n.last_gid, n.last_xid, n.last_cid = csn, gid, xid, cid
         n.open = not batch.last_of_txn
         if len(q) == 1:
-            self._rekey(n, self._head(n))
+            self._rekey(n, head_key(n))
 
     def _check_new_txn(self, n: MergeNode, batch: NodeBatch) -> None:
         """The first batch of a node's transaction: its CSN must be new here and agree with other nodes."""
@@ -317,7 +295,7 @@ class CsnMerge:
             return
         n.watermark = csn
         if not n.queue:
-            self._rekey(n, self._bound(n))
+            self._rekey(n, bound_key(n))
 
     def node_ended(self, node: str) -> None:
         """`node` sends nothing more: it counts as watermark +infinity once its waiting batches are taken."""
@@ -362,8 +340,8 @@ class CsnMerge:
         out: list[TxnEvent] = []
         keys = self._keys
         nodes = self._nodes
-        head = self._head
-        bound = self._bound
+        head = head_key
+        bound = bound_key
         asm = self._asm
         while True:
             if not keys:
@@ -509,7 +487,7 @@ class CsnMerge:
                 assert (n.bid_csn, n.bid_cid) == (b0.csn, b0.cid), n.name
                 assert n.key == (b0.csn, b0.cid, n.bid, n.index), (n.name, n.key)
             else:
-                assert n.key == self._bound(n), (n.name, n.key)
+                assert n.key == bound_key(n), (n.name, n.key)
             if n.open:
                 assert n.watermark < n.last_csn, n.name
             prev: NodeBatch | None = None

@@ -3,18 +3,24 @@
 `MergeNode` is what the merge knows of one node: its waiting batches, the
 watermark it promised, the transaction its last batch belongs to, its batch
 id, and its one key in the merge's sorted container.  `Assembly` is the
-transaction whose batches are being taken, at one CSN.
+transaction whose batches are being taken, at one CSN.  `head_key` and
+`bound_key` are a node's key in the two states it can be in.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from csnd.coordinator.batch import NodeBatch
 from csnd.coordinator.txnevents import TxnStart
 from csnd.core.ids import Csn, Lsn, Xid
 
 Key = tuple[int, int, int, int]  # (csn, cid, batch_id, node index)
+
+# Sort positions of bounds: above any cid (uint32) or batch id, and below any.
+_TOP: Final = 1 << 64
+_BELOW: Final = -1
 
 
 class MergeNode:
@@ -75,3 +81,22 @@ class Assembly:
         self.commits = commits  # node index -> xid, commit lsn, commit time, end lsn
         self.start = start
         self.unfinished: set[int] = set()  # nodes whose last batch is not taken yet
+
+
+def bound_key(n: MergeNode) -> Key | None:
+    """The smallest key anything node `n` may still send can have (its queue is empty; None: it ended)."""
+    if n.open:
+        return (n.last_csn, n.last_cid, _TOP, n.index)
+    if n.ended:
+        return None
+    return (max(n.watermark, n.last_csn) + 1, _BELOW, _BELOW, n.index)
+
+
+def head_key(n: MergeNode) -> Key:
+    """The key of node `n`'s first waiting batch; a new (csn, cid) restarts the batch_id."""
+    b = n.queue[0][0]
+    if b.csn != n.bid_csn or b.cid != n.bid_cid:
+        n.bid_csn = b.csn
+        n.bid_cid = b.cid
+        n.bid = 0
+    return (b.csn, b.cid, n.bid, n.index)
