@@ -137,13 +137,12 @@ def test_a_synchronised_slot_is_followed_with_every_row_once(
     assert code == 0, err
 
 
-@pytest.mark.parametrize("hosts_as_parameters", [False, True], ids=["hosts-in-netloc", "hosts-as-parameters"])
 def test_a_slot_not_synchronised_stops_the_service_naming_node_and_slot(
-    pair: StandbyPair, tmp_path: Path, hosts_as_parameters: bool
+    pair: StandbyPair, tmp_path: Path
 ) -> None:
+    """(One URL form: how the hosts are given does not change what is missing on the new primary.)"""
     _setup(pair, failover=False)
-    pair.sync_new_slots(DB, ("witness",))
-    url = pair.multi_host_url(DB, hosts_as_parameters)
+    url = pair.multi_host_url(DB, hosts_as_parameters=True)
     source = f"dn1={url}&slot=csnd&publication=csnd_pub&create_slot=true"
     served = start_serve([source], str(tmp_path / "log"))
     writer = Writer(url)
