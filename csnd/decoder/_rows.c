@@ -19,7 +19,9 @@
  * quoted, for years 1-9999; its text form only at offset zero), 't'
  * timestamp (the same without the offset), 'd' date, 'u' uuid, 'x' bytea
  * (`\x` and lowercase hex), 'f' float8 (repr(); NaN and the infinities as
- * strings), 'J' jsonb (jsonb_out's text as it is, checked only at its ends,
+ * strings), 'F' float4 (its shortest decimal as float4out picks it, written
+ * as repr() of that double; where the choice is not plain, the builder's),
+ * 'J' jsonb (jsonb_out's text as it is, checked only at its ends,
  * as the twin does), 'S' a type whose text form is its JSON string (its
  * binary value through the column's builder), and '?' any other type: both
  * forms through the column's builders.  `keys` holds each column's
@@ -42,6 +44,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -448,6 +451,127 @@ put_float8(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
     return w < 0 ? -1 : 1;
 }
 
+/* The decimal float4out prints for positive finite `a` (values.float4_shortest, the twin, says
+   how it is chosen): the fewest significant digits strictly inside a's rounding interval, the
+   nearest of them.  At each length the correctly rounded decimal is the nearest; when it lies
+   inside it is the one.  Gives up (0) wherever the twin might choose otherwise: a candidate on a
+   bound as far as a double can tell, or only a neighbour of the rounded decimal inside.  1: *out
+   is the double of the chosen decimal. */
+static int
+float4_shortest(float a, double *out)
+{
+    uint32_t bits, b;
+    memcpy(&bits, &a, 4);
+    float below_f, above_f;
+    b = bits - 1;
+    memcpy(&below_f, &b, 4);
+    double x = a, below = below_f, above;
+    if (bits == 0x7F7FFFFF) {
+        above = x + (x - below);
+    } else {
+        b = bits + 1;
+        memcpy(&above_f, &b, 4);
+        above = above_f;
+    }
+    double lo = (x + below) / 2, hi = (x + above) / 2; /* (exact: float4 values in a double) */
+    for (int p = 0; p < 9; p++) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.*e", p, x);
+        char *e = strchr(buf, 'e');
+        if (e == NULL)
+            return 0;
+        int exp = atoi(e + 1);
+        long long rounded = 0;
+        for (char *c = buf; c < e; c++)
+            if (*c >= '0' && *c <= '9')
+                rounded = rounded * 10 + (*c - '0');
+        int inside[3];
+        double value[3];
+        for (int k = 0; k < 3; k++) {
+            char dec[64];
+            snprintf(dec, sizeof dec, "%llde%d", rounded - 1 + k, exp - p);
+            value[k] = PyOS_string_to_double(dec, NULL, NULL);
+            if (value[k] == -1.0 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (value[k] == lo || value[k] == hi)
+                return 0; /* (on a bound as far as a double tells: the twin decides exactly) */
+            inside[k] = lo < value[k] && value[k] < hi;
+        }
+        if (inside[1]) {
+            *out = value[1];
+            return 1;
+        }
+        if (inside[0] || inside[2])
+            return 0;
+    }
+    return 0;
+}
+
+/* A double as repr() writes it. */
+static int
+put_repr(Out *o, double x)
+{
+    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL)
+        return -1;
+    int w = out_put(o, r, (Py_ssize_t)strlen(r));
+    PyMem_Free(r);
+    return w < 0 ? -1 : 1;
+}
+
+/* float4: as the twin: a binary value through float4_shortest, then repr() of that double; its
+   text form read as a double (repr() of it), refused beyond float4's range. */
+static int
+put_float4(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
+{
+    if (kind == KIND_TEXT) {
+        if (n == 3 && memcmp(p, "NaN", 3) == 0)
+            return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
+        if (n == 8 && memcmp(p, "Infinity", 8) == 0)
+            return out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1;
+        if (n == 9 && memcmp(p, "-Infinity", 9) == 0)
+            return out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1;
+        char text[64];
+        if (n == 0 || n >= (Py_ssize_t)sizeof text)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char c = p[i];
+            if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
+                return 0;
+        }
+        memcpy(text, p, (size_t)n);
+        text[n] = 0;
+        char *end;
+        double x = PyOS_string_to_double(text, &end, NULL);
+        if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (end != text + n || !isfinite(x) || fabs(x) >= 3.4028235e38)
+            return 0; /* (at the edge of float4's range: the twin's pack decides) */
+        return put_repr(o, x);
+    }
+    if (n != 4)
+        return 0;
+    uint32_t bits = (uint32_t)be_signed(p, 4);
+    float f;
+    memcpy(&f, &bits, 4);
+    if (isnan(f))
+        return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
+    if (isinf(f))
+        return out_put(o, f > 0 ? "\"Infinity\"" : "\"-Infinity\"", f > 0 ? 10 : 11) < 0 ? -1 : 1;
+    double x = f; /* (0 and -0 as they are) */
+    if (f != 0) {
+        if (!float4_shortest(fabsf(f), &x))
+            return 0;
+        if (f < 0)
+            x = -x;
+    }
+    return put_repr(o, x);
+}
+
 static int
 is_digits(const unsigned char *p, Py_ssize_t n)
 {
@@ -574,6 +698,8 @@ put_value(Out *o, PyObject *quote, PyObject *pair, char code, int kind, const un
         return put_bytea(o, kind, p, n);
     case 'f':
         return put_float8(o, kind, p, n);
+    case 'F':
+        return put_float4(o, kind, p, n);
     case 'd':
         return put_date(o, quote, kind, p, n);
     case 't':

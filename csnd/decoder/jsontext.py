@@ -296,7 +296,7 @@ _COMPILED_TYPES: Final = {
     "int2": "h", "int4": "i", "int8": "q", "bool": "b",
     "text": "s", "varchar": "s", "bpchar": "s", "name": "s",
     "numeric": "N", "timestamptz": "T", "timestamp": "t", "date": "d", "uuid": "u",
-    "bytea": "x", "float8": "f", "jsonb": "J",
+    "bytea": "x", "float8": "f", "float4": "F", "jsonb": "J",
 }  # fmt: skip
 _COMPILED_CODES: Final[dict[tuple[BinaryJson, TextJson], str]] = {}
 for _name, _code in _COMPILED_TYPES.items():
