@@ -113,20 +113,19 @@ def through_the_pool(
     workers = [p.pid for p in pool._procs if p.pid is not None]
     workers_at_start = _cpu_s(workers)
     workers_us: float | None = None
-    pool.write_lines = True
     node = NodeSender("dn1", "single")
     reader_cpu: list[float] = []
     feed = pool._feed
 
-    def timed_feed(events: Any) -> None:
+    def timed_feed(events: Any, write_lines: bool, reports_pauses: bool) -> None:
         t0 = time.thread_time()
-        feed(events)
+        feed(events, write_lines, reports_pauses)
         reader_cpu.append(time.thread_time() - t0)
 
     pool._feed = timed_feed  # type: ignore[method-assign]
     released = 0
     t = time.process_time()
-    for lsn, item in pool.run(_events(frames)):
+    for lsn, item in pool.run(_events(frames), write_lines=True):
         if sender and not isinstance(item, BatchEnd):
             for txn in node.feed(lsn, item):
                 released += len(txn.written.csns) if txn.written is not None else 1

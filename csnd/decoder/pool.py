@@ -193,11 +193,6 @@ class DecoderPool:
         )
         self._reader_error: BaseException | None = None
         self._cut_drained: Callable[[], None] | None = None  # set by the reader thread's _feed
-        # Set before run() when the source calls `drained` at its pauses (a live node).
-        self.reports_pauses = False
-        # Set before run() by a lone node in single-node mode: whole transactions
-        # come back as `WholeTxns`, their lines written by the workers.
-        self.write_lines = False
         self._stop = threading.Event()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -208,10 +203,10 @@ class DecoderPool:
 
     # --- reader side (its own thread) ---------------------------------------------
 
-    def _feed(self, events: EventStream) -> None:
+    def _feed(self, events: EventStream, write_lines: bool, reports_pauses: bool) -> None:
         """The reader thread: `events` cut into batches (`decoder.feed`), then the end mark."""
         try:
-            feed = BatchFeed(self, self.n, self.batch_changes, self.write_lines, self.reports_pauses)
+            feed = BatchFeed(self, self.n, self.batch_changes, write_lines, reports_pauses)
             self._cut_drained = feed.cut_drained
             feed.run(events)
         except BaseException as e:  # (handed to the collector)
@@ -273,9 +268,21 @@ class DecoderPool:
 
     # --- collector side (the caller's thread) --------------------------------------
 
-    def run(self, events: EventStream) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
+    def run(
+        self, events: EventStream, *, write_lines: bool = False, reports_pauses: bool = False
+    ) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
+        """The decoded stream (see the class docstring); once per pool.
+
+        `write_lines` (a lone node in single-node mode): whole transactions
+        come back as `WholeTxns`, their lines written by the workers.
+        `reports_pauses`: the source calls `drained` at its pauses (a live
+        node), so a keepalive need not end a batch while the decoders are busy.
+        """
         feeder = threading.Thread(
-            target=self._feed, args=(events,), name=f"csnd-reader-{self.node}", daemon=True
+            target=self._feed,
+            args=(events, write_lines, reports_pauses),
+            name=f"csnd-reader-{self.node}",
+            daemon=True,
         )
         feeder.start()
         try:

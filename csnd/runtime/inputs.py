@@ -114,6 +114,7 @@ class NodePipeline:
         )
         self.out = Outbox(NODE_QUEUE_DEPTH)
         self.wakeup: threading.Event | None = None
+        self._write_lines = False  # (set by `start`)
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"csnd-node-{self.node}", daemon=True)
 
@@ -126,8 +127,7 @@ class NodePipeline:
         # Alone in single-node mode the decoders write whole transactions' lines.  (In
         # gtm mode a transaction's CSN comes from a marker the sender reads, so its
         # line is the coordinator's to write.)
-        if alone and self.mode == "single":
-            self.pool.write_lines = True
+        self._write_lines = alone and self.mode == "single"
         self.wakeup = wakeup
         self.thread.start()
 
@@ -187,8 +187,12 @@ class NodePipeline:
             until = slot.options.until_lsn if slot is not None else None
             if slot is not None:  # (a live node: a paused stream ends the batch)
                 slot.on_drained = self.pool.drained
-                self.pool.reports_pauses = True
-            for lsn, item in self.pool.run(self.source.events(raw_changes=True)):
+            decoded = self.pool.run(
+                self.source.events(raw_changes=True),
+                write_lines=self._write_lines,
+                reports_pauses=slot is not None,
+            )
+            for lsn, item in decoded:
                 if type(item) is DecodedRun:
                     feed(lsn, item)  # changes release nothing and move no watermark
                     continue

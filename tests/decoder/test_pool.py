@@ -198,7 +198,6 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
     events = _one_row_stream(tmp_path / "s.pgstream", (700, 701))
     first, second = events[:4], events[4:]  # (Relation, Begin, Insert, Commit) and the next transaction
     pool = DecoderPool("dn1", 2, binary=True)  # (a batch bound far above this stream)
-    pool.reports_pauses = pause != "keepalive"  # (then a keepalive cuts while the decoders are idle)
     resume = threading.Event()
     timed_out: list[bool] = []
 
@@ -213,7 +212,8 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
         yield from second
 
     commits = []
-    for _, item in pool.run(stream()):
+    # (without reported pauses a keepalive cuts while the decoders are idle)
+    for _, item in pool.run(stream(), reports_pauses=pause != "keepalive"):
         if isinstance(item, p.Commit):
             commits.append(item)
             resume.set()  # (the first commit came out while the stream was paused)

@@ -171,7 +171,6 @@ def _lines(
     with `txn_runs` (and `fold`), whole transactions come as `TxnRun`s of up to that many.
     """
     pool = DecoderPool("dn1", 2, binary=True, batch_changes=batch_changes)
-    pool.write_lines = write_lines
     sender = NodeSender("dn1", "single")
     order, whole = AloneOrder("dn1"), 0
     log = Changelog(str(changelog)) if changelog is not None else None
@@ -181,7 +180,7 @@ def _lines(
         events = _folded(events)
         if txn_runs:
             events = _batched(events, txn_runs)
-    for lsn, item in pool.run(events):
+    for lsn, item in pool.run(events, write_lines=write_lines):
         if isinstance(item, BatchEnd):
             continue
         whole += len(item) if type(item) is WholeTxns else 0
@@ -256,10 +255,9 @@ def test_a_whole_transaction_is_checked_as_one_taken_message_by_message(
     path = tmp_path / "s.pgstream"
     _write_stream(path, [(["i"], "")])
     pool = DecoderPool("dn1", 1, binary=True)
-    pool.write_lines = write_lines
     sender = NodeSender("dn1", "single")
     with pytest.raises(LsnOrderViolation, match="commits at 0/1808 but its Begin announced 0/1800"):
-        for lsn, item in pool.run(_spliced(path)):
+        for lsn, item in pool.run(_spliced(path), write_lines=write_lines):
             if not isinstance(item, BatchEnd):
                 sender.feed(lsn, item)
 
