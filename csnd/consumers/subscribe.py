@@ -130,11 +130,11 @@ def _seconds(text: str) -> float:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    from csnd.consumers.client import Changefeed
+    from csnd.consumers.client import ChangefeedClient
     from csnd.core.tokens import read_token_file
 
     token = read_token_file(args.token_file) if args.token_file else None
-    feed = Changefeed(
+    feed = ChangefeedClient(
         args.target,
         after_csn=args.from_csn,
         name=args.name,

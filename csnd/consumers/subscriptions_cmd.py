@@ -90,13 +90,13 @@ def add_subscriptions_parser(sub: Any) -> None:
 def operator_stub(args: argparse.Namespace, timeout: float) -> Iterator[tuple[Any, dict[str, Any], str]]:
     """(a Changefeed stub, the keyword arguments of its calls, the address) for an operator's command:
     `args.target`, `args.token_file` and `args.tls_ca` as `csnd subscriptions` and `csnd snapshot` take them."""
-    from csnd.consumers.client import _channel, _metadata, parse_target
+    from csnd.consumers.connection import call_metadata, open_channel, parse_target
     from csnd.core.tokens import read_token_file
     from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 
     address = parse_target(args.target)
-    md = _metadata(read_token_file(args.token_file) if args.token_file else None)
-    channel = _channel(address, args.tls_ca)
+    md = call_metadata(read_token_file(args.token_file) if args.token_file else None)
+    channel = open_channel(address, args.tls_ca)
     try:
         yield (
             pb_grpc.ChangefeedStub(channel),
@@ -135,7 +135,7 @@ def cmd_subscriptions(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         except grpc.RpcError as e:
-            raise call_error(e, address, args.action, getattr(args, "name", None)) from None
+            raise call_error(e, address, args.action, vars(args).get("name")) from None
     return 0
 
 
@@ -183,7 +183,7 @@ def rpc_error(
     unimplemented the same for every command; `by_code` the command's own codes, given the details."""
     import grpc
 
-    from csnd.consumers.client import NOTHING_THERE, why_unreachable
+    from csnd.consumers.connection import NOTHING_THERE, rpc_code, why_unreachable
     from csnd.core.errors import (
         ChangefeedError,
         ChangefeedRejected,
@@ -191,8 +191,8 @@ def rpc_error(
         ChangefeedUnavailable,
     )
 
-    code = e.code() if hasattr(e, "code") else None
-    text = str(e.details() if hasattr(e, "details") else e).strip()
+    code = rpc_code(e)
+    text = str(e.details() if isinstance(e, grpc.Call) else e).strip()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         why = why_unreachable(address)
         if why == NOTHING_THERE:

@@ -19,6 +19,7 @@ import pytest
 
 from csnd.changelog import Changelog
 from csnd.consumers.client import Changefeed, LargeLine, fetch
+from csnd.consumers.delivery import Delivery
 from csnd.core.errors import ChangefeedError
 from csnd.service import FeedSettings, RunningServer
 from tests.service.feedkit import change, serve
@@ -196,19 +197,14 @@ def test_a_backlog_of_small_lines_is_taken_in_runs(tmp_path: object) -> None:
             srv.stop()
 
 
-def test_lines_taken_in_runs_out_of_order_are_refused_naming_both(tmp_path: object) -> None:
-    with Changelog(os.path.join(str(tmp_path), "log")) as log:
-        srv = serve(log)
-        try:
-            with Changefeed(srv.address) as feed:
-                feed.last_csn = 3
-                feed._pending.extend([(5, b"five"), (4, b"four")])  # (as a faulty service would send them)
-                with pytest.raises(ChangefeedError, match="sent csn 4 after csn 5; reconnect to recover"):
-                    feed.take_ready(10)
-                feed._pending.clear()
-                feed.last_csn = 9
-                feed._pending.extend([(9, b"nine")])
-                with pytest.raises(ChangefeedError, match="sent csn 9 after csn 9"):
-                    feed.take_ready(10)
-        finally:
-            srv.stop()
+def test_lines_taken_in_runs_out_of_order_are_refused_naming_both() -> None:
+    """(the client's Delivery, which `take_ready` hands its runs out of)"""
+    delivery = Delivery("127.0.0.1:7000", 3)
+    delivery.pending.extend([(5, b"five"), (4, b"four")])  # (as a faulty service would send them)
+    with pytest.raises(ChangefeedError, match="sent csn 4 after csn 5; reconnect to recover"):
+        delivery.take_ready(10)
+    delivery.pending.clear()
+    delivery.last_csn = 9
+    delivery.pending.extend([(9, b"nine")])
+    with pytest.raises(ChangefeedError, match="sent csn 9 after csn 9"):
+        delivery.take_ready(10)

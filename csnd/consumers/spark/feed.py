@@ -28,7 +28,8 @@ from typing import Final
 import grpc
 import pyarrow as pa
 
-from csnd.consumers.client import CHANNEL_OPTIONS, WholeLines, permanent_error, wait_reachable
+from csnd.consumers.connection import CHANNEL_OPTIONS, permanent_error, wait_reachable
+from csnd.consumers.lines import WholeLines
 from csnd.consumers.spark.columns import keep_tables, not_source_rows, source_rows, with_source_flags
 from csnd.consumers.spark.options import SourceOptions
 from csnd.core.errors import ChangefeedError, ChangefeedUnavailable, ConfigError
@@ -83,7 +84,7 @@ def _failed(opts: SourceOptions, what: str, e: grpc.RpcError) -> Exception:
     err = permanent_error(e, opts.target)
     if err is not None:
         return type(err)(f"csnd source: {what}: {err}")
-    details = e.details() if hasattr(e, "details") else str(e)
+    details = e.details() if isinstance(e, grpc.Call) else str(e)
     return ChangefeedUnavailable(
         f"csnd source: {what} at {opts.target} failed ({details}); check that csnd serve is running there"
     )
