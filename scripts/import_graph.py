@@ -21,11 +21,13 @@ unit that no longer exists.  The layering it keeps:
     consumers               core and proto: a consumer reaches the service only
                             over the wire, never its code or the stages (Spark
                             executors import it)
-    snapshot                core, the stages that render its rows, the changelog
+    snapshot                core, the stages that render its rows, the changelog;
+                            gtm, through which a GTM-mode watermark commits
     runtime                 wires the stages together: core, proto and the stages;
                             never the service, the command line, the demo or testing
     service                 core, proto, the stages, the changelog, runtime and snapshot;
-                            the consumers' row schema too (its Parquet export)
+                            the consumers' row schema too (its Parquet export); gtm
+                            (the commit barrier of a GTM-mode snapshot)
     testing                 core and what it writes recordings with (reader, gtm);
                             imported by tests, the demo and bench only
     demo                    core, gtm and testing (it starts its servers)
@@ -55,10 +57,10 @@ ALLOWED: dict[str, set[str]] = {
     "changelog": {"core", "coordinator"},
     "gtm": {"core", "reader"},
     "consumers": {"core", "proto"},
-    "snapshot": {"core", "reader", "decoder", "coordinator", "changelog"},
+    "snapshot": {"core", "reader", "decoder", "coordinator", "changelog", "gtm"},
     "runtime": STAGES_UP_TO_SENDER | {"coordinator", "proto"},
     "service": STAGES_UP_TO_SENDER
-    | {"coordinator", "changelog", "proto", "runtime", "snapshot", "consumers"},
+    | {"coordinator", "changelog", "proto", "runtime", "snapshot", "consumers", "gtm"},
     "testing": {"core", "reader", "gtm"},
     "demo": {"core", "gtm", "testing"},
     "cli": {"core", "reader", "decoder", "gtm", "consumers", "runtime", "service", "demo"},

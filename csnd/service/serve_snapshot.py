@@ -167,6 +167,7 @@ def open_incremental(
             source.mode,
             source.enum_types,
             when_needed=entry.config.live.snapshot == "when_needed",
+            gtm=config.gtm if source.mode == "gtm" else None,
         )
     if not nodes:
         return None

@@ -17,7 +17,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Final
+import uuid
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 
@@ -29,6 +30,9 @@ from csnd.snapshot.lines import read_body
 from csnd.snapshot.plan import Chunk, TableInfo, chunk_copy_sql, next_bound_sql
 from csnd.snapshot.watermark import PREFIX, UNPLACED_LSN, ReadSnapshot, Window, Windows
 from csnd.snapshot.watermark import Chunk as WindowChunk
+
+if TYPE_CHECKING:
+    from csnd.gtm.pggtm import PgGtm
 
 log = logging.getLogger("csnd.snapshot")
 
@@ -69,10 +73,10 @@ def table_info(access: NodeAccess, schema: str, table: str, *, must: bool) -> Ta
     """
     from csnd.snapshot.copier import read_tables
 
-    if access.mode != "single":
+    if access.mode != "single" and not access.gtm:
         raise ValueError(
-            f"node {access.node} runs in {access.mode} mode: an incremental snapshot's watermark would "
-            "need a CSN from the GTM, which the service does not reach (take an initial snapshot instead)"
+            f"node {access.node} runs in {access.mode} mode: an incremental snapshot's watermark needs a CSN "
+            "from the GTM; name the GTM's server with csnd serve --gtm URL"
         )
     try:
         with psycopg.connect(access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
@@ -104,6 +108,7 @@ class ChunkReader:
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._cache: Any = None
         self._row_bytes = 0.0  # rendered bytes a row, as the chunks so far had them (0: none yet)
+        self._gtm: PgGtm | None = None  # GTM mode: the session the watermarks take their CSNs through
 
     def error(self, message: str) -> SnapshotError:
         return SnapshotError(message, node=self.access.node, table=self.info.label)
@@ -118,6 +123,10 @@ class ChunkReader:
     def close(self) -> None:
         """Close the connection (from any thread: a query in progress is cancelled first)."""
         conn, self._conn = self._conn, None
+        gtm, self._gtm = self._gtm, None
+        if gtm is not None:
+            with contextlib.suppress(Exception):
+                gtm.close()
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.cancel_safe(timeout=2.0)
@@ -230,6 +239,11 @@ class ChunkReader:
         """The high watermark: its xid armed in the window before it commits, so the sink cannot miss it."""
         conn = self._connection()
         content = json.dumps({"job": job, "chunk": number})
+        if self.access.mode == "gtm":
+            self._emit_global(
+                conn, windows, window, chunk, snapshot, content, f"csnd-snapshot-{job}-{number}"
+            )
+            return
         try:
             with conn.transaction():
                 # (its commit need not wait for a synchronous standby: only this node's decoding reads it)
@@ -241,6 +255,51 @@ class ChunkReader:
             raise
         except psycopg.Error as e:
             raise self.error(f"cannot write the watermark of chunk {number}: {one_line(str(e))}") from None
+
+    def _emit_global(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        windows: Windows,
+        window: Window,
+        chunk: WindowChunk,
+        snapshot: ReadSnapshot,
+        content: str,
+        name: str,
+    ) -> None:
+        """GTM mode: the watermark commits as a global transaction of this one node, at a CSN of the GTM.
+
+        Its CSN is taken after the chunk's snapshot, so it is above every
+        transaction the chunk sees (they took theirs before they committed),
+        which is what the watermark rule asks of it (`csnd.snapshot.watermark`).
+        """
+        from csnd.core.errors import GlobalCommitError
+        from csnd.gtm.writer import GlobalTransaction
+
+        node = self.access.node
+        # (a gid of its own each try: one that failed may still be in the GTM's commit log)
+        t = GlobalTransaction(self._gtm_session(), {node: conn}, gid=f"{name}-{uuid.uuid4().hex[:8]}")
+        try:
+            xid = int(str(t.execute(node, "SELECT txid_current()").fetchone()[0]))  # type: ignore[index]
+            windows.arm(window, xid, chunk, snapshot)
+            t.execute(node, "SELECT pg_logical_emit_message(true, %s, %s)", (PREFIX, content))
+            t.commit()
+        except psycopg.OperationalError:
+            raise
+        except (psycopg.Error, GlobalCommitError) as e:
+            if t.state == "active":
+                with contextlib.suppress(Exception):
+                    t.rollback()
+            raise self.error(
+                f"cannot commit the watermark of {name} through the GTM: {one_line(str(e))}"
+            ) from None
+
+    def _gtm_session(self) -> PgGtm:
+        if self._gtm is None:
+            from csnd.gtm.pggtm import PgGtm
+
+            assert self.access.gtm is not None
+            self._gtm = PgGtm(self.access.gtm, connect_timeout=CONNECT_TIMEOUT_S)
+        return self._gtm
 
 
 # Backends whose commit is flushed (so decoded and maybe appended) but not yet visible: waiting for a

@@ -23,9 +23,9 @@ The parts: `jobstore` (the jobs as stored), `chunkreader` (a table's chunks
 and watermarks on its node), `newtables` (when_needed publications looked
 at), `watermark` (the DBLog rule); this module runs the jobs on one thread.
 
-Only single-mode live sources the service reads itself: in GTM mode the
-watermark's transaction would need a CSN from the GTM, which the service
-does not reach.  A table needs a primary key (rows are told apart by it)
+Live sources the service reads itself; in GTM mode only with the GTM named
+(`csnd serve --gtm`): each watermark then commits as a global transaction
+of its node, at a CSN of the GTM (`chunkreader.ChunkReader`).  A table needs a primary key (rows are told apart by it)
 and a replica identity that names it on deletes (DEFAULT, FULL, or USING
 INDEX of the primary key).
 """

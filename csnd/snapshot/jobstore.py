@@ -35,6 +35,8 @@ class NodeAccess:
     enums: Callable[[], list[tuple[int, int]]]
     # snapshot=when_needed: a table that joins the publication later is snapshotted by itself
     when_needed: bool = False
+    # GTM mode: the shared GTM's server (--gtm), whose CSNs the watermarks take (None: not named)
+    gtm: str | None = None
 
 
 @dataclass
