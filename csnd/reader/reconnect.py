@@ -70,7 +70,8 @@ PERMANENT_SQLSTATES: Final = frozenset(
 # text); these server messages are the permanent ones.
 PERMANENT_CONNECT_TEXTS: Final = (
     "does not exist",  # database "x" / role "x"
-    "must be superuser or replication role",
+    "must be superuser or replication role",  # PostgreSQL 15
+    "permission denied to start wal sender",  # 16 and later
     "password authentication failed",
     "no pg_hba.conf entry",
     "authentication failed",
@@ -151,7 +152,7 @@ def _hba_hint(text: str) -> str:
 def connect_hint(text: str) -> str:
     """What to do about a failed connection, from libpq's text ('' when nothing useful can be said)."""
     t = text.lower()
-    if "must be superuser or replication role" in t:
+    if "must be superuser or replication role" in t or "permission denied to start wal sender" in t:
         return "give the role the REPLICATION attribute (ALTER ROLE name REPLICATION)"
     if "database" in t and "does not exist" in t:
         return "check the database name in the URL"
