@@ -170,7 +170,7 @@ def record(
         header.extra["enums"] = [list(e) for e in source.enum_types()]
     header.extra["types"] = [list(t) for t in source.user_types()]
     txns = 0
-    durable_candidate = source.confirmed_lsn
+    durable_candidate: int = source.confirmed_lsn
     append_at = 0
     chain: dict[str, int] = {}  # (appending: the file's format and CRC chain)
     first: list[Item] = []

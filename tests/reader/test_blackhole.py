@@ -92,11 +92,11 @@ def test_keepalive_options_go_to_libpq_unless_the_url_sets_them(pg: PgDatabase) 
     src = LiveSource(
         "dn1", LiveOptions(f"{pg.url}?keepalives_idle=42", "csnd", "csnd_pub", receive_timeout_s=7.0)
     )
-    pgconn = src._connect()
+    pgconn = src.link.open(started=False)
     try:
         info = {o.keyword.decode(): (o.val or b"").decode() for o in pgconn.info}
     finally:
-        src._drop_conn()
+        src.link.drop()
     assert info["keepalives"] == "1"
     assert info["keepalives_idle"] == "42"
     assert info["keepalives_interval"] == "5" and info["keepalives_count"] == "3"

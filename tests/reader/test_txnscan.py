@@ -13,7 +13,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from csnd.core.ids import Lsn, lsn_from_str
-from csnd.reader import live as live_module
+from csnd.reader import copyloop as copyloop_module
 from csnd.reader import txnscan
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.pgoutput import (
@@ -304,7 +304,7 @@ class PausingConn:
 
 
 class _SpinCheck:
-    """The loop's `_closed`: asked once a round, it fails a loop that goes round without reading."""
+    """The loop's close flag (`link.closed`): asked once a round, it fails a loop that goes round without reading."""
 
     def __init__(self, conn: PausingConn) -> None:
         self.conn, self.reads, self.rounds = conn, -1, 0
@@ -322,11 +322,11 @@ def _changes_in_order(
 ) -> list[tuple[str, int]]:
     """Every event the copy loop yields, flattened to (what, LSN): whole transactions and runs opened."""
     source = LiveSource("dn1", LiveOptions("", "s", "p", until_lsn=None if until is None else Lsn(until)))
-    source._wait = lambda *a, **k: True  # type: ignore[method-assign]
-    source._consume = lambda pgconn: None  # type: ignore[method-assign]
-    source._send_status = lambda *a, **k: None  # type: ignore[method-assign]
+    source.link.wait = lambda *a, **k: True  # type: ignore[method-assign]
+    source.link.consume = lambda *a, **k: None  # type: ignore[method-assign]
+    source.feedback.send_status = lambda *a, **k: None  # type: ignore[method-assign]
     conn = PausingConn(frames, pauses)
-    source._closed = _SpinCheck(conn)  # type: ignore[assignment]
+    source.link.closed = _SpinCheck(conn)  # type: ignore[assignment]
     out: list[tuple[str, int]] = []
     try:
         for lsn, msg, _ in source._copy_loop(conn, runs=runs):  # type: ignore[arg-type]
@@ -449,7 +449,7 @@ def test_the_live_reader_reads_the_same_through_libpq_as_through_psycopg(
         conn.execute("TRUNCATE scan_ab")
     end = pg.current_lsn()
     direct, direct_batches = _read_live(pg, "direct", end)
-    monkeypatch.setattr(live_module, "copy_reader", lambda pgconn: pgconn.get_copy_data)
+    monkeypatch.setattr(copyloop_module, "copy_reader", lambda pgconn: pgconn.get_copy_data)
     plain, plain_batches = _read_live(pg, "through_psycopg", end)
     assert direct == plain
     assert direct_batches > 0 and plain_batches > 0  # (the compiled loop took batches both ways)
