@@ -50,9 +50,9 @@ RESTART_FIRST_S: Final = 0.5
 RESTART_MAX_S: Final = 30.0
 RESTART_LIMIT: Final = 5
 RESTART_WINDOW_S: Final = 300.0
-# How often the changelog is synced and the slots confirmed.  Every round of the
-# merge with something new is one group commit; this bounds how long a round's
-# transactions wait for it (the commit-to-consumer latency).
+# How often the slots are confirmed (as far as finished syncs cover).  The
+# changelog's group commit does not wait for it: the merger asks for a sync as
+# soon as a round appended something and none is under way.
 DURABLE_INTERVAL_S: Final = 0.005
 
 # Errors a fresh pipeline may well not meet again.
