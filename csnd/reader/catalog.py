@@ -56,12 +56,31 @@ def slot_position(node: str, conninfo: str, slot: str) -> Lsn:
 
 
 def advance_slot(node: str, conninfo: str, slot: str, lsn: Lsn, timeout_s: float) -> None:
-    """pg_replication_slot_advance(slot, lsn), waiting up to `timeout_s` for a walsender to let go of it."""
+    """Move `slot` forward to `lsn`, waiting up to `timeout_s` for a walsender to let go of it.
+
+    Only forward: a slot made by this run (`--create-slot`) starts at the
+    server's position then, which may be past the run's end (`--until-lsn`);
+    confirming that end leaves the slot where it is, where PostgreSQL would
+    refuse to move it back ("cannot advance replication slot to ..., minimum is ...").
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, lsn_to_str(lsn)))
+                row = conn.execute(
+                    "SELECT confirmed_flush_lsn < %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                    (lsn_to_str(lsn), slot),
+                ).fetchone()
+                if row is None:
+                    raise SourceError(
+                        f"cannot confirm {lsn_to_str(lsn)} to slot {slot}: the slot no longer exists",
+                        node=node,
+                        lsn=lsn,
+                    )
+                if row[0]:
+                    conn.execute(
+                        "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, lsn_to_str(lsn))
+                    )
             return
         except psycopg.errors.ObjectInUse:
             if time.monotonic() >= deadline:
