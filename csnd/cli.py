@@ -107,6 +107,12 @@ def _add_live_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--publication", help="publication the slot streams")
     g.add_argument("--create-slot", action="store_true", help="create the slot if it does not exist")
     g.add_argument(
+        "--failover-slot",
+        action="store_true",
+        help="with --create-slot: make it a failover slot, which standbys with sync_replication_slots "
+        "keep a copy of, so a promoted standby can be followed (PostgreSQL 17+; docs/failover.md)",
+    )
+    g.add_argument(
         "--until-lsn",
         metavar="LSN",
         type=_lsn,
@@ -392,6 +398,7 @@ def live_config(args: argparse.Namespace) -> LiveSourceConfig:
         slot=args.slot,
         publication=args.publication,
         create_slot=args.create_slot,
+        failover_slot=args.failover_slot,
         until_lsn=parse_lsn_arg(args.until_lsn) if args.until_lsn else None,
         binary=not args.text,
         mode=args.mode,

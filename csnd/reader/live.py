@@ -95,6 +95,7 @@ class LiveOptions:
     slot: str
     publication: str
     create_slot: bool = False
+    failover_slot: bool = False  # make it a failover slot (reader.slotmaking)
     until_lsn: Lsn | None = None
     binary: bool = True
     streaming: bool = True

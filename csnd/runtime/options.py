@@ -44,6 +44,8 @@ class LiveSourceConfig:
     slot: str | None = None
     publication: str | None = None
     create_slot: bool = False
+    # a slot made by create_slot is a failover slot (PostgreSQL 17+; docs/failover.md)
+    failover_slot: bool = False
     until_lsn: Lsn | None = None  # end at the first transaction boundary at or after it
     binary: bool = True
     mode: Mode = "single"
@@ -77,6 +79,7 @@ class LiveSourceConfig:
             slot=self.slot,
             publication=self.publication,
             create_slot=self.create_slot,
+            failover_slot=self.failover_slot,
             until_lsn=self.until_lsn,
             binary=self.binary,
             reconnect_give_up_s=self.give_up_s,

@@ -40,7 +40,8 @@ Secure over TLS; scripts send 'Authorization: Bearer <token>'.
 
 Per-source live settings ride on the URL:
   dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
-(parameters slot, publication, mode, until_lsn, create_slot, text, snapshot, receive_timeout); the
+(parameters slot, publication, mode, until_lsn, create_slot, failover_slot, text, snapshot,
+receive_timeout); the
 --slot/--publication/... flags are the default for every source. --config
 FILE holds the same settings as TOML (docs/service.md).
 """
@@ -195,6 +196,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
     g.add_argument("--slot", help="logical replication slot (pgoutput)")
     g.add_argument("--publication", help="publication the slot streams")
     g.add_argument("--create-slot", action="store_const", const=True, help="create the slot if missing")
+    g.add_argument(
+        "--failover-slot",
+        action="store_const",
+        const=True,
+        help="a slot --create-slot makes is a failover slot, followed after a promotion "
+        "(PostgreSQL 17+; docs/failover.md)",
+    )
     g.add_argument(
         "--until-lsn", type=flag_type(settings.LSN), metavar="LSN", help="end the source at this LSN"
     )

@@ -252,6 +252,7 @@ SETTINGS: Final = (
     Setting("slot", TEXT, "SLOT", live=True),
     Setting("publication", TEXT, "PUBLICATION", live=True),
     Setting("create_slot", BOOLEAN, "true|false", live=True),
+    Setting("failover_slot", BOOLEAN, "true|false", live=True),
     Setting("until_lsn", LSN, "LSN", live=True),
     Setting("text", BOOLEAN, "true|false", live=True),
     Setting("mode", MODE, "single|gtm", live=True),
