@@ -208,7 +208,8 @@ def lost_slot(
     """
     t = f"{text} {detail}".lower()
     if any(s in t for s in _INVALIDATED_TEXTS):
-        how = "was invalidated by the server (its WAL exceeded max_slot_wal_keep_size and was removed)"
+        reason = _INVALIDATION_CAUSE.search(detail)
+        how = invalidated_how(reason.group(1) if reason else None)
     elif started and sqlstate == "42704" and "replication slot" in t and "does not exist" in t:
         how = (
             "was dropped on the server, or the server reached now is a promoted standby without a "
@@ -218,6 +219,26 @@ def lost_slot(
     else:
         return None
     return slot_lost_error(node, slot, how, text, confirmed_lsn)
+
+
+# PostgreSQL 17+ says why in the DETAIL: "This replication slot has been invalidated due to "idle_timeout"."
+_INVALIDATION_CAUSE: Final = re.compile(r'invalidated due to "([a-z_]+)"')
+# pg_replication_slots.invalidation_reason (PostgreSQL 17+), each with the setting or event behind it.
+# Before 17 a logical slot on a primary is invalidated only for its WAL: `wal_removed`.
+INVALIDATION_CAUSES: Final = {
+    "wal_removed": "its WAL exceeded max_slot_wal_keep_size and was removed",
+    "idle_timeout": "it was inactive longer than idle_replication_slot_timeout",
+    "rows_removed": "the primary removed rows it still needed (a standby's slot conflicting with vacuum)",
+    "wal_level_insufficient": "wal_level on the primary is no longer logical",
+}
+
+
+def invalidated_how(reason: str | None) -> str:
+    """What a slot invalidated for `reason` (pg_replication_slots.invalidation_reason; None: unknown,
+    before PostgreSQL 17) went through, for `slot_lost_error`."""
+    cause = INVALIDATION_CAUSES.get(reason or "wal_removed", "")
+    named = f"invalidation_reason {reason}: " if reason else ""
+    return f"was invalidated by the server ({named}{cause or 'a cause csnd does not know'})"
 
 
 def slot_lost_error(node: str, slot: str, how: str, server_text: str, confirmed_lsn: int) -> SlotLost:

@@ -23,8 +23,8 @@ from psycopg import pq
 from csnd.core.errors import ConnectionLost, SourceError
 from csnd.core.ids import Lsn, lsn_from_str
 from csnd.reader.feedback import now_pg_us
+from csnd.reader.reconnect import invalidated_how, slot_lost_error
 from csnd.reader.replconn import ReplicationConnection, quote_ident, quote_literal
-from csnd.reader.slotmaking import create_slot_command, failover_refusal, waiting_notice
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveOptions
@@ -81,12 +81,14 @@ class SourceCheck:
         res = self.link.exec(
             pgconn,
             "SELECT current_setting('wal_level'), current_database(), s.plugin, s.database, "
-            f"EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {quote_literal(o.publication)}) "
+            f"EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {quote_literal(o.publication)}), "
+            # (invalidation_reason came with PostgreSQL 17: read through to_jsonb, NULL before)
+            "s.wal_status, to_jsonb(s) ->> 'invalidation_reason', s.confirmed_flush_lsn "
             "FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots AS s "
             f"ON s.slot_name = {quote_literal(o.slot)}",
         )
-        wal_level, db, plugin, slot_db, has_pub = (
-            (v or b"").decode() for v in (res.get_value(0, i) for i in range(5))
+        wal_level, db, plugin, slot_db, has_pub, wal_status, invalidated, confirmed = (
+            (v or b"").decode() for v in (res.get_value(0, i) for i in range(8))
         )
         if wal_level != "logical":
             raise SourceError(
@@ -121,6 +123,15 @@ class SourceCheck:
                 "name a pgoutput slot (or a new one with --create-slot)",
                 node=self.node,
             )
+        elif invalidated or wal_status == "lost":
+            # (START_REPLICATION would refuse it too, but says neither why nor from where)
+            raise slot_lost_error(
+                self.node,
+                o.slot,
+                invalidated_how(invalidated or None),
+                "",
+                lsn_from_str(confirmed) if confirmed else self.options.start_lsn,
+            )
         elif slot_db != db:
             raise SourceError(
                 f"replication slot {o.slot} belongs to database {slot_db}, not {db}: "
@@ -152,13 +163,8 @@ class SourceCheck:
         """
         slot = self.options.slot
         link = self.link
-        # (a standby waits on the primary's running-xacts record: its progress line says so)
-        in_recovery = (link.exec(pgconn, "SELECT pg_is_in_recovery()").get_value(0, 0) or b"") == b"t"
-        if self.options.failover_slot:
-            refusal = failover_refusal(slot, pgconn.server_version, in_recovery)
-            if refusal:
-                raise SourceError(refusal, node=self.node)
-        sql = create_slot_command(quote_ident(slot), export, self.options.failover_slot)
+        how = "(SNAPSHOT 'export')" if export else "NOEXPORT_SNAPSHOT"
+        sql = f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput {how}"
         pgconn.send_query(sql.encode())
         notice_at = time.monotonic() + SLOT_CREATE_NOTICE_S
         try:
@@ -167,7 +173,12 @@ class SourceCheck:
                     link.consume(pgconn, self.options.start_lsn)
                 elif notice_at and time.monotonic() >= notice_at:
                     notice_at = 0.0
-                    log.warning(waiting_notice(in_recovery), self.node, slot)
+                    log.warning(
+                        "node %s: slot %s waits for the transactions running on the server to end "
+                        "(its consistent point)",
+                        self.node,
+                        slot,
+                    )
         except BaseException:
             with contextlib.suppress(Exception):
                 pgconn.get_cancel().cancel()

@@ -141,3 +141,23 @@ def test_the_pg_hba_hint_asks_for_a_line_of_the_database() -> None:
     assert "the replication keyword does not match logical replication" in hint, hint
     password = connect_hint('FATAL:  password authentication failed for user "csnd"')
     assert "password" in password and "the replication keyword does not match" in password
+
+
+def test_an_invalidated_slot_is_named_with_the_server_s_reason() -> None:
+    """PostgreSQL 17+ says why in the DETAIL: the error names that reason and its setting, not another."""
+    text = 'can no longer access replication slot "s1"'  # (18's words at START_REPLICATION)
+    for reason, setting in (
+        ("idle_timeout", "idle_replication_slot_timeout"),
+        ("wal_removed", "max_slot_wal_keep_size"),
+        ("wal_level_insufficient", "wal_level"),
+    ):
+        detail = f'This replication slot has been invalidated due to "{reason}".'
+        lost = _lost("55000", text, detail)
+        assert lost is not None and "s1 was invalidated" in str(lost), lost
+        assert f"invalidation_reason {reason}" in str(lost) and setting in str(lost), lost
+        assert "after 0/1505F10 cannot be delivered" in str(lost)
+    idle = _lost("55000", text, 'This replication slot has been invalidated due to "idle_timeout".')
+    assert "max_slot_wal_keep_size" not in str(idle)
+    # a reason this release does not know: said as the server said it
+    odd = _lost("55000", text, 'This replication slot has been invalidated due to "something_new".')
+    assert "invalidation_reason something_new" in str(odd)
