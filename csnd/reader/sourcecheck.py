@@ -25,6 +25,7 @@ from csnd.core.ids import Lsn, lsn_from_str
 from csnd.reader.feedback import now_pg_us
 from csnd.reader.reconnect import invalidated_how, slot_lost_error
 from csnd.reader.replconn import ReplicationConnection, quote_ident, quote_literal
+from csnd.reader.slotmaking import create_slot_command, failover_refusal, waiting_notice
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveOptions
@@ -163,8 +164,13 @@ class SourceCheck:
         """
         slot = self.options.slot
         link = self.link
-        how = "(SNAPSHOT 'export')" if export else "NOEXPORT_SNAPSHOT"
-        sql = f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput {how}"
+        # (a standby waits on the primary's running-xacts record: its progress line says so)
+        in_recovery = (link.exec(pgconn, "SELECT pg_is_in_recovery()").get_value(0, 0) or b"") == b"t"
+        if self.options.failover_slot:
+            refusal = failover_refusal(slot, pgconn.server_version, in_recovery)
+            if refusal:
+                raise SourceError(refusal, node=self.node)
+        sql = create_slot_command(quote_ident(slot), export, self.options.failover_slot)
         pgconn.send_query(sql.encode())
         notice_at = time.monotonic() + SLOT_CREATE_NOTICE_S
         try:
@@ -173,12 +179,7 @@ class SourceCheck:
                     link.consume(pgconn, self.options.start_lsn)
                 elif notice_at and time.monotonic() >= notice_at:
                     notice_at = 0.0
-                    log.warning(
-                        "node %s: slot %s waits for the transactions running on the server to end "
-                        "(its consistent point)",
-                        self.node,
-                        slot,
-                    )
+                    log.warning(waiting_notice(in_recovery), self.node, slot)
         except BaseException:
             with contextlib.suppress(Exception):
                 pgconn.get_cancel().cancel()
