@@ -54,7 +54,7 @@ from csnd.core.errors import ConnectionLost, SourceError
 from csnd.core.ids import INVALID_LSN, Lsn, lsn_from_str, lsn_to_str
 from csnd.reader import catalog
 from csnd.reader.copyloop import RECEIVE_TIMEOUT_S, CopyLoop
-from csnd.reader.events import Event
+from csnd.reader.events import EventStream
 from csnd.reader.feedback import STATUS_INTERVAL_S, Feedback
 from csnd.reader.reconnect import RECONNECT_GIVE_UP_S, Backoff, one_line
 from csnd.reader.replconn import (
@@ -252,7 +252,7 @@ class LiveSource:
 
     # --- the stream -----------------------------------------------------------------
 
-    def events(self, raw_changes: bool = False) -> Iterator[Event]:
+    def events(self, raw_changes: bool = False) -> EventStream:
         """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`.
 
         Every change comes parsed whatever `raw_changes` says: the resume
