@@ -80,9 +80,11 @@ class Held:
     """The barrier while it holds: its CSN; once released, how long writers were held."""
 
     csn: Csn
-    lock_wait_s: float = 0.0  # waiting for commits taking a CSN at that moment to end
+    lock_wait_s: float = 0.0  # the lock asked for until held (commits taking a CSN then end first)
     drain_s: float = 0.0  # the commits with a CSN finishing on every node
-    held_s: float = 0.0  # from the lock to its release: what a writer's commit may have waited
+    # from asking for the lock to its release: what a writer's commit may have waited (a nextval
+    # asked for after the barrier's lock request queues behind it)
+    held_s: float = 0.0
     drained: list[str] = field(default_factory=list)  # gids waited for
 
 
@@ -139,7 +141,7 @@ class CommitBarrier:
                 with contextlib.suppress(psycopg.Error):  # (closing the connection below releases it too)
                     gtm.execute("ROLLBACK")
                 if held is not None:
-                    held.held_s = time.monotonic() - locked
+                    held.held_s = time.monotonic() - asked
         finally:
             gtm.close()
             for conn in conns.values():

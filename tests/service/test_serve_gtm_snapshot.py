@@ -33,15 +33,23 @@ from tests.service.test_serve_cluster import _node_tables, _replay_tables
 def cluster() -> Iterator[LocalCluster]:
     with start_cluster(3) as c:
         setup(LoadOptions(nodes=c.urls(), gtm=c.gtm_url, publication="csnd_pub"))
+        with psycopg.connect(c.gtm_url, autocommit=True) as conn:  # (past the CSNs snapshot records take)
+            conn.execute("SELECT setval('csnd_gtm', greatest(pg_sequence_last_value('csnd_gtm'), 0) + 10000)")
         yield c
 
 
-def _witness_nodes(urls: dict[str, str]) -> dict[str, tuple[int, set[str]]]:
+def _make_witness(urls: dict[str, str], slot: str) -> None:
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as c:
+            create_slot(c, slot)
+
+
+def _witness_nodes(urls: dict[str, str], slot: str) -> dict[str, tuple[int, set[str]]]:
     """gid -> (csn, the nodes where it changed rows), for every committed distributed transaction."""
     out: dict[str, tuple[int, set[str]]] = {}
     for node, url in urls.items():
         with psycopg.connect(url, autocommit=True) as c:
-            w = read_slot(c, "witness_s", TABLES)
+            w = read_slot(c, slot, TABLES)
         for t in w.commits:
             if t.gid is None or t.csn is None or not t.changes:
                 continue
@@ -61,12 +69,7 @@ def test_a_snapshot_under_unpaced_writers_holds_each_distributed_transaction_who
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     urls = cluster.urls()
-    for url in urls.values():
-        with psycopg.connect(url, autocommit=True) as c:
-            create_slot(c, "witness_s")
-    with psycopg.connect(cluster.gtm_url, autocommit=True) as c:
-        PgGtm(cluster.gtm_url).close()  # (its sequence exists)
-        c.execute("SELECT setval('csnd_gtm', greatest(pg_sequence_last_value('csnd_gtm'), 0) + 10000)")
+    _make_witness(urls, "witness_s")
     start = _gtm_current(cluster.gtm_url)
     committed = tmp_path / "committed.jsonl"
     writers = subprocess.Popen(
@@ -105,7 +108,11 @@ def test_a_snapshot_under_unpaced_writers_holds_each_distributed_transaction_who
             writers.kill()
         code, err = served.terminate() if served is not None else (0, "")
     assert code == 0, err
-    lines = got.stdout.splitlines()
+    _check_one_cut(got.stdout.splitlines(), urls, "witness_s", start, newest)
+
+
+def _check_one_cut(lines: list[str], urls: dict[str, str], witness: str, start: int, newest: int) -> None:
+    """Each transaction wholly in the snapshot (CSN <= its cut) or wholly streamed; the replay equals every node."""
     records = [json.loads(x) for x in lines]
     streamed: dict[str, set[str]] = {}
     for r in records:
@@ -113,7 +120,7 @@ def test_a_snapshot_under_unpaced_writers_holds_each_distributed_transaction_who
             continue
         assert r["gid"] not in streamed, f"{r['gid']} streamed twice"
         streamed[r["gid"]] = {ch["node"] for ch in r["changes"]}
-    witnessed = {g: v for g, v in _witness_nodes(urls).items() if v[0] <= newest}
+    witnessed = {g: v for g, v in _witness_nodes(urls, witness).items() if v[0] <= newest}
     assert sum(csn > start for csn, _ in witnessed.values()) > 50, "too few transactions raced the snapshot"
     halves = {
         g: (streamed[g], nodes)
@@ -218,3 +225,78 @@ def test_an_incremental_snapshot_in_gtm_mode_under_writers_equals_every_node(
     replayed, want = _replay_over(lines), _node_tables(urls)
     for where, rows in want.items():
         assert replayed.get(where, {}) == rows, where
+
+
+def test_killed_mid_snapshot_the_restart_takes_it_again_at_one_csn(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """kill -9 while dn3's last table waits behind a lock; the restart drops the slots and takes it anew.
+
+    Writers commit distributed transactions throughout; the snapshot the
+    restart takes is again one cut at one CSN, and what a consumer reads
+    replays to every node's tables.
+    """
+    urls = cluster.urls()
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("CREATE TABLE zbulk (id int PRIMARY KEY, v text)")
+            c.execute("INSERT INTO zbulk SELECT i, repeat('x', 20) || i FROM generate_series(1, 5000) AS i")
+            c.execute("ALTER PUBLICATION csnd_pub ADD TABLE zbulk")
+    _make_witness(urls, "witness_k")
+    config = tmp_path / "csnd.toml"
+    config.write_text("[snapshot]\nchunk_rows = 500\nreaders = 2\n")
+    sources = [f"{n}={u}?slot=snap_k&publication=csnd_pub&mode=gtm&snapshot=initial" for n, u in urls.items()]
+    log_dir = str(tmp_path / "log")
+    extra = ("--gtm", cluster.gtm_url, "--config", str(config))
+    start = _gtm_current(cluster.gtm_url)
+    committed = tmp_path / "committed.jsonl"
+    writers = subprocess.Popen(
+        [*CSND, "workload", "--nodes", *urls.values(), "--gtm", cluster.gtm_url, "--writers", "3",
+         "--duration", "30", "--publication", "csnd_pub", "--out", str(committed)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    gtm = PgGtm(cluster.gtm_url)
+    ticker = Ticker(gtm, urls, interval=0.1).start()
+    served = None
+    blocker = psycopg.connect(urls["dn3"])
+    try:
+        wait_for(lambda: _gtm_current(cluster.gtm_url) > start + 50, "the writers committing")
+        first = served = start_serve(sources, log_dir, *extra)
+        # (after the ready line: the slots exist, so the lock's xid holds back no consistent point)
+        blocker.execute("LOCK TABLE zbulk IN ACCESS EXCLUSIVE MODE")
+        wait_for(
+            lambda: any(
+                t["node"] == "dn1" and t["table"] == "zbulk" and t["state"] == "done"
+                for t in first.status().get("snapshot", {}).get("tables", [])
+            ),
+            "dn1's tables copied while dn3's zbulk waits for its lock",
+            diagnose=lambda: json.dumps(first.status().get("snapshot")),
+        )
+        assert first.status()["snapshot"]["state"] == "running"
+        first.kill()
+        blocker.rollback()
+        again = served = start_serve(sources, log_dir, *extra)
+        wait_for(
+            lambda: again.status().get("snapshot", {}).get("state") == "complete",
+            "the snapshot taken again",
+            diagnose=lambda: json.dumps(again.status().get("snapshot")),
+        )
+        assert writers.poll() is None, "the writers ended before the second snapshot did"
+        _, err = writers.communicate(timeout=300)
+        assert writers.returncode == 0, err
+        newest = max(json.loads(x)["csn"] for x in committed.read_text().splitlines())
+        wait_for(lambda: served.newest_csn() >= newest, f"every committed transaction (csn {newest})")
+        got = subscribe(served.address, "--idle-timeout", "3")
+        assert got.returncode == 0, got.stderr
+    finally:
+        blocker.close()
+        ticker.stop()
+        gtm.close()
+        if writers.poll() is None:
+            writers.kill()
+        code, err = served.terminate() if served is not None else (0, "")
+    assert code == 0, err
+    lines = got.stdout.splitlines()
+    _check_one_cut(lines, urls, "witness_k", start, newest)
+    bulk = _replay_tables(lines)
+    assert all(len(bulk[(n, "zbulk")]) == 5000 for n in urls)
