@@ -17,6 +17,7 @@ import psycopg
 
 from csnd.core.errors import SourceError
 from csnd.reader.reconnect import one_line
+from csnd.reader.replconn import connect_error
 
 __all__ = ["USER_TYPES_QUERY", "UserType", "user_types"]
 
@@ -39,6 +40,8 @@ def user_types(node: str, conninfo: str) -> list[UserType]:
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             rows = conn.execute(USER_TYPES_QUERY).fetchall()
+    except psycopg.OperationalError as e:  # (often the run's first connection: a typo's hint, at once)
+        raise connect_error(node, e) from None
     except psycopg.Error as e:
         raise SourceError(
             f"cannot list the user types of the source database: {one_line(str(e))}", node=node
