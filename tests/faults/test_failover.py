@@ -27,6 +27,7 @@ from tests.faults.conftest import record, runs
 from tests.faults.harness import Outcome
 from tests.fixtures import witness
 from tests.fixtures.standby import StandbyPair, standby_pair
+from tests.fixtures.witness import lsn_from_text
 from tests.service.servekit import Served, start_serve, subscribe, wait_for
 
 pytestmark = pytest.mark.xdist_group("failover")
@@ -171,20 +172,25 @@ def test_failover(tmp_path: Path, seed: int) -> None:
             outcome.detail = (
                 f"kill -9 primary after {pause:.2f}s, promote {promote_after:.2f}s later ({form})"
             )
-            at_kill = _transactions(served)
             killed = time.monotonic()
             pair.kill_primary()
             time.sleep(promote_after)
             pair.promote()
+            with psycopg.connect(pair.standby.dsn(), autocommit=True) as c:
+                (promoted,) = c.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("",)
+            # Recovered: the changelog holds a transaction committed on the new primary (single
+            # mode: a transaction's CSN is its commit LSN).
             wait_for(
-                lambda: (
-                    _transactions(served) > at_kill
-                    and all(w.after_failure >= AFTER_PROMOTION for w in writers)
-                ),
-                "commits on the promoted standby to reach the changelog",
+                lambda: int(served.status()["changelog"]["newest_csn"]) > lsn_from_text(str(promoted)),
+                "a transaction committed on the promoted standby in the changelog",
                 diagnose=served.status,
             )
             outcome.recovery_s = round(time.monotonic() - killed, 1)
+            wait_for(
+                lambda: all(w.after_failure >= AFTER_PROMOTION for w in writers),
+                "the writers' commits on the promoted standby",
+                diagnose=served.status,
+            )
             for w in writers:
                 w.stop()
             expected = _witness(pair)
