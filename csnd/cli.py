@@ -31,7 +31,7 @@ from csnd.runtime.options import (
 )
 from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
 from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
-from csnd.runtime.stopping import Terminated, install_stop_handlers
+from csnd.runtime.stopping import Interrupted, Terminated, install_stop_handlers
 from csnd.service.serve_cmd import add_agent_dial_options, add_service_parsers, cmd_changelog, cmd_serve
 
 DESCRIPTION = """\
@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as e:
         how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
-        partial = getattr(e, "partial", None)  # (set by a replay that had started its output file)
+        partial = e.partial if isinstance(e, Interrupted) else ""  # (a replay that had started its output)
         where = f"; the incomplete output is in {partial}" if partial else ""
         print(f"csnd {args.command}: {how}{where}", file=sys.stderr)
         return status

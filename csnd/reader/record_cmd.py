@@ -242,10 +242,9 @@ def record(
             if not writer.failed:
                 with contextlib.suppress(Exception):
                     make_durable()
-                finish = getattr(source, "finish", None)
-                if finish is not None and not writer.failed:
+                if not writer.failed:
                     with contextlib.suppress(Exception):
-                        finish()
+                        source.finish()
             raise
         else:
             make_durable()

@@ -40,7 +40,7 @@ from csnd.runtime.sources import (
     open_source,
     parse_source,
 )
-from csnd.runtime.stopping import ignore_stop_signals
+from csnd.runtime.stopping import ignore_stop_signals, with_partial
 
 if TYPE_CHECKING:
     from csnd.runtime.remote import RemoteNode
@@ -152,7 +152,7 @@ def _abandoned(e: BaseException, sink: JsonLinesSink) -> BaseException:
     except CsndError:  # (the output failing too: the first error is the one to tell)
         partial = sink.partial
     if isinstance(e, KeyboardInterrupt) and partial:
-        e.partial = partial  # type: ignore[attr-defined]  # (for the command line's one line)
+        e = with_partial(e, partial)  # (for the command line's one line)
     if isinstance(e, OSError):  # not one of ours: still one line, with where the output is
         e = CsndError(os_error_text(e))
     if partial and isinstance(e, CsndError):

@@ -13,8 +13,30 @@ import signal
 import threading
 
 
-class Terminated(KeyboardInterrupt):
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (exit status 130), and where its incomplete output is, once it says.
+
+    `partial`: the output file a run abandoned (`with_partial`), which the
+    command line names in its one line; "" when there is none.
+    """
+
+    partial: str = ""
+
+
+class Terminated(Interrupted):
     """SIGTERM (a service manager, `kill`): stopped as Ctrl-C stops a run, exit status 143."""
+
+
+def with_partial(e: KeyboardInterrupt, partial: str) -> Interrupted:
+    """`e` as an Interrupted naming the incomplete output `partial` (a Terminated stays one).
+
+    A KeyboardInterrupt that did not come through our handlers (none were
+    installed) becomes an Interrupted, so the command line reads the path
+    from a declared field instead of probing the exception for one.
+    """
+    stopped = e if isinstance(e, Interrupted) else Interrupted(*e.args)
+    stopped.partial = partial
+    return stopped
 
 
 def install_stop_handlers() -> None:
@@ -48,4 +70,4 @@ def _terminate(signum: int, frame: object) -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     ignore_stop_signals()
-    raise KeyboardInterrupt
+    raise Interrupted
