@@ -25,15 +25,17 @@ whose `taken` column is written by the very statement that took the CSN
 shows there:
 
     taken, decided (csn set)   wait until no node has '<gid>@...' prepared; a dead
-                               (or gone-on) writer's is committed now, as `csnd gtm
-                               recover` does
+                               writer's is committed now, as `csnd gtm recover` does
     taken, not decided         its writer is preparing: wait; a dead writer's is never
                                committed (recovery rolls it back): not waited for
     not taken                  its CSN comes after the barrier: above X
 
-A writer whose GTM session waits on the barrier's lock is past the
-transaction its record names (one session, one commit at a time), so a
-record of it with a CSN and no decision was rolled back: not waited for.
+A live writer's record is always waited for, even when its GTM session
+waits on the barrier's lock: a `PgGtm` may be shared by threads, one of
+them preparing the transaction the record names while another asks for a
+CSN.  A writer that rolls back after taking a CSN deletes its record at
+once (`PgGtm.end_commit`), so only a writer stuck mid-commit holds the
+barrier to its timeout.
 
 What cannot finish -- a writer stuck between its CSN and its decision, a
 node that stops answering -- ends the barrier at its timeout: the lock is
@@ -64,14 +66,12 @@ BARRIER_TIMEOUT_S: Final = 10.0
 # How often the commit log and the nodes are looked at while commits drain: a commit's last
 # steps take about a millisecond, and writers wait for this the whole time.
 POLL_S: Final = 0.001
-# The commit log's records with a CSN taken: (gid, csn decided, writer alive, writer pid, writer waiting
-# on the barrier's lock) -- the activity and the lock waiters read once, not once a record.
+# The commit log's records with a CSN taken: (gid, csn decided, writer alive, writer pid) -- the
+# activity read once, not once a record.
 _RECORDS_SQL: Final = sql.SQL(
-    "WITH alive AS (SELECT pid, backend_start FROM pg_stat_activity), "
-    "moved_on AS (SELECT pid FROM pg_locks WHERE locktype = 'relation' AND relation = %s::regclass "
-    "AND NOT granted) "
+    "WITH alive AS (SELECT pid, backend_start FROM pg_stat_activity) "
     "SELECT t.gid, t.csn, (t.owner_pid, t.owner_start) IN (SELECT pid, backend_start FROM alive), "
-    "t.owner_pid, t.owner_pid IN (SELECT pid FROM moved_on) FROM {} t WHERE t.taken IS NOT NULL"
+    "t.owner_pid FROM {} t WHERE t.taken IS NOT NULL"
 )
 
 
@@ -196,11 +196,11 @@ class CommitBarrier:
         table = sql.Identifier(f"{self.name}_txn")
         seen: set[str] = set()
         while True:
-            rows = gtm.execute(_RECORDS_SQL.format(table), (self.name,)).fetchall()
+            rows = gtm.execute(_RECORDS_SQL.format(table)).fetchall()
             decided = any(csn is not None for _, csn, *_ in rows)
             prepared = self._prepared(conns) if decided else {}
             waiting: list[str] = []
-            for gid, csn, alive, pid, moved_on in rows:
+            for gid, csn, alive, pid in rows:
                 left = [
                     (node, local)
                     for node, locals_ in prepared.items()
@@ -208,18 +208,17 @@ class CommitBarrier:
                     if local.startswith(f"{gid}@")
                 ]
                 if csn is None:
-                    if alive and not moved_on:
+                    if alive:
                         waiting.append(f"{gid} (csn taken, not decided; writer pid {pid} on the gtm server)")
                         seen.add(gid)
                     continue
                 if not left:
                     continue
-                if alive and not moved_on:
+                if alive:
                     waiting.append(f"{gid} (decided, still prepared on {', '.join(n for n, _ in left)})")
                     seen.add(gid)
                     continue
-                # (its writer died after the decision, or went on after a failed COMMIT PREPARED:
-                # the decision stands, so commit it, as recovery would)
+                # (its writer died after the decision: the decision stands, so commit it, as recovery would)
                 for node, local in left:
                     self._commit_prepared(conns[node], node, local, gid)
                 seen.add(gid)
@@ -265,5 +264,5 @@ class CommitBarrier:
                 gid=gid,
             ) from None
         log.warning(
-            "gtm commit barrier: committed %s, decided by a writer no longer at it (as recovery does)", local
+            "gtm commit barrier: committed %s, decided by a writer that died (as recovery does)", local
         )

@@ -10,6 +10,7 @@ holds the barrier past its timeout: it is released and names the gid.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from csnd.core.errors import BarrierError
+from csnd.core.errors import BarrierError, CommitIncomplete
 from csnd.gtm.barrier import CommitBarrier
 from csnd.gtm.pggtm import PgGtm
 from csnd.gtm.writer import GlobalTransaction
@@ -157,3 +158,48 @@ def test_a_node_down_fails_before_the_gtm_is_held(cluster: LocalCluster) -> None
     with pytest.raises(BarrierError) as caught, CommitBarrier(cluster.gtm_url, urls, timeout_s=1).hold():
         raise AssertionError("held with a node down")
     assert caught.value.node == "dn9" and "nothing was held" in str(caught.value)
+
+
+def test_a_decided_transaction_of_a_dead_writer_is_committed_under_the_barrier(cluster: LocalCluster) -> None:
+    """A writer killed after its decision leaves prepared transactions: the barrier commits them, as recovery would."""
+    urls = cluster.urls()
+    decided, go_on = threading.Event(), threading.Event()
+
+    def pause(step: str) -> None:
+        if step == "decided":
+            decided.set()
+            go_on.wait(60)
+
+    result: dict[str, Any] = {}
+
+    def dying() -> None:
+        conns = {n: psycopg.connect(u, autocommit=True) for n, u in urls.items()}
+        gtm = PgGtm(cluster.gtm_url)
+        result["pid"] = gtm.owner[0]
+        try:
+            t = GlobalTransaction(gtm, conns, gid="dead-1", pause=pause)
+            t.execute("dn1", "INSERT INTO bt VALUES ('dead-1')")
+            t.execute("dn3", "INSERT INTO bt VALUES ('dead-1')")
+            t.commit()
+        except BaseException as e:
+            result["error"] = e
+        finally:
+            for c in conns.values():
+                c.close()
+            with contextlib.suppress(Exception):
+                gtm.close()
+
+    thread = threading.Thread(target=dying, daemon=True)
+    thread.start()
+    try:
+        assert decided.wait(60), result
+        with psycopg.connect(cluster.gtm_url, autocommit=True) as c:  # (the writer's GTM session dies)
+            c.execute("SELECT pg_terminate_backend(%s, 30000)", (result["pid"],))
+        with CommitBarrier(cluster.gtm_url, urls, timeout_s=20).hold() as held:
+            seen = {node: _gids(url) for node, url in urls.items()}
+        assert "dead-1" in seen["dn1"] and "dead-1" in seen["dn3"] and "dead-1" not in seen["dn2"]
+        assert "dead-1" in held.drained
+    finally:
+        go_on.set()
+        thread.join(timeout=60)
+    assert isinstance(result.get("error"), CommitIncomplete), result  # (its own COMMIT PREPARED found none)
