@@ -16,7 +16,9 @@ live node's reader, decoder pool and sender over canned frames, with no
 server, CPU per transaction (bench/hotpath_bench.py); `latency`, commit to
 consumer latency of `csnd serve` -> `csnd subscribe` and of `pg_recvlogical`
 on the same pgbench load at the same time, 100 to 10,000 transactions/s
-(bench/latency_bench.py).
+(bench/latency_bench.py); `types`, decoder CPU per change by column type,
+the compiled row reader against its Python twin, and two decoders against
+one over wide rows of such types (bench/types_bench.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from bench import (
     merge_bench,
     reader_bench,
     serve_bench,
+    types_bench,
 )
 from bench.common import out_path
 
@@ -50,6 +53,7 @@ BY_NAME: dict[str, Callable[[list[str]], Any]] = {
     "feed": feed_bench.main,
     "hotpath": hotpath_bench.main,
     "latency": latency_bench.main,
+    "types": types_bench.main,
 }
 
 
