@@ -54,6 +54,8 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_snapshot_rows_estimated": "Rows the table holds (counted as it was cut, else pg_class.reltuples; 0 while unknown).",
     "csnd_snapshot_chunks_remaining": "Key-range chunks of the table not yet in the changelog.",
     "csnd_snapshot_eta_seconds": "Seconds the table's copy is estimated to take still (-1: unknown, 0: done).",
+    "csnd_snapshot_barrier_ms": "Milliseconds the GTM commit barrier of this run's initial snapshot held the GTM "
+    "(GTM mode with --gtm; 0: none).",
     "csnd_incremental_snapshot_rows": "Rows of the table the latest incremental snapshot (csnd snapshot) has "
     "appended to the changelog.",
     "csnd_incremental_snapshot_eta_seconds": "Seconds the incremental snapshot of the table is estimated to take "
@@ -155,6 +157,9 @@ class StatusCollector(Collector):
 
         # The initial snapshot (docs/design.md section 5), a gauge per table while this run takes one.
         tables = s.get("snapshot", {}).get("tables", [])
+        barrier = GaugeMetricFamily("csnd_snapshot_barrier_ms", METRICS["csnd_snapshot_barrier_ms"])
+        barrier.add_metric([], float(s.get("snapshot", {}).get("barrier_ms", 0.0)))
+        yield barrier
         per_table: dict[str, Callable[[Mapping[str, Any]], float]] = {
             "csnd_snapshot_rows": lambda t: _int(t, "rows"),
             "csnd_snapshot_rows_estimated": lambda t: _int(t, "rows_estimated"),

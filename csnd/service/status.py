@@ -117,6 +117,12 @@ class SnapshotFigures(Protocol):
     @property
     def last_csn(self) -> int: ...
 
+    @property
+    def gtm_csn(self) -> int: ...
+
+    @property
+    def barrier_ms(self) -> float: ...
+
     def tables(self) -> list[TableProgress]: ...
 
 
@@ -237,6 +243,8 @@ def build_status(
         response.snapshot.state = progress.state
         response.snapshot.first_csn = progress.first_csn
         response.snapshot.last_csn = progress.last_csn
+        response.snapshot.gtm_csn = progress.gtm_csn
+        response.snapshot.barrier_ms = progress.barrier_ms
         response.snapshot.tables.extend(
             pb.SnapshotTableStatus(**dataclasses.asdict(t)) for t in progress.tables()
         )

@@ -74,6 +74,8 @@ class SnapshotProgress:
         self.state = ""
         self.first_csn = 0
         self.last_csn = 0
+        self.gtm_csn = 0  # GTM mode with --gtm: the commit barrier's CSN (csnd.gtm.barrier); 0: none
+        self.barrier_ms = 0.0  # how long that barrier held the GTM
 
     def add_table(
         self, node: str, schema: str, table: str, estimated: int, chunks: int, *, chunks_known: bool = True

@@ -134,6 +134,9 @@ class SnapshotRun:
         limit = min((n.reader.consistent_lsn for n in self.nodes if n.mode == "single"), default=None)
         next_csn = log.newest_csn + 1
         progress.first_csn = next_csn
+        cut = next((n.gtm_cut for n in self.nodes if n.gtm_cut is not None), None)
+        if cut is not None:
+            progress.gtm_csn, progress.barrier_ms = cut.csn, round(cut.held_ms, 1)
         planned: dict[str, int] = {}
         described: set[tuple[str, int]] = set()  # (node, relid) whose relation version is kept
         appended = rows = 0
@@ -213,7 +216,6 @@ class SnapshotRun:
                 "rows": rows,
                 "first_csn": progress.first_csn,
             }
-            cut = next((n.gtm_cut for n in self.nodes if n.gtm_cut is not None), None)
             if cut is not None:
                 # (at the barrier's csn: the stream resumes after it, past what the snapshot holds)
                 next_csn = max(next_csn, cut.csn)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def test_a_snapshot_under_unpaced_writers_holds_each_distributed_transaction_who
         )
         got = subscribe(served.address, "--idle-timeout", "3")
         assert got.returncode == 0, got.stderr
+        shown = served.status()["snapshot"]  # (the barrier, as Status and the metrics show it)
+        assert served.http is not None
+        with urllib.request.urlopen(served.http + "metrics", timeout=30) as r:
+            metrics = r.read().decode()
     finally:
         ticker.stop()
         gtm.close()
@@ -109,6 +114,10 @@ def test_a_snapshot_under_unpaced_writers_holds_each_distributed_transaction_who
         code, err = served.terminate() if served is not None else (0, "")
     assert code == 0, err
     _check_one_cut(got.stdout.splitlines(), urls, "witness_s", start, newest)
+    done = next(json.loads(x) for x in got.stdout.splitlines() if '"done": true' in x)
+    assert int(shown["gtm_csn"]) == done["snapshot"]["gtm_csn"]
+    assert float(shown["barrier_ms"]) == done["snapshot"]["barrier_ms"] > 0
+    assert f"csnd_snapshot_barrier_ms {float(shown['barrier_ms'])}" in metrics
 
 
 def _check_one_cut(lines: list[str], urls: dict[str, str], witness: str, start: int, newest: int) -> None:

@@ -213,20 +213,24 @@ class StatusResponse(_message.Message):
     def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotStatus, _Mapping]] = ..., incremental: _Optional[_Union[SnapshotStatus, _Mapping]] = ...) -> None: ...
 
 class SnapshotStatus(_message.Message):
-    __slots__ = ("state", "first_csn", "last_csn", "tables", "job", "error")
+    __slots__ = ("state", "first_csn", "last_csn", "tables", "job", "error", "gtm_csn", "barrier_ms")
     STATE_FIELD_NUMBER: _ClassVar[int]
     FIRST_CSN_FIELD_NUMBER: _ClassVar[int]
     LAST_CSN_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    GTM_CSN_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_MS_FIELD_NUMBER: _ClassVar[int]
     state: str
     first_csn: int
     last_csn: int
     tables: _containers.RepeatedCompositeFieldContainer[SnapshotTableStatus]
     job: str
     error: str
-    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ..., job: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    gtm_csn: int
+    barrier_ms: float
+    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ..., job: _Optional[str] = ..., error: _Optional[str] = ..., gtm_csn: _Optional[int] = ..., barrier_ms: _Optional[float] = ...) -> None: ...
 
 class SnapshotTableStatus(_message.Message):
     __slots__ = ("node", "schema", "table", "state", "rows", "rows_estimated", "chunks_done", "chunks", "eta_seconds")
