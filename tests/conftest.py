@@ -45,6 +45,13 @@ def _stop_signals_as_they_were() -> Iterator[None]:
         signal.signal(s, handler)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        default_version()
+    except RuntimeError as e:  # (a bad CSND_PG_VERSION: one line, not a traceback per worker)
+        raise pytest.UsageError(str(e)) from None
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     version = default_version()
     return (
