@@ -21,7 +21,9 @@
  * (`\x` and lowercase hex), 'f' float8 (repr(); NaN and the infinities as
  * strings), 'F' float4 (its shortest decimal as float4out picks it, written
  * as repr() of that double; where the choice is not plain, the builder's),
- * 'J' jsonb (jsonb_out's text as it is, checked only at its ends,
+ * 'C' time and 'V' interval (their text output, rendered from binary), 'a',
+ * 'A' and 'L' arrays of int2, int4 and int8 (binary only: nested JSON
+ * arrays; their text form through the builder), 'J' jsonb (jsonb_out's text as it is, checked only at its ends,
  * as the twin does), 'S' a type whose text form is its JSON string (its
  * binary value through the column's builder), and '?' any other type: both
  * forms through the column's builders.  `keys` holds each column's
@@ -572,6 +574,153 @@ put_float4(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
     return put_repr(o, x);
 }
 
+/* HH:MM:SS[.ffffff] with the fraction's trailing zeros dropped (AppendSeconds), hours as wide as
+   they come; `us` >= 0.  Returns its length in buf. */
+static int
+clock_text(long long us, char *buf, size_t size)
+{
+    long long hours = us / 3600000000LL, rest = us % 3600000000LL;
+    int minutes = (int)(rest / 60000000LL), seconds = (int)(rest / 1000000LL % 60), micros = (int)(rest % 1000000LL);
+    int len = snprintf(buf, size, "%02lld:%02d:%02d", hours, minutes, seconds);
+    if (micros) {
+        char frac[8];
+        snprintf(frac, sizeof frac, "%06d", micros);
+        int keep = 6;
+        while (frac[keep - 1] == '0')
+            keep--;
+        len += snprintf(buf + len, size - (size_t)len, ".%.*s", keep, frac);
+    }
+    return len;
+}
+
+/* time_send's microseconds as time_out's text, quoted. */
+static int
+put_time(Out *o, const unsigned char *p, Py_ssize_t n)
+{
+    if (n != 8)
+        return 0;
+    int64_t us = be_signed(p, 8);
+    if (us < 0 || us > 86400000000LL)
+        return 0;
+    char buf[48];
+    buf[0] = '"';
+    int len = clock_text((long long)us, buf + 1, sizeof buf - 2);
+    buf[len + 1] = '"';
+    return out_put(o, buf, len + 2) < 0 ? -1 : 1;
+}
+
+/* interval_send (microseconds, days, months) as EncodeInterval's text in IntervalStyle postgres,
+   quoted: `1 year 2 mons -3 days +04:05:06.7`, as temporal.interval_binary writes it. */
+static int
+put_interval(Out *o, const unsigned char *p, Py_ssize_t n)
+{
+    if (n != 16)
+        return 0;
+    int64_t us = be_signed(p, 8);
+    long long days = (long long)be_signed(p + 8, 4), months = (long long)be_signed(p + 12, 4);
+    if (us == INT64_MIN)
+        return 0;
+    long long years = months / 12; /* (C division truncates toward zero, as interval2itm) */
+    long long values[3] = {years, months - years * 12, days};
+    static const char *units[3] = {"year", "mon", "day"};
+    char buf[160];
+    int len = 0, is_zero = 1, is_before = 0;
+    buf[len++] = '"';
+    for (int i = 0; i < 3; i++) {
+        long long v = values[i];
+        if (!v)
+            continue;
+        len += snprintf(buf + len, sizeof buf - (size_t)len, "%s%s%lld %s%s", is_zero ? "" : " ",
+                        is_before && v > 0 ? "+" : "", v, units[i], v == 1 ? "" : "s");
+        is_before = v < 0;
+        is_zero = 0;
+    }
+    if (is_zero || us) {
+        if (!is_zero)
+            buf[len++] = ' ';
+        if (us < 0)
+            buf[len++] = '-';
+        else if (is_before)
+            buf[len++] = '+';
+        len += clock_text((long long)(us < 0 ? -us : us), buf + len, sizeof buf - (size_t)len - 1);
+    }
+    buf[len++] = '"';
+    return out_put(o, buf, len) < 0 ? -1 : 1;
+}
+
+/* array_send of int2 / int4 / int8 elements (`size` bytes, element type `elem_oid`) as nested JSON
+   arrays, `null` for a NULL element; gives up on anything the twin would not write alike. */
+static int
+put_int_array(Out *o, const unsigned char *p, Py_ssize_t n, int size, uint32_t elem_oid)
+{
+    if (n < 12)
+        return 0;
+    int64_t ndim = be_signed(p, 4);
+    if ((uint32_t)be_signed(p + 8, 4) != elem_oid)
+        return 0;
+    if (ndim == 0)
+        return n == 12 ? (out_put(o, "[]", 2) < 0 ? -1 : 1) : 0;
+    if (ndim < 1 || ndim > 6 || n < 12 + 8 * ndim)
+        return 0;
+    int64_t dims[6], count = 1;
+    for (int d = 0; d < ndim; d++) {
+        dims[d] = be_signed(p + 12 + 8 * d, 4);
+        if (dims[d] <= 0 || dims[d] > 100000000)
+            return 0;
+        count *= dims[d];
+        if (count > 100000000)
+            return 0;
+    }
+    Py_ssize_t pos = 12 + 8 * (Py_ssize_t)ndim;
+    char digits[32];
+    for (int d = 0; d < ndim; d++)
+        if (out_put(o, "[", 1) < 0)
+            return -1;
+    for (int64_t i = 0; i < count; i++) {
+        if (i > 0) {
+            /* close and reopen the dimensions this element starts anew */
+            int64_t span = 1;
+            int closes = 0;
+            for (int d = (int)ndim - 1; d > 0; d--) {
+                span *= dims[d];
+                if (i % span == 0)
+                    closes++;
+                else
+                    break;
+            }
+            for (int c = 0; c < closes; c++)
+                if (out_put(o, "]", 1) < 0)
+                    return -1;
+            if (out_put(o, ", ", 2) < 0)
+                return -1;
+            for (int c = 0; c < closes; c++)
+                if (out_put(o, "[", 1) < 0)
+                    return -1;
+        }
+        if (pos + 4 > n)
+            return 0;
+        int32_t len = (int32_t)be_signed(p + pos, 4);
+        pos += 4;
+        if (len < 0) {
+            if (out_put(o, "null", 4) < 0)
+                return -1;
+            continue;
+        }
+        if (len != size || pos + len > n)
+            return 0;
+        int w = snprintf(digits, sizeof digits, "%lld", (long long)be_signed(p + pos, size));
+        pos += len;
+        if (out_put(o, digits, w) < 0)
+            return -1;
+    }
+    if (pos != n)
+        return 0;
+    for (int d = 0; d < ndim; d++)
+        if (out_put(o, "]", 1) < 0)
+            return -1;
+    return 1;
+}
+
 static int
 is_digits(const unsigned char *p, Py_ssize_t n)
 {
@@ -700,6 +849,18 @@ put_value(Out *o, PyObject *quote, PyObject *pair, char code, int kind, const un
         return put_float8(o, kind, p, n);
     case 'F':
         return put_float4(o, kind, p, n);
+    case 'C':
+        return kind == KIND_TEXT ? put_string(o, quote, p, n) : put_time(o, p, n);
+    case 'V':
+        return kind == KIND_TEXT ? put_string(o, quote, p, n) : put_interval(o, p, n);
+    case 'a':
+    case 'A':
+    case 'L':
+        if (kind == KIND_TEXT)
+            return put_by_builder(o, pair, kind, p, n);
+        return code == 'a' ? put_int_array(o, p, n, 2, 21)
+             : code == 'A' ? put_int_array(o, p, n, 4, 23)
+                           : put_int_array(o, p, n, 8, 20);
     case 'd':
         return put_date(o, quote, kind, p, n);
     case 't':

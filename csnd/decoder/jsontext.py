@@ -296,7 +296,8 @@ _COMPILED_TYPES: Final = {
     "int2": "h", "int4": "i", "int8": "q", "bool": "b",
     "text": "s", "varchar": "s", "bpchar": "s", "name": "s",
     "numeric": "N", "timestamptz": "T", "timestamp": "t", "date": "d", "uuid": "u",
-    "bytea": "x", "float8": "f", "float4": "F", "jsonb": "J",
+    "bytea": "x", "float8": "f", "float4": "F", "jsonb": "J", "time": "C", "interval": "V",
+    "_int2": "a", "_int4": "A", "_int8": "L",
 }  # fmt: skip
 _COMPILED_CODES: Final[dict[tuple[BinaryJson, TextJson], str]] = {}
 for _name, _code in _COMPILED_TYPES.items():
