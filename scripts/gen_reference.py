@@ -11,6 +11,7 @@ are read from where the code defines them, so the one list cannot be wrong:
     Thresholds, ... (DEFAULTS)      of None stands for)
     csnd.service.metrics            the metric names and help; each family's type and
                                     labels from the collector run over a sample status
+    csnd/**/__init__.py             each package's API: its `__all__` (read, not imported)
 
 The check renders into memory and compares, so CI catches a flag, setting
 or metric added without regenerating (`make lint` runs it, as
@@ -20,6 +21,7 @@ tests/test_reference.py does).
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import os
 import sys
@@ -292,8 +294,48 @@ def render_metrics() -> str:
     )
 
 
+# -- the Python packages' API ------------------------------------------------
+
+
+def package_api(init: Path) -> tuple[str, ...] | None:
+    """A package's API as its `__init__` states it: its literal `__all__`, or else the names it
+    re-exports as PEP 484 says (`from .x import Name as Name`); None: neither."""
+    body = ast.parse(init.read_text()).body
+    for node in body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            assert isinstance(node, ast.Assign)
+            return tuple(ast.literal_eval(node.value))
+    names = tuple(
+        a.name for node in body if isinstance(node, ast.ImportFrom) for a in node.names if a.asname == a.name
+    )
+    return names or None
+
+
+def render_packages() -> str:
+    out = [
+        "## Python packages\n",
+        "Each package's API as its `__init__` states it: `__all__`, the names and submodules other "
+        "packages and users may import. What a package does not list is internal to it "
+        "(`tests/test_exports.py` holds that line). For users: `csnd.consumers.client` "
+        "(`ChangefeedClient`, `fetch`), `csnd.consumers.spark` (`CsndDataSource`) and the "
+        "changefeed's gRPC contract, `csnd.proto.changefeed.v1` (its full service name "
+        "`csnd.changefeed.v1.Changefeed`; the earlier `csnd.v1.Changefeed` still answers, deprecated).\n",
+    ]
+    for init in sorted((ROOT / "csnd").rglob("__init__.py")):
+        package = ".".join(init.parent.relative_to(ROOT).parts)
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        summary = " ".join(doc.split("\n\n")[0].split())
+        api = package_api(init)
+        out.append(f"### `{package}`\n")
+        if summary:
+            out.append(_cell(summary) + "\n")
+        out.append("Public: " + (", ".join(f"`{n}`" for n in api) if api else "nothing") + "\n")
+    return "\n".join(out)
+
+
 def render() -> str:
-    parts: list[Callable[[], str]] = [render_commands, render_settings, render_metrics]
+    parts: list[Callable[[], str]] = [render_commands, render_settings, render_metrics, render_packages]
     return HEADER + "\n" + "\n".join(p() for p in parts)
 
 

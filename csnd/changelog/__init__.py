@@ -37,6 +37,11 @@ log.py           Changelog: the one class callers hold, each job handed to a par
 retention.py     pure: which old segments retention drops, and which holders hold
 subscriptions.py SubscriptionStore: durable named offsets
 relations.py     RelationStore: every relation version (column names and types), durable
+
+Public API: the names in `__all__`, and the modules that name the
+directory's files (`clock`, `lock`, `record`, `relations`, `subscriptions`:
+`csnd changelog` reads a directory by them).  The other modules are the
+parts of Changelog, its own.
 """
 
 from csnd.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
@@ -52,4 +57,9 @@ __all__ = [
     "RelationEntry",
     "RelationStore",
     "SubscriptionStore",
+    "clock",
+    "lock",
+    "record",
+    "relations",
+    "subscriptions",
 ]

@@ -18,6 +18,12 @@ with the GTM's current CSN on every node, then a new CSN from the GTM, then the
 transactional `commit` marker and the commit on every node; `abort` when a
 transaction that logged `committing` fails; `tick` watermarks.  The marker
 texts and their grammar live in `csnd.core.markers`, shared with the reader.
+
+Public API (for the command line, the demo, the tests and bench/): the names
+in `__all__`, and the modules `barrier` (the commit barrier a GTM-aware
+snapshot waits on), `commands` (the cluster kit's subcommands),
+`generate`, `liveload` and `pgtypes` (the PostgreSQL types the generators
+write).  The rest is the kit's own.
 """
 
 from csnd.core.errors import CommitIncomplete, CommitInDoubt
@@ -40,7 +46,12 @@ __all__ = [
     "RecoveryReport",
     "Sequencer",
     "Ticker",
+    "barrier",
+    "commands",
+    "generate",
     "generate_cluster",
+    "liveload",
+    "pgtypes",
     "recover_in_doubt",
     "tick",
 ]

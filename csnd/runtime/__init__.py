@@ -12,4 +12,24 @@ serves one node to a coordinator (its unacknowledged window: `window`),
 
 Nothing is imported here: each command imports the modules it needs (the
 decoders' fork server starts loading while the command line imports these).
+
+Public API (for the command line and the service, not for users): the
+modules in `__all__`.  `items`, `jsonsink`, `replay_progress` and `window`
+are the runtime's own.
 """
+
+__all__ = [
+    "agent",
+    "confirm",
+    "inputs",
+    "logsetup",
+    "merger",
+    "options",
+    "remote",
+    "replay",
+    "sinks",
+    "slot_cmd",
+    "sources",
+    "stats",
+    "stopping",
+]

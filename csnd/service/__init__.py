@@ -10,6 +10,12 @@ Pure parts beside it: `filtering` (a subscriber's tables applied to a line),
 their acknowledgements and lag bookkeeping).  `status.StatusSource` is what the
 service runtime supplies about its nodes, its totals and its initial snapshot;
 `status.build_status` makes the one Status answer of gRPC and /api/status.
+
+Public API: the names in `__all__` (a changefeed server over a changelog,
+for tests, bench/ and programs that embed one), and `serve_cmd` (`csnd
+serve` and `csnd changelog` for the command line).  Every other module is
+the service's own; users reach it over gRPC (csnd.proto.changefeed.v1) and
+HTTP (docs/service.md).
 """
 
 from csnd.service.changefeed import ChangefeedServicer, FeedSettings
@@ -25,5 +31,6 @@ __all__ = [
     "StatusSource",
     "TlsFiles",
     "Totals",
+    "serve_cmd",
     "start_changefeed",
 ]

@@ -11,9 +11,25 @@ consistent point, then every transaction committed after it: nothing missing,
 nothing twice at the boundary.  `lines.snapshot_state` tells, from a
 changelog's newest record, whether a snapshot was cut short (the service then
 refuses to start: an exported snapshot cannot be imported again).
+
+Public API (for the service): the names in `__all__`, and the modules
+`copier` (NodeSnapshot), `run` (SnapshotRun), `incremental` (the incremental
+snapshots), `plan`, `privileges` and `watermark`.  The rest (chunk reading,
+row rendering, the job store) is the snapshot's own.
 """
 
 from csnd.snapshot.lines import SnapshotState, snapshot_state
 from csnd.snapshot.progress import SnapshotProgress, TableProgress
 
-__all__ = ["SnapshotProgress", "SnapshotState", "TableProgress", "snapshot_state"]
+__all__ = [
+    "SnapshotProgress",
+    "SnapshotState",
+    "TableProgress",
+    "copier",
+    "incremental",
+    "plan",
+    "privileges",
+    "run",
+    "snapshot_state",
+    "watermark",
+]

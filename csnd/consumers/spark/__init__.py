@@ -12,6 +12,10 @@
 
 Rows: SCHEMA_DDL (docs/design.md section 8).  Needs the `spark` extra
 (pip install 'csnd[spark]'): pyspark, pyarrow and pandas.
+
+Public API: the names in `__all__`, and `columns` (the service builds the
+same Arrow rows with it for Fetch's arrow format).  The other modules are
+the source's own.
 """
 
 from csnd.consumers.spark.columns import ARROW_SCHEMA, SCHEMA_DDL, RowBuilder, flatten
@@ -25,5 +29,6 @@ __all__ = [
     "CsndDataSource",
     "CsndStreamReader",
     "RowBuilder",
+    "columns",
     "flatten",
 ]

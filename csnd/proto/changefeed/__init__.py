@@ -1,1 +1,3 @@
 """The changefeed (csnd.changefeed.v1): the public gRPC contract consumers read."""
+
+__all__ = ["v1"]
