@@ -45,7 +45,7 @@ from typing import Final
 
 from csnd.core import backoff
 from csnd.core.errors import SlotLost
-from csnd.core.ids import lsn_to_str
+from csnd.core.ids import Lsn, lsn_to_str
 
 # The first wait's ceiling, the cap, and how long an outage may last before the source
 # fails.  A restart of PostgreSQL takes seconds; an outage of minutes is for
@@ -196,7 +196,7 @@ def lost_slot(
     *,
     node: str,
     slot: str,
-    confirmed_lsn: int,
+    confirmed_lsn: Lsn,
     started: bool,
     detail: str = "",
 ) -> SlotLost | None:

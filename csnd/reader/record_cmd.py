@@ -92,7 +92,7 @@ class Continuation:
     crc: int  # its last whole frame's CRC (format 2), which the next frame's continues
 
 
-def scan_recording(path: str, header: StreamHeader, slot_lsn: int) -> Continuation:
+def scan_recording(path: str, header: StreamHeader, slot_lsn: Lsn) -> Continuation:
     """Read an existing recording to continue it; see the module docstring."""
     try:
         reader = StreamFileReader(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from csnd.core.errors import StreamFormatError, TimestampError
-from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
+from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US, Lsn
 from csnd.reader.events import Event, EventStream, iter_events
 from csnd.reader.pgoutput import (
     Begin,
@@ -67,7 +67,7 @@ class RecordedSource:
         size = self._file.size
         return min(1.0, self._file.bytes_read / size) if size else None
 
-    def confirm(self, lsn: int) -> None:
+    def confirm(self, lsn: Lsn) -> None:
         """A file has no slot: confirming is a no-op."""
 
     def close(self) -> None:

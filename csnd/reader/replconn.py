@@ -137,7 +137,7 @@ class ReplicationConnection:
         r, w, _ = select.select([fd] if read else [], [] if read else [fd], [], timeout)
         return bool(r or w)
 
-    def consume(self, pgconn: pq.abc.PGconn, lsn: int | None = None) -> None:
+    def consume(self, pgconn: pq.abc.PGconn, lsn: Lsn | None = None) -> None:
         """Reads what the socket holds into libpq's buffer; a lost connection names node and LSN."""
         try:
             pgconn.consume_input()
@@ -159,7 +159,7 @@ class ReplicationConnection:
             return SourceError(text, node=self.node)
         return TransientError(text, node=self.node, sqlstate=state)
 
-    def lost_slot(self, res: pq.abc.PGresult, slot: str, confirmed_lsn: int) -> SlotLost | None:
+    def lost_slot(self, res: pq.abc.PGresult, slot: str, confirmed_lsn: Lsn) -> SlotLost | None:
         """The slot checked (or streamed from) before is gone: a `SlotLost`, never a retry (`reader.reconnect`)."""
         msg = one_line((res.error_message or b"").decode(errors="replace"))
         state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode() or None
@@ -168,7 +168,7 @@ class ReplicationConnection:
             state, msg, node=self.node, slot=slot, confirmed_lsn=confirmed_lsn, started=True, detail=detail
         )
 
-    def silent(self, quiet: float, slot: str, received: int, confirmed: int) -> ConnectionLost:
+    def silent(self, quiet: float, slot: str, received: Lsn, confirmed: Lsn) -> ConnectionLost:
         """The server has sent nothing for `quiet` seconds, a reply asked for meanwhile: the path is lost."""
         self.silences += 1
         return ConnectionLost(
@@ -177,7 +177,7 @@ class ReplicationConnection:
             f"received {lsn_to_str(received)}, confirmed {lsn_to_str(confirmed)}: treating "
             "the connection as lost",
             node=self.node,
-            lsn=Lsn(received),
+            lsn=received,
         )
 
 

@@ -126,7 +126,7 @@ class ResumeFilter:
 
     # --- connection lifecycle ---------------------------------------------------
 
-    def reconnected(self, start_lsn: int = 0) -> list[Item]:
+    def reconnected(self, start_lsn: Lsn = INVALID_LSN) -> list[Item]:
         """A new connection starts at `start_lsn`: partly delivered transactions come again whole.
 
         Returns what downstream must see first: a Stream Stop closing the
@@ -142,7 +142,7 @@ class ResumeFilter:
             p.restart()
         return out
 
-    def confirmed(self, lsn: int) -> None:
+    def confirmed(self, lsn: Lsn) -> None:
         """The slot is confirmed to `lsn`: delivered transactions ending there are never re-sent again.
 
         Called from the thread that makes output durable, not the one that

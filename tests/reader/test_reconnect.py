@@ -8,6 +8,7 @@ import pytest
 
 from csnd.core import backoff
 from csnd.core.errors import ConnectionLost, SlotLost
+from csnd.core.ids import Lsn
 from csnd.reader.reconnect import (
     RECONNECT_FIRST_S,
     RECONNECT_GIVE_UP_S,
@@ -102,7 +103,7 @@ def test_hints_and_one_line() -> None:
 
 def _lost(sqlstate: str, text: str, detail: str = "", started: bool = True) -> SlotLost | None:
     return lost_slot(
-        sqlstate, text, node="dn1", slot="s1", confirmed_lsn=0x1505F10, started=started, detail=detail
+        sqlstate, text, node="dn1", slot="s1", confirmed_lsn=Lsn(0x1505F10), started=started, detail=detail
     )
 
 

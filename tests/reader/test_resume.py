@@ -224,10 +224,10 @@ def _check_cut_and_resend(stream: tuple[list[Item], list[tuple[int, int]]], data
             confirmed = data.draw(st.sampled_from(done_now))
         confirm_late = data.draw(st.booleans())
         if not confirm_late:
-            f.confirmed(confirmed)
-        delivered += [(lsn, m) for lsn, m, _ in f.reconnected(confirmed)]
+            f.confirmed(Lsn(confirmed))
+        delivered += [(lsn, m) for lsn, m, _ in f.reconnected(Lsn(confirmed))]
         if confirm_late:
-            f.confirmed(confirmed)  # lands after the new connection started
+            f.confirmed(Lsn(confirmed))  # lands after the new connection started
         remaining = _resend(items, confirmed)
         pos = 0
         commits = [
@@ -291,10 +291,10 @@ def test_confirmed_transactions_are_forgotten_so_memory_stays_bounded() -> None:
             assert f.feed(item) == [item]
         ends.append(end)
         if i % 100 == 99:
-            f.confirmed(ends[i - 50])  # (from the durable side: taken at the next commit)
+            f.confirmed(Lsn(ends[i - 50]))  # (from the durable side: taken at the next commit)
     # forgotten at the commits after each confirm: all up to the one before the last
     assert sorted(f.completed.values()) == [e for e in ends if e > ends[849]]
-    f.confirmed(ends[-1])
+    f.confirmed(Lsn(ends[-1]))
     items, _ = _plain_txn(5000, 100 + 16 * 1000)
     for item in items:
         f.feed(item)
@@ -358,8 +358,8 @@ def test_batches_of_whole_transactions_re_sent_after_reconnects_come_once_each(n
                 at += size
             if k < len(confirms):
                 confirmed = txns[confirms[k] - 1].end_lsn if confirms[k] else 0
-                f.confirmed(confirmed)
-                f.reconnected(confirmed)
+                f.confirmed(Lsn(confirmed))
+                f.reconnected(Lsn(confirmed))
                 at = confirms[k]
         return got, f.completed
 
