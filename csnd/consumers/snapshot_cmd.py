@@ -104,6 +104,14 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
                     continue  # (a restarting service resumes the job: follow it there)
                 raise _error(e, address) from None
             if status.job != job:
+                if job in status.queued:  # (queued behind another job: its turn comes)
+                    continue
+                outcome = status.ended.get(job)
+                if outcome == "complete":
+                    print(f"snapshot {job} complete", file=sys.stderr, flush=True)
+                    return 0
+                if outcome:
+                    raise SnapshotError(f"snapshot {job} {outcome}")
                 raise SnapshotError(f"the service no longer shows snapshot {job}")
             line = progress_line(status)
             if line != last:

@@ -118,8 +118,8 @@ class SnapshotTables(Protocol):
 class SnapshotJobs(Protocol):
     """The service's incremental snapshots (csnd.snapshot.incremental.IncrementalSnapshots).
 
-    `submit` raises ValueError for what the caller asked wrong, RuntimeError
-    while another job runs, SnapshotError when a node cannot be read.
+    `submit` raises ValueError for what the caller asked wrong, SnapshotError
+    when a node cannot be read; behind a running job the new one is queued.
     """
 
     @property
@@ -128,6 +128,10 @@ class SnapshotJobs(Protocol):
     def submit(self, specs: list[str], node: str | None = None, chunk_rows: int = 0) -> SnapshotJob: ...
 
     def latest(self) -> SnapshotJob | None: ...
+
+    def queued(self) -> list[str]: ...
+
+    def ended(self) -> dict[str, str]: ...
 
 
 # The service's incremental snapshots once it has them (it makes them after the

@@ -38,13 +38,13 @@ class SnapshotStarter:
                 "this service takes no incremental snapshots: it reads no live PostgreSQL source itself",
             )
         try:
-            jobs.submit(list(request.tables), request.node or None, request.chunk_rows)
+            job = jobs.submit(list(request.tables), request.node or None, request.chunk_rows)
         except ValueError as e:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except RuntimeError as e:
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except SnapshotError as e:  # (a node the service cannot read now: its error names it)
             abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        if job.state == "queued":  # (the caller follows its own job: the queue shows where it waits)
+            return pb.SnapshotStatus(state=job.state, job=job.id, queued=jobs.queued())
         return incremental_status(jobs)
 
 
@@ -58,4 +58,6 @@ def incremental_status(jobs: SnapshotJobs | None) -> pb.SnapshotStatus:
         job=job.id,
         error=job.error,
         tables=[pb.SnapshotTableStatus(**dataclasses.asdict(t)) for t in jobs.progress.tables()],
+        queued=jobs.queued(),
+        ended=jobs.ended(),
     )

@@ -68,6 +68,8 @@ _T = TypeVar("_T")
 REDO_LIMIT: Final = 20
 # Waits on the database after a lost connection, before the chunk is tried again.
 RETRY_WAITS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+# How many jobs that ended Status still tells the outcome of (a follower of a queued job reads it there).
+ENDED_KEPT: Final = 16
 # After a job, the next look for tables new to a when_needed publication waits at least this long.
 AFTER_JOB_S: Final = 5.0
 # How often a when_needed node's publication is looked at for tables new to it
@@ -103,7 +105,7 @@ class IncrementalSnapshots:
         self.known: Known = {}
         self._next_look = 0.0
         self._active: ChunkReader | None = None  # the table being read (stop() cancels its query)
-        self._submitting = threading.Lock()  # one submit at a time: "one job at a time" holds
+        self._submitting = threading.Lock()  # one submit at a time: the queue's order is the submits' order
 
     # --- jobs ---------------------------------------------------------------------------
 
@@ -117,8 +119,27 @@ class IncrementalSnapshots:
                 log.info("incremental snapshot %s: resuming", job.id)
 
     def latest(self) -> Job | None:
+        """The job Status shows: the running one, else the newest that ended (else the first queued)."""
         with self._lock:
-            return self._jobs[-1] if self._jobs else None
+            running = [j for j in self._jobs if j.state == "running"]
+            ended = [j for j in self._jobs if j.state in ("complete", "failed")]
+            queued = [j for j in self._jobs if j.state == "queued"]
+            shown = running or ended[-1:] or queued
+            return shown[0] if shown else None
+
+    def queued(self) -> list[str]:
+        """The ids of the jobs waiting behind the running one, oldest first."""
+        with self._lock:
+            return [j.id for j in self._jobs if j.state == "queued"]
+
+    def ended(self) -> dict[str, str]:
+        """The outcome of the latest jobs that ended, by id: "complete" or "failed: <why>"."""
+        with self._lock:
+            return {
+                j.id: j.state if j.state == "complete" else f"failed: {j.error}"
+                for j in self._jobs
+                if j.state in ("complete", "failed")
+            }
 
     def look_for_new_tables(self) -> None:
         """Snapshot, by a job of their own, the tables new to a when_needed node's publication."""
@@ -133,19 +154,12 @@ class IncrementalSnapshots:
         """A new job over `specs` (`schema.table`) on `node` (None: every node that has the table).
 
         ValueError for what the caller asked wrong (unknown table or node, no key);
-        RuntimeError while another job runs; SnapshotError when the node cannot be read.
+        SnapshotError when the node cannot be read.  Behind a running job the new one is queued.
         """
         with self._submitting:
             return self._submit(specs, node, chunk_rows)
 
     def _submit(self, specs: list[str], node: str | None, chunk_rows: int) -> Job:
-        with self._lock:
-            running = next((j for j in self._jobs if j.state == "running"), None)
-        if running is not None:
-            raise RuntimeError(
-                f"incremental snapshot {running.id} is still running "
-                f"({', '.join(t.label for t in running.tables)}); start another once it is complete"
-            )
         if not specs:
             raise ValueError("name at least one table (schema.table)")
         wanted = []
@@ -176,10 +190,20 @@ class IncrementalSnapshots:
                 )
         job = Job(uuid.uuid4().hex[:12], tables, chunk_rows or self.chunk_rows)
         with self._lock:
-            self._jobs = [j for j in self._jobs if j.state == "running"] + [job]
+            unfinished = [j for j in self._jobs if j.state in ("running", "queued")]
+            ended = [j for j in self._jobs if j.state in ("complete", "failed")][-ENDED_KEPT:]
+            if unfinished:
+                job.state = "queued"  # (one job runs at a time; the others wait their turn, in order)
+            self._jobs = ended + unfinished + [job]
             self._store()
-        self._show(job)
-        log.info("incremental snapshot %s: %s", job.id, ", ".join(f"{t.node} {t.label}" for t in job.tables))
+        if job.state == "running":
+            self._show(job)
+        log.info(
+            "incremental snapshot %s%s: %s",
+            job.id,
+            " (queued)" if job.state == "queued" else "",
+            ", ".join(f"{t.node} {t.label}" for t in job.tables),
+        )
         self._wake.set()
         return job
 
@@ -215,8 +239,7 @@ class IncrementalSnapshots:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
-                job = next((j for j in self._jobs if j.state == "running"), None)
+            job = self._next_job()
             if job is None:
                 if time.monotonic() >= self._next_look:
                     self._next_look = time.monotonic() + NEW_TABLES_EVERY_S
@@ -241,6 +264,21 @@ class IncrementalSnapshots:
                     job.state, job.error = "failed", message
                     self._store()
                 self.progress.state = "failed"
+
+    def _next_job(self) -> Job | None:
+        """The running job, else the first queued one, now running (None: none to run)."""
+        with self._lock:
+            running = next((j for j in self._jobs if j.state == "running"), None)
+            if running is not None:
+                return running
+            job = next((j for j in self._jobs if j.state == "queued"), None)
+            if job is None:
+                return None
+            job.state = "running"
+            self._store()
+        self._show(job)
+        log.info("incremental snapshot %s: its turn, starting", job.id)
+        return job
 
     def _run_job(self, job: Job) -> None:
         for t in job.tables:

@@ -64,7 +64,7 @@ class Job:
     id: str
     tables: list[TableJob]
     chunk_rows: int = CHUNK_ROWS
-    state: str = "running"  # "running", "complete", "failed"
+    state: str = "running"  # "queued" (behind another), "running", "complete", "failed"
     error: str = ""
     redo: int = field(default=0, repr=False)
 

@@ -78,7 +78,7 @@ def look_for_new_tables(
         if specs:
             try:
                 submit(specs, access.node)
-            except (RuntimeError, SnapshotError) as e:  # (a job started meanwhile; the node is away)
+            except SnapshotError as e:  # (the node is away)
                 log.warning("node %s: new tables wait for the next look: %s", access.node, e)
                 return
             except ValueError as e:  # (one of them went away or changed meanwhile)
@@ -92,4 +92,4 @@ def look_for_new_tables(
                 )
         update(partial(known.extend, new))
         if specs:
-            return  # (one job at a time: other nodes' new tables at the next look)
+            return  # (one job a look: other nodes' new tables at the next)

@@ -250,3 +250,40 @@ def test_a_commit_still_waiting_for_a_synchronous_standby_is_not_overwritten(
         for ch in t["changes"]:
             item[ch["new"]["id"]] = ch["new"]["v"]
     assert item == {i: "late" if i == 5 else f"i{i}" for i in range(1, 51)}
+
+
+def test_a_table_asked_for_while_a_job_runs_is_queued_and_then_taken(pg: PgDatabase, tmp_path: Any) -> None:
+    """A second `csnd snapshot` while the first job runs: queued behind it, shown so, then taken whole."""
+    _setup(pg, rows=ROWS)
+    pg.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO item SELECT i, 'i' || i FROM generate_series(1, 500) AS i")
+    source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&create_slot=true"
+    served = start_serve([source], str(tmp_path / "log"))
+    writer = _Writer(pg, seed=5, limit=ROWS).start()
+    try:
+        first = _snapshot(served, "public.acct", "--chunk-rows", "20", "--no-wait")
+        assert first.returncode == 0, first.stderr
+        second = subprocess.Popen(
+            [*CSND, "snapshot", served.address, "public.item", "--chunk-rows", "100"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: len(served.status()["incremental"].get("queued", [])) == 1, "the second job queued")
+        shown = served.status()["incremental"]
+        assert shown["state"] == "running" and shown["tables"][0]["table"] == "acct", shown
+        _, err = second.communicate(timeout=600)
+        assert second.returncode == 0, err
+        assert "complete" in err.splitlines()[-1], err
+        writer.stop()
+        status = served.status()["incremental"]
+        assert status["queued"] == [] and list(status["ended"].values()) == ["complete", "complete"], status
+        txns = _check_equal(pg, served)
+    finally:
+        writer.stop()
+        code, err = served.terminate()
+    assert code == 0, err
+    items = {ch["new"]["id"] for t in txns if "snapshot" in t for ch in t["changes"] if ch["table"] == "item"}
+    assert items == set(range(1, 501))
+    jobs = [t["snapshot"]["incremental"] for t in txns if "snapshot" in t]
+    assert len(set(jobs)) == 2 and jobs == sorted(jobs, key=jobs.index)  # (acct's job whole, then item's)

@@ -213,7 +213,14 @@ class StatusResponse(_message.Message):
     def __init__(self, time_us: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., changelog: _Optional[_Union[ChangelogStatus, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStatus, _Mapping]]] = ..., version: _Optional[str] = ..., totals: _Optional[_Union[Totals, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotStatus, _Mapping]] = ..., incremental: _Optional[_Union[SnapshotStatus, _Mapping]] = ...) -> None: ...
 
 class SnapshotStatus(_message.Message):
-    __slots__ = ("state", "first_csn", "last_csn", "tables", "job", "error", "gtm_csn", "barrier_ms")
+    __slots__ = ("state", "first_csn", "last_csn", "tables", "job", "error", "gtm_csn", "barrier_ms", "queued", "ended")
+    class EndedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STATE_FIELD_NUMBER: _ClassVar[int]
     FIRST_CSN_FIELD_NUMBER: _ClassVar[int]
     LAST_CSN_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +229,8 @@ class SnapshotStatus(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     GTM_CSN_FIELD_NUMBER: _ClassVar[int]
     BARRIER_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     state: str
     first_csn: int
     last_csn: int
@@ -230,7 +239,9 @@ class SnapshotStatus(_message.Message):
     error: str
     gtm_csn: int
     barrier_ms: float
-    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ..., job: _Optional[str] = ..., error: _Optional[str] = ..., gtm_csn: _Optional[int] = ..., barrier_ms: _Optional[float] = ...) -> None: ...
+    queued: _containers.RepeatedScalarFieldContainer[str]
+    ended: _containers.ScalarMap[str, str]
+    def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ..., job: _Optional[str] = ..., error: _Optional[str] = ..., gtm_csn: _Optional[int] = ..., barrier_ms: _Optional[float] = ..., queued: _Optional[_Iterable[str]] = ..., ended: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SnapshotTableStatus(_message.Message):
     __slots__ = ("node", "schema", "table", "state", "rows", "rows_estimated", "chunks_done", "chunks", "eta_seconds")
