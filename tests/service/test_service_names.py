@@ -4,7 +4,9 @@
 clients, stubs and grpcurl scripts written before the versioned packages call
 it.  Both reach the same servicer through a real gRPC server: the same
 answers, the same roles (a read credential administers under neither name),
-health SERVING for both, and reflection describing both.
+health SERVING for both, and reflection describing both.  The node agent
+likewise answers as csnd.agent.v1.NodeAgent and, for a merge of the
+previous release, as csnd.v1.NodeAgent.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from csnd.changelog import Changelog
 from csnd.core.auth import ADMIN, READ, Credential, Credentials, token_digest
+from csnd.gtm import generate_cluster
+from csnd.proto.agent.v1 import agent_pb2 as agent_pb
 from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.server import RunningServer
+from tests.runtime.test_agent import Agent
 from tests.service.feedkit import fill, serve
 from tests.service.test_reflection import V1, V1ALPHA, _described, _services
 
@@ -120,3 +125,30 @@ def test_reflection_describes_both_names_with_the_contract_s_messages(tmp_path: 
                     assert old == new  # (method for method, the contract's own messages)
         finally:
             srv.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("agents")
+    generate_cluster(str(d), 1, 20, seed=3, binary=True)
+    return d
+
+
+def test_a_node_agent_describes_itself_under_both_names(cluster: Path) -> None:
+    """A merge of the previous release calls csnd.v1.NodeAgent: the agent still answers it."""
+    agent = Agent(str(cluster / "dn1.pgstream"))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{agent.port}") as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            for service in ("csnd.agent.v1.NodeAgent", "csnd.v1.NodeAgent"):
+                describe = ch.unary_unary(
+                    f"/{service}/Describe",
+                    request_serializer=agent_pb.DescribeRequest.SerializeToString,
+                    response_deserializer=agent_pb.Hello.FromString,
+                )
+                hello = describe(agent_pb.DescribeRequest(), timeout=30)
+                assert (hello.node, hello.mode) == ("dn1", "gtm"), service
+                answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+    finally:
+        agent.stop()
