@@ -13,9 +13,12 @@ text recording of a stream must give the same output.  Where the JSON rule is
 decoder renders that text form itself, exactly as PostgreSQL 15 does with its
 default `DateStyle=ISO` and `IntervalStyle=postgres`.  A type whose binary form
 cannot be rendered exactly (money: its text depends on the server's
-`lc_monetary`; ranges, geometric types, tsvector, user-defined types) has no
-binary decoder: `binary_readable()` is false, and its Relation message fails
-with an error that says to use text mode -- never a wrong value.  Text in a
+`lc_monetary`; tstzrange: its bounds are printed in the server's TimeZone;
+geometric types, tsvector) has no binary decoder: `binary_readable()` is
+false, and its Relation message fails with an error that says to use text
+mode -- never a wrong value.  The built-in ranges and multiranges of other
+bounds are rendered to their text form (`decoder.pgtext`), and so are the
+fields, bounds and elements inside composites, ranges and arrays (`pg_text`).  Text in a
 binary value (text, varchar, xml, enum labels) is in the connection's client
 encoding, which must be UTF-8, psycopg's default.
 
