@@ -10,14 +10,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from csnd.core.errors import DecodeError
+from csnd.core.errors import DecodeError, StreamFormatError
 from csnd.core.ids import lsn_to_str
 from csnd.decoder import RelationCache
 from csnd.decoder.rows import USER_TYPES_QUERY
 from csnd.reader.pgoutput import Relation, TypeMsg
+from csnd.reader.recorded import RecordedSource
+from csnd.reader.streamfile import StreamHeader, StreamWriter
 from tests.decoder.test_rows import decode_stream, peek, setup
 from tests.fixtures.pg import PgDatabase
 
@@ -194,3 +197,19 @@ def test_replay_writes_the_same_lines_from_a_text_and_a_binary_stream(pg: PgData
             }
         ]
     )
+
+
+def test_a_recording_carries_the_user_types_and_an_older_one_its_enums(tmp_path: Path) -> None:
+    rows = [(16390, "e", 16389, 0), (16395, "c", 16394, 0), (16400, "r", 16399, 701)]
+    new, old, bad = tmp_path / "new.pgstream", tmp_path / "old.pgstream", tmp_path / "bad.pgstream"
+    for path, extra in (
+        (new, {"types": [list(r) for r in rows]}),
+        (old, {"enums": [[16390, 16389]]}),
+        (bad, {"types": [[1, "e"]]}),
+    ):
+        with StreamWriter(str(path), StreamHeader(node="dn1", binary=False, mode="single", extra=extra)):
+            pass
+    assert RecordedSource(str(new)).user_types() == rows
+    assert RecordedSource(str(old)).user_types() == [(16390, "e", 16389, 0)]
+    with pytest.raises(StreamFormatError, match='header "types"'):
+        RecordedSource(str(bad)).user_types()
