@@ -618,7 +618,8 @@ def row_change_body(
     except DecodeError as e:
         raise DecodeError(e.message, lsn=lsn, xid=xid) from None
     if binary and table.unreadable is not None:
-        raise DecodeError(table.unreadable, lsn=lsn, xid=xid)
+        # (0/0 is no position: a snapshot's row, read outside the stream, has none to name)
+        raise DecodeError(table.unreadable, lsn=lsn or None, xid=xid)
     if (kind == "I" or kind == "U") and data and data[0] == NEW_TUPLE:  # no old tuple
         end = len(data)
         row = table.read_row(data, 1, end)

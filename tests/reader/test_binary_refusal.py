@@ -9,10 +9,16 @@ and xid, never "at 0/0".  On PostgreSQL 18 (`pg18`), where the issue saw
 from __future__ import annotations
 
 import re
+import struct
 import subprocess
 import sys
 
-from csnd.core.ids import lsn_from_str
+import pytest
+
+from csnd.core.errors import DecodeError
+from csnd.core.ids import Lsn, lsn_from_str
+from csnd.decoder.rows import RelationCache, row_change_body
+from csnd.reader.pgoutput import Column, Relation
 from tests.fixtures.pg import PgDatabase
 
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -40,3 +46,21 @@ def test_a_binary_refusal_names_the_first_change_s_lsn_and_xid(pg18: PgDatabase)
     assert at is not None, proc.stderr
     assert before <= lsn_from_str(at.group(1)) <= lsn_from_str(end), proc.stderr
     assert f"(xid {xid})" in proc.stderr, proc.stderr
+
+
+def test_a_refusal_without_a_position_claims_none() -> None:
+    """A row read outside the stream (an incremental snapshot's chunk: position 0) is refused without "at 0/0".
+
+    0/0 is no position; the error said "at 0/0" as if the change were there.
+    """
+    c = RelationCache(binary=True)
+    columns = (Column(1, "id", 23, -1), Column(0, "amount", 790, -1))
+    c.apply(Relation(None, 16384, "public", "price", "d", columns), Lsn(0))
+    row = b"N" + struct.pack("!H", 2) + b"b" + struct.pack("!Ii", 4, 1) + b"b" + struct.pack("!Iq", 8, 150)
+    with pytest.raises(DecodeError) as info:
+        row_change_body("I", None, 16384, row, 0, c, True)
+    assert 'column "amount" has type money' in str(info.value) and "text mode" in str(info.value)
+    assert info.value.lsn is None and "0/0" not in str(info.value), str(info.value)
+    with pytest.raises(DecodeError) as info:  # (in the stream: the change's own position)
+        row_change_body("I", 745, 16384, row, 0x16B3748, c, True)
+    assert info.value.lsn == 0x16B3748 and str(info.value).endswith("(xid 745) at 0/16B3748")
