@@ -100,7 +100,8 @@ SELECT a.attname::text, a.atttypid::int8, a.atttypmod, format_type(a.atttypid, a
                                                 WHERE i.indrelid = c.oid AND i.indisreplident)::int2[]), false)
          ELSE false END
 FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+  AND (a.attgenerated = '' OR a.attname = ANY (%s::text[]))
 ORDER BY a.attnum
 """
 
@@ -301,7 +302,9 @@ def read_tables(
         published = set(attnames or [])
         columns = tuple(
             ColumnInfo(str(n), int(oid), int(mod), str(sqltype), bool(ident))
-            for n, oid, mod, sqltype, ident in conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
+            # (a stored generated column only when the publication sends it too: PostgreSQL 18's
+            # publish_generated_columns = stored lists it in attnames, and the stream carries it)
+            for n, oid, mod, sqltype, ident in conn.execute(_COLUMNS_SQL, (relid, list(published))).fetchall()
             if not published or n in published
         )
         key = tuple(str(r[0]) for r in conn.execute(_KEY_SQL, (relid,)).fetchall())

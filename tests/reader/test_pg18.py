@@ -20,6 +20,7 @@ import pytest
 
 from tests.fixtures import witness
 from tests.fixtures.pg import PgDatabase
+from tests.service.servekit import start_serve, subscribe, wait_for
 
 CSND = [sys.executable, "-m", "csnd.cli"]
 
@@ -84,3 +85,32 @@ def test_a_stored_generated_column_comes_out_as_test_decoding_prints_it(
     assert ("insert", {"id": 1, "a": 10, "twice": 20, "label": "n=10"}, None) in ours
     assert ("update", {"id": 3, "a": 5, "twice": 10, "label": "n=5"}, None) in ours
     assert ("delete", None, {"id": 2}) in ours
+
+
+def test_an_initial_snapshot_carries_the_stored_generated_columns_the_stream_carries(
+    pg18: PgDatabase, tmp_path: Path
+) -> None:
+    """A consumer's copy built from the snapshot and then the stream must have the same columns throughout."""
+    pg = pg18
+    pg.execute("CREATE TABLE gen (id int PRIMARY KEY, a int, twice int GENERATED ALWAYS AS (a * 2) STORED)")
+    pg.execute("INSERT INTO gen (id, a) SELECT i, i FROM generate_series(1, 5) AS i")
+    pg.execute("CREATE PUBLICATION csnd_pub FOR TABLE gen WITH (publish_generated_columns = stored)")
+    source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&snapshot=initial"
+    served = start_serve([source], str(tmp_path / "log"))
+    try:
+        wait_for(lambda: served.status().get("snapshot", {}).get("state") == "complete", "the snapshot")
+        pg.execute("INSERT INTO gen (id, a) VALUES (6, 6)")
+        wait_for(lambda: int(served.status()["totals"]["transactions"]) >= 1, "the streamed insert")
+        got = subscribe(served.address, "--idle-timeout", "2")
+    finally:
+        code, err = served.terminate()
+    assert code == 0, err
+    assert got.returncode == 0, got.stderr
+    rows = {
+        c["new"]["id"]: (c["op"], c["new"])
+        for line in got.stdout.splitlines()
+        for c in json.loads(line)["changes"]
+    }
+    assert rows == {
+        i: ("read" if i <= 5 else "insert", {"id": i, "a": i, "twice": 2 * i}) for i in range(1, 7)
+    }
