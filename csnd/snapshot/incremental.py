@@ -49,7 +49,17 @@ from csnd.core.errors import CsnOutOfRange, SnapshotError
 from csnd.core.tablespec import parse_table
 from csnd.reader.reconnect import one_line
 from csnd.snapshot.chunkreader import WAIT_NOTE_S, ChunkReader, Stopped, table_info
-from csnd.snapshot.jobstore import JOBS_FILE, Job, Known, NodeAccess, TableJob, read_jobs, write_jobs
+from csnd.snapshot.jobstore import (
+    JOBS_FILE,
+    Job,
+    Known,
+    NodeAccess,
+    TableJob,
+    outcomes,
+    read_jobs,
+    shown_job,
+    write_jobs,
+)
 from csnd.snapshot.newtables import look_for_new_tables
 from csnd.snapshot.plan import CHUNK_ROWS
 from csnd.snapshot.progress import SnapshotProgress
@@ -119,27 +129,16 @@ class IncrementalSnapshots:
                 log.info("incremental snapshot %s: resuming", job.id)
 
     def latest(self) -> Job | None:
-        """The job Status shows: the running one, else the newest that ended (else the first queued)."""
         with self._lock:
-            running = [j for j in self._jobs if j.state == "running"]
-            ended = [j for j in self._jobs if j.state in ("complete", "failed")]
-            queued = [j for j in self._jobs if j.state == "queued"]
-            shown = running or ended[-1:] or queued
-            return shown[0] if shown else None
+            return shown_job(self._jobs)
 
     def queued(self) -> list[str]:
-        """The ids of the jobs waiting behind the running one, oldest first."""
         with self._lock:
             return [j.id for j in self._jobs if j.state == "queued"]
 
     def ended(self) -> dict[str, str]:
-        """The outcome of the latest jobs that ended, by id: "complete" or "failed: <why>"."""
         with self._lock:
-            return {
-                j.id: j.state if j.state == "complete" else f"failed: {j.error}"
-                for j in self._jobs
-                if j.state in ("complete", "failed")
-            }
+            return outcomes(self._jobs)
 
     def look_for_new_tables(self) -> None:
         """Snapshot, by a job of their own, the tables new to a when_needed node's publication."""

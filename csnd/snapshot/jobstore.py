@@ -107,6 +107,23 @@ def write_jobs(path: str, jobs: list[Job], known: Known) -> None:
     replace_file(path, json.dumps(doc, indent=1).encode())
 
 
+def shown_job(jobs: list[Job]) -> Job | None:
+    """The job Status shows: the running one, else the newest that ended (else the first queued)."""
+    running = [j for j in jobs if j.state == "running"]
+    ended = [j for j in jobs if j.state in ("complete", "failed")]
+    shown = running or ended[-1:] or [j for j in jobs if j.state == "queued"]
+    return shown[0] if shown else None
+
+
+def outcomes(jobs: list[Job]) -> dict[str, str]:
+    """How the jobs that ended ended, by id: "complete" or "failed: <why>"."""
+    return {
+        j.id: j.state if j.state == "complete" else f"failed: {j.error}"
+        for j in jobs
+        if j.state in ("complete", "failed")
+    }
+
+
 def table_spec(schema: str, table: str) -> str:
     """`schema.table` as `csnd.core.tablespec` reads it back (a part with a dot, quote or space quoted)."""
 
