@@ -376,6 +376,8 @@ class IncrementalSnapshots:
 
         def read_and_mark() -> tuple[Window, dict[str, Any]]:
             window = self.windows.open(tracker, self.log.newest_csn)
+            if t.since is None:  # (the table's first chunk: the changelog's csn before every window of it)
+                t.since = window.since
             try:
                 hi, bodies, snapshot = table.read_chunk(t.after, rows, number)
                 marker = {
@@ -385,6 +387,7 @@ class IncrementalSnapshots:
                     "incremental": job.id,
                     "chunk": number,
                     "last": hi is None,
+                    "since": t.since,
                 }
                 keys = [body_key(b, table.info.key) for b in bodies]
                 pending = {

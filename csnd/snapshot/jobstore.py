@@ -53,6 +53,10 @@ class TableJob:
     estimated: int = 0
     # the chunk in flight: {"chunk": n, "hi": [...] | None, "floor": the changelog's newest csn before it}
     pending: dict[str, Any] | None = None
+    # the changelog's newest csn when the table's first chunk began: every change the stream delivers
+    # of a row while the job reads the table comes after it (a consumer drops the rows it did not
+    # see read or changed past it: they no longer exist)
+    since: int | None = None
 
     @property
     def label(self) -> str:
