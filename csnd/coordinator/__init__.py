@@ -19,13 +19,14 @@ refuses node sets that have no common commit order before anything starts.
     wire        NodeBatch and End <-> protobuf
 
 Public API: `__all__` below, what the runtime, the changelog and the
-snapshot use, plus `coordinator.wire`, imported by its module name (it loads
-protobuf, which a process that only merges does not need).  The merge's
-bookkeeping (mergestate, identity, gids) is the coordinator's own.
+snapshot use, and the submodule `wire`, imported by its module name (it
+loads protobuf, which a process that only merges does not need), not from
+here.  The merge's bookkeeping (mergestate, identity, gids) is the
+coordinator's own.
 """
 
 from csnd.coordinator.alone import AloneOrder
-from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics
+from csnd.coordinator.batch import MergeStatistics, NodeBatch, NodeStatistics, change_cid
 from csnd.coordinator.globaltxn import GlobalTxn, NodeCommit
 from csnd.coordinator.jsonlines import JSON_TAIL, json_changes, json_head, json_line, relation_line
 from csnd.coordinator.merge import (
@@ -55,8 +56,10 @@ __all__ = [
     "TxnEvent",
     "TxnPart",
     "TxnStart",
+    "change_cid",
     "json_changes",
     "json_head",
     "json_line",
     "relation_line",
+    "wire",
 ]

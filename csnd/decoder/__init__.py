@@ -14,7 +14,8 @@ no I/O; the pool and worker wire it into processes.
 
 Public API (what other packages use): the pool (`DecoderPool`, its
 `BATCH_END` mark, `start_worker_server`), the items it hands the sender
-(`DecodedItem`: `DecodedRun`, `WholeTxns` of `WholeTxn`, `DecodedChange`),
+(`DecodedItem`: `DecodedRun`, `WholeTxns` of `WholeTxn`, `DecodedChange`,
+and the messages it passes through, `PassThroughItem`),
 and for the snapshot copier the per-table decoding (`RelationCache`,
 `row_change_body`) and a relation's rendering (`relation_body`).  The rest
 (tuple splitting, value decoders, the worker's messages) is the decoder's
@@ -23,7 +24,7 @@ own, importable from its module for the tests.
 
 from typing import TYPE_CHECKING, Any
 
-from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, WholeTxn, WholeTxns
+from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThroughItem, WholeTxn, WholeTxns
 
 if TYPE_CHECKING:
     from csnd.decoder.pool import BATCH_END, BatchEnd, DecoderPool, start_worker_server
@@ -37,6 +38,7 @@ __all__ = [
     "DecodedItem",
     "DecodedRun",
     "DecoderPool",
+    "PassThroughItem",
     "RelationCache",
     "WholeTxn",
     "WholeTxns",
