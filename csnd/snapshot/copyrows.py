@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from typing import Final
+
+from csnd.core.compiled import compiled_module
 
 SIGNATURE: Final = b"PGCOPY\n\xff\r\n\x00"
 _HEAD: Final = struct.Struct("!II")  # flags, header extension length
@@ -67,39 +70,13 @@ class BinaryCopyRows:
             if pos > end:
                 return []
             self._header_done = True
-        out: list[bytes] = []
-        append = out.append
-        while pos + 2 <= end and not self._ended:
-            count = _unpack_i16(buf, pos)[0]
-            if count == -1:  # the trailer
-                self._ended = True
-                pos += 2
-                break
-            if count < 0:
-                raise CopyFormatError(f"binary COPY row with {count} fields")
-            row = bytearray(_NEW)
-            row += buf[pos : pos + 2]
-            p = pos + 2
-            complete = True
-            for _ in range(count):
-                if p + 4 > end:
-                    complete = False
-                    break
-                n = _unpack_i32(buf, p)[0]
-                if n < 0:
-                    row += _NULL
-                    p += 4
-                    continue
-                if p + 4 + n > end:
-                    complete = False
-                    break
-                row += _BINARY
-                row += buf[p : p + 4 + n]
-                p += 4 + n
-            if not complete:
-                break
-            append(bytes(row))
-            pos = p
+        if not self._ended:
+            out, pos, state = _split_rows(buf, pos, end)
+            if state < 0:
+                raise CopyFormatError(f"binary COPY row with {_unpack_i16(buf, pos)[0]} fields")
+            self._ended = state == 1
+        else:
+            out = []
         del buf[:pos]
         if self._ended and buf:
             raise CopyFormatError(f"{len(buf)} bytes after the binary COPY trailer")
@@ -110,6 +87,48 @@ class BinaryCopyRows:
         """The stream ended: it must have ended with the trailer and nothing left over."""
         if not self._ended or self._buf:
             raise CopyFormatError("binary COPY data ended inside a row or without its trailer")
+
+
+def _split_rows_py(buf: bytes | bytearray, pos: int, end: int) -> tuple[list[bytes], int, int]:
+    """The rows of `buf[pos:end]` as Insert tuples: `(rows, pos of the first incomplete one, state)`.
+
+    state 0: more may come; 1: the trailer was read (pos is after it); -1: a
+    row with a negative field count other than the trailer's starts at pos.
+    The twin and specification of `_copysplit.split_rows`.
+    """
+    out: list[bytes] = []
+    append = out.append
+    while pos + 2 <= end:
+        count = _unpack_i16(buf, pos)[0]
+        if count == -1:  # the trailer
+            return out, pos + 2, 1
+        if count < 0:
+            return out, pos, -1
+        row = bytearray(_NEW)
+        row += buf[pos : pos + 2]
+        p = pos + 2
+        for _ in range(count):
+            if p + 4 > end:
+                return out, pos, 0
+            n = _unpack_i32(buf, p)[0]
+            if n < 0:
+                row += _NULL
+                p += 4
+                continue
+            if p + 4 + n > end:
+                return out, pos, 0
+            row += _BINARY
+            row += buf[p : p + 4 + n]
+            p += 4 + n
+        append(bytes(row))
+        pos = p
+    return out, pos, 0
+
+
+_copysplit = compiled_module("csnd.snapshot._copysplit")
+_split_rows: Callable[[bytes | bytearray, int, int], tuple[list[bytes], int, int]] = (
+    _split_rows_py if _copysplit is None else _copysplit.split_rows
+)
 
 
 _ESCAPE: Final = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|(.))", re.DOTALL)

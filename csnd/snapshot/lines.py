@@ -55,6 +55,13 @@ def chunk_line(
 ) -> str:
     """One chunk's record: `bodies` (read change bodies, LSN included) and its `snapshot` marker."""
     changes = json_changes(node, [(0, consistent_lsn, b) for b in bodies], True)
+    return changes_line(csn, node, consistent_lsn, commit_time, changes, marker)
+
+
+def changes_line(
+    csn: int, node: str, consistent_lsn: int, commit_time: int, changes: str, marker: dict[str, Any]
+) -> str:
+    """`chunk_line` given its change objects' text (`csnd.snapshot.render.chunk_changes`)."""
     return f'{_head(csn, {node: consistent_lsn}, commit_time)}{changes}], "snapshot": {_encode(marker)}}}'
 
 

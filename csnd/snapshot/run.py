@@ -43,7 +43,7 @@ from csnd.core.ids import lsn_to_str
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Relation, TypeMsg
 from csnd.snapshot.copier import ChunkResult, NodeSnapshot
-from csnd.snapshot.lines import chunk_line, done_line
+from csnd.snapshot.lines import changes_line, done_line
 from csnd.snapshot.plan import TableInfo
 from csnd.snapshot.progress import SnapshotProgress
 
@@ -188,19 +188,19 @@ class SnapshotRun:
                     "table": t.name,
                     "chunk": chunk.index,
                     "chunks": chunk.count,
-                    "rows": len(item.bodies),
+                    "rows": item.rows,
                 }
-                line = chunk_line(next_csn, item.node, lsns[item.node], node.made_at, item.bodies, marker)
+                line = changes_line(next_csn, item.node, lsns[item.node], node.made_at, item.changes, marker)
                 if (item.node, t.relid) not in described:
                     log.relations.add(next_csn, item.node, table_relation_body(t))
                     described.add((item.node, t.relid))
                 log.append(next_csn, line.encode("utf-8"))
                 log.sync()
-                progress.chunk_done(item.node, t.schema, t.name, len(item.bodies))
+                progress.chunk_done(item.node, t.schema, t.name, item.rows)
                 progress.last_csn = next_csn
                 next_csn += 1
                 appended += 1
-                rows += len(item.bodies)
+                rows += item.rows
                 done_now = sum(v.state == "done" for v in progress.tables())
                 if done_now > tables_done or time.monotonic() - logged_at >= PROGRESS_LOG_S:
                     tables_done = done_now
