@@ -26,7 +26,7 @@ from typing import Final, Protocol
 
 from csnd.core.errors import SlotLost
 from csnd.core.ids import lsn_from_str
-from csnd.reader.reconnect import slot_lost_error
+from csnd.reader.reconnect import invalidated_how, slot_lost_error
 from csnd.runtime.stats import NodeStats
 from csnd.service.status import NodeState
 
@@ -134,9 +134,11 @@ def check_slots_kept(slots: Iterable[tuple[str, str, str]], changelog: str, newe
     for node, conninfo, slot in slots:
         try:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+                # (invalidation_reason is 17+; through to_jsonb it reads as NULL before)
                 row = conn.execute(
-                    "SELECT coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, '') "
-                    "FROM pg_replication_slots WHERE slot_name = %s",
+                    "SELECT coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, ''), "
+                    "to_jsonb(s) ->> 'invalidation_reason' "
+                    "FROM pg_replication_slots s WHERE slot_name = %s",
                     (slot,),
                 ).fetchone()
         except psycopg.Error:
@@ -145,7 +147,7 @@ def check_slots_kept(slots: Iterable[tuple[str, str, str]], changelog: str, newe
             raise slot_lost_error(
                 node,
                 slot,
-                "was invalidated by the server (its WAL exceeded max_slot_wal_keep_size and was removed)",
+                invalidated_how(str(row[2]) if row[2] is not None else None),
                 "wal_status lost",
                 lsn_from_str(str(row[1])) if row[1] else 0,
             )

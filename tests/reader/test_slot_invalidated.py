@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from csnd.core.errors import SlotLost
+from csnd.service.nodes import check_slots_kept
 from csnd.testing.pgserver import PgServer, start_server
 
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -102,3 +104,27 @@ def test_a_slot_whose_wal_was_removed_names_max_slot_wal_keep_size(server18: PgS
     line = _one_error_line(_replay(url, "behind"))
     assert "node dn7" in line and "replication slot behind" in line, line
     assert "max_slot_wal_keep_size" in line and "wal_removed" in line, line
+
+
+def test_serves_pre_start_check_names_the_servers_reason_for_an_idle_slot(server18: PgServer) -> None:
+    """`csnd serve` checks its slots before it starts: an idle-invalidated one is not blamed on WAL size."""
+    with psycopg.connect(server18.dsn(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("SELECT pg_create_logical_replication_slot('idle2', 'pgoutput')")
+        conn.execute("ALTER SYSTEM SET idle_replication_slot_timeout = '1s'")
+        conn.execute("SELECT pg_reload_conf()")
+        confirmed = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'idle2'"
+        ).fetchone()
+        assert confirmed is not None
+        assert (
+            _invalidate(conn, "idle2", "INSERT INTO t SELECT coalesce(max(id), 0) + 1 FROM t")
+            == "idle_timeout"
+        )
+    with pytest.raises(SlotLost) as lost:
+        check_slots_kept([("dn7", server18.dsn(), "idle2")], "/var/lib/csnd", newest_csn=42)
+    line = str(lost.value)
+    assert "node dn7" in line and "replication slot idle2" in line, line
+    assert "idle_replication_slot_timeout" in line and "idle_timeout" in line, line
+    assert "max_slot_wal_keep_size" not in line, line
+    assert f"after {confirmed[0]}" in line, line
