@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -211,6 +212,67 @@ def client_cut(run: Run) -> None:
     proxy.resume()
 
 
+def serve_kill_stalled(run: Run) -> None:
+    """Overlapping faults: kill -9 of `csnd serve` while one source's replication connection is stalled.
+
+    The killed service's walsender is still behind the stalled proxy and holds
+    the slot; the new service is started either while the path is still
+    stalled (it must wait its source out, not fail) or once it flows again
+    (the old walsender may still hold the slot: the new one must retry).
+    """
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    ((node, proxy),) = run.proxies.items()
+    hold = run.rng.uniform(0.5, 4.0)
+    kill_at = run.rng.uniform(0.1, hold)
+    restart_stalled = run.rng.random() < 0.5
+    run.mark_fault(
+        f"stall {node}'s replication connection {hold:.1f}s after {d:.2f}s, kill -9 serve {kill_at:.1f}s in, "
+        + ("restarted while stalled" if restart_stalled else "restarted once flowing")
+    )
+    proxy.stall()
+    time.sleep(kill_at)
+    assert run.served is not None
+    run.served.kill()
+    if not restart_stalled:
+        time.sleep(hold - kill_at)
+        proxy.resume()
+        run.restart_served()
+        return
+    # (the new service may wait on its stalled source before it is ready: resume from beside it)
+    resumer = threading.Timer(hold - kill_at, proxy.resume)
+    resumer.start()
+    try:
+        run.restart_served()
+    finally:
+        resumer.join()
+
+
+def decoder_kill_client_cut(run: Run) -> None:
+    """Overlapping faults: a decoder killed while the subscribers' connections are stalled or cut."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    proxy = run.client_proxy
+    assert proxy is not None and run.served is not None
+    pid = run.served.proc.pid
+    decoders = wait(lambda: _decoders(pid), "decoder processes", run.diagnose, seconds=30)
+    victim = run.rng.choice(decoders)
+    hold = run.rng.uniform(0.5, 4.0)
+    how = run.rng.choice(["stall", "stall, then cut"])
+    run.mark_fault(
+        f"{how} the subscribers' connections {hold:.1f}s after {d:.2f}s, "
+        f"kill -9 decoder {decoders.index(victim) + 1} of {len(decoders)} in it"
+    )
+    proxy.stall()
+    time.sleep(run.rng.uniform(0.0, hold))
+    os.kill(victim, signal.SIGKILL)
+    served = run.served
+    wait(lambda: int(http_status(served)["totals"]["restarts"]) >= 1, "the pipeline to restart", run.diagnose)
+    if how.endswith("cut"):
+        proxy.cut()
+    proxy.resume()
+
+
 FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "service-kill": service_kill,
     "decoder-kill": decoder_kill,
@@ -221,10 +283,16 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "replication-stall": proxy_stall,
     "replication-black-hole": proxy_black_hole,
     "client-cut": client_cut,
+    "serve-kill-stalled": serve_kill_stalled,
+    "decoder-kill-client-cut": decoder_kill_client_cut,
 }
 SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
-PROXIED: Final = frozenset({"replication-cut", "replication-stall", "replication-black-hole"})
-CLIENT_PROXIED: Final = frozenset({"client-cut"})  # (the subscribers reach the service through a proxy)
+PROXIED: Final = frozenset(
+    {"replication-cut", "replication-stall", "replication-black-hole", "serve-kill-stalled"}
+)
+CLIENT_PROXIED: Final = frozenset(
+    {"client-cut", "decoder-kill-client-cut"}
+)  # (the subscribers reach the service through a proxy)
 
 
 def evidence_dir() -> Path:
