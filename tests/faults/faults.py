@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+import psycopg
+
 from csnd.gtm.writer import PAUSE_POINTS
 from tests.faults.harness import Run, http_status, wait
 from tests.fixtures.procs import children
@@ -273,6 +275,32 @@ def decoder_kill_client_cut(run: Run) -> None:
     proxy.resume()
 
 
+def slot_dropped(run: Run) -> None:
+    """csnd's slot on one node dropped under the stream (its walsender ended until the drop wins).
+
+    What that node commits from now on can never be delivered: the correct
+    outcome is a clear stop (`harness.Run.check_clear_stop`), not a recovery."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    node = run.rng.choice(list(run.urls))
+    run.mark_fault(f"drop {node}'s slot {run.slot} after {d:.2f}s")
+    run.stopped = node
+    with psycopg.connect(run.urls[node], autocommit=True) as c:
+        deadline = time.monotonic() + 30
+        while True:  # (the service reconnects at once: terminate and drop until the drop wins)
+            row = c.execute(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (run.slot,)
+            ).fetchone()
+            if row is not None and row[0] is not None:
+                c.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+            try:
+                c.execute("SELECT pg_drop_replication_slot(%s)", (run.slot,))
+                return
+            except psycopg.errors.ObjectInUse:
+                assert time.monotonic() < deadline, f"{node}'s slot {run.slot} stayed in use for 30 s"
+                time.sleep(0.02)
+
+
 FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "service-kill": service_kill,
     "decoder-kill": decoder_kill,
@@ -285,7 +313,10 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "client-cut": client_cut,
     "serve-kill-stalled": serve_kill_stalled,
     "decoder-kill-client-cut": decoder_kill_client_cut,
+    "slot-dropped": slot_dropped,
 }
+# Classes whose correct outcome is a clear stop naming node and slot (checked by `Run.check_clear_stop`).
+STOPS: Final = frozenset({"slot-dropped"})
 SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
 PROXIED: Final = frozenset(
     {"replication-cut", "replication-stall", "replication-black-hole", "serve-kill-stalled"}

@@ -300,6 +300,7 @@ class Run:
         self.log_dir = str(tmp / "changelog")
         self.writer_args: list[list[str]] = [[] for _ in range(WRITERS)]
         self.victim: tuple[str, bool] | None = None  # a killed writer's gid, and whether it must commit
+        self.stopped: str | None = None  # the node whose slot a stop class took away
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -542,6 +543,81 @@ class Run:
         o.lost = len(set(v.lost))
         o.doubled = len(v.doubled) // max(1, len(self.subs))
         o.problems += v.problems
+        if o.problems:
+            o.problems.append(f"recovery: {recovery}")
+        return o
+
+    def check_clear_stop(self) -> Outcome:
+        """The end of a class whose correct outcome is a clear stop (a slot gone: a gap would follow).
+
+        Recovered means: the service ends by itself, exit status 1, with one
+        error line naming the node and the slot; a restart over its changelog
+        refuses before it is ready, naming them too; and what each subscriber
+        printed is a gapless prefix of the witness -- every transaction up to
+        its last one, once, whole (none missing the stopped node's part), in
+        order.  Lost counts a transaction missing inside that prefix; what
+        committed after the stop is undelivered by design, and only counted in
+        the detail."""
+        o = self.outcome
+        node, served = self.stopped, self.served
+        assert node is not None and served is not None and self.fault_at is not None
+        time.sleep(AFTER_FAULT_S)
+        self.stop_writers()
+        recovery = self.recover()
+        stop_line = ""
+        try:
+            served.proc.wait(timeout=DRAIN_S)
+            ended = time.monotonic()
+            _out, err = served.proc.communicate(timeout=30)
+            errors = [ln for ln in err.splitlines() if ln.startswith("csnd serve: error:")]
+            if served.proc.returncode != 1 or len(errors) != 1:
+                o.problems.append(
+                    f"csnd serve exited {served.proc.returncode} with errors {errors}: {err[-1500:]}"
+                )
+            else:
+                stop_line = errors[0]
+                if f"node {node}" not in stop_line or self.slot not in stop_line:
+                    o.problems.append(
+                        f"the service's error does not name node {node} and slot {self.slot}: {stop_line}"
+                    )
+            o.recovery_s = round(ended - self.fault_at, 2)
+        except subprocess.TimeoutExpired:
+            o.problems.append(
+                f"stalled: csnd serve still runs {DRAIN_S:.0f}s after {node}'s slot {self.slot} went "
+                f"(a reconnect loop hides the gap); {self.diagnose()}"
+            )
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join()
+        if not o.problems:
+            try:
+                start_serve(self.sources(), self.log_dir).kill()
+                o.problems.append(
+                    f"csnd serve restarted over the changelog without {node}'s slot {self.slot}"
+                )
+            except AssertionError as e:
+                if f"node {node}" not in str(e) or self.slot not in str(e):
+                    o.problems.append(
+                        f"the refused restart does not name node {node} and slot {self.slot}: {e}"
+                    )
+        want = wit.expected(wit.read_witness(self.urls, self.witness_slot))
+        o.transactions = len(want)
+        v = wit.Verdict()
+        delivered = 0
+        for s in self.subs:
+            s.stop()  # (its exit status is not judged: the service it read from is gone)
+            lines = s.lines()
+            top = max((int(json.loads(x)["csn"]) for x in lines), default=0)
+            delivered = max(delivered, top)
+            wit.check_stream(f"subscriber {s.name or '-'}", lines, [t for t in want if t.csn <= top], v)
+        wit.check_writers(self.committed(), want, v)
+        self.check_slots(want, v)
+        o.lost = len(set(v.lost))
+        o.doubled = len(v.doubled) // max(1, len(self.subs))
+        o.problems += v.problems
+        after = sum(1 for t in want if t.csn > delivered)
+        o.recovered = not o.problems
+        o.detail += f"; stopped in {o.recovery_s}s: {stop_line[:200]}; {after} committed after, undelivered"
         if o.problems:
             o.problems.append(f"recovery: {recovery}")
         return o

@@ -18,7 +18,7 @@ import pytest
 
 from csnd.testing.cluster import LocalCluster
 from tests.faults.conftest import record, runs
-from tests.faults.faults import CLIENT_PROXIED, FAULTS, PROXIED, SETUP
+from tests.faults.faults import CLIENT_PROXIED, FAULTS, PROXIED, SETUP, STOPS
 from tests.faults.harness import running
 
 pytestmark = pytest.mark.xdist_group("faults")
@@ -52,7 +52,7 @@ def test_fault(cluster: LocalCluster, tmp_path: Path, fault: str, seed: int) -> 
         run.start()
         try:
             FAULTS[fault](run)
-            outcome = run.drain_and_check()
+            outcome = run.check_clear_stop() if fault in STOPS else run.drain_and_check()
         except AssertionError as e:
             run.outcome.problems.append(f"{type(e).__name__}: {e}")
             outcome = run.outcome
