@@ -2,24 +2,26 @@
 
     LiveSource.prepare(snapshot=...) ── ExportedSnapshot (the slot's replication connection, held open)
             │
-            ▼  NodeSnapshot.open(): 1 planner + READERS copier connections, each
-            │  BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '...'
+            ▼  NodeSnapshot.open(): 1 planner connection here and READERS copier processes
+            │  (csnd.snapshot.copyproc), each BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+            │  SET TRANSACTION SNAPSHOT '...' on a connection of its own
             ▼  then ExportedSnapshot.release(): the transactions keep the snapshot
     planner: pg_publication_tables ─► TableInfo ─► chunk bounds ─► chunk queue ─┐
-    copier threads: COPY chunk ─► copyrows ─► RelationCache + row_change_body ─►│─► done queue ─► SnapshotRun
-                                                                                     (the service appends
-                                                                                      each chunk, csnd.snapshot.run)
+    copier thread i ─ chunk ─► copier process i: binary COPY ─► copyrows ─► render ─► its text ─►│
+                                                      done queue (bounded) ◄─ ChunkResult ◄─────┘
+                                                      └► SnapshotRun appends each chunk (csnd.snapshot.run)
 
 Every connection sees the database exactly as of the slot's consistent
 point: what committed before it is in the snapshot, what commits after it is
 streamed by the slot.  The planner plans one table at a time and hands its
-chunks on at once, so copying starts with the first table.  The copiers
-render rows with the stream's own decoder (`csnd.snapshot.copyrows`), so a
-read's values are a streamed insert's.
+chunks on at once, so copying starts with the first table.  The copier
+processes render rows with the stream's own decoder (`csnd.snapshot.render`),
+so a read's values are a streamed insert's, and they do it off this
+process's GIL: this process only plans and appends.
 
 Errors name the node, the table and the consistent point's LSN; a failed
-query ends the snapshot (`SnapshotError`), since a snapshot cannot be
-imported again once the exporting connection is gone.
+query, or a copier process that dies, ends the snapshot (`SnapshotError`),
+since a snapshot cannot be imported again once the exporting connection is gone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from psycopg import sql
 from csnd.core.appname import named_conninfo
 from csnd.core.errors import CsndError, SnapshotError
 from csnd.reader.reconnect import one_line
-from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
+from csnd.snapshot.copyproc import CopierProcess
 from csnd.snapshot.plan import (
     CHUNK_ROWS,
     FIRST_NON_BUILTIN_OID,
@@ -47,24 +49,18 @@ from csnd.snapshot.plan import (
     TableInfo,
     TypeInfo,
     boundaries_sql,
-    chunk_copy_sql,
     chunks_of,
     split_bounds,
 )
-from csnd.snapshot.render import chunk_changes
 
 log = logging.getLogger("csnd.snapshot")
 
-# Copier connections per node, each with a thread.  More read chunks in
-# parallel on the server (what helps when the server's disk is the limit),
-# each is one more connection and one more chunk in memory.  The rendering
-# runs in Python threads, so it does not scale with them: bench/snapshot_bench.py
-# measured 34,000-43,000 rows/s for any of 1, 3 or 6 readers on 2 shared
-# cores, 100,000 rows (rendering in the decoder processes is left for later).
+# Copier processes per node, each with its connection and a thread here that feeds it.  More
+# read and render chunks in parallel (on the server and on this machine's cores), each is one more
+# connection, process and chunk in memory.  bench/snapshot_bench.py (docs/performance.md): with
+# the rendering in this process's threads any of 1, 3 or 6 copied 34,000-43,000 rows/s on 2
+# shared cores; in processes, 3 keep 2 cores busy while one waits on its COPY.
 READERS: Final = 3
-# COPY messages (one a row) gathered before they are parsed in one call: fewer calls, against
-# that many raw rows held a little longer (a few hundred KB for narrow rows).
-BLOCKS_PER_PARSE: Final = 2_000
 
 
 @dataclass(frozen=True)
@@ -152,7 +148,8 @@ class NodeSnapshot:
         self.binary = binary
         self.enums = enums
         self.settings = settings or SnapshotSettings()
-        self._conns: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._conns: list[psycopg.Connection[tuple[Any, ...]]] = []  # the planner's
+        self._copiers: list[CopierProcess] = []
         self._chunks: queue.Queue[Chunk | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -167,28 +164,57 @@ class NodeSnapshot:
     # --- while the export is alive ------------------------------------------------------
 
     def open(self, snapshot_name: str) -> None:
-        """Connections that import `snapshot_name`: call while the exporting connection is open and idle."""
+        """The planner's connection and the copier processes, each importing `snapshot_name`: call while
+        the exporting connection is open and idle (it returns once every one has imported it)."""
+        from csnd.decoder.pool import start_worker_server
+
         try:
-            for _ in range(1 + max(1, self.settings.readers)):
-                conn = psycopg.connect(named_conninfo(self.conninfo, self.node), autocommit=False)
-                self._conns.append(conn)
-                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                conn.read_only = True
-                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+            conn = psycopg.connect(named_conninfo(self.conninfo, self.node), autocommit=False)
+            self._conns.append(conn)
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
         except psycopg.Error as e:
             self.close()
             raise self._error(
                 f"cannot import the slot's exported snapshot {snapshot_name}: {one_line(str(e))}"
             ) from None
+        try:
+            ctx = start_worker_server()
+            for _ in range(max(1, self.settings.readers)):
+                self._copiers.append(
+                    CopierProcess.start(
+                        ctx,
+                        self.conninfo,
+                        self.node,
+                        snapshot_name,
+                        self.consistent_lsn,
+                        self.binary,
+                        self.enums,
+                    )
+                )
+            for copier in self._copiers:
+                copier.ready()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def copier_pids(self) -> list[int]:
+        """The copier processes' ids (after `open`)."""
+        return [c.pid for c in self._copiers]
 
     def close(self) -> None:
         self._stop.set()
         for conn in self._conns:
             with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=2.0)  # (a copier blocked in a query ends now)
+                conn.cancel_safe(timeout=2.0)  # (a planner blocked in a query ends now)
             with contextlib.suppress(Exception):
                 conn.close()
         self._conns = []
+        copiers, self._copiers = self._copiers, []
+        for copier in copiers:
+            copier.close()
 
     # --- planning (the planner connection) ----------------------------------------------
 
@@ -217,10 +243,14 @@ class NodeSnapshot:
     # --- copying (one thread per copier connection) --------------------------------------
 
     def start(self, done: Callable[[ChunkResult | BaseException], None]) -> None:
-        """Copier threads, reading the chunks `feed` gives until `feed(None)`; each result goes to `done`."""
-        for i, conn in enumerate(self._conns[1:]):
+        """Copier threads, one a copier process, copying the chunks `feed` gives until `feed(None)`;
+        each result goes to `done`."""
+        for i, copier in enumerate(self._copiers):
             t = threading.Thread(
-                target=self._copier, args=(conn, done), name=f"csnd-snapshot-{self.node}-{i + 1}", daemon=True
+                target=self._copier,
+                args=(copier, done),
+                name=f"csnd-snapshot-{self.node}-{i + 1}",
+                daemon=True,
             )
             t.start()
             self._threads.append(t)
@@ -237,59 +267,21 @@ class NodeSnapshot:
         for t in self._threads:
             t.join()
 
-    def _copier(
-        self, conn: psycopg.Connection[tuple[Any, ...]], done: Callable[[ChunkResult | BaseException], None]
-    ) -> None:
-        from csnd.decoder.rows import RelationCache
-
-        cache = RelationCache(binary=self.binary)
-        for oid, array in self.enums:
-            cache.declare_enum(oid, array)
-        known: set[int] = set()
+    def _copier(self, copier: CopierProcess, done: Callable[[ChunkResult | BaseException], None]) -> None:
         while True:
             chunk = self._chunks.get()
             if chunk is None or self._stop.is_set():
                 return
             try:
-                if chunk.table.relid not in known:
-                    for msg in chunk.table.relation_messages():
-                        cache.apply(msg, self.consistent_lsn)
-                    known.add(chunk.table.relid)
                 if self.on_chunk_start is not None:
                     self.on_chunk_start(chunk)
-                done(self._copy(conn, chunk, cache))
+                changes, rows = copier.copy(chunk)
+                done(ChunkResult(chunk, self.node, changes, rows))
             except BaseException as e:  # (handed to the run, which ends the snapshot)
                 if isinstance(e, CsndError) and not isinstance(e, SnapshotError):
                     e = self._error(e.message, chunk.table.label)
                 done(e)
                 return
-
-    def _copy(self, conn: psycopg.Connection[tuple[Any, ...]], chunk: Chunk, cache: Any) -> ChunkResult:
-        t = chunk.table
-        parser = BinaryCopyRows() if self.binary else TextCopyRows()
-        # (the COPY's messages -- one a row -- are parsed in batches: one call per batch, not one a row)
-        blocks: list[Any] = []
-        gather = blocks.append
-        tuples: list[bytes] = []
-        try:
-            with conn.cursor() as cur, cur.copy(chunk_copy_sql(chunk, self.binary)) as copy:
-                for data in copy:
-                    gather(data)
-                    if len(blocks) >= BLOCKS_PER_PARSE:
-                        if self._stop.is_set():
-                            raise self._error("stopped", t.label)
-                        tuples += parser.feed(b"".join(blocks))
-                        blocks.clear()
-            tuples += parser.feed(b"".join(blocks))
-            parser.finish()
-        except psycopg.Error as e:
-            raise self._error(
-                f"cannot read chunk {chunk.index} of {chunk.count}: {one_line(str(e))}", t.label
-            ) from None
-        except CopyFormatError as e:
-            raise self._error(f"chunk {chunk.index} of {chunk.count}: {e}", t.label) from None
-        changes = chunk_changes(self.node, self.consistent_lsn, t.relid, tuples, cache, self.binary)
-        return ChunkResult(chunk, self.node, changes, len(tuples))
 
 
 def read_tables(
