@@ -4,7 +4,10 @@ Each transaction's section 7 line is printed, and acknowledged once it is
 flushed to stdout -- never before, so a named subscription's stored mark
 never covers a line that was not written.  Lines are flushed whenever nothing
 more is waiting (and every ACK_EVERY lines), so a backlog is written in large
-writes and a quiet stream line by line.  Reconnects are the client's
+writes and a quiet stream a batch as it arrives.  Acknowledgements are paced
+(csnd.consumers.acking): the newest line written out, every ACK_INTERVAL_S
+or ACK_EVERY lines, and a quiet stream's last line once its interval ends --
+not one message a transaction when they come one at a time.  Reconnects are the client's
 (csnd.consumers.client): the output has no gap and no duplicate across a
 service restart.  Exit 0 after --limit lines or --idle-timeout seconds with
 nothing new, or when stdout is closed (`| head`); Ctrl-C 130; nothing
@@ -27,14 +30,19 @@ import sys
 import time
 from typing import Any, Final
 
-# While lines keep arriving, flush and acknowledge at least this often.
-ACK_EVERY: Final = 1000
+from csnd.consumers.acking import ACK_EVERY, ACK_INTERVAL_S, AckPacer
+
 # At most this many lines are written in one go (a run the client has received).
 RUN_LINES: Final = 512
 # stdout's buffer: lines are written out when it fills, or before an acknowledgement.
 OUT_BUFFER_BYTES: Final = 1 << 16
 # A spooled large line is copied to stdout in reads of this size.
 SPOOL_COPY_BYTES: Final = 1 << 20
+# The switch interval while the stream is live (csnd.cli sets 20 ms for throughput; the
+# service's merger does the same, csnd.runtime.switching): a live line crosses three
+# threads here (gRPC's poller, the response thread, this one), and a woken thread that
+# finds another running Python waits the interval.
+LIVE_SWITCH_S: Final = 0.005
 
 
 def add_subscribe_parser(sub: Any) -> None:
@@ -162,19 +170,66 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Switching:
+    """The interpreter's switch interval by regime: LIVE_SWITCH_S while waiting for lines, the
+    process's own (csnd.cli's 20 ms) while a backlog comes in full runs; only a change calls
+    `sys.setswitchinterval`."""
+
+    __slots__ = ("drain_s", "live_s", "live")
+
+    def __init__(self) -> None:
+        self.drain_s = sys.getswitchinterval()
+        self.live_s = min(LIVE_SWITCH_S, self.drain_s)
+        self.live = False
+
+    def waiting(self) -> None:
+        if not self.live:
+            self.live = True
+            sys.setswitchinterval(self.live_s)
+
+    def backlog(self) -> None:
+        if self.live:
+            self.live = False
+            sys.setswitchinterval(self.drain_s)
+
+
 def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
+    """Prints the feed's lines to `out`, acknowledging each only once it is flushed (paced: AckPacer)."""
+    pacer = AckPacer(time.monotonic(), ACK_INTERVAL_S, ACK_EVERY)  # (the module's, read each run)
+    switching = _Switching()
+    try:
+        _print_lines(feed, out, limit, idle, pacer, switching)
+    except BaseException:
+        # Ctrl-C, a closed stdout: what was flushed is written, so acknowledged as before; a
+        # line written but not flushed is not (the client's close sends what is asked here).
+        csn = pacer.take_all(time.monotonic())
+        if csn is not None:
+            feed.ack(csn)
+        raise
+    finally:
+        switching.backlog()  # (the process's own interval again)
+
+
+def _print_lines(
+    feed: Any, out: Any, limit: int | None, idle: float | None, pacer: AckPacer, switching: _Switching
+) -> None:
     from csnd.consumers.client import LargeLine, RelationRecord
 
     printed = 0
     unflushed: int | None = None  # csn of the newest line written but not yet flushed
+    unflushed_lines = 0
     last_line_at = time.monotonic()
 
-    def flush() -> None:
-        nonlocal unflushed
+    def flush(end: bool = False) -> None:
+        nonlocal unflushed, unflushed_lines
         if unflushed is not None:
             out.flush()
-            feed.ack(unflushed)
-            unflushed = None
+            pacer.flushed(unflushed, unflushed_lines)
+            unflushed, unflushed_lines = None, 0
+        now = time.monotonic()
+        csn = pacer.take_all(now) if end else pacer.take(now)
+        if csn is not None:
+            feed.ack(csn)
 
     while limit is None or printed < limit:
         run = feed.take_ready(RUN_LINES if limit is None else min(RUN_LINES, limit - printed))
@@ -183,16 +238,24 @@ def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
             out.write(b"\n")
             before, printed = printed, printed + len(run)
             unflushed = run[-1][0]
+            unflushed_lines += len(run)
             last_line_at = time.monotonic()
+            if len(run) == RUN_LINES:
+                switching.backlog()
             if printed // ACK_EVERY != before // ACK_EVERY:
                 flush()
             continue
         rec = feed.next_spooled(timeout=0)
         if rec is None:
             flush()
-            wait = None if idle is None else idle - (time.monotonic() - last_line_at)
+            now = time.monotonic()
+            wait = None if idle is None else idle - (now - last_line_at)
             if wait is not None and wait <= 0:
                 break
+            switching.waiting()
+            ack_due = pacer.due_in(now)  # (a quiet stream's last line is acknowledged when due)
+            if ack_due is not None and (wait is None or ack_due < wait):
+                wait = ack_due
             rec = feed.next_spooled(timeout=wait)
             if rec is None:
                 continue
@@ -206,7 +269,8 @@ def _print(feed: Any, out: Any, limit: int | None, idle: float | None) -> None:
             continue  # (not a transaction: neither counted nor acknowledged)
         printed += 1
         unflushed = csn
+        unflushed_lines += 1
         last_line_at = time.monotonic()
         if printed % ACK_EVERY == 0:
             flush()
-    flush()
+    flush(end=True)
