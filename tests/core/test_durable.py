@@ -10,7 +10,7 @@ import pytest
 from csnd.core import durable as writeback
 from csnd.core.durable import WRITEBACK_BYTES, Writeback
 from csnd.core.ids import Csn
-from csnd.reader import streamfile
+from csnd.reader import streamwriter
 from csnd.reader.streamfile import StreamHeader, StreamWriter
 from csnd.runtime.jsonsink import JsonLinesSink as _Output
 
@@ -88,7 +88,7 @@ def test_replay_output_and_recordings_make_their_names_durable(
 ) -> None:
     """A recording's name once, at its first sync (a slot is confirmed after a sync); a replay's after its rename."""
     named: list[str] = []
-    monkeypatch.setattr(streamfile, "sync_directory", named.append)
+    monkeypatch.setattr(streamwriter, "sync_directory", named.append)
     rec = tmp_path / "r.pgstream"
     with StreamWriter(str(rec), StreamHeader(node="dn1", binary=False, mode="single")) as w:
         w.sync()
