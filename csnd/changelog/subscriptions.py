@@ -16,6 +16,7 @@ whole costs less than a log of offsets would.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from csnd.core.durable import replace_file
-from csnd.core.errors import ChangelogCorrupt
+from csnd.core.errors import ChangelogCorrupt, OutputError
 
 FILE_NAME: Final = "subscriptions.json"
 _VERSION: Final = 1
@@ -111,7 +112,21 @@ class SubscriptionStore:
         doc: dict[str, object] = {"version": _VERSION, "subscriptions": offsets}
         if tables:
             doc["tables"] = {k: list(v) for k, v in tables.items()}
-        replace_file(self.path, json.dumps(doc, sort_keys=True).encode() + b"\n", self._tmp)
+        try:
+            replace_file(self.path, json.dumps(doc, sort_keys=True).encode() + b"\n", self._tmp)
+        except OSError as e:  # (the old file stands: rename is the last step)
+            code = errno.errorcode.get(e.errno or 0)
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise OutputError(
+                f"cannot store the named subscriptions' marks in {self.path}: {e.strerror or e}"
+                f"{f' ({code})' if code else ''}; the file keeps the marks stored before, so a named "
+                "subscription resumes from there; "
+                + (
+                    f"free space in {os.path.dirname(self.path)} (or give it more) and restart the service"
+                    if full
+                    else "restart the service"
+                )
+            ) from e
         self._offsets, self._tables = offsets, tables
 
     def _check(self) -> None:

@@ -250,7 +250,13 @@ class Service:
         if self.http is not None:
             self.http.stop()
         if self.feed is not None:
-            self.feed.stop()
+            try:
+                self.feed.stop()  # (stores the named marks: on a full disk that fails too)
+            except CsndError as e:
+                if sys.exc_info()[1] is None:
+                    raise
+                # (closing after a failure: that failure is the one line reported, not this echo of it)
+                log.error("%s", e)
         if self.log is not None:
             if self.pipeline is not None:  # (its sync thread first: one sync at a time)
                 self.pipeline.close()
