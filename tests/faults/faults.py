@@ -7,8 +7,11 @@ gtm recover` -- that action taken); the harness then drains and checks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +21,7 @@ from typing import Final
 import psycopg
 
 from csnd.gtm.writer import PAUSE_POINTS
-from tests.faults.harness import Run, http_status, wait
+from tests.faults.harness import DRAIN_S, Run, Stall, http_status, wait
 from tests.fixtures.procs import children
 
 # Steps of a writer's commit between its first PREPARE and its last COMMIT PREPARED.
@@ -235,6 +238,7 @@ def serve_kill_stalled(run: Run) -> None:
     proxy.stall()
     time.sleep(kill_at)
     assert run.served is not None
+    run.remark()
     run.served.kill()
     if not restart_stalled:
         time.sleep(hold - kill_at)
@@ -267,6 +271,7 @@ def decoder_kill_client_cut(run: Run) -> None:
     )
     proxy.stall()
     time.sleep(run.rng.uniform(0.0, hold))
+    run.remark()
     os.kill(victim, signal.SIGKILL)
     served = run.served
     wait(lambda: int(http_status(served)["totals"]["restarts"]) >= 1, "the pipeline to restart", run.diagnose)
@@ -301,6 +306,76 @@ def slot_dropped(run: Run) -> None:
                 time.sleep(0.02)
 
 
+def changelog_full_setup(run: Run) -> None:
+    """The changelog on a 64 MiB tmpfs of its own (unmounted when the run closes)."""
+    run.log_dir = os.path.join(run.small_disk(64), "changelog")
+
+
+def _fill(directory: str) -> int:
+    """Write a filler file in `directory` until its filesystem is full; returns the bytes written."""
+    written = 0
+    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            block = b"\0" * chunk
+            with contextlib.suppress(OSError):  # (ENOSPC: on to a smaller block)
+                while True:
+                    written += os.write(fd, block)
+    finally:
+        os.close(fd)
+    return written
+
+
+def _py_stacks(pid: int) -> str:
+    """Every thread's stack of a hung Python process (py-spy, where installed), as evidence."""
+    try:
+        r = subprocess.run(
+            [str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(no py-spy dump: {e})"
+    return (r.stdout or r.stderr)[-6000:]
+
+
+def changelog_full(run: Run) -> None:
+    """The changelog's filesystem fills up under the stream; space is freed and `csnd serve` started again.
+
+    The service must end by itself with one line naming the changelog, the
+    file it could not write and ENOSPC (never confirm a slot past what it
+    holds: the sampler checks), and once restarted deliver everything once."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    disk = os.path.dirname(run.log_dir)
+    run.mark_fault(f"fill the changelog's filesystem after {d:.2f}s")
+    filled = _fill(disk)
+    served = run.served
+    assert served is not None
+    try:  # (reading its pipes meanwhile: a service blocked on a full stderr pipe would look hung)
+        _out, err = served.proc.communicate(timeout=DRAIN_S)
+    except subprocess.TimeoutExpired:
+        raise Stall(
+            f"stalled: csnd serve still runs {DRAIN_S:.0f}s after its changelog's disk filled; "
+            f"{run.diagnose()}; threads: {_py_stacks(served.proc.pid)}"
+        ) from None
+    ended = time.monotonic() - (run.fault_at or 0.0)
+    (run.tmp / "serve-full.err").write_text(err)  # (evidence)
+    errors = [ln for ln in err.splitlines() if ln.startswith("csnd serve: error:")]
+    assert served.proc.returncode == 1 and len(errors) == 1, (
+        f"csnd serve exited {served.proc.returncode} on a full changelog disk with errors {errors}: {err[-1500:]}"
+    )
+    line = errors[0]
+    assert f"changelog {run.log_dir}: cannot write {run.log_dir}/" in line and "(ENOSPC)" in line, (
+        f"the error does not name the changelog, the file and ENOSPC: {line}; stderr: {err[-3000:]}"
+    )
+    run.outcome.detail += f" ({filled >> 20} MiB), serve ended {ended:.1f}s after; {line[:160]}"
+    os.unlink(os.path.join(disk, "filler"))
+    run.remark()  # (recovered: a transaction committed after the service ended is everywhere)
+    run.restart_served()
+
+
 FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "service-kill": service_kill,
     "decoder-kill": decoder_kill,
@@ -314,10 +389,14 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "serve-kill-stalled": serve_kill_stalled,
     "decoder-kill-client-cut": decoder_kill_client_cut,
     "slot-dropped": slot_dropped,
+    "changelog-full": changelog_full,
 }
 # Classes whose correct outcome is a clear stop naming node and slot (checked by `Run.check_clear_stop`).
 STOPS: Final = frozenset({"slot-dropped"})
-SETUP: Final[dict[str, Callable[[Run], None]]] = {"writer-kill": writer_kill_setup}
+SETUP: Final[dict[str, Callable[[Run], None]]] = {
+    "writer-kill": writer_kill_setup,
+    "changelog-full": changelog_full_setup,
+}
 PROXIED: Final = frozenset(
     {"replication-cut", "replication-stall", "replication-black-hole", "serve-kill-stalled"}
 )

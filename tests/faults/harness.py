@@ -297,10 +297,12 @@ class Run:
         self.recovered_at: float | None = None
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._judging = threading.Lock()  # (the sampler's recovery verdict against `remark`)
         self.log_dir = str(tmp / "changelog")
         self.writer_args: list[list[str]] = [[] for _ in range(WRITERS)]
         self.victim: tuple[str, bool] | None = None  # a killed writer's gid, and whether it must commit
         self.stopped: str | None = None  # the node whose slot a stop class took away
+        self.mounts: list[str] = []  # small tmpfs mounts of the run (a disk-full class), unmounted at close
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -339,6 +341,14 @@ class Run:
             self.start_writer(i)
         self._sampler = threading.Thread(target=self._sample, name="fault-sampler", daemon=True)
         self._sampler.start()
+
+    def small_disk(self, mib: int) -> str:
+        """A tmpfs of `mib` MiB of the run's own (as root), unmounted when the run closes."""
+        mnt = self.tmp / f"disk{len(self.mounts)}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(mnt)], check=True)
+        self.mounts.append(str(mnt))
+        return str(mnt)
 
     def start_writer(self, index: int) -> None:
         argv = ["--gtm", self.cluster.gtm_url]
@@ -397,6 +407,13 @@ class Run:
         self.target = max((r["csn"] for r in self.committed()), default=0)
         self.fault_at = time.monotonic()
 
+    def remark(self) -> None:
+        """A later fault of the same run strikes now: recovery is judged by what commits after it
+        (still timed from the first fault)."""
+        target = max((r["csn"] for r in self.committed()), default=0)
+        with self._judging:
+            self.target, self.recovered_at = target, None
+
     def _sample(self) -> None:
         conns: dict[str, psycopg.Connection[Any]] = {}
         while not self._stop.wait(0.05):
@@ -420,15 +437,16 @@ class Run:
                 conns = {}
                 continue
             self.readings.append((confirmed, newest))
-            target = self.target
-            if (
-                self.fault_at is not None
-                and self.recovered_at is None
-                and target is not None
-                and newest > target
-                and all(last_csn(s.out) > target for s in self.subs)
-            ):
-                self.recovered_at = time.monotonic()
+            with self._judging:
+                target = self.target
+                if (
+                    self.fault_at is not None
+                    and self.recovered_at is None
+                    and target is not None
+                    and newest > target
+                    and all(last_csn(s.out) > target for s in self.subs)
+                ):
+                    self.recovered_at = time.monotonic()
         for c in conns.values():
             c.close()
 
@@ -657,6 +675,9 @@ class Run:
             self.recover()
         for url in self.urls.values():
             drop_slots(url, (self.slot, self.witness_slot))
+        for mnt in self.mounts:
+            if subprocess.run(["umount", mnt], check=False).returncode != 0:
+                subprocess.run(["umount", "-l", mnt], check=False)
 
 
 def drop_slots(url: str, slots: tuple[str, ...]) -> None:
