@@ -4,6 +4,7 @@
                         reconnects; fetch: a bounded range
     spark               the `csnd` Spark data source
     subscribe           `csnd subscribe`: the changefeed to stdout or a file
+    acking              when `csnd subscribe` acknowledges what it wrote out (internal)
     subscriptions_cmd   `csnd subscriptions list|reset|delete`
     snapshot_cmd        `csnd snapshot`: an incremental snapshot of live tables
     examples            a consumer that keeps a table's current state
