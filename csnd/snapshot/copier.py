@@ -73,11 +73,11 @@ class SnapshotSettings:
 
 @dataclass
 class ChunkResult:
-    """A chunk read and rendered: its change objects' text (`csnd.snapshot.render`) and its row count."""
+    """A chunk read and rendered: its change objects' text in UTF-8 (`csnd.snapshot.render`), its row count."""
 
     chunk: Chunk
     node: str
-    changes: str
+    changes: bytes
     rows: int
 
 

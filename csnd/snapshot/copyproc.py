@@ -91,14 +91,17 @@ class CopierProcess:
             )
         self._result()
 
-    def copy(self, chunk: Chunk) -> tuple[str, int]:
-        """The chunk's change objects' text and row count, from the process."""
+    def copy(self, chunk: Chunk) -> tuple[bytes, int]:
+        """The chunk's change objects' text (UTF-8) and row count, from the process."""
         try:
             self._pipe.send(chunk)
         except (BrokenPipeError, OSError):
             raise self._died() from None
-        changes, rows = self._result()
-        return str(changes), int(rows)
+        rows = int(self._result())
+        try:
+            return self._pipe.recv_bytes(), rows  # (the text unpickled: one copy less of megabytes)
+        except (EOFError, OSError):
+            raise self._died() from None
 
     def _result(self) -> Any:
         try:
@@ -156,8 +159,10 @@ def _copier_entry(
                 return
             if chunk is None:
                 return
+            text = b""
+            reply: int | SnapshotError
             try:
-                reply: Any = copier.copy(chunk)
+                text, reply = copier.copy(chunk)
             except CsndError as e:
                 reply = e if isinstance(e, SnapshotError) else SnapshotError(e.message, node=node, lsn=lsn)
             except Exception as e:  # (a defect: its traceback travels with it)
@@ -168,13 +173,18 @@ def _copier_entry(
                     lsn=lsn,
                     table=chunk.table.label,
                 )
-            if not _send(pipe, reply):
+            if not _send(pipe, reply) or (
+                not isinstance(reply, BaseException) and not _send(pipe, text, raw=True)
+            ):
                 return
 
 
-def _send(pipe: mpc.Connection, obj: object) -> bool:
+def _send(pipe: mpc.Connection, obj: Any, *, raw: bool = False) -> bool:
     try:
-        pipe.send(obj)
+        if raw:
+            pipe.send_bytes(obj)
+        else:
+            pipe.send(obj)
         return True
     except (BrokenPipeError, OSError):
         return False  # (the parent is gone: nothing to tell)
@@ -223,7 +233,7 @@ class _ChunkCopier:
         with contextlib.suppress(Exception):
             self.conn.close()
 
-    def copy(self, chunk: Chunk) -> tuple[str, int]:
+    def copy(self, chunk: Chunk) -> tuple[bytes, int]:
         import psycopg
 
         from csnd.reader.reconnect import one_line
@@ -264,4 +274,4 @@ class _ChunkCopier:
             changes = chunk_changes(self.node, self.lsn, t.relid, tuples, self.cache, self.binary)
         except CsndError as e:
             raise SnapshotError(e.message, node=self.node, lsn=self.lsn, table=t.label) from None
-        return changes, len(tuples)
+        return changes.encode("utf-8"), len(tuples)

@@ -194,7 +194,7 @@ class SnapshotRun:
                 if (item.node, t.relid) not in described:
                     log.relations.add(next_csn, item.node, table_relation_body(t))
                     described.add((item.node, t.relid))
-                log.append(next_csn, line.encode("utf-8"))
+                log.append(next_csn, line)
                 log.sync()
                 progress.chunk_done(item.node, t.schema, t.name, item.rows)
                 progress.last_csn = next_csn
