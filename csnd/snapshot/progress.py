@@ -38,6 +38,9 @@ class TableProgress:
     chunks_done: int = 0
     chunks: int = 0  # 0: unknown
     eta_seconds: float = -1.0  # -1: unknown (nothing read yet, or no total known)
+    rows_per_second: float = (
+        0.0  # the rate so far, from its first chunk's start to now (done: to its end); 0: none yet
+    )
 
 
 class _Table:
@@ -52,6 +55,7 @@ class _Table:
         "rows",
         "started",
         "finished",
+        "finished_at",
     )
 
     def __init__(
@@ -62,6 +66,7 @@ class _Table:
         self.done = self.rows = 0
         self.started: float | None = None
         self.finished = False
+        self.finished_at: float | None = None  # when it was done (its rate stops there)
 
 
 class SnapshotProgress:
@@ -99,6 +104,8 @@ class SnapshotProgress:
             t.done += chunks
             t.rows += rows
             t.finished = t.finished or (t.chunks_known and t.done >= t.chunks)
+            if t.finished and t.finished_at is None:
+                t.finished_at = self._clock()
 
     def table_done(self, node: str, schema: str, table: str, chunks: int) -> None:
         """The table is complete in `chunks` chunks (an incremental snapshot learns how many only at its end)."""
@@ -106,6 +113,8 @@ class SnapshotProgress:
             t = self._tables[(node, schema, table)]
             t.chunks = t.done = chunks
             t.finished = True
+            if t.finished_at is None:
+                t.finished_at = self._clock()
 
     def tables(self) -> list[TableProgress]:
         now = self._clock()
@@ -114,16 +123,19 @@ class SnapshotProgress:
 
     @staticmethod
     def _view(t: _Table, now: float) -> TableProgress:
+        rate = 0.0
+        if t.started is not None and t.rows > 0:
+            end = t.finished_at if t.finished_at is not None else now
+            rate = t.rows / max(end - t.started, 1e-6)
         if t.finished:
-            return TableProgress(t.node, t.schema, t.table, "done", t.rows, t.rows, t.done, t.done, 0.0)
+            return TableProgress(t.node, t.schema, t.table, "done", t.rows, t.rows, t.done, t.done, 0.0, rate)
         total = t.estimated if t.estimated > t.rows else 0  # (passed: the estimate was wrong, say unknown)
         chunks = t.chunks if t.chunks_known or t.chunks > t.done else 0
         eta = -1.0
-        if t.started is not None and t.rows > 0 and total > 0:
-            rate = t.rows / max(now - t.started, 1e-6)
+        if rate > 0 and total > 0:
             eta = (total - t.rows) / rate
         state = "waiting" if t.started is None else "copying"
-        return TableProgress(t.node, t.schema, t.table, state, t.rows, total, t.done, chunks, eta)
+        return TableProgress(t.node, t.schema, t.table, state, t.rows, total, t.done, chunks, eta, rate)
 
     def summary(self) -> str:
         """One line for the log: tables and chunks done, rows against the total when every total is known,

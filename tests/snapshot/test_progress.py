@@ -33,9 +33,17 @@ class Oracle:
     done: int = 0
     rows: int = 0
     complete: bool = False
+    started_at: float = 0.0
+    finished_at: float | None = None
 
-    def check(self, v: TableProgress) -> None:
+    def check(self, v: TableProgress, now: float) -> None:
         assert v.rows == self.rows and v.chunks_done == self.done, (v, self)
+        # the rate: rows over the time from the first chunk's start to now, or to the table's end
+        if self.started and self.rows:
+            end = now if self.finished_at is None else self.finished_at
+            assert v.rows_per_second == self.rows / max(end - self.started_at, 1e-6), (v, self)
+        else:
+            assert v.rows_per_second == 0.0, (v, self)
         if self.complete:
             assert (v.state, v.rows_estimated, v.eta_seconds) == ("done", self.rows, 0.0), (v, self)
             assert v.chunks == v.chunks_done, v
@@ -74,30 +82,34 @@ def test_progress_against_the_oracle(
     p.add_table("dn1", "public", "t", estimated, planned, chunks_known=exact)
     o = Oracle(estimated, planned, exact)
     (view,) = p.tables()
-    o.check(view)
+    o.check(view, clock.now)
     for step in steps:
         if o.complete:
             break
         if step[0] == "start":
             p.chunk_started("dn1", "public", "t")
+            o.started_at = o.started_at if o.started else clock.now
             o.started = True
         elif step[0] == "chunk":
             if exact and o.done == o.chunks:
                 continue
             if not o.started:
                 p.chunk_started("dn1", "public", "t")
-                o.started = True
+                o.started, o.started_at = True, clock.now
             p.chunk_done("dn1", "public", "t", step[1])
             o.done += 1
             o.rows += step[1]
             o.complete = exact and o.done == o.chunks
+            if o.complete:
+                o.finished_at = clock.now
         elif step[0] == "tick":
             clock.now += step[1]
         elif step[0] == "end" and not exact:
             p.table_done("dn1", "public", "t", o.done)
             o.complete = True
+            o.finished_at = clock.now
         (view,) = p.tables()
-        o.check(view)
+        o.check(view, clock.now)
 
 
 def test_a_table_without_statistics_is_not_done_while_it_copies() -> None:

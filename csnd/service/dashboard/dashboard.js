@@ -130,6 +130,7 @@ function renderSnapshot(snapshot, id) {
       cell(t.node), cell(t.schema + "." + t.table), cell(t.state || ""), cell(fmt(t.rows)),
       cell(num(t.rows_estimated) || t.state === "done" ? fmt(t.rows_estimated) : "unknown"),
       cell(fmt(t.chunks_done) + " / " + (num(t.chunks) ? fmt(t.chunks) : "?")),
+      cell(num(t.rows_per_second) ? fmt(Math.round(num(t.rows_per_second))) : "–"),
       cell(t.state === "done" ? "–" : eta >= 0 ? eta.toFixed(0) + " s" : "?"),
     );
     body.append(tr);

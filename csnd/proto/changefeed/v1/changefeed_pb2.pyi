@@ -244,7 +244,7 @@ class SnapshotStatus(_message.Message):
     def __init__(self, state: _Optional[str] = ..., first_csn: _Optional[int] = ..., last_csn: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[SnapshotTableStatus, _Mapping]]] = ..., job: _Optional[str] = ..., error: _Optional[str] = ..., gtm_csn: _Optional[int] = ..., barrier_ms: _Optional[float] = ..., queued: _Optional[_Iterable[str]] = ..., ended: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SnapshotTableStatus(_message.Message):
-    __slots__ = ("node", "schema", "table", "state", "rows", "rows_estimated", "chunks_done", "chunks", "eta_seconds")
+    __slots__ = ("node", "schema", "table", "state", "rows", "rows_estimated", "chunks_done", "chunks", "eta_seconds", "rows_per_second")
     NODE_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,7 @@ class SnapshotTableStatus(_message.Message):
     CHUNKS_DONE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     node: str
     schema: str
     table: str
@@ -263,7 +264,8 @@ class SnapshotTableStatus(_message.Message):
     chunks_done: int
     chunks: int
     eta_seconds: float
-    def __init__(self, node: _Optional[str] = ..., schema: _Optional[str] = ..., table: _Optional[str] = ..., state: _Optional[str] = ..., rows: _Optional[int] = ..., rows_estimated: _Optional[int] = ..., chunks_done: _Optional[int] = ..., chunks: _Optional[int] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
+    rows_per_second: float
+    def __init__(self, node: _Optional[str] = ..., schema: _Optional[str] = ..., table: _Optional[str] = ..., state: _Optional[str] = ..., rows: _Optional[int] = ..., rows_estimated: _Optional[int] = ..., chunks_done: _Optional[int] = ..., chunks: _Optional[int] = ..., eta_seconds: _Optional[float] = ..., rows_per_second: _Optional[float] = ...) -> None: ...
 
 class Totals(_message.Message):
     __slots__ = ("transactions", "changes", "skipped", "restarts")
