@@ -540,6 +540,10 @@ class Run:
                 o.recovery_s = round(self.recovered_at - self.fault_at, 2)
         except Stall as e:
             o.problems.append(str(e))
+            if self.served.proc.poll() is not None:  # (first: the lost transactions it explains follow)
+                code, err = self.served.terminate()
+                (self.tmp / "serve.err").write_text(err)
+                o.problems.append(f"csnd serve had exited {code} during the run: {err[-1500:]}")
         self._stop.set()
         if self._sampler is not None:
             self._sampler.join()
