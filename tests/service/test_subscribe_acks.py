@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import select
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 from hypothesis import given
@@ -15,23 +17,41 @@ from csnd.changelog import Changelog
 from csnd.consumers import subscribe as subscribe_cmd
 from csnd.consumers.acking import AckPacer
 from csnd.consumers.client import ChangefeedClient
+from csnd.service import RunningServer
 from tests.service.feedkit import FAST, line, serve, txn_tables, wait_for
 
 LIVE_TXNS = 30
 
 
-class CountingClient(ChangefeedClient):
-    """The real client; each acknowledgement asked for is also written down, with what was read by then."""
+class FlushedLines:
+    """The subscriber's output (a buffered pipe), counting the lines it has flushed out (line k: csn k)."""
 
-    def __init__(self, *args: object, read: list[int], **kw: object) -> None:
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.flushed = 0
+        self._written = 0
+
+    def write(self, data: bytes) -> int:
+        self._written += data.count(b"\n")
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+        self.flushed = self._written
+
+
+class CountingClient(ChangefeedClient):
+    """The real client; each acknowledgement asked for is also written down, with what was flushed by then."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
         super().__init__(*args, **kw)  # type: ignore[arg-type]
         self.acks: list[int] = []
-        self.read_by_then: list[int] = []
-        self._read = read
+        self.flushed_by_then: list[int] = []
+        self.out: FlushedLines | None = None
 
     def ack(self, csn: int) -> None:
         self.acks.append(csn)
-        self.read_by_then.append(self._read[-1] if self._read else 0)
+        self.flushed_by_then.append(self.out.flushed if self.out is not None else 0)
         super().ack(csn)
 
 
@@ -49,20 +69,36 @@ def _read_line(fd: int, rest: bytearray) -> bytes:
     return got
 
 
-def _live(tmp_path: Path, n: int, limit: int) -> tuple[CountingClient, threading.Thread, Changelog, object]:
+@dataclass
+class Live:
+    feed: CountingClient
+    thread: threading.Thread
+    log: Changelog
+    srv: RunningServer
+    pipe: int  # (the read end of the subscriber's stdout)
+
+    def close(self) -> None:
+        self.feed.close()
+        self.srv.stop()
+        self.log.close()
+        self.thread.join(60)
+        os.close(self.pipe)
+
+
+def _live(tmp_path: Path, n: int, limit: int) -> Live:
     """A served changelog and a subscriber (`_print`, the command's loop) on a pipe; n transactions,
     each committed only once the one before reached the pipe: the live regime, one at a time."""
     log = Changelog(str(tmp_path / "log"))
     srv = serve(log, settings=FAST)
-    read: list[int] = []
-    feed = CountingClient(srv.address, name="live", read=read)
+    feed = CountingClient(srv.address, name="live")
     feed.connect()
     r, w = os.pipe()
     out = os.fdopen(w, "wb", buffering=1 << 16)
+    feed.out = FlushedLines(out)
 
     def run() -> None:
         with out:
-            subscribe_cmd._print(feed, out, limit, None)
+            subscribe_cmd._print(feed, feed.out, limit, None)
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -72,9 +108,7 @@ def _live(tmp_path: Path, n: int, limit: int) -> tuple[CountingClient, threading
         log.append(csn, want)
         log.sync()
         assert _read_line(r, rest) == want + b"\n"
-        read.append(csn)
-    t.r, t.rest = r, rest  # type: ignore[attr-defined]
-    return feed, t, log, srv
+    return Live(feed, t, log, srv, r)
 
 
 def test_a_live_stream_is_acknowledged_in_batches_not_per_transaction(
@@ -82,38 +116,34 @@ def test_a_live_stream_is_acknowledged_in_batches_not_per_transaction(
 ) -> None:
     # No acknowledgement falls due by time within the test: what is acknowledged is by count or at the end.
     monkeypatch.setattr(subscribe_cmd, "ACK_INTERVAL_S", 3600.0, raising=False)
-    feed, t, log, srv = _live(tmp_path, LIVE_TXNS, LIVE_TXNS)
+    live = _live(tmp_path, LIVE_TXNS, LIVE_TXNS)
     try:
-        t.join(60)
-        assert not t.is_alive()
+        live.thread.join(60)
+        assert not live.thread.is_alive()
         # One acknowledgement, of the last line, once it was written -- not one per transaction.
-        assert feed.acks == [LIVE_TXNS]
-        feed.close()
-        status = srv.servicer.feed_status()  # type: ignore[attr-defined]
+        assert live.feed.acks == [LIVE_TXNS]
+        live.feed.close()
+        status = live.srv.servicer.feed_status()  # (close() waited for the service to store it)
         assert [c.acknowledged_csn for c in status.consumers if c.name == "live"] == [LIVE_TXNS]
     finally:
-        feed.close()
-        srv.stop()  # type: ignore[attr-defined]
-        log.close()
+        live.close()
 
 
 def test_a_quiet_stream_acknowledges_its_last_line_without_waiting_for_more(tmp_path: Path) -> None:
     # The default interval: acknowledgements come while the stream is quiet, never ahead of the output.
-    feed, t, log, srv = _live(tmp_path, LIVE_TXNS, LIVE_TXNS + 1)
+    live = _live(tmp_path, LIVE_TXNS, LIVE_TXNS + 1)
+    feed = live.feed
     try:
         wait_for(lambda: feed.acks and feed.acks[-1] == LIVE_TXNS, "the last line's acknowledgement")
-        assert t.is_alive()  # (still waiting for its last transaction: acknowledged without it)
-        assert len(feed.acks) < LIVE_TXNS
-        assert all(a <= r for a, r in zip(feed.acks, feed.read_by_then, strict=True))
+        assert live.thread.is_alive()  # (still waiting for its last transaction: acknowledged without it)
+        assert all(a <= f for a, f in zip(feed.acks, feed.flushed_by_then, strict=True))
         assert feed.acks == sorted(set(feed.acks))
-        log.append(LIVE_TXNS + 1, line(LIVE_TXNS + 1, txn_tables(1)))
-        log.sync()
-        t.join(60)
-        assert not t.is_alive() and feed.acks[-1] == LIVE_TXNS + 1
+        live.log.append(LIVE_TXNS + 1, line(LIVE_TXNS + 1, txn_tables(1)))
+        live.log.sync()
+        live.thread.join(60)
+        assert not live.thread.is_alive() and feed.acks[-1] == LIVE_TXNS + 1
     finally:
-        feed.close()
-        srv.stop()  # type: ignore[attr-defined]
-        log.close()
+        live.close()
 
 
 # --- the pacing itself, against a brute-force oracle ----------------------------------------------
