@@ -1,21 +1,33 @@
-"""Initial snapshot benchmark: rows/s of `csnd serve --snapshot initial`'s copy, by chunk size and readers.
+"""Initial snapshot benchmark: csnd's copy against one `COPY ... TO STDOUT` and `pg_dump -j 2`, in one run.
 
-Starts a throwaway PostgreSQL 15 server, fills a table of `rows` rows
-(an int key, text, numeric, timestamptz, jsonb), and for each (chunk_rows,
-readers) setting makes a new slot with an exported snapshot and copies the
-table into a fresh changelog with the service's own code (`csnd.snapshot`),
-timing the copy from the first query to the completion record's fsync.
-This is what `csnd.snapshot.plan.CHUNK_ROWS` and
-`csnd.snapshot.copier.READERS` were chosen by.
+Starts a throwaway PostgreSQL server (the Debian 15 default) and, for two
+shapes -- one big table of `rows` rows, and four tables of a quarter of that
+each -- times, `rounds` times in alternation:
 
-    python -m bench.snapshot_bench [rows]
+- `COPY (SELECT * FROM t) TO STDOUT` of each table, one after the other, by
+  the server's own `psql` into /dev/null: the baseline, "a single COPY's rate";
+- `pg_dump --data-only -j 2 -Fd` of the same tables (the server's own binary);
+- csnd's initial snapshot with the service's code and default settings
+  (`csnd.snapshot`): a new slot with an exported snapshot, its tables copied
+  into a fresh changelog, from the first query to the completion record's
+  fsync (the slot's creation is not timed, nor is pg_dump's own snapshot's).
+
+and prints each round's rates and the ratios to COPY's rate in that round
+(the machine is shared: the spread of the rounds is the figure to trust).
+The table is an int key, text, numeric, timestamptz and jsonb.
+`--sweep` adds the (chunk_rows, readers) settings that CHUNK_ROWS and
+READERS were chosen by.
+
+    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
-import sys
+import statistics
+import subprocess
 import tempfile
 import time
 from typing import Any
@@ -28,17 +40,66 @@ from csnd.reader.live import LiveOptions, LiveSource
 from csnd.snapshot.copier import NodeSnapshot, SnapshotSettings
 from csnd.snapshot.progress import SnapshotProgress
 from csnd.snapshot.run import SnapshotNode, SnapshotRun
-from csnd.testing.pgserver import start_server
+from csnd.testing.pgserver import PgServer, start_server
 
-SETTINGS = [(2_000, 1), (10_000, 1), (10_000, 3), (50_000, 3), (10_000, 6)]
+SWEEP = [(2_000, 1), (10_000, 1), (10_000, 3), (50_000, 3), (10_000, 6)]
+_TABLE = "(id int PRIMARY KEY, owner text, balance numeric(12,2), at timestamptz, doc jsonb)"
 
 
-def _copy(dsn: str, slot: str, settings: SnapshotSettings) -> tuple[float, int]:
-    source = LiveSource("dn1", LiveOptions(dsn, slot, "bench_pub", create_slot=True))
+def _fill(dsn: str, tables: list[str], rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for t in tables:
+            conn.execute(f"CREATE TABLE {t} {_TABLE}")
+            conn.execute(
+                f"INSERT INTO {t} SELECT i, 'owner ' || i, i * 1.25, now(), jsonb_build_object('k', i) "
+                f"FROM generate_series(1, {int(rows)}) AS i"
+            )
+            conn.execute(f"VACUUM ANALYZE {t}")
+        conn.execute(f"CREATE PUBLICATION pub_{tables[0]} FOR TABLE {', '.join(tables)}")
+
+
+def _copy_seconds(server: PgServer, dbname: str, tables: list[str]) -> float:
+    script = "".join(f"COPY (SELECT * FROM {t}) TO STDOUT;\n" for t in tables)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [server.bin("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", server.dsn(dbname)],
+        input=script.encode(),
+        stdout=subprocess.DEVNULL,
+        check=True,
+    )
+    return time.perf_counter() - t0
+
+
+def _pg_dump_seconds(server: PgServer, dbname: str, tables: list[str]) -> float:
+    out = tempfile.mkdtemp(prefix="csnd-snapbench-dump-")
+    shutil.rmtree(out)  # (pg_dump -Fd makes the directory itself)
+    args = [
+        server.bin("pg_dump"),
+        "--data-only",
+        "-j",
+        "2",
+        "-Fd",
+        "-Z",
+        "0",
+        "-f",
+        out,
+        "-d",
+        server.dsn(dbname),
+    ]
+    try:
+        t0 = time.perf_counter()
+        subprocess.run([*args, *(f"--table={t}" for t in tables)], check=True)
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _csnd_seconds(dsn: str, publication: str, slot: str, settings: SnapshotSettings) -> float:
+    source = LiveSource("dn1", LiveOptions(dsn, slot, publication, create_slot=True))
     exported = source.prepare("initial")
     assert exported is not None
     reader = NodeSnapshot(
-        "dn1", dsn, "bench_pub", exported.consistent_lsn, binary=True, enums=[], settings=settings
+        "dn1", dsn, publication, exported.consistent_lsn, binary=True, enums=[], settings=settings
     )
     try:
         reader.open(exported.name)
@@ -49,51 +110,85 @@ def _copy(dsn: str, slot: str, settings: SnapshotSettings) -> tuple[float, int]:
         with Changelog(directory) as log:
             t0 = time.perf_counter()
             SnapshotRun([SnapshotNode(reader, "single", exported.made_at)], SnapshotProgress()).run(log)
-            seconds = time.perf_counter() - t0
-            size = log.size_bytes
+            return time.perf_counter() - t0
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    return seconds, size
 
 
-def run(rows: int = 500_000) -> dict[str, Any]:
+def _shape(server: PgServer, name: str, tables: list[str], rows: int, rounds: int) -> dict[str, Any]:
+    dsn = server.dsn()
+    _fill(dsn, tables, rows)
+    total = rows * len(tables)
+    runs = []
+    for r in range(rounds):
+        copy_s = _copy_seconds(server, "postgres", tables)
+        dump_s = _pg_dump_seconds(server, "postgres", tables)
+        csnd_s = _csnd_seconds(dsn, f"pub_{tables[0]}", f"bench_{tables[0]}_{r}", SnapshotSettings())
+        run = {
+            "copy_s": round(copy_s, 3),
+            "pg_dump_s": round(dump_s, 3),
+            "csnd_s": round(csnd_s, 3),
+            "csnd_vs_copy": round(copy_s / csnd_s, 3),
+            "pg_dump_vs_copy": round(copy_s / dump_s, 3),
+        }
+        runs.append(run)
+        print(
+            f"{name} round {r + 1}: COPY {total / copy_s:>10,.0f} rows/s, pg_dump -j 2 {total / dump_s:>10,.0f}, "
+            f"csnd {total / csnd_s:>10,.0f}  (csnd/COPY {run['csnd_vs_copy']:.2f}, "
+            f"pg_dump/COPY {run['pg_dump_vs_copy']:.2f})",
+            flush=True,
+        )
+    ratios = [x["csnd_vs_copy"] for x in runs]
+    dumps = [x["pg_dump_vs_copy"] for x in runs]
+    summary = {
+        "tables": len(tables),
+        "rows": total,
+        "runs": runs,
+        "csnd_vs_copy": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)},
+        "pg_dump_vs_copy": {"min": min(dumps), "median": statistics.median(dumps), "max": max(dumps)},
+    }
+    print(
+        f"{name}: csnd/COPY median {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}), "
+        f"pg_dump -j 2/COPY median {statistics.median(dumps):.2f} ({min(dumps):.2f}-{max(dumps):.2f})",
+        flush=True,
+    )
+    return summary
+
+
+def _sweep(server: PgServer, rows: int) -> list[dict[str, Any]]:
+    dsn = server.dsn()
+    _fill(dsn, ["sweep"], rows)
+    results = []
+    for i, (chunk_rows, readers) in enumerate(SWEEP):
+        seconds = _csnd_seconds(dsn, "pub_sweep", f"bench_sweep_{i}", SnapshotSettings(chunk_rows, readers))
+        results.append({"chunk_rows": chunk_rows, "readers": readers, "rows_per_s": round(rows / seconds)})
+        print(f"chunk_rows {chunk_rows:>6,} readers {readers}: {rows / seconds:>10,.0f} rows/s", flush=True)
+    return results
+
+
+def run(rows: int = 200_000, rounds: int = 5, sweep: bool = False) -> dict[str, Any]:
     server = start_server()
     try:
-        dsn = server.dsn()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE acct (id int PRIMARY KEY, owner text, balance numeric(12,2), at timestamptz, doc jsonb)"
-            )
-            conn.execute(
-                "INSERT INTO acct SELECT i, 'owner ' || i, i * 1.25, now(), jsonb_build_object('k', i) "
-                f"FROM generate_series(1, {int(rows)}) AS i"
-            )
-            conn.execute("CREATE PUBLICATION bench_pub FOR ALL TABLES")
-            conn.execute("ANALYZE acct")
-        results = []
-        for i, (chunk_rows, readers) in enumerate(SETTINGS):
-            seconds, size = _copy(dsn, f"bench_{i}", SnapshotSettings(chunk_rows, readers))
-            results.append(
-                {
-                    "chunk_rows": chunk_rows,
-                    "readers": readers,
-                    "seconds": round(seconds, 3),
-                    "rows_per_s": round(rows / seconds),
-                    "changelog_bytes": size,
-                }
-            )
-            print(
-                f"chunk_rows {chunk_rows:>6,} readers {readers}: {rows / seconds:>10,.0f} rows/s", flush=True
-            )
-        return {"rows": rows, "runs": results}
+        result: dict[str, Any] = {
+            "one_table": _shape(server, "one table", ["big"], rows, rounds),
+            "four_tables": _shape(server, "four tables", [f"part{i}" for i in range(4)], rows // 4, rounds),
+        }
+        if sweep:
+            result["sweep"] = _sweep(server, rows)
+        return result
     finally:
         server.stop("immediate")
         shutil.rmtree(server.base_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    result = run(int(sys.argv[1]) if len(sys.argv) > 1 else 500_000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("rows", nargs="?", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sweep", action="store_true")
+    options = parser.parse_args()
+    result = run(options.rows, options.rounds, options.sweep)
     with open(out_path("snapshot.json"), "w") as f:
         json.dump(result, f, indent=2)
