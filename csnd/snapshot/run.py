@@ -20,8 +20,9 @@ next one.  Every streamed transaction's CSN must be above them:
   barrier's CSN X when the chunks stay below it; the stream then resumes
   after X, dropping the transactions the snapshot already holds.
 
-A chunk record is made durable before the next is appended, so a crash
-leaves a prefix of whole chunks and no completion record: the next start
+Chunk records are appended in runs: one fsync for the chunks that are
+ready (at most `SYNC_CHUNKS`), the completion record only after them, so
+a crash leaves a prefix of whole chunks and no completion record: the next start
 sees it (`lines.snapshot_state`) and refuses.  The first chunk of each table
 has the table's relation version kept in the changelog first, from the
 Relation message its rows were rendered with, as a streamed transaction's
@@ -60,6 +61,10 @@ logger = logging.getLogger("csnd.snapshot")
 # Finished chunks waiting to be appended, per copier: a bound on the rendered
 # rows held in memory (each chunk up to CHUNK_ROWS rows).
 RESULTS_PER_READER: Final = 2
+# Chunk records appended before an fsync while more are ready: fewer fsyncs (each a disk round
+# trip, tens of ms on a busy disk), against that many records written but not yet durable (and
+# held in the changelog's pending buffer) -- a crash loses them, as any chunk not yet appended.
+SYNC_CHUNKS: Final = 8
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ class SnapshotRun:
             progress.gtm_csn, progress.barrier_ms = cut.csn, round(cut.held_ms, 1)
         planned: dict[str, int] = {}
         described: set[tuple[str, int]] = set()  # (node, relid) whose relation version is kept
-        appended = rows = 0
+        appended = rows = unsynced = 0
         tables_done = 0
         logged_at = time.monotonic()
         try:
@@ -195,7 +200,10 @@ class SnapshotRun:
                     log.relations.add(next_csn, item.node, table_relation_body(t))
                     described.add((item.node, t.relid))
                 log.append(next_csn, line)
-                log.sync()
+                unsynced += 1
+                if unsynced >= SYNC_CHUNKS or self._results.empty():
+                    log.sync()
+                    unsynced = 0
                 progress.chunk_done(item.node, t.schema, t.name, item.rows)
                 progress.last_csn = next_csn
                 next_csn += 1
