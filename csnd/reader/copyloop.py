@@ -196,6 +196,8 @@ class CopyLoop:
                 # Its run limit is RUN_FRAMES - 1: a transaction of RUN_FRAMES changes or more
                 # goes on as Begin, runs, Commit, as below.)
                 txns, handed, received = take_whole_txns(get_copy_data, SCAN_FRAMES, RUN_FRAMES - 1, stop_at)
+                if link.refusal is not None:  # (a notice parsed with these frames: see replconn)
+                    raise link.refusal.where(lsn=fb.received)
                 ahead.extend(handed)
                 if not txns:
                     continue
@@ -212,6 +214,8 @@ class CopyLoop:
                 continue
             else:
                 nbytes, data = get_copy_data(1)
+                if link.refusal is not None:  # (a notice parsed with this frame: see replconn)
+                    raise link.refusal.where(lsn=fb.received)
             if (run_lsns or held is not None) and nbytes <= 0:  # (drained, or the stream ends)
                 yield from held_items()
             if nbytes == 0:

@@ -51,6 +51,13 @@ TCP_KEEPALIVES: Final = {
 FINISH_TIMEOUT_S: Final = 10.0
 # The SQLSTATE of a slot still held by another walsender.
 OBJECT_IN_USE: Final = "55006"
+# PostgreSQL 18's pgoutput meets a publication it cannot find (dropped, or
+# not yet created at that point of the WAL) with a WARNING of this text
+# (SQLSTATE 55000, shared with much else, so the text decides; a server
+# whose lc_messages translates it is not recognised) and streams on without
+# that publication's changes; 15 to 17 ended the stream with an error.  csnd
+# must not confirm past such a gap.
+SKIPPED_PUBLICATION: Final = "skipped loading publication"
 
 
 def quote_ident(name: str) -> str:
@@ -95,6 +102,10 @@ class ReplicationConnection:
         self.closed = closed
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
         self.silences = 0
+        # Set by the notice handler when the server warns that it leaves
+        # changes out (see SKIPPED_PUBLICATION); the copy loop raises it after
+        # each read, before anything read with or after the warning goes on.
+        self.refusal: SourceError | None = None
 
     def open(self, started: bool) -> pq.abc.PGconn:
         """Connect; before the stream ever `started`, any failure is a `SourceError` (a typo, not an outage)."""
@@ -106,8 +117,26 @@ class ReplicationConnection:
             if not started or classify(None, text, connecting=True):
                 raise connect_error(self.node, e) from None
             raise ConnectionLost(f"cannot connect: {text}", node=self.node) from e
+        conn.add_notice_handler(self.on_notice)
         self.conn = conn
         return conn.pgconn
+
+    def on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        """A server notice on the replication connection: a skipped publication is a refusal, the rest
+        are logged."""
+        text = one_line(diag.message_primary or "")
+        if text.startswith(SKIPPED_PUBLICATION):
+            name = text[len(SKIPPED_PUBLICATION) :].strip(' :"')
+            hint = server_hint("42704", "publication")  # (15's error for the same case: undefined_object)
+            detail = one_line(diag.message_detail or "")
+            self.refusal = SourceError(
+                f'publication "{name}" does not exist: the server warned "{text}"'
+                f"{' (' + detail + ')' if detail else ''} and would stream on without its changes; "
+                f"{hint}",
+                node=self.node,
+            )
+            return
+        log.info("node %s: the server says: %s", self.node, text, extra={"node": self.node})
 
     def tcp_options(self) -> dict[str, str]:
         """TCP_KEEPALIVES and the node's application_name, less what the source's URL sets itself
