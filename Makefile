@@ -43,10 +43,17 @@ PG18_TESTS := tests/reader tests/snapshot tests/gtm tests/faults tests/runtime/t
 	tests/service/test_slot_mid_commit.py tests/service/test_serve_snapshot.py \
 	tests/service/test_serve_snapshot_progress.py tests/service/test_incremental_snapshot.py \
 	tests/service/test_serve_standby.py
+# Not on 18: this test pauses a snapshot between two tables by holding an
+# ACCESS EXCLUSIVE lock on the second; from 16 on, reading the publication's
+# table list waits behind that lock, so nothing is copied before the kill
+# (docs/design.md section 9).  The kill and retake it checks do not depend on
+# the server's version.
+PG18_DESELECT := --deselect \
+	tests/service/test_serve_snapshot.py::test_killed_mid_snapshot_the_next_start_takes_it_again_and_equals_the_table
 test: install proto-check lint
 	@status=0; \
 	CSND_PG_VERSION=15 $(VENV)/bin/pytest -q -n 2 --dist loadgroup tests || status=1; \
-	CSND_PG_VERSION=18 $(VENV)/bin/pytest -q -n 2 --dist loadgroup $(PG18_TESTS) || status=1; \
+	CSND_PG_VERSION=18 $(VENV)/bin/pytest -q -n 2 --dist loadgroup $(PG18_DESELECT) $(PG18_TESTS) || status=1; \
 	exit $$status
 
 # The fault-injection suite in full: every fault class CSND_FAULT_RUNS times
