@@ -247,7 +247,7 @@ def _copy_rows(dsn: str) -> dict[str, Any]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    out = os.path.abspath(getattr(args, "out", None) or OUT_DIR)
+    out = os.path.abspath(vars(args).get("out") or OUT_DIR)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     procs = _Procs(out)

@@ -47,6 +47,8 @@ from typing import Any, Final
 from psycopg import postgres
 from psycopg.adapt import Transformer
 from psycopg.pq import Format
+from psycopg.types.multirange import MultirangeInfo
+from psycopg.types.range import RangeInfo
 
 from csnd.core.ids import lsn_to_str
 from csnd.decoder import pgtext
@@ -584,9 +586,9 @@ def _build_catalogue() -> None:
             if oid in _PG_TEXT:
                 _PG_TEXT[array_oid] = pg_array_text(oid, _PG_TEXT[oid], delimiter)
     for info in postgres.types:  # the built-in ranges and multiranges, once their bounds' types are known
-        subtype = getattr(info, "subtype_oid", None)
-        if subtype is None:
+        if not isinstance(info, (RangeInfo, MultirangeInfo)):
             continue
+        subtype = info.subtype_oid
         if info.name in _TIME_ZONE_RANGES:
             _NO_BINARY_WHY[info.oid] = "its bounds' text depends on the server's TimeZone"
             continue

@@ -48,7 +48,7 @@ _CANNOT_CONNECT_NOW: Final = "57P03"
 
 def refuses_as_stopping(err: psycopg.Error) -> bool:
     """Whether a failed connection attempt says the server is shutting down."""
-    if getattr(err, "sqlstate", None) == _CANNOT_CONNECT_NOW:
+    if err.sqlstate == _CANNOT_CONNECT_NOW:
         return True
     # (libpq reports a refusal at start-up as text only: no SQLSTATE to read)
     return "shutting down" in str(err)

@@ -95,7 +95,7 @@ def cmd_slot(args: argparse.Namespace) -> int:
 
     url: str = args.url
     shown = shown_conninfo(url)
-    name: str | None = getattr(args, "name", None)
+    name: str | None = vars(args).get("name")  # (only `slot drop` has one)
     what = f"cannot drop replication slot {name}" if name else "cannot list the replication slots"
     try:
         if name is None:
