@@ -72,5 +72,6 @@ def pytest_runtest_makereport(
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(
-        f"csnd: this run's test servers were PostgreSQL {default_version()} (a test of `pg18`'s on 18)"
+        f"csnd: this run's test servers were PostgreSQL {default_version()} "
+        "(tests that take the `pg18` fixture or start_server(version=18) ran on 18)"
     )
