@@ -20,6 +20,7 @@ tables gets the name's.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 import grpc
 
-from csnd.core.errors import AckError, ChangelogCorrupt, CsnOutOfRange
+from csnd.core.errors import AckError, ChangelogCorrupt, CsnOutOfRange, OutputError
 from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.batching import BatchBuilder, Record
 from csnd.service.debezium import FORMATS as DEBEZIUM_FORMATS
@@ -48,6 +49,8 @@ from csnd.service.feed_reading import open_at, open_oldest, read_from
 from csnd.service.filtering import LineFilter, Reshaped
 from csnd.service.knowntables import KnownTables
 from csnd.service.latency import COMMIT_TO_SENT
+
+_log = logging.getLogger("csnd.changefeed")
 
 if TYPE_CHECKING:
     from csnd.core.auth import Credentials
@@ -157,11 +160,11 @@ class SubscribeStreams:
         cid = self.consumers.connect(context.peer(), name, tables, after, context)
         stream.cid = cid
         stream.registered.set()
-        if name and mark is None:
-            # A new name's mark is where its stream starts, durable before the stream answers:
-            # a reconnect before its first acknowledgement resumes exactly there.
-            self.marks.store_marks()
         try:
+            if name and mark is None:
+                # A new name's mark is where its stream starts, durable before the stream answers:
+                # a reconnect before its first acknowledgement resumes exactly there.
+                self._store_marks(context)
             log = self.log
             yield pb.SubscribeResponse(
                 subscribed=pb.Subscribed(
@@ -171,7 +174,21 @@ class SubscribeStreams:
             yield from self._stream(cid, after, records, filt, stream, context, start.schemas)
         finally:
             self.consumers.disconnect(cid)
-            self.marks.store_marks()
+            try:
+                self.marks.store_marks()
+            except OutputError as e:  # (the stream ends anyway: said once, as the line it is)
+                _log.warning("%s", e)
+
+    def _store_marks(self, context: grpc.ServicerContext, now: float | None = None) -> None:
+        """Store the named marks (when due, given `now`); a store that fails (a full disk) ends the
+        stream UNAVAILABLE with the store's one line, never a traceback per stream."""
+        try:
+            if now is None:
+                self.marks.store_marks()
+            else:
+                self.marks.store_if_due(now)
+        except OutputError as e:
+            abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
 
     def _converter(self, fmt: str, context: grpc.ServicerContext) -> DebeziumFormat | None:
         """What a stream's `format` does to each line it sends (None: nothing, the native lines)."""
@@ -325,7 +342,7 @@ class SubscribeStreams:
             if now >= next_keepalive:
                 next_keepalive = now + s.keepalive_s
                 yield keepalive()
-            self.marks.store_if_due(now)
+            self._store_marks(context, now)
             # (a client that half-closes, as an acknowledgement does, ends the wait at once:
             # it waits for the end of the stream, which stores its mark)
             log.wait_durable(
