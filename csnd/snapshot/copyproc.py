@@ -69,10 +69,15 @@ class CopierProcess:
         binary: bool,
         enums: list[tuple[int, int]],
     ) -> CopierProcess:
+        from csnd.core.appname import named_conninfo
+
         parent, child = ctx.Pipe()
+        # (named here: the fork server the copier comes from does not know this process's
+        # `csnd COMMAND` name, so the copier would connect as whatever PGAPPNAME it started with)
+        named = named_conninfo(conninfo, node)
         p = ctx.Process(
             target=_copier_entry,
-            args=(child, conninfo, node, snapshot_name, lsn, binary, enums),
+            args=(child, named, node, snapshot_name, lsn, binary, enums),
             name=f"csnd-snapshot-copier-{node}",
             daemon=True,
         )
