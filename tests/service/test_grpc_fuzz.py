@@ -319,8 +319,16 @@ def test_concurrent_bad_calls_leave_the_service_answering_and_no_thread_behind(
 
 
 def _threads_outside_the_pool() -> collections.Counter[str]:
+    """The service's own threads beside its handler pool, by name.
+
+    Every thread csnd starts is named `csnd-...`; the unnamed `Thread-N (target)` ones belong to
+    other tests' helpers in the same pytest worker (a pipe reader, a writer) and come and go on
+    their own, so they are not counted.
+    """
     return collections.Counter(
-        t.name.rstrip("0123456789_") for t in threading.enumerate() if not t.name.startswith(POOL_PREFIX)
+        t.name.rstrip("0123456789_")
+        for t in threading.enumerate()
+        if t.name.startswith("csnd") and not t.name.startswith(POOL_PREFIX)
     )
 
 
