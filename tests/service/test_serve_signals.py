@@ -32,6 +32,9 @@ def _clean_stop(code: int, err: str) -> None:
 
 def test_sighup_stops_serve_as_sigterm_does(pg: PgDatabase, tmp_path: Path) -> None:
     _setup(pg)
+    # Started with SIGHUP's default, as from a shell: a suite run under nohup would hand its
+    # SIG_IGN on, which csnd keeps, as nohup asks.  (The conftest puts this process's back.)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     served = start_serve(
         [f"dn1={pg.url}?slot=csnd&publication=csnd_pub&create_slot=true"], str(tmp_path / "log")
     )
