@@ -31,7 +31,7 @@ from csnd.service.serve_sources import live_sources
 if TYPE_CHECKING:
     from csnd.reader.live import LiveSource
     from csnd.reader.sourcecheck import ExportedSnapshot
-    from csnd.snapshot.copier import SnapshotSettings
+    from csnd.snapshot.copier import NodeSnapshot, SnapshotSettings
     from csnd.snapshot.run import SnapshotNode
 
 log = logging.getLogger("csnd.serve")
@@ -66,7 +66,7 @@ class Slots:
         snapshot to copy from (the copy itself runs in the pipeline thread,
         after the ready line).
         """
-        from csnd.snapshot.copier import NodeSnapshot, SnapshotSettings
+        from csnd.snapshot.copier import SnapshotSettings
         from csnd.snapshot.privileges import check_snapshot_privileges
         from csnd.snapshot.run import SnapshotNode
 
@@ -101,15 +101,7 @@ class Slots:
                     at_barrier.append((source, exported, enums))
                     continue
                 try:
-                    reader = NodeSnapshot(
-                        source.node,
-                        source.options.conninfo,
-                        source.options.publication,
-                        exported.consistent_lsn,
-                        binary=source.binary,
-                        enums=enums,
-                        settings=settings,
-                    )
+                    reader = node_snapshot(source, exported, enums, settings)
                     reader.open(exported.name)
                 finally:
                     exported.release()  # (the readers' transactions hold the snapshot from here on)
@@ -143,6 +135,26 @@ class Slots:
                 drop_own_slot(entry.source)
 
 
+def node_snapshot(
+    source: LiveSource,
+    exported: ExportedSnapshot,
+    enums: list[tuple[int, int]],
+    settings: SnapshotSettings,
+) -> NodeSnapshot:
+    """The reader of one node's initial snapshot, at its slot's consistent point (not yet opened)."""
+    from csnd.snapshot.copier import NodeSnapshot
+
+    return NodeSnapshot(
+        source.node,
+        source.options.conninfo,
+        source.options.publication,
+        exported.consistent_lsn,
+        binary=source.binary,
+        enums=enums,
+        settings=settings,
+    )
+
+
 def snapshot_at_one_csn(
     gtm: str,
     made: list[tuple[LiveSource, ExportedSnapshot, list[tuple[int, int]]]],
@@ -160,7 +172,6 @@ def snapshot_at_one_csn(
     import psycopg
 
     from csnd.gtm.barrier import CommitBarrier
-    from csnd.snapshot.copier import NodeSnapshot
     from csnd.snapshot.run import GtmCut, SnapshotNode
 
     exporters: dict[str, psycopg.Connection[tuple[object, ...]]] = {}
@@ -194,15 +205,7 @@ def snapshot_at_one_csn(
             extra={"csn": held.csn},
         )
         for source, exported, enums in made:
-            reader = NodeSnapshot(
-                source.node,
-                source.options.conninfo,
-                source.options.publication,
-                exported.consistent_lsn,
-                binary=source.binary,
-                enums=enums,
-                settings=settings,
-            )
+            reader = node_snapshot(source, exported, enums, settings)
             readers.append(SnapshotNode(reader, source.mode, exported.made_at, cut))
             reader.open(names[source.node])
         return readers
