@@ -33,6 +33,7 @@ from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
 from csnd.service.batching import MAX_BATCH_BYTES
 from csnd.service.feed_admin import Lag, SubscriptionAdmin
 from csnd.service.feed_consumers import FeedConsumers
+from csnd.service.feed_ending import Ending
 from csnd.service.feed_fetch import Fetches
 from csnd.service.feed_marks import MarkKeeper
 from csnd.service.feed_ports import MarkStore, SnapshotJobsSource
@@ -102,6 +103,8 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
         # publications once the service tells them (`known_tables.published`)
         self.known_tables = KnownTables(log.relations)
         self.stopping = threading.Event()
+        # Set when the service ends on a failure its consumers must be told (`end_streams`)
+        self.ending = Ending()
         self.consumers = FeedConsumers(
             ConsumerRegistry.from_store(
                 subscriptions.all() if subscriptions else {}, subscriptions.tables() if subscriptions else {}
@@ -119,8 +122,9 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             self.stopping,
             credentials=credentials,
             databases=dict(databases or {}),
+            ending=self.ending,
         )
-        self.fetches = Fetches(log, s, self.known_tables, self.stopping, self.directory)
+        self.fetches = Fetches(log, s, self.known_tables, self.stopping, self.directory, self.ending)
         self.admin = SubscriptionAdmin(log, self.consumers, self.marks, lag, s.max_batch_bytes)
         self.snapshot_starter = SnapshotStarter(jobs)
         # What `csnd serve` adds to Status (nodes, totals, its initial snapshot); None: nothing
@@ -182,6 +186,13 @@ class ChangefeedServicer(pb_grpc.ChangefeedServicer):  # type: ignore[misc]  # g
             self.status_source,
             time.time(),
         )
+
+    def end_streams(self, code: grpc.StatusCode, details: str) -> None:
+        """The service ends on a failure: each stream sends what is durable now, then ends with `code`.
+
+        Called before `stop()`; the streams end within `feed_ending.DRAIN_S` (plus WAIT_S)."""
+        self.ending.fail(code, details, self.log.durable_csn)
+        self.log.wake_waiters()
 
     def stop(self) -> None:
         """Ends every stream at its next look (within WAIT_S) and stores the named marks."""

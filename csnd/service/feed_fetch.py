@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 
@@ -24,6 +24,7 @@ from csnd.core.hostid import host_id
 from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.service.batching import BatchBuilder
 from csnd.service.feed_aborts import abort, bad_line, damaged, out_of_range, refuse_unknown, table_filter
+from csnd.service.feed_ending import Ending
 from csnd.service.feed_messages import fetch_response, piece_responses, pieces_kept
 from csnd.service.filtering import TableFilter
 from csnd.service.knowntables import KnownTables
@@ -46,15 +47,25 @@ class Fetches:
         known_tables: KnownTables,
         stopping: threading.Event,
         directory: str,
+        ending: Ending | None = None,
     ) -> None:
         self.log = changelog
         self.settings = settings
         self.known_tables = known_tables
         self.stopping = stopping
+        # The failure the service ends on, told to a fetch cut short by it (csnd.service.feed_ending)
+        self.ending = ending or Ending()
         self.directory = directory  # (<directory>/arrow-files holds the Arrow files by default)
         self._lock = threading.Lock()
         self._row_blocks: RowBlocks | None = None  # Fetch(format="arrow")'s rows, made on first use
         self._arrow_missing_logged = False
+
+    def _stopped(self, context: grpc.ServicerContext) -> NoReturn:
+        """A fetch cut short by the stop: the failure the service ends on, or UNAVAILABLE (fetch again)."""
+        failure = self.ending.failure
+        if failure is not None:
+            abort(context, failure.code, failure.details)
+        abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
 
     def fetch(
         self, request: pb.FetchRequest, context: grpc.ServicerContext
@@ -105,7 +116,7 @@ class Fetches:
                 if kept is not None and (batch := builder.add(csn, kept)) is not None:
                     yield fetch_response(batch)
                     if self.stopping.is_set():
-                        abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
+                        self._stopped(context)
         except CsnOutOfRange as e:
             out_of_range(context, after, e)
         except ChangelogCorrupt as e:
@@ -159,7 +170,7 @@ class Fetches:
                 else:
                     yield pb.FetchResponse(arrow_file=pb.ArrowFile(**message._asdict()))
                 if i % 16 == 15 and self.stopping.is_set():
-                    abort(context, grpc.StatusCode.UNAVAILABLE, "the service is stopping; fetch again")
+                    self._stopped(context)
         except CsnOutOfRange as e:
             out_of_range(context, after, e)
         except ChangelogCorrupt as e:

@@ -36,6 +36,7 @@ from csnd.service.debezium import FORMATS as DEBEZIUM_FORMATS
 from csnd.service.debezium import DebeziumFormat, RelationTypes
 from csnd.service.feed_aborts import abort, bad_line, damaged, out_of_range, refuse_unknown, table_filter
 from csnd.service.feed_consumers import FeedConsumers
+from csnd.service.feed_ending import Ending
 from csnd.service.feed_marks import MarkKeeper
 from csnd.service.feed_messages import (
     batch_response,
@@ -94,6 +95,7 @@ class SubscribeStreams:
         *,
         credentials: Credentials | None,
         databases: Mapping[str, str],
+        ending: Ending | None = None,
     ) -> None:
         self.log = log
         self.consumers = consumers
@@ -105,6 +107,8 @@ class SubscribeStreams:
         self.credentials = credentials
         # Each node's database name, for the Debezium formats' `source.db`
         self.databases = databases
+        # The failure the streams end with when the service ends on one (csnd.service.feed_ending)
+        self.ending = ending or Ending()
 
     def subscribe(
         self, request_iterator: Iterator[pb.SubscribeRequest], context: grpc.ServicerContext
@@ -301,7 +305,7 @@ class SubscribeStreams:
                             sent(cid, csn, 1)
                             for piece in piece_responses(csn, pieces, pb.SubscribeResponse):
                                 yield piece
-                                if self._ended(cid, stream, context):
+                                if self._ended(cid, stream, context, pos):
                                     return
                                 if time.monotonic() >= next_keepalive:
                                     # (a client acknowledges only whole lines: without a keepalive to
@@ -318,11 +322,11 @@ class SubscribeStreams:
                     if kept is not None and (batch := builder.add(csn, kept)) is not None:
                         sent(cid, batch[-1][0], len(batch), batch)
                         yield batch_response(batch)
-                        if self._ended(cid, stream, context):
+                        if self._ended(cid, stream, context, pos):
                             return
                     seen += 1
                     if seen % CHECK_EVERY == 0:
-                        if self._ended(cid, stream, context):
+                        if self._ended(cid, stream, context, pos):
                             return
                         if time.monotonic() >= next_keepalive:
                             next_keepalive = time.monotonic() + s.keepalive_s
@@ -336,7 +340,7 @@ class SubscribeStreams:
             sent(cid, pos, len(batch or ()), batch)
             if batch:
                 yield batch_response(batch)
-            if self._ended(cid, stream, context):
+            if self._ended(cid, stream, context, pos):
                 return
             now = time.monotonic()
             if now >= next_keepalive:
@@ -350,9 +354,16 @@ class SubscribeStreams:
             )
             records = None
 
-    def _ended(self, cid: int, stream: _Stream, context: grpc.ServicerContext) -> bool:
-        """True when the stream should end quietly; aborts when it must end with an error."""
-        if self.stopping.is_set() or stream.closed.is_set() or not context.is_active():
+    def _ended(self, cid: int, stream: _Stream, context: grpc.ServicerContext, pos: int) -> bool:
+        """True when the stream should end quietly; aborts when it must end with an error.
+
+        `pos`: the csn the stream has sent through (a service ending on a failure
+        first sends what its changelog holds, for a bounded time)."""
+        if self.ending.failure is not None and not stream.closed.is_set() and context.is_active():
+            failure = self.ending.due(pos)
+            if failure is not None:
+                abort(context, failure.code, failure.details)
+        elif self.stopping.is_set() or stream.closed.is_set() or not context.is_active():
             if stream.error is not None:
                 abort(context, grpc.StatusCode.INVALID_ARGUMENT, stream.error)
             return True

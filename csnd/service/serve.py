@@ -52,9 +52,11 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, TextIO
 
+import grpc
+
 from csnd.changelog import Changelog, SubscriptionStore
 from csnd.core.auth import Credentials, read_credentials_file
-from csnd.core.errors import CsndError
+from csnd.core.errors import CsndError, SlotLost
 from csnd.core.tokens import read_token_file
 from csnd.runtime.stopping import ignore_stop_signals
 from csnd.service.changefeed import FeedSettings
@@ -192,6 +194,7 @@ class Service:
                     self.incremental.start()
                 self.phase.doing = ""
                 pipeline.wait()
+                self._tell_consumers(feed, pipeline.failure)
             except KeyboardInterrupt:
                 log.info("stopping: making what was written durable and confirming the slots")
             self.stop()
@@ -215,6 +218,15 @@ class Service:
         """The gRPC Status answer as JSON (proto3 field names): /api/status and /metrics read this."""
         assert self.feed is not None
         return status_document(self.feed.servicer.feed_status())
+
+    def _tell_consumers(self, feed: RunningServer, failure: BaseException | None) -> None:
+        """A slot gone ends every stream with DATA_LOSS and the service's own line (node, slot, LSN).
+
+        A restart over this changelog is refused, so a consumer left to
+        reconnect would wait for a service that cannot come back, told only
+        that the connection was lost."""
+        if isinstance(failure, SlotLost):
+            feed.servicer.end_streams(grpc.StatusCode.DATA_LOSS, f"the service stopped: {failure}")
 
     def _say(self, line: str) -> None:
         print(line, file=self.stdout, flush=True)

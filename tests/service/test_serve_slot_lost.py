@@ -11,10 +11,12 @@ transactions cannot be delivered, and what to do.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -26,6 +28,7 @@ from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import Served, start_serve, wait_for
 
 SLOT = "csnd"
+CSND = [sys.executable, "-m", "csnd.cli"]
 
 
 def _setup(dsn: str) -> None:
@@ -55,6 +58,54 @@ def _ended(served: Served, seconds: float = 90) -> tuple[int, list[str]]:
     return served.proc.returncode, [ln for ln in err.splitlines() if ln.startswith("csnd serve: error:")]
 
 
+_started: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_subscriber_left() -> Iterator[None]:
+    yield
+    while _started:
+        sub = _started.pop()
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+
+
+def _subscriber(address: str, tmp: str) -> subprocess.Popen[bytes]:
+    """`csnd subscribe` of the service, printing to `tmp`/sub.out (its stderr: sub.err)."""
+    with open(os.path.join(tmp, "sub.out"), "wb") as out, open(os.path.join(tmp, "sub.err"), "wb") as err:
+        sub = subprocess.Popen([*CSND, "subscribe", address], stdout=out, stderr=err)
+    _started.append(sub)
+    return sub
+
+
+def _subscriber_told(sub: subprocess.Popen[bytes], tmp: str) -> tuple[int, str, list[int]]:
+    """The subscriber's exit status, stderr and printed csns once it has ended by itself after the service."""
+    try:
+        sub.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        sub.kill()
+        sub.wait()
+        raise AssertionError(
+            "csnd subscribe still runs 60 s after its service ended on a lost slot: it was never told why"
+        ) from None
+    with open(os.path.join(tmp, "sub.out"), "rb") as f:
+        csns = [int(json.loads(line)["csn"]) for line in f.read().splitlines() if line.strip()]
+    with open(os.path.join(tmp, "sub.err"), encoding="utf-8", errors="replace") as f:
+        return sub.returncode, f.read(), csns
+
+
+def _assert_told(sub: subprocess.Popen[bytes], tmp: str, how: str) -> None:
+    """The subscriber ended, exit 1, with the one line that names node and slot; before it, a gapless prefix."""
+    code, err, csns = _subscriber_told(sub, tmp)
+    assert code == 1, (code, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("csnd subscribe: error:"), err
+    assert "node dn1" in lines[0] and f"replication slot {SLOT} was {how}" in lines[0], err
+    assert csns and csns == sorted(set(csns)), csns
+
+
 def _slot_exists(dsn: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as c:
         return (
@@ -67,6 +118,7 @@ def test_dropped_slot_ends_the_service_and_is_never_made_anew(pg: PgDatabase, tm
     _setup(pg.dsn)
     changelog = os.path.join(str(tmp_path), "changelog")
     served = start_serve([_source(pg.url)], changelog)
+    sub = _subscriber(served.address, str(tmp_path))
     try:
         _insert(pg.dsn, range(20))
         wait_for(lambda: served.newest_csn() > 0, "the first transactions in the changelog")
@@ -88,6 +140,8 @@ def test_dropped_slot_ends_the_service_and_is_never_made_anew(pg: PgDatabase, tm
         status, errors = _ended(served)
     finally:
         served.kill()
+    # Its subscriber is told why, with the same line, and stops (a reconnect would find no service).
+    _assert_told(sub, str(tmp_path), "dropped")
     assert status == 1
     assert len(errors) == 1, errors
     line = errors[0]
@@ -124,10 +178,14 @@ def test_invalidated_slot_ends_the_service(small_wal_server: PgServer, tmp_path:
     _setup(dsn)
     changelog = os.path.join(str(tmp_path), "changelog")
     served = start_serve([_source(url)], changelog)
+    sub = _subscriber(served.address, str(tmp_path))
     stopped = False
     try:
         _insert(dsn, range(10))
         wait_for(lambda: served.newest_csn() > 0, "the first transactions in the changelog")
+        wait_for(
+            lambda: os.path.getsize(os.path.join(str(tmp_path), "sub.out")) > 0, "the subscriber's lines"
+        )
         os.kill(served.proc.pid, signal.SIGSTOP)  # nothing is confirmed from now on
         stopped = True
         with psycopg.connect(dsn, autocommit=True) as c:
@@ -149,6 +207,7 @@ def test_invalidated_slot_ends_the_service(small_wal_server: PgServer, tmp_path:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(served.proc.pid, signal.SIGCONT)
         served.kill()
+    _assert_told(sub, str(tmp_path), "invalidated")
     assert status == 1
     assert len(errors) == 1, errors
     line = errors[0]
