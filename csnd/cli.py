@@ -326,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "subscribe",
         "serve",
         "gtm",
+        "workload",
     ):  # (a node agent handles SIGTERM itself)
         install_stop_handlers()
     try:

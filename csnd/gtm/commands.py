@@ -70,7 +70,14 @@ def add_parsers(sub: Any) -> None:
     w.add_argument("--gtm-name", default=DEFAULT_NAME)
     w.add_argument("--writers", type=int, default=4)
     w.add_argument("--rate", type=float, default=0.0, help="transactions/s over all writers (0: unlimited)")
-    w.add_argument("--duration", type=float, default=10.0, metavar="SECONDS")
+    w.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long the writers run (default 10); Ctrl-C or SIGTERM ends the run early the same "
+        "way: every writer finishes its transaction, then the summary and --out are written",
+    )
     w.add_argument("--tick-interval", type=float, default=TICK_INTERVAL, metavar="SECONDS")
     w.add_argument("--accounts", type=int, default=50, help="accounts per node")
     w.add_argument("--seed", type=int, default=1)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -183,7 +184,11 @@ def run_workload(opts: LoadOptions, *, err: Any = sys.stderr) -> LoadSummary:
         last_print, last_committed = t0, 0
         try:
             while True:
-                time.sleep(0.1)
+                try:
+                    time.sleep(0.1)
+                except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run ends here, as its duration would
+                    print("workload: stopping early on a signal", file=err, flush=True)
+                    break
                 now = time.monotonic()
                 done = all(counts[i * _NCOUNT + _DONE] for i in range(opts.writers))
                 if done or not any(p.is_alive() for p in procs) or now - t0 >= opts.duration:
@@ -257,6 +262,10 @@ def _max(counts: Any, writers: int) -> int:
 
 def _writer_main(opts: LoadOptions, index: int, counts: Any, stop: Any, go: Any, errq: Any) -> None:
     base = index * _NCOUNT
+    # A terminal's Ctrl-C reaches the whole process group: the parent alone
+    # decides when the run ends (its stop event), so that every writer
+    # finishes the transaction it is in and the summary counts them all.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _Writer(opts, index, counts, base, stop).run(go)
     except Exception as e:
@@ -295,7 +304,9 @@ class _Writer:
         next_at = time.monotonic()
         deadline = next_at + opts.duration
         try:
-            while not self.stop.is_set() and time.monotonic() < deadline:
+            parent = os.getppid()
+            # (a parent killed -9 sets no stop event: an orphan stops by itself)
+            while not self.stop.is_set() and time.monotonic() < deadline and os.getppid() == parent:
                 if opts.max_txns is not None and self.txn_no >= opts.max_txns:
                     break
                 if interval:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +82,41 @@ def test_workload_against_witness(
     finally:
         for c in conns.values():
             c.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_the_workload_as_its_duration_would(
+    cluster: LocalCluster, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM or Ctrl-C mid-run: the writers stop, the summary and --out are written, exit 0.
+
+    A test or a script that races a load against some other step cannot know
+    how long that step takes; it runs the load long and stops it when done.
+    """
+    urls = cluster.urls()
+    out = tmp_path / "committed.jsonl"
+    load = subprocess.Popen(
+        [sys.executable, "-m", "csnd.cli", "workload", "--nodes", *urls.values(), "--writers", "2",
+         "--duration", "600", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size for p in tmp_path.glob("committed.jsonl.w*")):
+            assert load.poll() is None, load.communicate()[1]
+            assert time.monotonic() < deadline, "the writers never committed"
+            time.sleep(0.05)
+        load.send_signal(sig)
+        _, err = load.communicate(timeout=60)
+    finally:
+        if load.poll() is None:
+            load.kill()
+    assert load.returncode == 0, err
+    assert "distributed transactions committed" in err, err
+    assert "Traceback" not in err, err
+    committed = [json.loads(x) for x in out.read_text().splitlines()]
+    assert committed and [r["csn"] for r in committed] == sorted(r["csn"] for r in committed)
+    assert not list(tmp_path.glob("committed.jsonl.w*")), "the writers' parts were not merged"
 
 
 def test_the_ticker_ticks_the_current_csn_and_spends_none(cluster: LocalCluster) -> None:
