@@ -8,7 +8,7 @@ machine falls on both sides alike:
    `row_change_body` (the decoder workers' hot path), timed on the process's
    CPU clock, best of `ROUNDS`, once with the table's compiled row reader
    (`_rows.c`: the type written in C, or through its builder from C) and
-   once with its Python twin (`rows._compile_row_reader`) -- the reader
+   once with its Python twin (`rowreader._compile_row_reader`) -- the reader
    every row of such a table took while the compiled one wrote only eleven
    types (marked `native before`).
 2. The issue's figure: `csnd replay --decoders 1` and `--decoders 2` over a
@@ -43,7 +43,7 @@ from typing import Any, Final
 
 from bench.common import out_path
 from bench.decode_bench import machine_parallel_ratio
-from csnd.decoder import RelationCache, rows
+from csnd.decoder import RelationCache, rowreader, rows
 from csnd.gtm import pgtypes as T
 from csnd.reader.pgoutput import (
     Column,
@@ -130,7 +130,7 @@ def per_type() -> list[dict[str, Any]]:
             for i in range(CHANGES)
         ]
         compiled = table.read_row
-        twin = rows._compile_row_reader(table.json_columns, True)
+        twin = rowreader._compile_row_reader(table.json_columns, True)
         assert all(compiled(d, 1, len(d)) == twin(d, 1, len(d)) is not None for d in datas[:200]), name
         row: dict[str, Any] = {"type": name, "native_before": name in NATIVE_BEFORE}
         for side, reader in (("python_us", twin), ("compiled_us", compiled), ("python_us_2", twin)):

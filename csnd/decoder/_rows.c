@@ -3,7 +3,7 @@
  * types written here, any other through its Python builder.
  *
  * `read_row(codes, keys, quote, data, pos, end)` is the reader that
- * `rows._compile_row_reader` compiles in Python for the same table, which is
+ * `rowreader._compile_row_reader` compiles in Python for the same table, which is
  * its specification and its twin: tests/decoder/test_rows_compiled.py holds
  * the two to the same result for any tuple data.  Keep them in step.  It
  * returns `(row JSON, end of the tuple)`, or None wherever the Python reader
@@ -1061,7 +1061,7 @@ one_change_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef methods[] = {
     {"read_row", (PyCFunction)(void (*)(void))read_row, METH_FASTCALL,
      "read_row(codes, keys, quote, builders, data, pos, end) -> (row JSON, end of the tuple) or None\n\n"
-     "A table's compiled row reader (see rows._compile_row_reader, its twin)."},
+     "A table's compiled row reader (see rowreader._compile_row_reader, its twin)."},
     {"one_change_line", (PyCFunction)(void (*)(void))one_change_line, METH_FASTCALL,
      "one_change_line(node_key, commit_lsn, xid, commit_time, body) -> str or None\n\n"
      "csnd.core.lines.one_change_line with the node's JSON key given; None: let the twin write it."},

@@ -31,7 +31,9 @@ from csnd.decoder.messages import (
     ToWorker,
     Wire,
 )
-from csnd.decoder.rows import RelationCache, decode_change, one_change_line_c, row_change_body
+from csnd.decoder.relations import RelationCache
+from csnd.decoder.rowreader import one_change_line_c
+from csnd.decoder.rows import decode_change, row_change_body
 from csnd.reader.pgoutput import Truncate, iter_change_frames, one_change_frame
 
 # How often an idle worker checks that its parent is still there.

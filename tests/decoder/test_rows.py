@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from csnd.core.errors import DecodeError
 from csnd.core.ids import Lsn, Xid, lsn_from_str, lsn_to_str
-from csnd.decoder import DecodedChange, RelationCache, rows
+from csnd.decoder import DecodedChange, RelationCache, relations, rowreader, rows
 from csnd.decoder.rows import decode_change, row_change_body
 from csnd.gtm import GenerateOptions, generate_cluster
 from csnd.gtm import pgtypes as PT
@@ -479,8 +479,9 @@ def test_the_insert_fast_path_says_what_the_checked_path_says(
     never = lambda *_: None  # noqa: E731 - a fast path that always gives up
     outcomes = []
     for compiled, loop in [(True, True), (True, False), (False, True), (False, False)]:
+        # (the name `Table` builds its reader by: the C reader's or its twin's, whichever runs)
         with mock.patch.object(
-            rows, "_compile_row_reader", rows._compile_row_reader if compiled else lambda *_: never
+            relations, "row_reader", rowreader.row_reader if compiled else lambda *_: never
         ):
             cache = cache_with(ACCT, binary=stream_binary)
         with mock.patch.object(rows, "_row_wire", rows._row_wire if loop else never):

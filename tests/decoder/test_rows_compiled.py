@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from csnd.core.errors import TimestampError
 from csnd.core.ids import PG_TIME_MAX_US, PG_TIME_MIN_US
 from csnd.core.lines import node_key, one_change_line
-from csnd.decoder import RelationCache, rows
+from csnd.decoder import RelationCache, rowreader
 from csnd.decoder.rows import row_change_body
 from csnd.decoder.values import float4_shortest
 from csnd.gtm.pgtypes import TEXT_ARRAY, float8_text, numeric_binary, numeric_text
@@ -254,7 +254,7 @@ def _readers(types: list[str], binary: bool) -> tuple[Any, Any]:
     cache = RelationCache(binary=binary)
     cache.apply(_relation(types), 0)
     table = cache.table(16500)
-    return table.read_row, rows._compile_row_reader(table.json_columns, binary)
+    return table.read_row, rowreader._compile_row_reader(table.json_columns, binary)
 
 
 def test_the_compiled_row_reader_is_built() -> None:
