@@ -339,6 +339,7 @@ class Merger:
         """A sync of what is new, unless one is under way (its end wakes the loop to ask again)."""
         sink, asks = self._group_commit, self._durable_asks
         assert sink is not None
+        sink.raise_failure()  # (a failed sync ends the run now, appends or not)
         if sink.ended != self._asked_at_ended and (not asks or asks[-1][0] <= sink.durable_ticket):
             self._asked_at_ended = sink.ended
             asks.append((sink.request_durable(), self._written()))
@@ -346,6 +347,7 @@ class Merger:
     def _confirm_behind(self, sink: GroupCommit) -> None:
         """Ask for a sync of what is new; move each slot to what the syncs finished so far cover."""
         asks = self._durable_asks
+        sink.raise_failure()
         if not self._group_commit_now and sink.ended != self._asked_at_ended:
             self._asked_at_ended = sink.ended
             asks.append((sink.request_durable(), self._written()))

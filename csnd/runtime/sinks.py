@@ -65,6 +65,13 @@ class GroupCommit(Protocol):
     def wake_on_durable(self, wake: threading.Event) -> None:
         """Set `wake` each time a sync finishes, so the runtime asks for the next group at once."""
 
+    def raise_failure(self) -> None:
+        """Raise the background sync's failure, if it failed (`wake` is set then too).
+
+        The runtime looks every round: a sync that failed (a full disk) must
+        end the pipeline at once, not when a later append meets the failed
+        changelog -- with nothing more to append, never."""
+
 
 class Sink(Protocol):
     """Where the runtime writes the merged transactions' lines (see the module docstring)."""

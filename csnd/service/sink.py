@@ -231,6 +231,11 @@ class ChangelogSink:
     def wake_on_durable(self, wake: threading.Event) -> None:
         self._wake = wake
 
+    def raise_failure(self) -> None:
+        """The sync thread's failure, raised in the runtime's thread (a look, no lock: set once)."""
+        if self._error is not None:
+            raise self._error
+
     def make_durable(self) -> None:
         ticket = self.request_durable()
         with self._changed:
@@ -321,6 +326,9 @@ class ChangelogSink:
     def _fail(self, e: BaseException) -> None:
         self._error = e
         self._changed.notify_all()
+        wake = self._wake
+        if wake is not None:  # (the runtime looks at once: `raise_failure`)
+            wake.set()
 
     def _raise_failure(self) -> None:
         if self._error is not None:

@@ -9,6 +9,7 @@ committed transaction exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -149,6 +150,54 @@ def test_changelog_disk_full_ends_with_one_line_and_loses_nothing(pg: PgDatabase
     served = start_serve([_source(pg)], changelog)
     try:
         _all_once(served, n, n)
+    finally:
+        code, err = served.terminate()
+    assert code == 0, err
+
+
+def _fill(directory: str) -> None:
+    """Write a filler file in `directory` until its filesystem is full, to the last byte."""
+    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            block = b"\0" * chunk
+            with contextlib.suppress(OSError):  # (ENOSPC: on to a smaller block)
+                while True:
+                    os.write(fd, block)
+    finally:
+        os.close(fd)
+
+
+def test_changelog_disk_filled_by_another_is_noticed_without_more_load(
+    pg: PgDatabase, small_disk: str
+) -> None:
+    """The disk fills from outside, one transaction follows and then nothing: the service must end.
+
+    Its write meets ENOSPC in the background sync; with no further
+    transaction to append, that failure must still end the service (not
+    wait, serving on, for a later append or a subscriber's mark to find it)."""
+    _setup(pg)
+    changelog = os.path.join(small_disk, "changelog")
+    served = start_serve([_source(pg)], changelog)
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            c.execute("INSERT INTO big VALUES (0, 'small')")
+            wait_for(lambda: served.newest_csn() > 0, "the first transaction in the changelog")
+            _fill(small_disk)
+            c.execute("INSERT INTO big VALUES (1, repeat(md5('1'), 2000))")  # (64 kB: past any page's slack)
+        status, errors = _ended(served, seconds=60)
+    finally:
+        served.kill()
+    assert status == 1
+    assert len(errors) == 1, errors
+    assert f"changelog {changelog}: cannot write {changelog}/" in errors[0], errors
+    assert "(ENOSPC)" in errors[0] and f"free space in {changelog}" in errors[0], errors
+    assert set(_changelog_ids(changelog)) == {0}
+
+    os.unlink(os.path.join(small_disk, "filler"))
+    served = start_serve([_source(pg)], changelog)
+    try:
+        _all_once(served, 2, 2)
     finally:
         code, err = served.terminate()
     assert code == 0, err
