@@ -25,6 +25,7 @@ released one, frees the disk space.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import struct
 import tempfile
@@ -186,7 +187,8 @@ class TxnBuffer:
             f.flush()
             f.seek(0)
         except OSError as e:
-            f.close()
+            with contextlib.suppress(OSError):  # (its close flushes again, and fails the same way)
+                f.close()
             raise self._io_error("read back", e) from e
         return _SpillReader(f, frozenset(self._aborted), self)
 
@@ -197,7 +199,10 @@ class TxnBuffer:
         f = self._file
         self._file = None
         if f is not None:
-            f.close()
+            # The close flushes the file's buffer, which a full disk refuses; the changes are
+            # discarded anyway (and the file closed all the same), so that is no failure.
+            with contextlib.suppress(OSError):
+                f.close()
 
     # --- internals ----------------------------------------------------------------
 
