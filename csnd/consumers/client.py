@@ -33,7 +33,9 @@ reachable -- within `connect_timeout` at the first connect, within
 The response thread answers keepalives while the caller works, but it stops
 reading when the inbox is full: a caller that does not iterate for longer
 than the service's client timeout is dropped, and the client reconnects when
-it is iterated again -- nothing is lost either way.
+it is iterated again -- nothing is lost either way.  With `read_on_caller`
+(`csnd subscribe`) there is neither response thread nor inbox: the caller's
+thread reads the stream itself inside next(), one hand-off a message fewer.
 
 The client's parts, each in a module of its own: reaching the service and
 its failures in words (csnd.consumers.connection), one Subscribe stream and
@@ -138,7 +140,13 @@ class ChangefeedClient:
     (the docs/design.md section 7 lines), "debezium" (each transaction's
     changes as Debezium change events, one per line of its `line`) or
     "debezium-adaptive" (the same, temporal values as Debezium's default
-    `time.precision.mode=adaptive` writes them).
+    `time.precision.mode=adaptive` writes them).  read_on_caller: read each
+    stream on the caller's thread, in next() and next_spooled(), instead of in a
+    response thread (csnd.consumers.callerread): one wake-up a live message
+    fewer, but keepalives are answered only while the caller is in next(), so
+    a caller that stays away longer than the service's client timeout (30 s
+    by default) is dropped and reconnects -- for a caller that always waits
+    for the next line, as `csnd subscribe` does.
     """
 
     def __init__(
@@ -154,8 +162,10 @@ class ChangefeedClient:
         give_up: float | None = GIVE_UP_S,
         schemas: bool = False,
         format: str = "native",
+        read_on_caller: bool = False,
     ) -> None:
         self.address = parse_target(target)
+        self.read_on_caller = read_on_caller
         self.format = format
         self.name = name or ""
         self.tables = tuple(tables)
@@ -237,13 +247,20 @@ class ChangefeedClient:
             call = self._call
             assert call is not None
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                # In slices: a signal (Ctrl-C) delivered to one of gRPC's threads
-                # does not wake a main thread blocked without a timeout.
-                owner, item = self._inbox.get(
-                    timeout=WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
-                )
-            except queue.Empty:
+            # In slices: a signal (Ctrl-C) delivered to one of gRPC's threads
+            # does not wake a main thread blocked without a timeout.
+            wait = WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
+            if call.reader is not None:  # (read on this thread)
+                got = call.receive(wait)
+                owner, item = call, got
+            else:
+                try:
+                    owner, item = self._inbox.get(timeout=wait)
+                except queue.Empty:
+                    got = None
+                else:
+                    got = item
+            if got is None:
                 if left is None or left > WAIT_SLICE_S:
                     continue
                 return None
@@ -337,7 +354,9 @@ class ChangefeedClient:
             if self._delivery.last_csn is not None:
                 start.after_csn = self._delivery.last_csn
             assert self._stub is not None
-            self._call = SubscribeStream(self._stub, self._md, start, self._inbox, self._acks)
+            self._call = SubscribeStream(
+                self._stub, self._md, start, self._inbox, self._acks, on_caller=self.read_on_caller
+            )
             self._acks.resend()  # (a new stream: the service has to hear the acknowledgement again)
             self._call.send_ack()
             return True
@@ -380,7 +399,7 @@ class ChangefeedClient:
     def _lost(self, call: SubscribeStream, item: object) -> None:
         """The stream ended: raise if reconnecting cannot help, else reconnect at the next look."""
         call.cancel()
-        self._ended = [c for c in self._ended if c.thread.is_alive()]
+        self._ended = [c for c in self._ended if c.running()]
         self._ended.append(call)
         self._call = None
         self._delivery.drop_joining()  # (the next stream sends the line again, whole)
@@ -434,7 +453,10 @@ class ChangefeedClient:
             call.send_ack()
             call.end_requests()
             deadline = time.monotonic() + CLOSE_TIMEOUT_S
-            while call.thread.is_alive() and time.monotonic() < deadline:
+            while call.running() and time.monotonic() < deadline:
+                if call.reader is not None:
+                    call.receive(0.05)  # (until the service ends the stream, having stored the ack)
+                    continue
                 with contextlib.suppress(queue.Empty):
                     self._inbox.get(timeout=0.05)  # (make room: the response thread may be blocked)
             call.cancel()
@@ -448,7 +470,7 @@ class ChangefeedClient:
         # never exited).  Cancelled, each ends within a moment: wait for them.
         deadline = time.monotonic() + CLOSE_TIMEOUT_S
         for ended in self._ended:
-            ended.thread.join(max(0.0, deadline - time.monotonic()))
+            ended.join(max(0.0, deadline - time.monotonic()))
         self._ended = []
 
     def __enter__(self) -> ChangefeedClient:

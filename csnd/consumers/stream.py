@@ -1,4 +1,4 @@
-"""One Subscribe stream of the client: its request queue, its response thread, its results in the inbox.
+"""One Subscribe stream of the client: its request queue, its responses read in a thread or on the caller's.
 
     inbox (bounded) ◄─ response thread ◄─ batches, relation lines, Subscribed  ◄─ service
     request queue ─────────────────────► start, acknowledgements, keepalive replies ─►
@@ -8,6 +8,12 @@ reading when the inbox is full.  What it puts in the inbox is tagged with
 the stream, so the caller can tell a stream it abandoned from the current
 one; the last thing it puts is how the stream ended (a grpc.RpcError, or
 STREAM_ENDED when the service ended it).
+
+Read on the caller's thread instead (`on_caller`, csnd.consumers.callerread)
+there is no response thread and no inbox: `receive` takes the next message
+straight from gRPC, one wake-up a live message fewer and no queue, and
+keepalives are answered when the caller next receives -- for a caller that
+is always waiting for the next line (`csnd subscribe`), as soon as one comes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Final
 
 import grpc
 
+from csnd.consumers.callerread import CallerReader, supported
 from csnd.consumers.lines import Piece, RelationRecord, Relations
 from csnd.proto.changefeed.v1 import changefeed_pb2 as pb
 from csnd.proto.changefeed.v1 import changefeed_pb2_grpc as pb_grpc
@@ -71,6 +78,7 @@ class SubscribeStream:
         start: pb.SubscribeStart,
         inbox: Inbox,
         acks: Acks,
+        on_caller: bool = False,
     ) -> None:
         self.requests: queue.Queue[object] = queue.Queue()
         self.done = threading.Event()
@@ -79,8 +87,48 @@ class SubscribeStream:
         self._inbox = inbox
         self._acks = acks
         self.call = stub.Subscribe(self._request_iter(start), metadata=metadata)
-        self.thread = threading.Thread(target=self._read, name="csnd-feed-responses", daemon=True)
-        self.thread.start()
+        # Read on the caller's thread (`receive`) when asked and grpc allows; else in a thread.
+        self.reader = CallerReader(self.call) if on_caller and supported(self.call) else None
+        self.ended = False  # (on the caller's thread: `receive` returned how the stream ended)
+        self.thread: threading.Thread | None = None
+        if self.reader is None:
+            self.thread = threading.Thread(target=self._read, name="csnd-feed-responses", daemon=True)
+            self.thread.start()
+
+    def running(self) -> bool:
+        """Whether the stream may still deliver something (its response thread, or not ended on the caller's)."""
+        if self.thread is not None:
+            return self.thread.is_alive()
+        return not self.ended and not self.done.is_set()
+
+    def join(self, timeout: float) -> None:
+        """Waits for the response thread, if any, to end."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    def receive(self, timeout: float) -> object | None:
+        """On the caller's thread: the next item (as `_read` puts them), None if none within `timeout`.
+
+        The last item is how the stream ended: a grpc.RpcError, or STREAM_ENDED.
+        """
+        reader = self.reader
+        assert reader is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = reader.next_message(max(0.0, deadline - time.monotonic()))
+            except StopIteration:
+                self.ended = True
+                return STREAM_ENDED
+            except grpc.RpcError as e:
+                self.ended = True
+                how: object = e
+                return how
+            if msg is None:
+                return None
+            item = self._item(msg)
+            if item is not None:
+                return item
 
     def send_ack(self) -> None:
         """Send the newest acknowledgement (if it is new to this stream) at the next chance."""
@@ -114,33 +162,35 @@ class SubscribeStream:
                 continue
         return False
 
+    def _item(self, msg: pb.SubscribeResponse) -> object | None:
+        """What a message is for the caller (a keepalive is answered here: None)."""
+        kind = msg.WhichOneof("body")
+        if kind == "batch":
+            txns = msg.batch.transactions
+            if len(txns) == 1 and (txns[0].more or self.piecing):
+                # A piece of a large line (alone in its batch; the last one has no `more`).
+                self.piecing = txns[0].more
+                return Piece(txns[0].csn, txns[0].line, txns[0].more)
+            return [(t.csn, t.line) for t in txns]
+        if kind == "relations":
+            return Relations(RelationRecord(r.csn, r.line) for r in msg.relations.relations)
+        if kind == "keepalive":
+            if msg.keepalive.reply_requested:
+                reply = pb.FeedKeepalive(send_time_us=int(time.time() * 1e6))
+                self.requests.put(pb.SubscribeRequest(keepalive=reply))
+            return None
+        if kind == "subscribed":
+            self.subscribed = msg.subscribed
+            return msg.subscribed
+        return None
+
     def _read(self) -> None:
         ended: object = None
         try:
             for msg in self.call:
-                kind = msg.WhichOneof("body")
-                if kind == "batch":
-                    txns = msg.batch.transactions
-                    if len(txns) == 1 and (txns[0].more or self.piecing):
-                        # A piece of a large line (alone in its batch; the last one has no `more`).
-                        self.piecing = txns[0].more
-                        if not self._put(Piece(txns[0].csn, txns[0].line, txns[0].more)):
-                            return
-                    elif not self._put([(t.csn, t.line) for t in txns]):
-                        return
-                elif kind == "relations":
-                    if not self._put(
-                        Relations(RelationRecord(r.csn, r.line) for r in msg.relations.relations)
-                    ):
-                        return
-                elif kind == "keepalive":
-                    if msg.keepalive.reply_requested:
-                        reply = pb.FeedKeepalive(send_time_us=int(time.time() * 1e6))
-                        self.requests.put(pb.SubscribeRequest(keepalive=reply))
-                elif kind == "subscribed":
-                    self.subscribed = msg.subscribed
-                    if not self._put(msg.subscribed):
-                        return
+                item = self._item(msg)
+                if item is not None and not self._put(item):
+                    return
         except grpc.RpcError as e:
             ended = e
         self._put(ended if ended is not None else STREAM_ENDED)

@@ -39,9 +39,9 @@ OUT_BUFFER_BYTES: Final = 1 << 16
 # A spooled large line is copied to stdout in reads of this size.
 SPOOL_COPY_BYTES: Final = 1 << 20
 # The switch interval while the stream is live (csnd.cli sets 20 ms for throughput; the
-# service's merger does the same, csnd.runtime.switching): a live line crosses three
-# threads here (gRPC's poller, the response thread, this one), and a woken thread that
-# finds another running Python waits the interval.
+# service's merger does the same, csnd.runtime.switching): a live line crosses two
+# Python threads here (gRPC's channel thread, this one, which reads the stream itself),
+# and a woken thread that finds another running Python waits the interval.
 LIVE_SWITCH_S: Final = 0.005
 
 
@@ -151,6 +151,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         tls_ca=args.tls_ca,
         schemas=args.schemas,
         format=args.format,
+        read_on_caller=True,  # (this thread only waits for lines: no response thread, no hand-off)
     )
     try:
         feed.connect()
