@@ -53,7 +53,7 @@ from typing import Any, Final
 import psycopg
 
 from bench import loadkit
-from bench.loadkit import Service, Watch, cpu_seconds, end_all, subscribe
+from bench.loadkit import CLK_TCK, Service, Watch, cpu_seconds, end_all, subscribe
 from csnd.testing.pgserver import PgServer, start_server
 
 RATES: Final = (100, 1_000, 2_000, 5_000, 10_000)
@@ -194,14 +194,67 @@ def pgbench(server: PgServer, work: str, rate: int, seconds: float) -> int:
 
 
 class CpuWindow:
-    """utime + stime of named processes at a window's start and end."""
+    """utime + stime of named processes at a window's start and end; and their threads' wake-ups.
+
+    A wake-up is a voluntary context switch (the thread blocked and was woken
+    again), counted per thread from /proc/PID/task/TID/status.  Live, when one
+    transaction comes at a time, wake-ups per transaction count the hand-offs
+    between threads, and unlike a latency they do not swing with the
+    machine's other load.  Threads that ended within the window are missed.
+    """
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.start = {k: cpu_seconds(p) or 0.0 for k, p in pids.items()}
+        self.threads_start = {k: thread_stats(p) for k, p in pids.items()}
 
     def per_txn_us(self, txns: int) -> dict[str, float]:
         return {k: ((cpu_seconds(p) or 0.0) - self.start[k]) / txns * 1e6 for k, p in self.pids.items()}
+
+    def wakeups_per_txn(self, txns: int) -> dict[str, float]:
+        out = {}
+        for k, p in self.pids.items():
+            before = self.threads_start[k]
+            now = thread_stats(p)
+            out[k] = sum(w - before.get(tid, ("", 0.0, 0))[2] for tid, (_, _, w) in now.items()) / txns
+        return out
+
+    def threads_per_txn(self, name: str, txns: int) -> dict[str, tuple[float, float]]:
+        """One process's threads by name: (µs of CPU, wake-ups) per transaction over the window."""
+        before = self.threads_start[name]
+        out: dict[str, tuple[float, float]] = {}
+        for tid, (comm, cpu, wakes) in thread_stats(self.pids[name]).items():
+            _, cpu0, wakes0 = before.get(tid, (comm, 0.0, 0))
+            us, w = out.get(comm, (0.0, 0.0))
+            out[comm] = (us + (cpu - cpu0) / txns * 1e6, w + (wakes - wakes0) / txns)
+        return out
+
+
+ThreadStats = dict[int, tuple[str, float, int]]
+
+
+def thread_stats(pid: int) -> ThreadStats:
+    """{tid: (name, CPU seconds, voluntary context switches)} of a process's living threads."""
+    out: ThreadStats = {}
+    task = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(task)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{task}/{tid}/stat", encoding="ascii") as f:
+                stat = f.read()
+            with open(f"{task}/{tid}/status", encoding="ascii") as f:
+                status = f.read()
+        except OSError:
+            continue  # (ended meanwhile)
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        wakes = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        out[int(tid)] = (comm, cpu, wakes)
+    return out
 
 
 def _walsenders(server: PgServer) -> dict[str, int]:
@@ -279,6 +332,9 @@ def run(
                 "rate": rate,
                 "committed": committed,
                 "cpu_us_per_txn": cpu.per_txn_us(committed),
+                "wakeups_per_txn": cpu.wakeups_per_txn(committed),
+                "subscriber_threads": cpu.threads_per_txn("csnd subscribe", committed),
+                "serve_threads": cpu.threads_per_txn("csnd serve", committed),
             }
             for name, a, b in (("csnd", ours, base[0]), ("pg_recvlogical", theirs, base[1])):
                 lat = a.latencies[b : b + committed]
@@ -322,6 +378,10 @@ def _brief(row: dict[str, Any]) -> dict[str, Any]:
             for k in ("csnd", "pg_recvlogical")
         },
         "stages": {k: (v["p50_ms_at_most"], v["p99_ms_at_most"]) for k, v in row["stages"].items()},
+        "subscribe us/wakeups a txn": (
+            round(row["cpu_us_per_txn"]["csnd subscribe"]),
+            round(row["wakeups_per_txn"]["csnd subscribe"], 2),
+        ),
     }
 
 
@@ -344,6 +404,7 @@ def table(results: dict[str, Any]) -> list[tuple[str, ...]]:
         c, p, s = r["csnd"], r["pg_recvlogical"], r["stages"]
         dur, sent = s["csnd_commit_to_durable_seconds"], s["csnd_commit_to_sent_seconds"]
         cpu = r["cpu_us_per_txn"]
+        wakes = r.get("wakeups_per_txn", {})
         csnd_cpu = sum(v for k, v in cpu.items() if k.startswith(("csnd", "decoder")))
         rows.append(
             (
@@ -355,6 +416,9 @@ def table(results: dict[str, Any]) -> list[tuple[str, ...]]:
                 f"{_stage(dur['p50_ms_at_most'])} / {_stage(dur['p99_ms_at_most'])}",
                 f"{_stage(sent['p50_ms_at_most'])} / {_stage(sent['p99_ms_at_most'])}",
                 f"{csnd_cpu:.0f} ({cpu.get('csnd subscribe', 0.0):.0f})",
+                " / ".join(
+                    f"{wakes.get(k, 0.0):.1f}" for k in ("csnd serve", "csnd subscribe", "pg_recvlogical")
+                ),
             )
         )
     return rows
@@ -364,8 +428,9 @@ def markdown(results: dict[str, Any]) -> str:
     out = [
         "| rate (pgbench -R, 4 clients) | committed | csnd p50 / p99 ms (delivered) | pg_recvlogical p50 / p99 ms "
         "(delivered) | p99 within max(2x, 2 ms), all delivered | commit to durable p50 / p99 ms (bucket) | "
-        "commit to sent p50 / p99 ms (bucket) | csnd CPU µs per transaction (of it `csnd subscribe`) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "commit to sent p50 / p99 ms (bucket) | csnd CPU µs per transaction (of it `csnd subscribe`) | "
+        "wake-ups per transaction: `csnd serve` / `csnd subscribe` / `pg_recvlogical` |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     out += ["| " + " | ".join(r) + " |" for r in table(results)]
     return "\n".join(out) + "\n"
