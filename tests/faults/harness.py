@@ -396,6 +396,21 @@ class Run:
             self.diagnose,
         )
 
+    def wait_connected(self) -> None:
+        """Until every subscriber is connected to the service (whether or not anything flows yet).
+
+        For a fault that may itself hold the stream before anything flowed: a
+        writer paused with a commit CSN taken holds every node's watermark, so
+        waiting for the stream to flow first would wait for the fault."""
+
+        served = self.served
+        assert served is not None
+
+        def connected() -> int:
+            return len([c for c in http_status(served).get("consumers", []) if c.get("connected")])
+
+        wait(lambda: connected() >= len(self.subs), "every subscriber to connect", self.diagnose)
+
     def pause(self, low: float, high: float) -> float:
         d = self.rng.uniform(low, high)
         time.sleep(d)
