@@ -29,6 +29,7 @@ rate's window: `csnd serve`, its decoders, `csnd subscribe`, the two
 walsenders and `pg_recvlogical`.
 
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
+        [--thread-names] [--profile DIR]
     python -m bench.latency_bench ...
 
 Prints a table and writes it to bench-out/latency.md, raw figures to
@@ -203,10 +204,12 @@ class CpuWindow:
     machine's other load.  Threads that ended within the window are missed.
     """
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], named: tuple[str, ...] = ()) -> None:
         self.pids = pids
         self.start = {k: cpu_seconds(p) or 0.0 for k, p in pids.items()}
         self.threads_start = {k: thread_stats(p) for k, p in pids.items()}
+        # Python threads are all "python" to the kernel: their names, for these processes, from py-spy
+        self.names = {k: python_thread_names(pids[k]) for k in named}
 
     def per_txn_us(self, txns: int) -> dict[str, float]:
         return {k: ((cpu_seconds(p) or 0.0) - self.start[k]) / txns * 1e6 for k, p in self.pids.items()}
@@ -222,8 +225,10 @@ class CpuWindow:
     def threads_per_txn(self, name: str, txns: int) -> dict[str, tuple[float, float]]:
         """One process's threads by name: (µs of CPU, wake-ups) per transaction over the window."""
         before = self.threads_start[name]
+        names = self.names.get(name, {})
         out: dict[str, tuple[float, float]] = {}
-        for tid, (comm, cpu, wakes) in thread_stats(self.pids[name]).items():
+        for tid, (kernel_name, cpu, wakes) in thread_stats(self.pids[name]).items():
+            comm = names.get(tid, kernel_name)
             _, cpu0, wakes0 = before.get(tid, (comm, 0.0, 0))
             us, w = out.get(comm, (0.0, 0.0))
             out[comm] = (us + (cpu - cpu0) / txns * 1e6, w + (wakes - wakes0) / txns)
@@ -231,6 +236,43 @@ class CpuWindow:
 
 
 ThreadStats = dict[int, tuple[str, float, int]]
+
+
+def _py_spy() -> str | None:
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return spy if os.path.exists(spy) else None
+
+
+def profile_serve(pid: int, seconds: float, directory: str, rate: int) -> subprocess.Popen[bytes]:
+    """py-spy on `csnd serve` over a rate's load: on-CPU stacks by thread, collapsed, to DIR/serve-RATE.txt."""
+    spy = _py_spy()
+    if spy is None:
+        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+    os.makedirs(directory, exist_ok=True)
+    out = os.path.join(directory, f"serve-{rate}.txt")
+    cmd = [spy, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", "250"]
+    cmd += ["--threads", "--nonblocking", "--format", "raw", "--output", out]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def python_thread_names(pid: int) -> dict[int, str]:
+    """{tid: Python thread name} of a Python process, by `py-spy dump` ({} without py-spy)."""
+    spy = _py_spy()
+    if spy is None:
+        return {}
+    try:
+        text = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    out: dict[int, str] = {}
+    for line in text.splitlines():  # Thread 6687 (idle): "csnd-merger"
+        if line.startswith("Thread ") and '"' in line:
+            tid = line.split()[1]
+            if tid.isdigit():
+                out[int(tid)] = line.split('"')[1]
+    return out
 
 
 def thread_stats(pid: int) -> ThreadStats:
@@ -273,7 +315,12 @@ def with_switch_interval(seconds: float | None) -> None:
 
 
 def run(
-    rates: list[int], seconds: float, decoders: int | None, switch_s: float | None = None
+    rates: list[int],
+    seconds: float,
+    decoders: int | None,
+    switch_s: float | None = None,
+    thread_names: bool = False,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     with_switch_interval(switch_s)
     server = start_server()
@@ -320,9 +367,12 @@ def run(
             watch.sample()
             pids.update({p.label: pid for pid, p in watch.procs.items() if p.label.startswith("decoder")})
             pids.update(_walsenders(server))
-            cpu = CpuWindow(pids)
+            cpu = CpuWindow(pids, named=("csnd serve", "csnd subscribe") if thread_names else ())
             before = scrape(svc.http)
+            spy = profile_serve(svc.proc.pid, seconds, profile, rate) if profile else None
             committed = pgbench(server, work, rate, seconds)
+            if spy is not None:
+                spy.wait()
             got = {
                 "csnd": ours.wait_for(base[0] + committed, DRAIN_TIMEOUT_S),
                 "pg_recvlogical": theirs.wait_for(base[1] + committed, DRAIN_TIMEOUT_S),
@@ -450,6 +500,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="seconds: csnd's processes run with this sys.setswitchinterval (default: csnd.cli's)",
     )
+    p.add_argument(
+        "--thread-names",
+        action="store_true",
+        help="name csnd's Python threads in the per-thread figures (py-spy dump, which pauses them once)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        default=None,
+        help="py-spy `csnd serve` over each rate's load: collapsed on-CPU stacks by thread, DIR/serve-RATE.txt",
+    )
     return p.parse_args(argv)
 
 
@@ -458,7 +519,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     seconds = a.seconds if a.seconds is not None else SMALL_SECONDS if a.small else SECONDS
-    results = run([int(x) for x in a.rates.split(",")], seconds, a.decoders, a.switch_interval)
+    results = run(
+        [int(x) for x in a.rates.split(",")],
+        seconds,
+        a.decoders,
+        a.switch_interval,
+        a.thread_names,
+        a.profile,
+    )
     with open(out_path("latency.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
     text = markdown(results)
