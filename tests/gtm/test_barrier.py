@@ -2,21 +2,26 @@
 
 Writer threads (each its own `PgGtm` session, as writer processes have)
 commit global transactions that insert their gid on two or three nodes.
-While the barrier holds, each node's committed gids are read: afterwards
-every transaction with a CSN <= X must be on every node it wrote, and none
+Each node's snapshot exported under the barrier is read: every
+transaction with a CSN <= X must be in it on every node it wrote, and none
 above X on any.  A writer stopped between taking its CSN and preparing
-holds the barrier past its timeout: it is released and names the gid.
+holds the barrier past its timeout: it is released and names the gid; a
+node that stops answering under the barrier (its backend stopped with
+SIGSTOP, so not even its statement timeout fires) is named the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from csnd.core.errors import BarrierError, CommitIncomplete
 from csnd.gtm.barrier import CommitBarrier
@@ -35,8 +40,12 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-def _gids(url: str) -> set[str]:
+def _gids(url: str, snapshot: str | None = None) -> set[str]:
+    """The node's committed gids: now, or as the snapshot the barrier exported sees them."""
     with psycopg.connect(url, autocommit=True) as conn:
+        if snapshot is not None:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
         return {str(g) for (g,) in conn.execute("SELECT gid FROM bt").fetchall()}
 
 
@@ -86,10 +95,11 @@ def test_the_barrier_cuts_every_node_at_one_csn_under_writers(cluster: LocalClus
                 assert all(w.is_alive() for w in writers), [w.error for w in writers]
                 threading.Event().wait(0.01)
         cuts = []
-        for _ in range(3):
+        for i in range(4):
             barrier = CommitBarrier(cluster.gtm_url, urls, timeout_s=20)
-            with barrier.hold() as held:
-                seen = {node: _gids(url) for node, url in urls.items()}
+            # (what the service imports: each node's exported snapshot, read with the GTM released or held)
+            with barrier.export() if i % 2 else barrier.hold() as held:
+                seen = {node: _gids(url, held.snapshots[node]) for node, url in urls.items()}
             cuts.append((held, seen))
     finally:
         stop.set()
@@ -151,6 +161,76 @@ def test_a_writer_stuck_after_its_csn_times_the_barrier_out_and_it_names_the_gid
         thread.join(timeout=60)
     assert "error" not in result, result
     assert all("stuck-1" in _gids(u) for n, u in urls.items() if n in ("dn1", "dn2"))
+
+
+def test_a_node_that_stops_answering_under_the_barrier_times_it_out_and_it_names_the_node(
+    cluster: LocalCluster,
+) -> None:
+    """The barrier waits for a stuck writer; meanwhile dn2's barrier backend is stopped, then the writer goes on."""
+    urls = cluster.urls()
+    at_csn, go_on = threading.Event(), threading.Event()
+
+    def pause(step: str) -> None:
+        if step == "csn":
+            at_csn.set()
+            go_on.wait(60)
+
+    result: dict[str, Any] = {}
+
+    def writer() -> None:
+        conns = {n: psycopg.connect(u, autocommit=True) for n, u in urls.items()}
+        try:
+            with PgGtm(cluster.gtm_url) as gtm:
+                t = GlobalTransaction(gtm, conns, gid="slow-1", pause=pause)
+                t.execute("dn1", "INSERT INTO bt VALUES ('slow-1')")
+                t.execute("dn2", "INSERT INTO bt VALUES ('slow-1')")
+                result["csn"] = t.commit()
+        except BaseException as e:
+            result["error"] = e
+        finally:
+            for c in conns.values():
+                c.close()
+
+    def barrier() -> None:
+        try:
+            with CommitBarrier(cluster.gtm_url, urls, timeout_s=5).export():
+                result["held"] = True
+        except BaseException as e:
+            result["barrier"] = e
+
+    threads = [threading.Thread(target=writer, daemon=True), threading.Thread(target=barrier, daemon=True)]
+    threads[0].start()
+    stopped: int | None = None
+    try:
+        assert at_csn.wait(60), result
+        threads[1].start()  # (it waits for slow-1, whose csn is taken)
+        with psycopg.connect(urls["dn2"], autocommit=True) as conn:
+            while stopped is None:  # (the barrier's connection to dn2, idle after its SET)
+                row = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SET statement_timeout%%' "
+                    "AND pid <> pg_backend_pid()"
+                ).fetchone()
+                if row is None:
+                    assert threads[1].is_alive(), result
+                    threading.Event().wait(0.01)
+                    continue
+                stopped = int(row[0])
+        os.kill(stopped, signal.SIGSTOP)
+        go_on.set()  # (slow-1 commits: the barrier turns to the nodes, and dn2 does not answer)
+        threads[1].join(timeout=60)
+        assert not threads[1].is_alive(), "the barrier hung on a node that stopped answering"
+    finally:
+        go_on.set()
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        for t in threads:
+            t.join(timeout=60)
+    caught = result.get("barrier")
+    assert isinstance(caught, BarrierError), result
+    assert caught.node == "dn2" and "dn2" in str(caught) and "released" in str(caught)
+    with PgGtm(cluster.gtm_url) as gtm:  # (released: CSNs are handed out again)
+        assert gtm.next() > 0
+    assert "error" not in result and "held" not in result, result
 
 
 def test_a_node_down_fails_before_the_gtm_is_held(cluster: LocalCluster) -> None:
