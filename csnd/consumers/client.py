@@ -52,6 +52,7 @@ import logging
 import queue
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Final, cast
 
 import grpc
@@ -127,6 +128,18 @@ INBOX_BATCHES: Final = 16
 CLOSE_TIMEOUT_S: Final = 5.0
 # The longest the caller's thread blocks at once while waiting for transactions.
 WAIT_SLICE_S: Final = 0.5
+# A stream that has sent nothing for this long is taken for dead and opened
+# again: the service sends a keepalive every 5 s, so this is three missed in a
+# row.  A path that died without a reset (a black hole) is otherwise noticed
+# only by gRPC's HTTP/2 pings, which such a path held up about 60 s.
+SILENCE_S: Final = 15.0
+
+
+@dataclass(frozen=True)
+class Silent:
+    """How a stream ended that sent nothing for longer than SILENCE_S (the client gave it up)."""
+
+    seconds: float
 
 
 class ChangefeedClient:
@@ -261,6 +274,10 @@ class ChangefeedClient:
                 else:
                     got = item
             if got is None:
+                silent = call.silent_for()
+                if silent > SILENCE_S:
+                    self._lost(call, Silent(silent))
+                    continue
                 if left is None or left > WAIT_SLICE_S:
                     continue
                 return None
@@ -409,6 +426,11 @@ class ChangefeedClient:
                 self.close()
                 raise err
             self._last_error = rpc_text(item)
+        elif isinstance(item, Silent):
+            self._last_error = (
+                f"nothing from the service for {item.seconds:.0f} s (it sends a keepalive every 5 s): "
+                "the connection is taken for dead"
+            )
         else:
             self._last_error = "the service ended the stream"
         self.reconnects += 1

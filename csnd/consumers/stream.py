@@ -86,6 +86,9 @@ class SubscribeStream:
         self.piecing = False  # a large line's pieces are arriving
         self._inbox = inbox
         self._acks = acks
+        # When a message last came (or the response thread, held by a full inbox, could go on):
+        # a stream silent for long is a dead path (`silent_for`).
+        self._heard_at = time.monotonic()
         self.call = stub.Subscribe(self._request_iter(start), metadata=metadata)
         # Read on the caller's thread (`receive`) when asked and grpc allows; else in a thread.
         self.reader = CallerReader(self.call) if on_caller and supported(self.call) else None
@@ -94,6 +97,10 @@ class SubscribeStream:
         if self.reader is None:
             self.thread = threading.Thread(target=self._read, name="csnd-feed-responses", daemon=True)
             self.thread.start()
+
+    def silent_for(self) -> float:
+        """Seconds since the service last sent this stream anything (keepalives too)."""
+        return time.monotonic() - self._heard_at
 
     def running(self) -> bool:
         """Whether the stream may still deliver something (its response thread, or not ended on the caller's)."""
@@ -164,6 +171,7 @@ class SubscribeStream:
 
     def _item(self, msg: pb.SubscribeResponse) -> object | None:
         """What a message is for the caller (a keepalive is answered here: None)."""
+        self._heard_at = time.monotonic()
         kind = msg.WhichOneof("body")
         if kind == "batch":
             txns = msg.batch.transactions
@@ -189,8 +197,10 @@ class SubscribeStream:
         try:
             for msg in self.call:
                 item = self._item(msg)
-                if item is not None and not self._put(item):
-                    return
+                if item is not None:
+                    if not self._put(item):
+                        return
+                    self._heard_at = time.monotonic()  # (a full inbox held it: that was no silence)
         except grpc.RpcError as e:
             ended = e
         self._put(ended if ended is not None else STREAM_ENDED)
