@@ -21,6 +21,7 @@ from typing import Final
 import psycopg
 
 from csnd.gtm.writer import PAUSE_POINTS
+from tests.faults import witness as wit
 from tests.faults.harness import Run, Stall, http_status, wait
 from tests.fixtures.procs import children
 
@@ -219,6 +220,20 @@ def client_cut(run: Run) -> None:
     proxy.resume()
 
 
+def client_black_hole(run: Run) -> None:
+    """The subscribers' TCP paths black-holed for good (packets dropped, nothing closed); new ones flow.
+
+    Each client must take its silent stream for dead (15 s without a message,
+    where the service sends a keepalive every 5 s) and reconnect after its
+    last line; the service frees the old streams."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    proxy = run.client_proxy
+    assert proxy is not None
+    run.mark_fault(f"black-hole the subscribers' connections after {d:.2f}s")
+    assert proxy.black_hole() >= 1, "the proxy carried no connection"
+
+
 def serve_kill_stalled(run: Run) -> None:
     """Overlapping faults: kill -9 of `csnd serve` while one source's replication connection is stalled.
 
@@ -308,10 +323,10 @@ def slot_dropped(run: Run) -> None:
                 time.sleep(0.02)
 
 
-# How long `csnd serve` may take to end after its changelog's disk filled: it
-# meets the full disk when it next writes its buffered records out (a group
-# commit asked for by a waiting subscriber or a slot confirmation), which took
-# 12-60 s under load; longer is a stall.
+# How long `csnd serve` may take to end after a disk it writes filled: it meets
+# the full disk at its next write (the group commit writes what is appended at
+# once, and a failed sync ends the pipeline in its next round; a spill file at
+# its next flush), seconds under load; longer is a stall.
 FULL_DISK_END_S: Final = 150.0
 
 
@@ -387,6 +402,154 @@ def changelog_full(run: Run) -> None:
     run.restart_served()
 
 
+# The WAL a slot-invalidated run lets its node keep for a slot: three 16 MB segments, so
+# csnd's slot, held back by the stalled path, is invalidated after a few switches while
+# the witness slot, consumed at every step, stays within it.
+KEEP_SIZE: Final = "48MB"
+# How long the WAL may be switched and checkpointed before the slot is lost; longer fails.
+INVALIDATE_S: Final = 60.0
+
+
+def slot_invalidated(run: Run) -> None:
+    """csnd's slot on one node invalidated by its server (max_slot_wal_keep_size) under the stream.
+
+    The node's replication path is stalled by the proxy (csnd confirms nothing
+    more there); the server is given a small max_slot_wal_keep_size and made to
+    switch WAL and checkpoint until the slot's wal_status is lost (the witness
+    slot consumed at each step, so its own WAL is never removed), the setting
+    is reset and the path flows again.  As for slot-dropped, the correct
+    outcome is a clear stop naming node and slot (`harness.Run.check_clear_stop`)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    node = next(iter(run.proxies))
+    proxy = run.proxies[node]
+    run.mark_fault(f"invalidate {node}'s slot {run.slot} (max_slot_wal_keep_size {KEEP_SIZE}) after {d:.2f}s")
+    run.stopped = node
+    early = run.early_witness.setdefault(node, [])
+    proxy.stall()
+    try:
+        with psycopg.connect(run.urls[node], autocommit=True) as c:
+            c.execute(f"ALTER SYSTEM SET max_slot_wal_keep_size = '{KEEP_SIZE}'")
+            c.execute("SELECT pg_reload_conf()")
+            try:
+                deadline = time.monotonic() + INVALIDATE_S
+                steps = 0
+                while True:
+                    c.execute("SELECT pg_switch_wal()")
+                    # (invalidates, and logs the running transactions the witness's restart needs)
+                    c.execute("CHECKPOINT")
+                    early += wit.read_node(c, run.witness_slot)
+                    steps += 1
+                    row = c.execute(
+                        "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (run.slot,)
+                    ).fetchone()
+                    if row is not None and row[0] == "lost":
+                        break
+                    assert time.monotonic() < deadline, (
+                        f"{node}'s slot {run.slot} was not invalidated in {INVALIDATE_S:.0f}s ({row})"
+                    )
+                witness = c.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (run.witness_slot,)
+                ).fetchone()
+                assert witness is not None and witness[0] != "lost", (
+                    f"the witness slot on {node} was lost too"
+                )
+            finally:
+                c.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+                c.execute("SELECT pg_reload_conf()")
+    finally:
+        proxy.resume()
+    run.outcome.detail += f" ({steps} WAL switches)"
+
+
+# The spill-full class: a transaction's changes beyond this many bytes in memory go to
+# a spill file (most of the writers' transactions, whose rows carry 2,600-byte documents),
+# on a tmpfs of this many MiB of the run's own.
+SPILL_BYTES: Final = 1024
+SPILL_DISK_MIB: Final = 16
+
+
+def _spill_dir(run: Run) -> str:
+    return os.path.join(run.mounts[0], "spill")
+
+
+def spill_full_setup(run: Run) -> None:
+    """The spill directory on a small tmpfs of its own, and a spill bound most transactions pass."""
+    run.small_disk(SPILL_DISK_MIB)
+    os.mkdir(_spill_dir(run))
+    config = run.tmp / "spill.toml"
+    config.write_text(f'[spill]\ndir = "{_spill_dir(run)}"\nbytes = {SPILL_BYTES}\n')
+    run.serve_args = ["--config", str(config)]
+
+
+class _KeptFull(threading.Thread):
+    """Keeps a filesystem full: a spill file closed frees its space, which the filler takes back."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(name="fault-filler", daemon=True)
+        self.path = os.path.join(directory, "filler")
+        self.written = _fill(directory)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            while not self.done.wait(0.005):
+                for chunk in (1 << 16, 4096, 1):
+                    block = b"\0" * chunk
+                    with contextlib.suppress(OSError):
+                        while True:
+                            self.written += os.write(fd, block)
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        self.done.set()
+        self.join()
+        os.unlink(self.path)
+
+
+def spill_full(run: Run) -> None:
+    """The spill directory's filesystem fills up (and is kept full) under the stream; space freed, restarted.
+
+    The service must end by itself with one line naming the node, the
+    transaction, its LSN, the spill directory and ENOSPC; once restarted with
+    space, every invariant is checked as for any class (nothing was confirmed
+    past the transaction that did not fit)."""
+    run.wait_flowing()
+    d = run.pause(0.0, 2.0)
+    spill = _spill_dir(run)
+    run.mark_fault(f"fill the spill directory's filesystem after {d:.2f}s")
+    filler = _KeptFull(run.mounts[0])
+    filler.start()
+    served = run.served
+    assert served is not None
+    try:
+        try:
+            _out, err = served.proc.communicate(timeout=FULL_DISK_END_S)
+        except subprocess.TimeoutExpired:
+            raise Stall(
+                f"stalled: csnd serve still runs {FULL_DISK_END_S:.0f}s after its spill disk filled; "
+                f"{run.diagnose()}; threads: {_py_stacks(served.proc.pid)}"
+            ) from None
+    finally:
+        filler.free()
+    ended = time.monotonic() - (run.fault_at or 0.0)
+    (run.tmp / "serve-full.err").write_text(err)  # (evidence)
+    errors = [ln for ln in err.splitlines() if ln.startswith("csnd serve: error:")]
+    assert served.proc.returncode == 1 and len(errors) == 1, (
+        f"csnd serve exited {served.proc.returncode} on a full spill disk with errors {errors}: {err[-1500:]}"
+    )
+    assert "Traceback" not in err, f"a traceback in csnd serve's stderr on a full spill disk: {err[-3000:]}"
+    line = errors[0]
+    assert line.startswith("csnd serve: error: node ") and f" in {spill}: " in line and "(ENOSPC)" in line, (
+        f"the error does not name the node, the spill directory and ENOSPC: {line}; stderr: {err[-3000:]}"
+    )
+    run.outcome.detail += f" ({filler.written >> 20} MiB), serve ended {ended:.1f}s after; {line[:160]}"
+    run.remark()  # (recovered: a transaction committed after the service ended is everywhere)
+    run.restart_served()
+
+
 FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "service-kill": service_kill,
     "decoder-kill": decoder_kill,
@@ -401,19 +564,28 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "decoder-kill-client-cut": decoder_kill_client_cut,
     "slot-dropped": slot_dropped,
     "changelog-full": changelog_full,
+    "slot-invalidated": slot_invalidated,
+    "spill-full": spill_full,
+    "client-black-hole": client_black_hole,
 }
 # Classes whose correct outcome is a clear stop naming node and slot (checked by `Run.check_clear_stop`).
-STOPS: Final = frozenset({"slot-dropped"})
+STOPS: Final = frozenset({"slot-dropped", "slot-invalidated"})
 SETUP: Final[dict[str, Callable[[Run], None]]] = {
     "writer-kill": writer_kill_setup,
     "changelog-full": changelog_full_setup,
+    "spill-full": spill_full_setup,
 }
 PROXIED: Final = frozenset(
-    {"replication-cut", "replication-stall", "replication-black-hole", "serve-kill-stalled"}
+    {
+        "replication-cut",
+        "replication-stall",
+        "replication-black-hole",
+        "serve-kill-stalled",
+        "slot-invalidated",
+    }
 )
-CLIENT_PROXIED: Final = frozenset(
-    {"client-cut", "decoder-kill-client-cut"}
-)  # (the subscribers reach the service through a proxy)
+# (the subscribers reach the service through a proxy)
+CLIENT_PROXIED: Final = frozenset({"client-cut", "decoder-kill-client-cut", "client-black-hole"})
 
 
 def evidence_dir() -> Path:

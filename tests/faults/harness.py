@@ -303,6 +303,9 @@ class Run:
         self.victim: tuple[str, bool] | None = None  # a killed writer's gid, and whether it must commit
         self.stopped: str | None = None  # the node whose slot a stop class took away
         self.mounts: list[str] = []  # small tmpfs mounts of the run (a disk-full class), unmounted at close
+        self.serve_args: list[str] = []  # added to every `csnd serve` of the run (a class's --config)
+        # Witness parts consumed before the end, by node (a class that must keep its WAL from removal)
+        self.early_witness: dict[str, list[tuple[str, int, wit.Local]]] = {}
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -325,7 +328,7 @@ class Run:
                     "SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (self.witness_slot,)
                 )
         self.ticking = Ticking(self.cluster.gtm_url, self.urls)
-        self.served = start_serve(self.sources(), self.log_dir)
+        self.served = start_serve(self.sources(), self.log_dir, *self.serve_args)
         address = self.served.address
         if self.client_proxied:
             host, _, port = address.rpartition(":")
@@ -365,7 +368,9 @@ class Run:
 
     def restart_served(self) -> None:
         assert self.served is not None
-        self.served = start_serve(self.sources(), self.log_dir, "--listen", self.served.address)
+        self.served = start_serve(
+            self.sources(), self.log_dir, "--listen", self.served.address, *self.serve_args
+        )
 
     # --- during the run ----------------------------------------------------------------------
 
@@ -525,7 +530,7 @@ class Run:
         self.stop_writers()
         recovery = self.recover()
         assert self.served is not None
-        want = wit.expected(wit.read_witness(self.urls, self.witness_slot))
+        want = wit.expected(wit.read_witness(self.urls, self.witness_slot, self.early_witness))
         o.transactions = len(want)
         top = max((t.csn for t in want), default=0)
         try:
@@ -628,7 +633,7 @@ class Run:
             self._sampler.join()
         if not o.problems:
             try:
-                start_serve(self.sources(), self.log_dir).kill()
+                start_serve(self.sources(), self.log_dir, *self.serve_args).kill()
                 o.problems.append(
                     f"csnd serve restarted over the changelog without {node}'s slot {self.slot}"
                 )
@@ -637,12 +642,22 @@ class Run:
                     o.problems.append(
                         f"the refused restart does not name node {node} and slot {self.slot}: {e}"
                     )
-        want = wit.expected(wit.read_witness(self.urls, self.witness_slot))
+        want = wit.expected(wit.read_witness(self.urls, self.witness_slot, self.early_witness))
         o.transactions = len(want)
         v = wit.Verdict()
         delivered = 0
         for s in self.subs:
-            s.stop()  # (its exit status is not judged: the service it read from is gone)
+            # Each is told why with the service's own line (DATA_LOSS), and stops on it.
+            if s.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    s.proc.wait(timeout=10)
+            code, err = s.stop()
+            told = [ln for ln in err.splitlines() if ln.startswith("csnd subscribe: error:")]
+            if code != 1 or not told or f"node {node}" not in told[-1] or self.slot not in told[-1]:
+                o.problems.append(
+                    f"subscriber {s.name or '-'} was not told that {node}'s slot {self.slot} went "
+                    f"(exit {code}): {err[-600:]}"
+                )
             lines = s.lines()
             top = max((int(json.loads(x)["csn"]) for x in lines), default=0)
             delivered = max(delivered, top)

@@ -78,12 +78,17 @@ def read_node(conn: psycopg.Connection[Any], slot: str) -> list[tuple[str, int, 
     return out
 
 
-def read_witness(urls: dict[str, str], slot: str) -> list[Txn]:
-    """Every committed global transaction of the suite's tables, joined by gid, by CSN."""
+def read_witness(
+    urls: dict[str, str], slot: str, early: dict[str, list[tuple[str, int, Local]]] | None = None
+) -> list[Txn]:
+    """Every committed global transaction of the suite's tables, joined by gid, by CSN.
+
+    `early`: parts a run consumed from a node's witness slot before the end
+    (`read_node`; a class that must keep that slot's WAL from being removed)."""
     by_gid: dict[str, Txn] = {}
     for node, url in urls.items():
         with psycopg.connect(url, autocommit=True) as c:
-            parts = read_node(c, slot)
+            parts = [*(early or {}).get(node, []), *read_node(c, slot)]
         for gid, csn, part in parts:
             t = by_gid.setdefault(gid, Txn(gid, csn))
             assert t.csn == csn, f"witness: {gid} has csn {t.csn} and {csn}"
