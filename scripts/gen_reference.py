@@ -151,6 +151,7 @@ def _defaults() -> dict[str, str]:
     unless the setting stands for a default kept elsewhere: those few are
     named here, each read from its constant.
     """
+    from csnd.gtm.barrier import BARRIER_TIMEOUT_S
     from csnd.runtime.options import AgentDialConfig, LiveSourceConfig
     from csnd.service.arrow_rows import FILES_BUDGET_BYTES
     from csnd.service.config import ServeConfig
@@ -168,6 +169,7 @@ def _defaults() -> dict[str, str]:
         "retention_hold_hours": "twice retention_hours",
         "retention_bytes": "none (no size limit)",
         "retention_hours": "none (no age limit)",
+        "gtm_barrier_timeout": f"{BARRIER_TIMEOUT_S:g}",
     }
     shown = {}
     for key, value in fields.items():

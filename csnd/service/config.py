@@ -114,6 +114,8 @@ class ServeConfig:
     log_format: str = "text"
     # --gtm: the shared GTM's server (csnd.gtm.pggtm), for GTM-mode snapshots at one CSN (csnd.gtm.barrier)
     gtm: str | None = None
+    # --gtm-barrier-timeout: how long that barrier may hold the GTM (None: csnd.gtm.barrier's default)
+    gtm_barrier_timeout_s: float | None = None
     # --agent-token-file, --agent-ca, --agent-cert, --agent-key: how grpc:// node agents are reached
     agent_dial: AgentDialConfig = field(default_factory=AgentDialConfig)
 
@@ -298,6 +300,7 @@ def build_config(
         arrow_files_bytes=pick("arrow_files_bytes"),
         log_format=pick("log_format", default="text"),
         gtm=pick("gtm"),
+        gtm_barrier_timeout_s=pick("gtm_barrier_timeout"),
         agent_dial=AgentDialConfig(
             token_file=pick("agent_token_file"),
             ca=pick("agent_ca"),

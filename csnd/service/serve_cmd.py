@@ -170,6 +170,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "snapshot is taken under a short commit barrier, at one CSN on every node (docs/design.md section 5)",
     )
     p.add_argument(
+        "--gtm-barrier-timeout",
+        type=flag_type(settings.POSITIVE),
+        metavar="SECONDS",
+        help="how long that commit barrier may hold the GTM, waiting for commits under way and the nodes, "
+        "before it releases it and the start fails naming the gid or node that held it (default 10)",
+    )
+    p.add_argument(
         "--arrow-files-bytes",
         type=flag_type(settings.BYTES),
         metavar="B",

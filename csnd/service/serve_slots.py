@@ -115,7 +115,7 @@ class Slots:
                         "(their streams resume after its CSN); give every GTM-mode source the same snapshot "
                         "setting, with new slots"
                     )
-                nodes += snapshot_at_one_csn(cfg.gtm or "", at_barrier, settings)
+                nodes += snapshot_at_one_csn(cfg.gtm or "", at_barrier, settings, cfg.gtm_barrier_timeout_s)
             elif any(n.mode == "gtm" for n in nodes) and len(gtm_nodes) > 1:
                 log.warning(
                     "initial snapshot of GTM-mode nodes without --gtm: each node is copied at its own slot's "
@@ -159,63 +159,48 @@ def snapshot_at_one_csn(
     gtm: str,
     made: list[tuple[LiveSource, ExportedSnapshot, list[tuple[int, int]]]],
     settings: SnapshotSettings,
+    timeout_s: float | None = None,
 ) -> list[SnapshotNode]:
     """The nodes' snapshots exported under one GTM commit barrier (`csnd.gtm.barrier`): at one CSN.
 
     The slots are made first, outside the barrier: a slot's consistent point
     waits for the transactions then open, which may be writers waiting on the
-    barrier.  Under it, each node only exports a snapshot on a connection
-    opened beforehand -- a round trip a node, so writers wait for little.
-    What the slots stream from before the barrier is at or below its CSN,
-    in the snapshot, and dropped as the stream resumes after it.
+    barrier.  Under it, each node only exports a snapshot (one round trip a
+    node, all at once), and the readers import them once the GTM is released,
+    so writers wait for little.  What the slots stream from before the
+    barrier is at or below its CSN, in the snapshot, and dropped as the
+    stream resumes after it.
     """
-    import psycopg
-
-    from csnd.gtm.barrier import CommitBarrier
+    from csnd.gtm.barrier import BARRIER_TIMEOUT_S, CommitBarrier
     from csnd.snapshot.run import GtmCut, SnapshotNode
 
-    exporters: dict[str, psycopg.Connection[tuple[object, ...]]] = {}
     readers: list[SnapshotNode] = []
+    barrier = CommitBarrier(
+        gtm,
+        {source.node: source.options.conninfo for source, _, _ in made},
+        timeout_s=timeout_s or BARRIER_TIMEOUT_S,
+    )
     try:
-        for source, _, _ in made:
-            try:
-                exporters[source.node] = psycopg.connect(
-                    source.options.conninfo, autocommit=True, connect_timeout=10
-                )
-            except psycopg.Error as e:
-                raise SnapshotError(f"cannot connect to export its snapshot: {e}", node=source.node) from None
-        barrier = CommitBarrier(gtm, {source.node: source.options.conninfo for source, _, _ in made})
-        names: dict[str, str] = {}
-        with barrier.hold() as held:
-            for node, conn in exporters.items():
-                # (one round trip: the writers wait for every one of them)
-                cur = conn.execute(
-                    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_export_snapshot()"
-                )
-                cur.nextset()  # (the first result is BEGIN's)
-                row = cur.fetchone()
-                names[node] = str(row[0]) if row else ""
-        cut = GtmCut(held.csn, held.held_s * 1000)
-        log.info(
-            "initial snapshot: every GTM-mode node at csn %d; the GTM held %.1f ms (%d nodes, %d commits drained)",
-            held.csn,
-            cut.held_ms,
-            len(made),
-            len(held.drained),
-            extra={"csn": held.csn},
-        )
-        for source, exported, enums in made:
-            reader = node_snapshot(source, exported, enums, settings)
-            readers.append(SnapshotNode(reader, source.mode, exported.made_at, cut))
-            reader.open(names[source.node])
+        with barrier.export() as held:  # (the exported snapshots stay importable in this block)
+            cut = GtmCut(held.csn, held.held_s * 1000)
+            log.info(
+                "initial snapshot: every GTM-mode node at csn %d; the GTM held %.1f ms "
+                "(%d nodes, %d commits drained)",
+                held.csn,
+                cut.held_ms,
+                len(made),
+                len(held.drained),
+                extra={"csn": held.csn},
+            )
+            for source, exported, enums in made:
+                reader = node_snapshot(source, exported, enums, settings)
+                readers.append(SnapshotNode(reader, source.mode, exported.made_at, cut))
+                reader.open(held.snapshots[source.node])
         return readers
     except BaseException:
         for n in readers:
             n.reader.close()
         raise
-    finally:
-        for conn in exporters.values():  # (the readers' transactions hold the snapshots from here on)
-            conn.close()
 
 
 def drop_own_slot(source: LiveSource) -> None:

@@ -244,6 +244,8 @@ SETTINGS: Final = (
     Setting("log_format", LOG_FORMAT, "text|json"),
     # the shared GTM (csnd.gtm.pggtm): GTM-mode snapshots are taken under its commit barrier
     Setting("gtm", TEXT, "URL"),
+    # how long that barrier may hold the GTM before it gives up (csnd.gtm.barrier.BARRIER_TIMEOUT_S)
+    Setting("gtm_barrier_timeout", POSITIVE, "SECONDS"),
     # how the service reaches grpc:// node agents (csnd.runtime.options.AgentDialConfig)
     Setting("agent_token_file", TEXT, "FILE"),
     Setting("agent_ca", TEXT, "PEM"),
