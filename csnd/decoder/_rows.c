@@ -404,6 +404,64 @@ put_bytea(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
     return out_put(o, "\"", 1) < 0 ? -1 : 1;
 }
 
+/* A double as repr() writes it. */
+static int
+put_repr(Out *o, double x)
+{
+    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL)
+        return -1;
+    int w = out_put(o, r, (Py_ssize_t)strlen(r));
+    PyMem_Free(r);
+    return w < 0 ? -1 : 1;
+}
+
+/* NaN or an infinity as the JSON strings the twins write: 1 written, -1 error. */
+static int
+put_nonfinite(Out *o, double x)
+{
+    if (isnan(x))
+        return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
+    return out_put(o, x > 0 ? "\"Infinity\"" : "\"-Infinity\"", x > 0 ? 10 : 11) < 0 ? -1 : 1;
+}
+
+/* What float_text found: a plain finite number, now in *x, for its caller to write. */
+#define FLOAT_NUMBER 2
+
+/* The text form of a float4 or float8 (float4out's, float8out's), shared by both: NaN and the
+   infinities are written here (1); a value that is plainly a finite decimal number is read into
+   *x (FLOAT_NUMBER); anything else is left to the twin (0), which reads it its own way. */
+static int
+float_text(Out *o, const unsigned char *p, Py_ssize_t n, double *x)
+{
+    if (n == 3 && memcmp(p, "NaN", 3) == 0)
+        return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
+    if (n == 8 && memcmp(p, "Infinity", 8) == 0)
+        return out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1;
+    if (n == 9 && memcmp(p, "-Infinity", 9) == 0)
+        return out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1;
+    char text[64];
+    if (n == 0 || n >= (Py_ssize_t)sizeof text)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
+            return 0;
+    }
+    memcpy(text, p, (size_t)n);
+    text[n] = 0;
+    char *end;
+    double v = PyOS_string_to_double(text, &end, NULL);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (end != text + n || !isfinite(v))
+        return 0;
+    *x = v;
+    return FLOAT_NUMBER;
+}
+
 /* float8: repr() of the double (Python's shortest round trip), NaN and the infinities as strings.
    Its text form (float8out's) is read back first, only when it is plainly a number. */
 static int
@@ -415,42 +473,12 @@ put_float8(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
             return 0;
         uint64_t bits = (uint64_t)be_signed(p, 8);
         memcpy(&x, &bits, sizeof x);
-    } else {
-        if (n == 3 && memcmp(p, "NaN", 3) == 0)
-            return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
-        if (n == 8 && memcmp(p, "Infinity", 8) == 0)
-            return out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1;
-        if (n == 9 && memcmp(p, "-Infinity", 9) == 0)
-            return out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1;
-        char text[64];
-        if (n == 0 || n >= (Py_ssize_t)sizeof text)
-            return 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            unsigned char c = p[i];
-            if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
-                return 0;
-        }
-        memcpy(text, p, (size_t)n);
-        text[n] = 0;
-        char *end;
-        x = PyOS_string_to_double(text, &end, NULL);
-        if (x == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 0;
-        }
-        if (end != text + n || !isfinite(x))
-            return 0;
+        if (!isfinite(x))
+            return put_nonfinite(o, x);
+        return put_repr(o, x);
     }
-    if (isnan(x))
-        return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
-    if (isinf(x))
-        return x > 0 ? (out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1) : (out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1);
-    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (r == NULL)
-        return -1;
-    int w = out_put(o, r, (Py_ssize_t)strlen(r));
-    PyMem_Free(r);
-    return w < 0 ? -1 : 1;
+    int r = float_text(o, p, n, &x);
+    return r == FLOAT_NUMBER ? put_repr(o, x) : r;
 }
 
 /* The decimal float4out prints for positive finite `a` (values.float4_shortest, the twin, says
@@ -511,47 +539,17 @@ float4_shortest(float a, double *out)
     return 0;
 }
 
-/* A double as repr() writes it. */
-static int
-put_repr(Out *o, double x)
-{
-    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (r == NULL)
-        return -1;
-    int w = out_put(o, r, (Py_ssize_t)strlen(r));
-    PyMem_Free(r);
-    return w < 0 ? -1 : 1;
-}
-
 /* float4: as the twin: a binary value through float4_shortest, then repr() of that double; its
    text form read as a double (repr() of it), refused beyond float4's range. */
 static int
 put_float4(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
 {
     if (kind == KIND_TEXT) {
-        if (n == 3 && memcmp(p, "NaN", 3) == 0)
-            return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
-        if (n == 8 && memcmp(p, "Infinity", 8) == 0)
-            return out_put(o, "\"Infinity\"", 10) < 0 ? -1 : 1;
-        if (n == 9 && memcmp(p, "-Infinity", 9) == 0)
-            return out_put(o, "\"-Infinity\"", 11) < 0 ? -1 : 1;
-        char text[64];
-        if (n == 0 || n >= (Py_ssize_t)sizeof text)
-            return 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            unsigned char c = p[i];
-            if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
-                return 0;
-        }
-        memcpy(text, p, (size_t)n);
-        text[n] = 0;
-        char *end;
-        double x = PyOS_string_to_double(text, &end, NULL);
-        if (x == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 0;
-        }
-        if (end != text + n || !isfinite(x) || fabs(x) >= 3.4028235e38)
+        double x;
+        int r = float_text(o, p, n, &x);
+        if (r != FLOAT_NUMBER)
+            return r;
+        if (fabs(x) >= 3.4028235e38)
             return 0; /* (at the edge of float4's range: the twin's pack decides) */
         return put_repr(o, x);
     }
@@ -560,10 +558,8 @@ put_float4(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
     uint32_t bits = (uint32_t)be_signed(p, 4);
     float f;
     memcpy(&f, &bits, 4);
-    if (isnan(f))
-        return out_put(o, "\"NaN\"", 5) < 0 ? -1 : 1;
-    if (isinf(f))
-        return out_put(o, f > 0 ? "\"Infinity\"" : "\"-Infinity\"", f > 0 ? 10 : 11) < 0 ? -1 : 1;
+    if (!isfinite(f))
+        return put_nonfinite(o, f);
     double x = f; /* (0 and -0 as they are) */
     if (f != 0) {
         if (!float4_shortest(fabsf(f), &x))

@@ -206,7 +206,8 @@ _ODD_CELLS: dict[str, tuple[st.SearchStrategy[bytes], st.SearchStrategy[str]]] =
     ),
     "float4": (
         st.builds(struct.Struct("!I").pack, st.integers(0, 2**32 - 1)) | st.builds(struct.Struct("!f").pack, st.floats(width=32)),
-        st.sampled_from(["0.1", "NaN", "1e39", "3.4028235e38", "3.4028234e38", "x", "-0", "1e-46"]),
+        st.sampled_from(["0.1", "NaN", "1e39", "3.4028235e38", "3.4028234e38", "x", "-0", "1e-46"])
+        | st.sampled_from(["Infinity", "-Infinity", "inf", "-1.5e-3", "+.5", "1e999", " 1", ""]),
     ),
     "interval": (
         st.binary(min_size=16, max_size=16)
