@@ -3,7 +3,10 @@
 A source with `snapshot = "when_needed"` streams the tables its slot already
 had without a snapshot; a table added to its publication later has rows the
 stream never carried.  The job thread of `csnd.snapshot.incremental` looks at
-each such publication now and then and submits a job for what is new.
+each such publication now and then and submits a job for what is new.  A
+GTM-mode node's job takes its watermarks' CSNs from the GTM (`csnd serve
+--gtm`); without it, its new tables are named in a warning and left for a
+start that has it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from csnd.snapshot.chunkreader import CONNECT_TIMEOUT_S, table_info
 from csnd.snapshot.jobstore import Known, NodeAccess, table_spec
 
 log = logging.getLogger("csnd.snapshot")
+
+# GTM-mode nodes told that their new tables wait for --gtm (once a process).
+_told_no_gtm: set[str] = set()
 
 _PUBLISHED_SQL: Final = """
 SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = %s
@@ -43,7 +49,7 @@ def look_for_new_tables(
     `update(change)` makes the change to `known_tables` under the jobs' lock and stores them.
     """
     for access in nodes.values():
-        if not access.when_needed or access.mode != "single":
+        if not access.when_needed:
             continue
         try:
             with psycopg.connect(access.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
@@ -57,6 +63,19 @@ def look_for_new_tables(
             continue
         new = [t for t in published if t not in known]
         if not new:
+            continue
+        if access.mode != "single" and not access.gtm:
+            # (not counted as known: a start with --gtm takes them; said once a node, not every look)
+            if access.node not in _told_no_gtm:
+                _told_no_gtm.add(access.node)
+                log.warning(
+                    "node %s: not snapshotting %s, new in publication %s: a %s-mode node's snapshot needs "
+                    "CSNs from the GTM; restart the service with --gtm URL to take them",
+                    access.node,
+                    ", ".join(".".join(t) for t in new),
+                    access.publication,
+                    access.mode,
+                )
             continue
         specs = []
         try:
