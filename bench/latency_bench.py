@@ -26,7 +26,11 @@ upper bounds, so a bound and not an exact figure).  What is left after
 
 CPU per transaction of every process (utime + stime from /proc) over each
 rate's window: `csnd serve`, its decoders, `csnd subscribe`, the two
-walsenders and `pg_recvlogical`.
+walsenders and `pg_recvlogical`; and their wake-ups per transaction (the
+threads' voluntary context switches), which, unlike a p99, do not swing
+with the machine's other load.  `--thread-names` names csnd's threads in
+the per-thread figures of latency.json (py-spy dump); `--profile DIR`
+records `csnd serve`'s on-CPU stacks by thread over each rate (py-spy).
 
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
         [--thread-names] [--profile DIR]
