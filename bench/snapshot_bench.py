@@ -13,7 +13,12 @@ each -- times, `rounds` times in alternation:
   fsync (the slot's creation is not timed, nor is pg_dump's own snapshot's).
 
 and prints each round's rates and the ratios to COPY's rate in that round
-(the machine is shared: the spread of the rounds is the figure to trust).
+(the machine is shared: the spread of the rounds is the figure to trust),
+with the CPU seconds each spent on the server (its backends) and in the
+client's processes (psql; pg_dump and its workers; csnd's own process and
+its copier processes): on a loaded machine the wall-clock ratio moves with
+the load, the CPU it takes does not, and the two cores bound the wall
+clock to at least half the CPU.
 The table is an int key, text, numeric, timestamptz and jsonb.
 `--sweep` adds the (chunk_rows, readers) settings that CHUNK_ROWS and
 READERS were chosen by.
@@ -24,7 +29,9 @@ READERS were chosen by.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -56,6 +63,42 @@ def _fill(dsn: str, tables: list[str], rows: int) -> None:
             )
             conn.execute(f"VACUUM ANALYZE {t}")
         conn.execute(f"CREATE PUBLICATION pub_{tables[0]} FOR TABLE {', '.join(tables)}")
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of process `pid`, its reaped children and, recursively, its live ones."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return 0.0  # (ended meanwhile: its time is in its parent's reaped children)
+    own = sum(int(v) for v in fields[11:15]) / _TICKS  # utime, stime, cutime, cstime
+    return own + sum(_tree_cpu(c) for c in children)
+
+
+def _server_cpu(server: PgServer) -> float:
+    with open(os.path.join(server.data_dir, "postmaster.pid")) as f:
+        return _tree_cpu(int(f.readline()))
+
+
+class _Cpu:
+    """CPU seconds spent while it is open: the server's, and this process's with its descendants'."""
+
+    def __init__(self, server: PgServer) -> None:
+        self.server = server
+
+    def __enter__(self) -> _Cpu:
+        self._server0, self._client0 = _server_cpu(self.server), _tree_cpu(os.getpid())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server_s = _server_cpu(self.server) - self._server0
+        self.client_s = _tree_cpu(os.getpid()) - self._client0
 
 
 def _copy_seconds(server: PgServer, dbname: str, tables: list[str]) -> float:
@@ -94,7 +137,9 @@ def _pg_dump_seconds(server: PgServer, dbname: str, tables: list[str]) -> float:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _csnd_seconds(dsn: str, publication: str, slot: str, settings: SnapshotSettings) -> float:
+def _csnd_seconds(
+    dsn: str, publication: str, slot: str, settings: SnapshotSettings, cpu: _Cpu | None = None
+) -> float:
     source = LiveSource("dn1", LiveOptions(dsn, slot, publication, create_slot=True))
     exported = source.prepare("initial")
     assert exported is not None
@@ -107,7 +152,7 @@ def _csnd_seconds(dsn: str, publication: str, slot: str, settings: SnapshotSetti
         exported.release()
     directory = tempfile.mkdtemp(prefix="csnd-snapbench-")
     try:
-        with Changelog(directory) as log:
+        with Changelog(directory) as log, cpu or contextlib.nullcontext():  # (timed as the wall clock is)
             t0 = time.perf_counter()
             SnapshotRun([SnapshotNode(reader, "single", exported.made_at)], SnapshotProgress()).run(log)
             return time.perf_counter() - t0
@@ -123,21 +168,36 @@ def _shape(server: PgServer, name: str, tables: list[str], rows: int, rounds: in
     total = rows * len(tables)
     runs = []
     for r in range(rounds):
-        copy_s = _copy_seconds(server, "postgres", tables)
-        dump_s = _pg_dump_seconds(server, "postgres", tables)
-        csnd_s = _csnd_seconds(dsn, f"pub_{tables[0]}", f"bench_{tables[0]}_{r}", SnapshotSettings())
+        with _Cpu(server) as copy_cpu:
+            copy_s = _copy_seconds(server, "postgres", tables)
+        with _Cpu(server) as dump_cpu:
+            dump_s = _pg_dump_seconds(server, "postgres", tables)
+        csnd_cpu = _Cpu(server)
+        csnd_s = _csnd_seconds(
+            dsn, f"pub_{tables[0]}", f"bench_{tables[0]}_{r}", SnapshotSettings(), csnd_cpu
+        )
         run = {
             "copy_s": round(copy_s, 3),
             "pg_dump_s": round(dump_s, 3),
             "csnd_s": round(csnd_s, 3),
             "csnd_vs_copy": round(copy_s / csnd_s, 3),
             "pg_dump_vs_copy": round(copy_s / dump_s, 3),
+            "load": round(os.getloadavg()[0], 1),
+            # CPU seconds (server, client) of each: what the wall clock cannot go below half of on 2 cores
+            "cpu_s": {
+                "copy": [round(copy_cpu.server_s, 3), round(copy_cpu.client_s, 3)],
+                "pg_dump": [round(dump_cpu.server_s, 3), round(dump_cpu.client_s, 3)],
+                "csnd": [round(csnd_cpu.server_s, 3), round(csnd_cpu.client_s, 3)],
+            },
         }
         runs.append(run)
         print(
             f"{name} round {r + 1}: COPY {total / copy_s:>10,.0f} rows/s, pg_dump -j 2 {total / dump_s:>10,.0f}, "
             f"csnd {total / csnd_s:>10,.0f}  (csnd/COPY {run['csnd_vs_copy']:.2f}, "
-            f"pg_dump/COPY {run['pg_dump_vs_copy']:.2f})",
+            f"pg_dump/COPY {run['pg_dump_vs_copy']:.2f}), load {run['load']}\n"
+            f"    cpu s (server + client): COPY {copy_cpu.server_s:.2f} + {copy_cpu.client_s:.2f}, "
+            f"pg_dump {dump_cpu.server_s:.2f} + {dump_cpu.client_s:.2f}, "
+            f"csnd {csnd_cpu.server_s:.2f} + {csnd_cpu.client_s:.2f}",
             flush=True,
         )
     ratios = [x["csnd_vs_copy"] for x in runs]
