@@ -223,7 +223,8 @@ class DecoderPool:
         """The source has nothing more to read for now: hand on the batch being gathered.
 
         Called by the source from inside its iterator, so in the reader
-        thread, between two events (LiveSource.on_drained).
+        thread, between two events: the pool is the `reader.events.PauseListener`
+        a live stream is opened with (runtime.inputs).
         """
         cut = self._cut_drained
         if cut is not None:

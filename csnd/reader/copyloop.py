@@ -20,7 +20,7 @@ Silence.  Nothing received for `receive_timeout_s` is a lost connection
 answer, so an idle but healthy connection is never silent that long.
 
 Pauses.  When everything received has been yielded and nothing more came for
-`DRAINED_WAIT_S`, `on_drained` lets a batch gathered downstream go on; when
+`DRAINED_WAIT_S`, the stream's `PauseListener` lets a batch gathered downstream go on; when
 a poll interval passes with nothing at all, `on_idle` (csnd record syncs then).
 """
 
@@ -35,6 +35,7 @@ from psycopg import pq
 
 from csnd.core.errors import ConnectionLost, ProtocolError, SourceError
 from csnd.core.ids import Lsn, lsn_to_str
+from csnd.reader.events import PauseListener
 from csnd.reader.feedback import REPORT_GAP_S, Feedback
 from csnd.reader.pgoutput import (
     CHANGE_FRAME_MIN,
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
     from csnd.reader.live import LiveOptions
 
 # When nothing more has come for this long after data, the stream has paused:
-# `on_drained` is called so that a batch being gathered downstream goes on.
+# the stream's `PauseListener` is told, so that a batch being gathered downstream goes on.
 DRAINED_WAIT_S: Final = 0.002
 # Silence on the replication connection longer than this is a lost
 # connection: reconnect (from the confirmed position, as after any loss).
@@ -91,7 +92,8 @@ class CopyLoop:
 
     Its collaborators are the source's own: the connection, its positions
     (`Feedback`), the resume filter every item passes through, the backoff
-    told when data flowed, and the probe of a server that is shutting down.
+    told when data flowed, and the probe of a server that is shutting down;
+    and whoever reads the stream: `pauses`, told when it pauses.
     """
 
     def __init__(
@@ -104,7 +106,7 @@ class CopyLoop:
         backoff: Backoff,
         shutdown: ShutdownProbe,
         *,
-        on_drained: Callable[[], None] | None = None,
+        pauses: PauseListener | None = None,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.node = node
@@ -114,7 +116,7 @@ class CopyLoop:
         self.filter = resume
         self.backoff = backoff
         self.shutdown = shutdown
-        self.on_drained = on_drained
+        self.pauses = pauses
         self.on_idle = on_idle
 
     def run(self, pgconn: pq.abc.PGconn, runs: bool = False) -> Generator[Item, None, bool]:
@@ -126,7 +128,7 @@ class CopyLoop:
         last_status = time.monotonic()
         interval = self.options.status_interval_s
         closed = link.closed.is_set
-        undrained = False  # items yielded since on_drained was last called
+        undrained = False  # items yielded since `pauses` was last told
         # Since when the server has sent nothing (None: bytes came since the last look),
         # and whether a reply was asked for in this silence (see RECEIVE_TIMEOUT_S).
         receive_timeout = self.options.receive_timeout_s
@@ -246,14 +248,14 @@ class CopyLoop:
                     fb.send_status(pgconn, reply=waiting_for_end or ping)
                     last_status = now
                     pinged = pinged or ping
-                if undrained and self.on_drained is not None:
+                if undrained and self.pauses is not None:
                     # A short wait first: data that follows at once belongs to the same burst.
                     if link.wait(pgconn, read=True, timeout=DRAINED_WAIT_S):
                         quiet_since = None
                         link.consume(pgconn, fb.received)
                         continue
                     undrained = False
-                    self.on_drained()
+                    self.pauses.drained()
                 wait = min(POLL_S, interval, max(0.0, quiet_since + receive_timeout - time.monotonic()))
                 if fb.confirmed > fb.reported or waiting_for_end:  # (a report is due soon)
                     wait = min(wait, max(0.0, REPORT_GAP_S - (time.monotonic() - last_status)))

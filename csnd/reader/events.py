@@ -66,6 +66,21 @@ class EventStream(Protocol):
         """End the stream where it is and let go of what it holds; idempotent."""
 
 
+class PauseListener(Protocol):
+    """Told when a live stream has paused; given to the source with the stream (`LiveSource.events`).
+
+    A batch gathered downstream (the decoder pool's) would otherwise wait
+    for more events to fill it while the server has nothing more to send.
+    The source calls `drained` in the thread iterating its stream, between
+    two of its events, once everything received has been yielded and
+    nothing more came for a moment (`reader.copyloop.DRAINED_WAIT_S`); so a
+    listener may act on what that thread gathers without a lock.
+    """
+
+    def drained(self) -> None:
+        """The stream has paused: hand on what was gathered from it."""
+
+
 def iter_events(
     frames: Iterable[tuple[int, bytes | ChangeFrames]],
     node: str,

@@ -54,7 +54,7 @@ from csnd.core.errors import ConnectionLost, SourceError
 from csnd.core.ids import INVALID_LSN, Lsn, lsn_from_str, lsn_to_str
 from csnd.reader import catalog
 from csnd.reader.copyloop import RECEIVE_TIMEOUT_S, CopyLoop
-from csnd.reader.events import EventStream
+from csnd.reader.events import EventStream, PauseListener
 from csnd.reader.feedback import STATUS_INTERVAL_S, Feedback
 from csnd.reader.reconnect import RECONNECT_GIVE_UP_S, Backoff, one_line
 from csnd.reader.replconn import (
@@ -143,10 +143,6 @@ class LiveSource:
         # Called when the server has sent nothing for a poll interval (an idle
         # moment: csnd record syncs and confirms what it holds then).
         self.on_idle: Callable[[], None] | None = None
-        # Called (in the thread reading this stream, between two of its items)
-        # when everything received has been yielded and nothing more came for
-        # DRAINED_WAIT_S: whoever gathers batches downstream hands on what it has.
-        self.on_drained: Callable[[], None] | None = None
 
     # --- positions ------------------------------------------------------------------
 
@@ -252,19 +248,20 @@ class LiveSource:
 
     # --- the stream -----------------------------------------------------------------
 
-    def events(self, raw_changes: bool = False) -> EventStream:
+    def events(self, raw_changes: bool = False, pauses: PauseListener | None = None) -> EventStream:
         """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`.
 
         Every change comes parsed whatever `raw_changes` says: the resume
         filter places each one by its LSN and xid (and the walsender, not
-        this parse, bounds a live node's rate).
+        this parse, bounds a live node's rate).  `pauses` is told each time
+        the stream pauses, in the thread iterating it (`PauseListener`).
         """
         from csnd.reader.recorded import checked_commit_times
 
-        items = self.frames(runs=raw_changes)
+        items = self.frames(runs=raw_changes, pauses=pauses)
         yield from checked_commit_times(((lsn, msg) for lsn, msg, _payload in items), self.node)
 
-    def frames(self, runs: bool = False) -> Iterator[Item]:
+    def frames(self, runs: bool = False, pauses: PauseListener | None = None) -> Iterator[Item]:
         """Yield `(lsn, message, pgoutput payload)`, reconnecting as needed.
 
         The payload is the CopyData payload as the server sent it (a resumed
@@ -273,6 +270,7 @@ class LiveSource:
         one `ChangeFrames` (its payload: its blob), framed as a format-1
         recording frames them, so neither this thread nor the resume filter
         builds an object per change: the decoder workers parse them.
+        `pauses`: as for `events`.
         """
         first = True
         backoff = self.backoff
@@ -296,7 +294,7 @@ class LiveSource:
                 first = False
                 self.reconnecting = False
                 self._started = True
-                done = yield from self._copy_loop(pgconn, runs)
+                done = yield from self._copy_loop(pgconn, runs, pauses)
                 if done:
                     self._finish_copy()
                     return
@@ -338,7 +336,9 @@ class LiveSource:
                     self.link.drop()
         self.link.drop()
 
-    def _copy_loop(self, pgconn: pq.abc.PGconn, runs: bool = False) -> Generator[Item, None, bool]:
+    def _copy_loop(
+        self, pgconn: pq.abc.PGconn, runs: bool, pauses: PauseListener | None
+    ) -> Generator[Item, None, bool]:
         """One connection's stream (`reader.copyloop`): True once `--until-lsn`'s end is reached.
 
         Returns the loop's own generator, not one wrapping it: every item of
@@ -352,7 +352,7 @@ class LiveSource:
             self.filter,
             self.backoff,
             self.shutdown,
-            on_drained=self.on_drained,
+            pauses=pauses,
             on_idle=self.on_idle,
         )
         return loop.run(pgconn, runs)

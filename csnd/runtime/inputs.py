@@ -185,10 +185,12 @@ class NodePipeline:
             # position only up to it: WAL the server has past that point is
             # not this run's to confirm, the next run reads it.
             until = slot.options.until_lsn if slot is not None else None
-            if slot is not None:  # (a live node: a paused stream ends the batch)
-                slot.on_drained = self.pool.drained
+            if slot is not None:  # (a live node: a paused stream ends the decoder pool's batch)
+                events = slot.events(raw_changes=True, pauses=self.pool)
+            else:
+                events = self.source.events(raw_changes=True)
             decoded = self.pool.run(
-                self.source.events(raw_changes=True),
+                events,
                 write_lines=self._write_lines,
                 reports_pauses=slot is not None,
             )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,7 +29,7 @@ from csnd.core.modes import check_modes
 from csnd.runtime.options import LiveSourceConfig
 
 if TYPE_CHECKING:  # (only for types: each is imported where it is opened, as late as it can be)
-    from csnd.reader.events import EventStream
+    from csnd.reader.events import EventStream, PauseListener
     from csnd.reader.live import LiveOptions, LiveSource
     from csnd.runtime.inputs import NodeInput
 
@@ -74,10 +74,13 @@ class SlotSource(NodeSource, Protocol):
 
     options: LiveOptions  # its slot, conninfo and `until_lsn`
     reconnecting: bool  # between connections (for status)
-    # Called in the thread iterating `events`, between two of its items, when
-    # the stream has paused: whoever gathers batches downstream hands on what
-    # it has.  A pipeline sets it to its decoder pool's `drained`.
-    on_drained: Callable[[], None] | None
+
+    def events(self, raw_changes: bool = False, pauses: PauseListener | None = None) -> EventStream:
+        """As `NodeSource.events`; `pauses` is told, in the thread iterating it, when the stream pauses.
+
+        A pipeline gives its decoder pool, so that a batch gathered there goes
+        on when the server has nothing more to send.
+        """
 
     @property
     def received_lsn(self) -> int:

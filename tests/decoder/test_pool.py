@@ -193,7 +193,7 @@ def _one_row_stream(path: Path, xids: tuple[int, ...]) -> list[Event]:
 
 @pytest.mark.parametrize("pause", ["drained", "keepalive", "keepalive from a source that reports pauses"])
 def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pause: str) -> None:
-    """A live source that pauses (LiveSource.on_drained), or a keepalive while the decoders are idle,
+    """A live source that pauses (its PauseListener told), or a keepalive while the decoders are idle,
     ends the batch: the transaction read so far comes out without waiting for more of the stream."""
     events = _one_row_stream(tmp_path / "s.pgstream", (700, 701))
     first, second = events[:4], events[4:]  # (Relation, Begin, Insert, Commit) and the next transaction
