@@ -25,6 +25,20 @@ contents just as they dispatch on `type(item)` now, after one allocation
 more per event on the recorded path, where every Begin and Commit is an
 event of its own.  The seam's one named type is `Event`; `EventStream` is
 what a source hands on.
+
+Measured (a recording of 100,000 one-row transactions, 300,001 events, the
+reader thread's CPU time, best of 7 on the shared 2-core machine at load
+22): reading an event costs 1.70-1.93 us and the decoder pool's feed 0.40
+more; a `__slots__` batch object around each event adds 0.08 us alone and
+0.13-0.17 us through the stream that would hand it on, 4-8% of that
+thread's 2.1-2.3 us an event, on the thread a replay runs in series.  A
+live node would hardly see it (its compiled loop hands many whole
+transactions on as one `TxnRun`); a replay would, so the shapes stay.  What
+each consumer does with them: the resume filter and the pool's feed
+dispatch on `type(msg)` (a run or whole transactions pass through whole, a
+control message steers the stream or a batch's skeleton); a recording
+reads `LiveSource.frames` one parsed frame at a time and writes each one's
+payload bytes, looking at the message only for its position.
 """
 
 from __future__ import annotations
