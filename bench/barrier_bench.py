@@ -12,14 +12,17 @@ loads, one after another in this run:
 Each barrier's steps, from the lock asked for (`Held`): the lock held and X
 read; every commit with a CSN decided; every node's snapshot exported (the
 nodes at once); the GTM released -- `held`, what a writer's commit may have
-waited.  Per node: `held` over the nodes.  The medians and the 90th
-percentiles go to stdout as a table and to bench-out/barrier.json.
+waited.  Per node: `held` over the nodes.  A shared machine's load moves
+every figure (a round trip waits for a core), so the 1-minute load average
+is kept beside them.  The medians and the 90th percentiles go to stdout as
+a table and to bench-out/barrier.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -43,6 +46,7 @@ def _steps(held: Held) -> dict[str, float]:
     nodes = max(held.node_s.values())
     return {
         "held_ms": held.held_s * 1000,
+        "load": os.getloadavg()[0],  # the machine's 1-minute load: every figure moves with it
         "lock_ms": held.lock_wait_s * 1000,
         "decided_ms": (held.decided_s - held.lock_wait_s) * 1000,  # waiting for commits with a CSN
         "nodes_ms": (nodes - held.decided_s) * 1000,  # every node's prepared check and export, at once
@@ -121,9 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _print(results: dict[str, Any]) -> None:
-    cols = ["held_ms", "per_node_ms", "lock_ms", "decided_ms", "nodes_ms", "release_ms", "drained"]
+    cols = ["held_ms", "per_node_ms", "lock_ms", "decided_ms", "nodes_ms", "release_ms", "drained", "load"]
     print(f"commit barrier, {results['nodes']} nodes, median (p90); ms except drained (commits waited for)")
-    print("| load | " + " | ".join(cols) + " |")
+    print("| writers | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for load in ("idle", "paced", "unpaced"):
         r = results[load]

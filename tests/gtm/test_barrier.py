@@ -205,10 +205,10 @@ def test_a_node_that_stops_answering_under_the_barrier_times_it_out_and_it_names
         assert at_csn.wait(60), result
         threads[1].start()  # (it waits for slow-1, whose csn is taken)
         with psycopg.connect(urls["dn2"], autocommit=True) as conn:
-            while stopped is None:  # (the barrier's connection to dn2, idle after its SET)
+            while stopped is None:  # (the barrier's connection to dn2, idle after its first round trip)
                 row = conn.execute(
                     "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SET statement_timeout%%' "
-                    "AND pid <> pg_backend_pid()"
+                    "AND state = 'idle' AND pid <> pg_backend_pid()"
                 ).fetchone()
                 if row is None:
                     assert threads[1].is_alive(), result
