@@ -35,6 +35,9 @@ CHANNEL_OPTIONS: Final = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # A channel's connections are its own: from gRPC's shared pool, a channel opened
+    # to reconnect after a dead (black-holed) path could get that path back.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 # How long the look at what answers at an unreachable address may take.

@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from csnd.consumers.connection import open_channel, wait_reachable
 from tests.fixtures.pg import PgDatabase
 from tests.fixtures.proxy import Proxy
 from tests.service.servekit import CSND, Served, start_serve, wait_for
@@ -82,3 +83,26 @@ def test_black_holed_subscriber_reconnects_and_is_freed(
     text = err.read_text()
     assert "nothing from the service for" in text and "reconnecting after csn" in text, text
     assert "Traceback" not in text, text
+
+
+def test_a_new_channel_opens_a_new_connection(served: Served) -> None:
+    """A reconnect after a dead path must not ride the dead path again.
+
+    gRPC shares one connection among channels to the same target (its global
+    subchannel pool): a client that closed its silent channel and opened a
+    new one could get the black-holed connection back, and waited for gRPC's
+    ping timeout (about 60 s) instead of reconnecting at once (seen in one
+    fault-suite seed of eight).  Each channel the client opens is a
+    connection of its own."""
+    host, _, port = served.address.rpartition(":")
+    with Proxy(host, int(port)) as proxy:
+        target = f"127.0.0.1:{proxy.port}"
+        first = open_channel(target, None)
+        second = open_channel(target, None)
+        try:
+            wait_reachable(first, (), 30)
+            wait_reachable(second, (), 30)
+            assert proxy.accepted >= 2, f"{proxy.accepted} connection for two channels"
+        finally:
+            first.close()
+            second.close()
