@@ -16,7 +16,12 @@ setup(
         Extension("csnd.reader._txnscan", ["csnd/reader/_txnscan.c"], optional=True),
         Extension("csnd.decoder._rows", ["csnd/decoder/_rows.c"], optional=True),
         Extension("csnd.service._feedwire", ["csnd/service/_feedwire.c"], optional=True),
-        Extension("csnd.snapshot._copysplit", ["csnd/snapshot/_copysplit.c"], optional=True),
+        Extension(
+            "csnd.snapshot._copysplit",
+            ["csnd/snapshot/_copysplit.c"],
+            depends=["csnd/decoder/_rows.c"],  # (compiled in: the row reader's value writers)
+            optional=True,
+        ),
         Extension("csnd.changelog._frames", ["csnd/changelog/_frames.c"], libraries=["z"], optional=True),
     ]
 )

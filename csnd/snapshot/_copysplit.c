@@ -16,11 +16,36 @@
  *
  * Why compiled: an initial snapshot parses every row of every table, and
  * the twin's per-field Python loop was a quarter of its time.
+ *
+ * `render_rows(codes, keys, quote, builders, buf, pos, end, prefix)` does
+ * split_rows and the table's compiled row reader in one pass, writing a
+ * chunk's change objects straight to UTF-8: for each whole row,
+ * `prefix` + the row's JSON + "}", ", " between rows -- what
+ * csnd.snapshot.render.chunk_changes writes from split_rows' tuples (its
+ * twin: tests/snapshot/test_copysplit.py holds the two equal).  The value
+ * writers are the row reader's own (csnd/decoder/_rows.c, compiled in
+ * here), so a value's text is the stream's by construction.  Returns
+ * `(text, rows, pos, state)` as split_rows does, text None where the row
+ * reader gives up (the caller takes the checked path).  No Python object
+ * is made a row: the per-row tuple, str, list entry, join and encode were
+ * most of the snapshot's rendering time.
+ *
+ * `read_copy(pgconn, get_copy_data, free_mem)` reads a COPY TO STDOUT's
+ * data to its end in one call, the GIL released: `pgconn` is libpq's
+ * PGconn pointer, the others libpq's PQgetCopyData and PQfreemem, as
+ * addresses (of the libpq the connection was made with: see
+ * csnd.snapshot.copyread).  Returns `(data, status)`: status -1 the COPY
+ * ended (its result is next), -2 an error (PQgetResult says which).
+ * psycopg's per-message loop cost about 1 us a row; this, a memcpy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* The row reader's value writers (put_value, Out, ...): the very code the stream renders with. */
+#include "../decoder/_rows.c"
 
 static inline int32_t
 be_i32(const unsigned char *p)
@@ -128,20 +153,221 @@ error:
     return NULL;
 }
 
-static PyMethodDef methods[] = {
+/* One binary COPY row from `pos` as the row reader's JSON, appended to `o`: 1 written (*row_end
+   set), 0 the row does not end by `end`, 2 the reader gives up, -1 error.  As read_row on the row's
+   split_rows tuple: a negative length is NULL, every other value is a binary one. */
+static int
+render_row(Out *o, const char *code, PyObject *keys, PyObject *quote, PyObject *builders, Py_ssize_t n,
+           const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int count, Py_ssize_t *row_end)
+{
+    if (count != n) {
+        /* (read_row gives up on another count; first make sure the row is whole, as split_rows would) */
+        return tuple_size(buf, pos, end, count, row_end) < 0 ? 0 : 2;
+    }
+    Py_ssize_t p = pos + 2;
+    if (out_put(o, "{", 1) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0 && out_put(o, ", ", 2) < 0)
+            return -1;
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        if (out_put(o, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) < 0)
+            return -1;
+        if (p + 4 > end)
+            return 0;
+        int32_t len = be_i32(buf + p);
+        if (len < 0) {
+            if (out_put(o, "null", 4) < 0)
+                return -1;
+            p += 4;
+            continue;
+        }
+        if (p + 4 + (Py_ssize_t)len > end)
+            return 0;
+        int r = put_value(o, quote, PyTuple_GET_ITEM(builders, i), code[i], KIND_BINARY, buf + p + 4, len);
+        if (r < 0)
+            return -1;
+        if (r == 0) /* (the rest of the row must still be whole for split_rows' answer) */
+            return tuple_size(buf, pos, end, count, row_end) < 0 ? 0 : 2;
+        p += 4 + len;
+    }
+    if (out_put(o, "}}", 2) < 0) /* (the row's, then its change object's) */
+        return -1;
+    *row_end = p;
+    return 1;
+}
+
+static PyObject *
+render_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "render_rows takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *codes = args[0], *keys = args[1], *quote = args[2], *builders = args[3], *prefix = args[7];
+    if (!PyBytes_Check(codes) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != PyBytes_GET_SIZE(codes) ||
+        !PyTuple_Check(builders) || PyTuple_GET_SIZE(builders) != PyBytes_GET_SIZE(codes) ||
+        !PyBytes_Check(prefix)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "render_rows: codes and prefix must be bytes, keys and builders tuples of as many "
+                        "entries as codes");
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(codes);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(keys, i))) {
+            PyErr_SetString(PyExc_TypeError, "render_rows: each key must be bytes");
+            return NULL;
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[4], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t end = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (pos < 0 || end > view.len || end < pos) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "render_rows: pos and end must lie in the buffer, pos <= end");
+        return NULL;
+    }
+    const unsigned char *buf = view.buf;
+    const char *code = PyBytes_AS_STRING(codes);
+    Out o;
+    o.data = o.inline_;
+    o.len = 0;
+    o.cap = sizeof o.inline_;
+    Py_ssize_t rows = 0;
+    int state = 0, gave_up = 0;
+    while (pos + 2 <= end) {
+        int count = (int16_t)((buf[pos] << 8) | buf[pos + 1]);
+        if (count == -1) {
+            state = 1;
+            pos += 2;
+            break;
+        }
+        if (count < 0) {
+            state = -1;
+            break;
+        }
+        Py_ssize_t mark = o.len, row_end = 0;
+        if ((rows > 0 && out_put(&o, ", ", 2) < 0) ||
+            out_put(&o, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix)) < 0)
+            goto error;
+        int r = gave_up ? 2 : render_row(&o, code, keys, quote, builders, n, buf, pos, end, count, &row_end);
+        if (gave_up && tuple_size(buf, pos, end, count, &row_end) < 0)
+            r = 0;
+        if (r < 0)
+            goto error;
+        if (r == 0) {
+            o.len = mark; /* (the row is not whole yet: it starts the next call) */
+            break;
+        }
+        if (r == 2) {
+            gave_up = 1; /* (no text, but split_rows' pos and state still) */
+            o.len = 0;
+        }
+        rows++;
+        pos = row_end;
+    }
+    PyObject *text = gave_up ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(o.data, o.len);
+    out_free(&o);
+    PyBuffer_Release(&view);
+    if (text == NULL)
+        return NULL;
+    return Py_BuildValue("(Nnni)", text, rows, pos, state);
+error:
+    out_free(&o);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+typedef int (*get_copy_data_fn)(void *conn, char **buffer, int async);
+typedef void (*free_mem_fn)(void *ptr);
+
+static PyObject *
+read_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "read_copy takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    void *conn = PyLong_AsVoidPtr(args[0]);
+    get_copy_data_fn get_copy_data = (get_copy_data_fn)PyLong_AsVoidPtr(args[1]);
+    free_mem_fn free_mem = (free_mem_fn)PyLong_AsVoidPtr(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (conn == NULL || get_copy_data == NULL || free_mem == NULL) {
+        PyErr_SetString(PyExc_ValueError, "read_copy: null connection or function");
+        return NULL;
+    }
+    size_t len = 0, cap = 1 << 20;
+    char *data = malloc(cap);
+    if (data == NULL)
+        return PyErr_NoMemory();
+    int status = 0, oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        char *msg = NULL;
+        int got = get_copy_data(conn, &msg, 0);
+        if (got < 0) {
+            status = got;
+            break;
+        }
+        if (!oom && len + (size_t)got > cap) {
+            size_t grown = cap * 2;
+            while (grown < len + (size_t)got)
+                grown *= 2;
+            char *more = realloc(data, grown);
+            if (more == NULL)
+                oom = 1; /* (the rest of the COPY is read and dropped: the connection stays usable) */
+            else {
+                data = more;
+                cap = grown;
+            }
+        }
+        if (!oom) {
+            memcpy(data + len, msg, (size_t)got);
+            len += (size_t)got;
+        }
+        free_mem(msg);
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        free(data);
+        return PyErr_NoMemory();
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+    free(data);
+    if (bytes == NULL)
+        return NULL;
+    return Py_BuildValue("(Ni)", bytes, status);
+}
+
+static PyMethodDef copysplit_methods[] = {
     {"split_rows", (PyCFunction)(void (*)(void))split_rows, METH_FASTCALL,
      "split_rows(buf, pos, end) -> (rows, pos, state)\n\n"
      "Binary COPY rows as pgoutput Insert tuples (see copyrows._split_rows_py, its twin)."},
+    {"render_rows", (PyCFunction)(void (*)(void))render_rows, METH_FASTCALL,
+     "render_rows(codes, keys, quote, builders, buf, pos, end, prefix) -> (text or None, rows, pos, state)\n\n"
+     "Binary COPY rows as a chunk's change objects in UTF-8 (see render.chunk_changes, its twin)."},
+    {"read_copy", (PyCFunction)(void (*)(void))read_copy, METH_FASTCALL,
+     "read_copy(pgconn, get_copy_data, free_mem) -> (data, status)\n\n"
+     "A COPY TO STDOUT's data to its end, through libpq's PQgetCopyData (addresses given)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
+static struct PyModuleDef copysplit_module = {
     PyModuleDef_HEAD_INIT, "csnd.snapshot._copysplit",
-    "Binary COPY rows as pgoutput Insert tuples, compiled (twin in copyrows).", -1, methods,
+    "Binary COPY rows as pgoutput Insert tuples or a chunk's text, and a COPY read in one call, compiled.", -1,
+    copysplit_methods,
 };
 
 PyMODINIT_FUNC
 PyInit__copysplit(void)
 {
-    return PyModule_Create(&module);
+    return PyModule_Create(&copysplit_module);
 }

@@ -4,7 +4,7 @@
     open(): CopierProcess.start() x READERS ─ conninfo, snapshot name ─► connect; BEGIN REPEATABLE READ READ ONLY;
                                                                           SET TRANSACTION SNAPSHOT
             ready() ◄─────────────────────────────────── "ready", or the SnapshotError
-    copier thread: copy(chunk) ─ Chunk ──────────────────────────────► COPY (binary) ─► copyrows ─► render
+    copier thread: copy(chunk) ─ Chunk ──────────────────────────────► COPY (binary, read whole: copyread) ─► render
                                ◄─ (change objects' text, rows), or the SnapshotError
     close(): None, then the pipe closed ──────────────────────────────► ends (also on EOF: the parent is gone)
 
@@ -37,9 +37,6 @@ if TYPE_CHECKING:
     from csnd.decoder.rows import RelationCache
     from csnd.snapshot.plan import Chunk
 
-# COPY messages (one a row) gathered before they are split in one call: fewer calls, against that
-# many raw rows held a little longer (a few hundred KB for narrow rows).
-BLOCKS_PER_PARSE: Final = 2_000
 # How long a copier process may take to start and import the snapshot: a fork and one connection;
 # longer means the server does not answer, and the export must not be held open for ever.
 READY_TIMEOUT_S: Final = 60.0
@@ -242,28 +239,18 @@ class _ChunkCopier:
         import psycopg
 
         from csnd.reader.reconnect import one_line
-        from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
+        from csnd.snapshot.copyread import read_copy
+        from csnd.snapshot.copyrows import CopyFormatError, TextCopyRows
         from csnd.snapshot.plan import chunk_copy_sql
-        from csnd.snapshot.render import chunk_changes
+        from csnd.snapshot.render import binary_chunk_text, chunk_changes
 
         t = chunk.table
         if t.relid not in self.known:
             for msg in t.relation_messages():
                 self.cache.apply(msg, self.lsn)
             self.known.add(t.relid)
-        parser = BinaryCopyRows() if self.binary else TextCopyRows()
-        blocks: list[Any] = []
-        gather = blocks.append
-        tuples: list[bytes] = []
         try:
-            with self.conn.cursor() as cur, cur.copy(chunk_copy_sql(chunk, self.binary)) as copy:
-                for data in copy:
-                    gather(data)
-                    if len(blocks) >= BLOCKS_PER_PARSE:
-                        tuples += parser.feed(b"".join(blocks))
-                        blocks.clear()
-            tuples += parser.feed(b"".join(blocks))
-            parser.finish()
+            data = read_copy(self.conn, chunk_copy_sql(chunk, self.binary))
         except psycopg.Error as e:
             raise SnapshotError(
                 f"cannot read chunk {chunk.index} of {chunk.count}: {one_line(str(e))}",
@@ -271,12 +258,17 @@ class _ChunkCopier:
                 lsn=self.lsn,
                 table=t.label,
             ) from None
+        try:
+            if self.binary:
+                return binary_chunk_text(self.node, self.lsn, t.relid, data, self.cache)
+            parser = TextCopyRows()
+            tuples = parser.feed(data)
+            parser.finish()
+            changes = chunk_changes(self.node, self.lsn, t.relid, tuples, self.cache, False)
+            return changes.encode("utf-8"), len(tuples)
         except CopyFormatError as e:
             raise SnapshotError(
                 f"chunk {chunk.index} of {chunk.count}: {e}", node=self.node, lsn=self.lsn, table=t.label
             ) from None
-        try:
-            changes = chunk_changes(self.node, self.lsn, t.relid, tuples, self.cache, self.binary)
         except CsndError as e:
             raise SnapshotError(e.message, node=self.node, lsn=self.lsn, table=t.label) from None
-        return changes.encode("utf-8"), len(tuples)

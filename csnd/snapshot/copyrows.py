@@ -40,6 +40,20 @@ _TEXT: Final = b"t"
 _NEW: Final = b"N"
 
 
+# The signature and the fixed part of a binary COPY's header (flags, extension length).
+HEADER_SIZE: Final = len(SIGNATURE) + _HEAD.size
+
+
+def binary_header_end(data: bytes | bytearray) -> int | None:
+    """Where a binary COPY's rows start (after its header and extension), or None when the header is not whole
+    or not PGCOPY's (`BinaryCopyRows` names the error)."""
+    if len(data) < HEADER_SIZE or bytes(data[: len(SIGNATURE)]) != SIGNATURE:
+        return None
+    _flags, ext = _HEAD.unpack_from(data, len(SIGNATURE))
+    end = HEADER_SIZE + ext
+    return end if end <= len(data) else None
+
+
 class CopyFormatError(ValueError):
     """The COPY data does not follow its format (the caller names node and table)."""
 
