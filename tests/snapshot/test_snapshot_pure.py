@@ -16,7 +16,15 @@ from csnd.core.errors import SnapshotError
 from csnd.service.sink import ChangelogSink
 from csnd.snapshot.copyrows import SIGNATURE, BinaryCopyRows, CopyFormatError, TextCopyRows
 from csnd.snapshot.lines import chunk_line, done_line, read_body, snapshot_state
-from csnd.snapshot.plan import ColumnInfo, TableInfo, chunk_copy_sql, chunks_of, quote_literal
+from csnd.snapshot.plan import (
+    ColumnInfo,
+    TableInfo,
+    boundaries_sql,
+    chunk_copy_sql,
+    chunks_of,
+    quote_literal,
+    split_bounds,
+)
 from csnd.snapshot.progress import SnapshotProgress
 
 Row = list[bytes | None]
@@ -199,3 +207,23 @@ def test_the_sink_refuses_a_streamed_csn_among_the_snapshots(tmp_path: Any) -> N
         resumed = ChangelogSink(log)  # (after a restart, without a snapshot at the end: a repeat, skipped)
         resumed.end_transaction(7, '{"csn": 7}')
         assert resumed.skipped == 1
+
+
+@given(keys=st.lists(st.integers(-50, 50), unique=True, max_size=40), chunk_rows=st.integers(1, 12))
+def test_the_boundary_pass_cuts_every_chunk_rows_th_key_and_counts_the_rows(
+    keys: list[int], chunk_rows: int
+) -> None:
+    """`boundaries_sql`'s rows as the server gives them (every chunk_rows-th key in order, then the last with the
+    count), read by split_bounds: the oracle is the sorted keys cut by hand."""
+    ordered = sorted(keys)
+    rows: list[tuple[object, ...]] = [
+        (str(k), n, n if n == len(ordered) else None)
+        for n, k in enumerate(ordered, 1)
+        if n % chunk_rows == 0 or n == len(ordered)
+    ]
+    bounds, count = split_bounds(rows)
+    assert count == len(ordered)
+    expected = [(str(ordered[i - 1]),) for i in range(chunk_rows, len(ordered), chunk_rows)]
+    assert bounds == expected  # (no bound at the last key: no empty last chunk)
+    sql = boundaries_sql(_table(key=("id",)), chunk_rows)
+    assert "lead(true) OVER w" in sql and "count(*)" not in sql
