@@ -121,11 +121,12 @@ class Chunk:
 
 
 def boundaries_sql(table: TableInfo, chunk_rows: int = CHUNK_ROWS) -> str:
-    """Every `chunk_rows`-th key of the table in key order and the last key, each with its number and the count.
+    """Every `chunk_rows`-th key of the table in key order and the last key, each with its number.
 
-    Each row: the key's columns as text, its row number, the table's row
-    count (`split_bounds` reads them).  The last key comes too, so the same
-    pass counts the rows: progress shows the copy against the true total.
+    Each row: the key's columns as text, its row number, and on the last
+    key's row its number again, the table's row count (null on the others;
+    `split_bounds` reads them).  The last key comes too, so the same pass
+    counts the rows: progress shows the copy against the true total.
     """
     key = table.key_sql()
     texts = ", ".join(f"{quote_ident(k)}::text" for k in table.key)
