@@ -5,6 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from csnd.core.compiled import twin_asked
 from csnd.snapshot.copyread import libpq_functions, read_copy
 from tests.fixtures.pg import PgDatabase
 
@@ -15,7 +16,8 @@ def _psycopg_copy(conn: psycopg.Connection[tuple[object, ...]], statement: str) 
 
 
 def test_read_copy_gives_psycopgs_bytes_and_leaves_the_connection_usable(pg: PgDatabase) -> None:
-    assert libpq_functions() is not None  # (psycopg's libpq found: the compiled loop is what runs)
+    # (psycopg's libpq found: the compiled loop is what runs, unless the twins are asked for)
+    assert (libpq_functions() is None) == twin_asked("csnd.snapshot._copysplit")
     with pg.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text, doc jsonb)")
         conn.execute(
