@@ -3,13 +3,15 @@
     reader ──► pool (decoder.pool) ──► worker processes (decoder.worker) ──► sender
                                            │
                                            ├─ RelationCache   Relation / Type messages -> per-table
-                                           │                  column decoders (decoder.rows)
+                                           │                  column decoders (decoder.relations)
+                                           │                  and row reader (decoder.rowreader)
                                            ├─ split tuples    raw TupleData -> columns (decoder.tuples)
                                            ├─ decode values   wire forms -> JSON values
                                            │                  (decoder.values, decoder.temporal)
-                                           └─ decode_change   -> DecodedChange (decoder.change)
+                                           └─ decode_change   -> DecodedChange (decoder.rows,
+                                                              decoder.change)
 
-The decoding layer (rows, tuples, values, temporal) is pure: no processes,
+The decoding layer (relations, rowreader, rows, tuples, values, temporal) is pure: no processes,
 no I/O; the pool and worker wire it into processes.
 
 Public API (what other packages use): the pool (`DecoderPool`, its
@@ -28,7 +30,8 @@ from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThro
 
 if TYPE_CHECKING:
     from csnd.decoder.pool import BATCH_END, BatchEnd, DecoderPool, start_worker_server
-    from csnd.decoder.rows import RelationCache, row_change_body
+    from csnd.decoder.relations import RelationCache
+    from csnd.decoder.rows import row_change_body
     from csnd.decoder.schema import relation_body
 
 __all__ = [
@@ -56,7 +59,7 @@ _LAZY = {
     "BatchEnd": "csnd.decoder.pool",
     "DecoderPool": "csnd.decoder.pool",
     "start_worker_server": "csnd.decoder.pool",
-    "RelationCache": "csnd.decoder.rows",
+    "RelationCache": "csnd.decoder.relations",
     "row_change_body": "csnd.decoder.rows",
     "relation_body": "csnd.decoder.schema",
 }
