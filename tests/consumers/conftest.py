@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from csnd.gtm import GenerateOptions, generate_cluster
+from csnd.gtm import GenerateOptions
+from tests.fixtures.generated import shared_cluster
 
 # Large transactions (200+ changes) and some of every kind, as the gtm tests generate them.
 OPTIONS = GenerateOptions(
@@ -28,9 +29,7 @@ def read_lines(path: Path) -> list[tuple[int, bytes]]:
 @pytest.fixture(scope="session")
 def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated 3-node GTM cluster: dn1..dn3.pgstream and expected.jsonl (what csnd replay writes)."""
-    d = tmp_path_factory.mktemp("spark3")
-    generate_cluster(d, 3, 300, seed=11, binary=True, options=OPTIONS)
-    return Path(d)
+    return shared_cluster(tmp_path_factory, 3, 300, seed=11, binary=True, options=OPTIONS)
 
 
 @pytest.fixture(scope="session")

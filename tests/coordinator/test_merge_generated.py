@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from csnd.coordinator import CsnMerge, GlobalTxn, NodeBatch
 from csnd.core.ids import Csn, Lsn
-from csnd.gtm import generate_cluster
+from tests.fixtures.generated import shared_cluster
 
 NODES = ["dn1", "dn2", "dn3"]
 
 
 @pytest.fixture(scope="module")
 def expected(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    d: Path = tmp_path_factory.mktemp("cluster")
-    generate_cluster(d, len(NODES), 300, seed=11, binary=True)
+    d = shared_cluster(tmp_path_factory, len(NODES), 300, seed=11, binary=True)
     lines = (d / "expected.jsonl").read_text(encoding="utf-8").splitlines()
     assert any(len(json.loads(line)["nodes"]) > 1 for line in lines)
     return lines

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from csnd.core.ids import Lsn, lsn_from_str
-from csnd.gtm import generate_cluster
 from csnd.testing import pgworkload as workload
+from tests.fixtures.generated import shared_cluster
 from tests.fixtures.pg import PgDatabase
 
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -75,9 +75,7 @@ class Agent:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("agents")
-    generate_cluster(str(d), 2, 800, seed=31, binary=True)
-    return d
+    return shared_cluster(tmp_path_factory, 2, 800, seed=31, binary=True)
 
 
 @pytest.fixture

@@ -23,13 +23,13 @@ from csnd.coordinator.wire import BEFORE_ALL, Position, position_from_pb, positi
 from csnd.core.addresses import is_loopback
 from csnd.core.errors import AckError, UsageError
 from csnd.core.ids import Lsn, lsn_from_str
-from csnd.gtm import generate_cluster
 from csnd.proto.agent.v1 import agent_pb2 as pb
 from csnd.proto.agent.v1 import agent_pb2_grpc as pb_grpc
 from csnd.runtime.agent import AgentState
 from csnd.runtime.window import AckWindow
 from csnd.testing import pgworkload as workload
 from tests.fixtures.certs import Certs, make_certs
+from tests.fixtures.generated import shared_cluster
 from tests.fixtures.pg import PgDatabase
 from tests.runtime.test_agent import CSND, Agent, agents, replay, wait_for_lines
 
@@ -193,9 +193,7 @@ def test_an_ack_past_what_the_agent_sent_is_refused_and_confirms_nothing() -> No
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("agents")
-    generate_cluster(str(d), 2, 300, seed=7, binary=True)
-    return d
+    return shared_cluster(tmp_path_factory, 2, 300, seed=7, binary=True)
 
 
 @pytest.fixture(scope="module")

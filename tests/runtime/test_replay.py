@@ -25,11 +25,11 @@ import pytest
 
 from csnd.core.ids import lsn_from_str, lsn_to_str
 from csnd.core.markers import PREFIX, parse_marker
-from csnd.gtm import generate_cluster
 from csnd.reader.pgoutput import LogicalMessage, XLogData, parse_frame, parse_message
 from csnd.reader.streamfile import StreamFileReader, StreamHeader, StreamWriter
 from csnd.testing import pgworkload as workload
 from tests.fixtures import witness
+from tests.fixtures.generated import shared_cluster
 from tests.fixtures.pg import PgDatabase
 from tests.fixtures.procs import children, wait_until_gone
 
@@ -52,12 +52,9 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("clusters")
     made = {}
     for name, nodes, binary, seed in (("1b", 1, True, 11), ("2t", 2, False, 12), ("3b", 3, True, 13)):
-        out = root / name
-        generate_cluster(str(out), nodes, 600, seed=seed, binary=binary)
-        made[name] = out
+        made[name] = shared_cluster(tmp_path_factory, nodes, 600, seed=seed, binary=binary)
     return made
 
 
@@ -282,9 +279,7 @@ def test_missing_source_file(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def big_cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Large enough that a replay runs for several seconds on this machine."""
-    out = tmp_path_factory.mktemp("big")
-    generate_cluster(str(out), 1, 6000, seed=21, binary=True)
-    return out
+    return shared_cluster(tmp_path_factory, 1, 6000, seed=21, binary=True)
 
 
 def big_replay(cluster: Path, out: Path, **popen: Any) -> subprocess.Popen[str]:

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from csnd.core.ids import Csn, Lsn, Xid, lsn_from_str
-from csnd.gtm import generate_cluster
 from csnd.runtime.items import EndItem, TxnItem
 from csnd.runtime.jsonsink import JsonLinesSink
 from csnd.runtime.merger import Merger, write_alone
@@ -30,6 +29,7 @@ from csnd.runtime.sinks import OutputClosed
 from csnd.sender.txn import FinishedTxn
 from csnd.testing import pgworkload as workload
 from tests.fixtures import witness
+from tests.fixtures.generated import shared_cluster
 from tests.fixtures.pg import PgDatabase
 from tests.fixtures.procs import children, wait_until_gone
 from tests.runtime.queued import QueuedInput
@@ -50,9 +50,7 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("out")
-    generate_cluster(str(out), 1, 3000, seed=41, binary=True)
-    return out
+    return shared_cluster(tmp_path_factory, 1, 3000, seed=41, binary=True)
 
 
 # --- an output that is one of the inputs ------------------------------------------------------

@@ -18,10 +18,11 @@ import pytest
 
 from csnd.core.ids import lsn_to_str
 from csnd.decoder.change import DecodedItem, DecodedRun
-from csnd.gtm import GenerateOptions, generate_cluster
+from csnd.gtm import GenerateOptions
 from csnd.reader.pgoutput import Change, ChangeFrames, Truncate, TxnRun
 from csnd.reader.recorded import RecordedSource
 from csnd.sender import NodeSender
+from tests.fixtures.generated import shared_cluster
 
 OPTIONS = GenerateOptions(
     large_ratio=0.05, abort_ratio=0.15, large_txn_changes=200, ddl_every=60, truncate_every=70
@@ -30,9 +31,7 @@ OPTIONS = GenerateOptions(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("sender-k3")
-    generate_cluster(d, 3, 300, seed=11, binary=True, options=OPTIONS)
-    return d
+    return shared_cluster(tmp_path_factory, 3, 300, seed=11, binary=True, options=OPTIONS)
 
 
 @pytest.mark.parametrize("spill_bytes", [64 * 1024 * 1024, 2048])
