@@ -55,7 +55,7 @@ from sortedcontainers import SortedDict
 
 from csnd.changelog import Changelog, RecordPieces
 from csnd.consumers.spark import columns
-from csnd.consumers.spark.columns import WIRE_SCHEMA, RowBuilder, wire_rows
+from csnd.consumers.spark.columns import RowBuilder, wire_rows
 from csnd.service.filtering import TableFilter
 
 # Rows per block (cut between transactions, so a block may be larger by one
@@ -119,9 +119,10 @@ def open_message(message: bytes) -> pa.RecordBatch:
 
 
 def to_message(batch: pa.RecordBatch) -> bytes:
+    rows = wire_rows(batch)  # (without the snapshot column when no row has a marker: see wire_rows)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, WIRE_SCHEMA, options=_COMPRESSED) as writer:
-        writer.write_batch(wire_rows(batch))
+    with pa.ipc.new_stream(sink, rows.schema, options=_COMPRESSED) as writer:
+        writer.write_batch(rows)
     data: bytes = sink.getvalue().to_pybytes()
     return data
 
@@ -267,8 +268,9 @@ class BlockFile(NamedTuple):
             with open(fd, "wb") as f:
                 for message in block.messages:
                     sink = pa.BufferOutputStream()
-                    with pa.ipc.new_stream(sink, WIRE_SCHEMA) as writer:
-                        writer.write_batch(open_message(message))  # (WIRE_SCHEMA already)
+                    rows = open_message(message)  # (as wire_rows sent it)
+                    with pa.ipc.new_stream(sink, rows.schema) as writer:
+                        writer.write_batch(rows)
                     offsets.append(offsets[-1] + f.write(sink.getvalue()))
                     if offsets[-1] > budget_bytes:
                         break

@@ -27,6 +27,7 @@ import pytest
 from csnd.changelog import Changelog, SubscriptionStore
 from csnd.consumers.examples.current_state import (
     apply_changes,
+    apply_versioned,
     changes_of,
     export_covers,
     follows,
@@ -277,3 +278,36 @@ def test_each_change_is_applied_by_its_own_key_unless_overridden() -> None:
     with pytest.raises(ValueError, match="names no key columns"):
         changes_of([_row(5, "insert", None, '{"a": 1}', None)])
     assert changes_of([_row(6, "truncate", None, None, [])])[0][2][4] == []
+
+
+def _chunk_row(
+    csn: int, seq: int, node: str, new: str | None, *, last: bool, redo: str | None = None, since: int = 10
+) -> dict[str, Any]:
+    marker = {"node": node, "schema": "public", "table": "acct", "incremental": "j", "chunk": 1,
+              "last": last, "since": since, "redo": redo}  # fmt: skip
+    op = "read" if new is not None else "snapshot"
+    return {**_row(csn, op, None, new, ["a"] if new else None), "seq": seq, "node": node, "snapshot": marker}
+
+
+def test_a_tables_last_chunk_drops_its_nodes_rows_put_at_or_before_since() -> None:
+    """docs/design.md section 7, "Deleted rows", per node, once the last chunk is applied whole."""
+    state: dict[str, dict[str, Any]] = {}
+    versions: dict[str, tuple[str | None, int]] = {"[1]": ("dn1", 0), "[2]": ("dn1", 0), "[3]": ("dn2", 0),
+                                                   "[4]": (None, 0)}  # fmt: skip
+    state.update({k: {"a": int(k[1])} for k in versions})
+    rows = [
+        {**_row(11, "insert", None, '{"a": 5}', ["a"]), "node": "dn1"},  # (after since: stays)
+        _chunk_row(12, 0, "dn1", '{"a": 1}', last=False),
+        _chunk_row(13, 0, "dn1", None, last=True, redo="relation changed"),  # (read again: no drop)
+        _chunk_row(14, 0, "dn1", '{"a": 6}', last=True),
+        _chunk_row(14, 1, "dn1", '{"a": 7}', last=True),
+    ]
+    changes = changes_of(rows)
+    assert [c[6] for _, _, c in changes] == [None, None, None, None, 10]  # (the chunk's last row only)
+    apply_versioned(state, versions, changes)
+    # [2] (dn1, not read again) is gone; [3] is dn2's, [4] of unknown node: kept
+    assert sorted(state) == ["[1]", "[3]", "[4]", "[5]", "[6]", "[7]"]
+    assert versions["[1]"] == ("dn1", 12) and versions["[3]"] == ("dn2", 0)
+    # an emptied table: its only chunk kept no row, and its `snapshot` row drops every row of the node
+    apply_versioned(state, versions, changes_of([_chunk_row(20, 0, "dn1", None, last=True, since=19)]))
+    assert sorted(state) == ["[3]", "[4]"]

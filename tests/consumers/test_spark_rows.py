@@ -25,12 +25,36 @@ from csnd.consumers.spark.columns import (
 _enc = json.JSONEncoder(ensure_ascii=False).encode
 
 
+MARKER_KEYS = ("node", "schema", "table", "incremental", "chunk", "last", "since", "redo")
+
+
 def brute(records: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
-    """The documented row of every change: parse the line, re-dump old/new as json.dumps writes them."""
+    """The documented row of every change: parse the line, re-dump old/new as json.dumps writes them.
+
+    A snapshot chunk's rows carry its marker; an incremental chunk without
+    changes has one row of op `snapshot` (its node's commit LSN, no values).
+    """
     rows = []
     for csn, line in records:
         txn = json.loads(line)
-        for seq, ch in enumerate(txn["changes"]):
+        m = txn.get("snapshot")
+        marker = {k: m.get(k) for k in MARKER_KEYS} if m and "table" in m and "chunk" in m else None
+        changes = txn["changes"]
+        if not changes and marker is not None and marker["incremental"] is not None:
+            node = marker["node"]
+            changes = [
+                {
+                    "node": node,
+                    "cid": 0,
+                    "lsn": txn["nodes"][node]["commit_lsn"],
+                    "op": "snapshot",
+                    "schema": marker["schema"],
+                    "table": marker["table"],
+                    "old": None,
+                    "new": None,
+                }
+            ]
+        for seq, ch in enumerate(changes):
             rows.append(
                 {
                     "csn": csn,
@@ -48,6 +72,7 @@ def brute(records: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
                     "new": None if ch["new"] is None else _enc(ch["new"]),
                     "unchanged": ch.get("unchanged", []),
                     "key": ch.get("key"),  # (None: a revision-1 line, without it)
+                    "snapshot": marker,
                 }
             )
     return rows
@@ -98,10 +123,42 @@ def txn_lines(draw: st.DrawFn, csn: int) -> bytes:
         "csn": csn,
         "gid": draw(st.none() | names),
         "commit_time": "2026-11-22T10:00:00.123456+00:00",
-        "nodes": {n: {"xid": draw(st.integers(0, 2**32)), "commit_lsn": "0/1"} for n in nodes},
+        "nodes": {n: {"xid": draw(st.integers(0, 2**32)), "commit_lsn": f"0/{csn:X}"} for n in nodes},
         "changes": changes,
     }
+    marker = draw(st.none() | markers(nodes))
+    if marker is not None:  # (after changes, as the writer puts it)
+        txn["snapshot"] = marker
     return json.dumps(txn, ensure_ascii=False).encode()
+
+
+def markers(nodes: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    """Section 7's snapshot markers: an incremental chunk's, an initial chunk's, a completion record's."""
+    where = st.fixed_dictionaries({"node": st.sampled_from(nodes), "schema": names, "table": names})
+    incremental = st.builds(
+        lambda w, job, chunk, last, since, rows, redo: {
+            **w,
+            "incremental": job,
+            "chunk": chunk,
+            "last": last,
+            "since": since,
+            "rows": rows,
+            "left_out": 0,
+            **({"redo": redo} if redo else {}),
+        },
+        where,
+        names,
+        st.integers(1, 10**6),
+        st.booleans(),
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 10**4),
+        st.none() | names,
+    )
+    initial = st.builds(
+        lambda w, chunk: {**w, "chunk": chunk, "chunks": chunk + 1, "rows": 3}, where, st.integers(1, 99)
+    )
+    done = st.just({"done": True, "nodes": nodes, "tables": 1, "rows": 9, "first_csn": 1})
+    return incremental | initial | done
 
 
 @st.composite
@@ -151,7 +208,7 @@ def test_fast_path_agrees_with_the_general_walk(records: list[tuple[int, bytes]]
         try:
             fast = _fast(text)
         except ValueError:  # (a line it cannot split by position: a column named "new", say)
-            assert ', "new": ' in text or _CHANGE_SEP in text
+            assert ', "new": ' in text or _CHANGE_SEP in text or '"snapshot": ' in text
             continue
         assert fast == _walk(text)
 
@@ -318,8 +375,10 @@ def test_a_change_without_a_never_null_field_names_its_csn_and_the_field(field: 
         b.take()
 
 
-def test_only_gid_old_new_and_key_may_be_null() -> None:
-    assert {f.name for f in ARROW_SCHEMA if f.nullable} == NULLABLE == {"gid", "old", "new", "key"}
+def test_only_gid_old_new_key_and_snapshot_may_be_null() -> None:
+    assert (
+        {f.name for f in ARROW_SCHEMA if f.nullable} == NULLABLE == {"gid", "old", "new", "key", "snapshot"}
+    )
     batch = flatten([(1, two_change_line(1))])
     assert source_rows(batch) is batch
 
@@ -338,3 +397,31 @@ def test_rows_of_an_earlier_service_are_given_the_schema_and_nulls_refused() -> 
     strict = pa.RecordBatch.from_arrays(holed.columns, schema=ARROW_SCHEMA)
     assert source_rows(strict) is None
     assert source_rows(batch.drop_columns(["key"])) is None
+
+
+def test_rows_of_a_service_before_the_snapshot_column_get_it_null() -> None:
+    batch = flatten([(1, two_change_line(1))])
+    older = pa.RecordBatch.from_arrays(
+        batch.columns[:-1], schema=pa.schema([f.with_nullable(True) for f in ARROW_SCHEMA][:-1])
+    )
+    rows = source_rows(older)
+    assert rows is not None and rows.schema.equals(ARROW_SCHEMA) and rows.equals(batch)
+    assert rows.column("snapshot").null_count == rows.num_rows
+
+
+def test_an_incremental_chunk_that_kept_no_row_still_has_its_marker_row() -> None:
+    """The table's last chunk is often empty, and it is the one that says the table is done."""
+    txn = json.loads(two_change_line(9))
+    txn["changes"] = []
+    txn["snapshot"] = {"node": "dn1", "schema": "s", "table": "t", "incremental": "j1", "chunk": 4,
+                       "last": True, "since": 7, "rows": 0, "left_out": 0}  # fmt: skip
+    for line in (json.dumps(txn).encode(), json.dumps(txn, indent=1).encode()):  # (typed and general paths)
+        (row,) = flatten([(9, line)]).to_pylist()
+        assert (row["op"], row["lsn"], row["schema"], row["table"], row["old"], row["new"]) == (
+            "snapshot", "0/1", "s", "t", None, None
+        )  # fmt: skip
+        assert row["snapshot"] == {"node": "dn1", "schema": "s", "table": "t", "incremental": "j1",
+                                   "chunk": 4, "last": True, "since": 7, "redo": None}  # fmt: skip
+    txn["snapshot"]["since"] = "soon"
+    with pytest.raises(ValueError, match="csn 9: its snapshot marker cannot be a column value"):
+        flatten([(9, json.dumps(txn).encode())])

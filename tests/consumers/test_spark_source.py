@@ -37,6 +37,7 @@ COLS = [
     "new",
     "unchanged",
     "key",
+    "snapshot",
 ]
 
 
@@ -74,7 +75,7 @@ def served(
 def rows_of(df: Any) -> list[dict[str, Any]]:
     out = []
     for r in df.orderBy("csn", "seq").collect():
-        d = r.asDict()
+        d = r.asDict(recursive=True)  # (the snapshot column's struct as a dict, as brute gives it)
         d["commit_time"] = d["commit_time"].isoformat()
         out.append(d)
     return out
@@ -96,7 +97,7 @@ def test_batch_read_equals_the_lines_flattened(spark: Any, served: Served) -> No
     assert (
         [f.nullable for f in df.schema]
         == nullable
-        == [f.name in {"gid", "old", "new", "key"} for f in df.schema]
+        == [f.name in {"gid", "old", "new", "key", "snapshot"} for f in df.schema]
     )
     assert [
         f.nullable for f in spark.readStream.format("csnd").option("target", served.target).load().schema

@@ -8,6 +8,7 @@ brute-force flattening in tests/consumers/test_spark_rows.py).
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -84,6 +85,14 @@ def test_rows_go_out_with_every_column_nullable_as_services_sent_them_before() -
     sent = open_message(arrow_rows.to_message(rows))
     assert sent.schema.equals(before) and not rows.schema.equals(before)
     assert source_rows(sent) == rows  # (the executor's: the source's flags again)
+    # the rows of an incremental snapshot's chunk need the `snapshot` column appended since
+    chunk = json.loads(line(2, [TABLES[0]]))
+    chunk["snapshot"] = {"node": "dn1", "schema": "public", "table": "acct", "incremental": "j",
+                         "chunk": 1, "last": True, "since": 1, "rows": 1, "left_out": 0}  # fmt: skip
+    rows = flatten([(1, line(1, [TABLES[0]])), (2, json.dumps(chunk).encode())])
+    sent = open_message(arrow_rows.to_message(rows))
+    assert sent.schema.names == [*before.names, "snapshot"] and all(f.nullable for f in sent.schema)
+    assert source_rows(sent) == rows and rows.column("snapshot").null_count == 1
 
 
 def test_rows_an_executor_cannot_trust_are_one_clear_error() -> None:
@@ -100,7 +109,7 @@ def test_rows_an_executor_cannot_trust_are_one_clear_error() -> None:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, other.schema) as writer:
         writer.write_batch(other)
-    with pytest.raises(ChangefeedError, match=r"\(columns \['csn', .*'unchanged'\]\); are the service"):
+    with pytest.raises(ChangefeedError, match=r"\(columns \['csn', .*'unchanged', 'snapshot'\]\); are the service"):
         feed._ipc_batch(opts, 0, 1, sink.getvalue().to_pybytes())
 
 

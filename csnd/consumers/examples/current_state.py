@@ -12,7 +12,14 @@ foreachBatch, applies each micro-batch's
 changes in (csn, seq) order -- an initial snapshot's reads, inserts and
 updates upsert the row by its key, deletes remove it, a truncate empties the
 copy; an update's `unchanged` (TOAST) columns keep their previous values --
-to one or both sinks.  The
+to one or both sinks.  Each row of the copy keeps the node and CSN of the
+change that last put it, so rows deleted before an incremental snapshot
+(which no stream saw go: a copy loaded earlier, or a stream started after
+the deletes) are dropped by the rule of docs/design.md section 7, "Deleted
+rows": once the row of a table's last chunk (the source's `snapshot`
+column: `last`, not `redo`) is applied, the copy's rows of that node with a
+CSN at most the chunk's `since` no longer exist.  A row of a copy made
+before rows kept their node (node unknown) is kept.  The
 key is each change's own `key` column (the replica identity's columns the
 stream names, docs/design.md section 7), so a change of key columns by DDL
 is followed; `--key` overrides it, for a table whose stream names none
@@ -20,12 +27,13 @@ is followed; `--key` overrides it, for a table whose stream names none
 or whose primary key is narrower than what it names (FULL: every column).
 The sinks:
 
-- Parquet (DIR): `state-<batch>.parquet` (columns `key`, `row`: the key
-  values and the row as JSON text) and `_progress.json` naming the last
+- Parquet (DIR): `state-<batch>.parquet` (columns `key`, `row`, `node`,
+  `csn`: the key values and the row as JSON text, and where the row was
+  last put) and `_progress.json` naming the last
   batch applied and its snapshot, both replaced atomically (temp file,
   fsync, rename, directory fsync).
 - PostgreSQL (DSN): table `<schema>_<table>_copy(key jsonb primary key, row
-  jsonb)`, with the batch id stored in `csnd_sink_progress` in the same
+  jsonb, node text, csn bigint)`, with the batch id stored in `csnd_sink_progress` in the same
   transaction as the changes, and every change applied recorded once in
   `csnd_sink_applied(csn, seq)` (a duplicate would violate its key).
 
@@ -55,11 +63,21 @@ from csnd.core.durable import sync_directory
 from csnd.core.exportnames import parse_name
 from csnd.core.tablespec import parse_table
 
+# The op of the row of an incremental snapshot chunk that kept no row (the
+# source's, docs/design.md section 8; not imported: pyarrow is the Spark extra's).
+SNAPSHOT_OP = "snapshot"
+
 # An initial snapshot's rows ("read", docs/design.md section 5) put a row as an insert does.
 _UPSERTS = ("insert", "read")
 
-# op, old, new, unchanged, key columns
-Change = tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[str], Sequence[str]]
+# op, old, new, unchanged, key columns, node, and `since` when the change ends a
+# table's incremental snapshot (its last chunk's last row): the node's rows
+# put at a CSN at most this are gone (docs/design.md section 7, "Deleted rows").
+Change = tuple[
+    str, dict[str, Any] | None, dict[str, Any] | None, list[str], Sequence[str], str | None, int | None
+]
+# Where each row of a copy was last put: key text -> (node, csn); node None when unknown.
+Versions = dict[str, tuple[str | None, int]]
 
 
 def row_key(row: dict[str, Any], key: Sequence[str]) -> str:
@@ -68,42 +86,92 @@ def row_key(row: dict[str, Any], key: Sequence[str]) -> str:
 
 
 def apply_changes(state: dict[str, dict[str, Any]], changes: Iterable[Change]) -> None:
-    """Applies changes (in CSN, seq order), each by its key columns, to `state` (key text -> row), in place."""
-    for op, old, new, unchanged, key in changes:
+    """Applies changes (in CSN, seq order), each by its key columns, to `state` (key text -> row), in place.
+
+    Without CSNs, so no snapshot's deleted rows are dropped (`apply_versioned` does).
+    """
+    apply_versioned(state, {}, ((0, 0, (*c[:6], None)) for c in changes))
+
+
+def apply_versioned(
+    state: dict[str, dict[str, Any]], versions: Versions, changes: Iterable[tuple[int, int, Change]]
+) -> None:
+    """`apply_changes` of (csn, seq, change), keeping where each row was put in `versions`, in place.
+
+    A change that ends a table's incremental snapshot then drops the rows of
+    its node put at a CSN at most its `since`.
+    """
+    for csn, _, (op, old, new, unchanged, key, node, since) in changes:
         if op == "truncate":
             state.clear()
+            versions.clear()
         elif op in _UPSERTS and new is not None:
-            state[row_key(new, key)] = new
+            k = row_key(new, key)
+            state[k], versions[k] = new, (node, csn)
         elif op == "update" and new is not None:
-            before = state.pop(row_key(old if old is not None else new, key), {})
+            gone = row_key(old if old is not None else new, key)
+            before = state.pop(gone, {})
+            versions.pop(gone, None)
             row = dict(new)
             for col in unchanged:
                 if col in before:
                     row[col] = before[col]
-            state[row_key(row, key)] = row
+            k = row_key(row, key)
+            state[k], versions[k] = row, (node, csn)
         elif op == "delete" and old is not None:
             state.pop(row_key(old, key), None)
+            versions.pop(row_key(old, key), None)
+        if since is not None:
+            for k in [k for k, (n, c) in versions.items() if n == node and c <= since]:
+                del state[k], versions[k]
 
 
 def changes_of(rows: Iterable[Any], key: Sequence[str] | None = None) -> list[tuple[int, int, Change]]:
     """The source's rows as (csn, seq, change), each keyed by `key`, else by the row's own `key` column.
 
     ValueError for a row change without a key either way: applied by no key,
-    it would overwrite some other row or none.
+    it would overwrite some other row or none.  The rows are in (csn, seq)
+    order; the last of a table's last incremental chunk carries its `since`.
     """
     out: list[tuple[int, int, Change]] = []
+    ending: int | None = None  # (index in out of the row that ends a snapshot, while its chunk's rows come)
     for r in rows:
+        if ending is not None and out[ending][0] != r["csn"]:
+            ending = None
         old = json.loads(r["old"]) if r["old"] is not None else None
         new = json.loads(r["new"]) if r["new"] is not None else None
         columns = list(key or r["key"] or [])
-        if not columns and r["op"] != "truncate":
+        if not columns and r["op"] not in ("truncate", SNAPSHOT_OP):
             raise ValueError(
                 f"the {r['op']} at csn {r['csn']} (seq {r['seq']}) names no key columns: its table has "
                 "REPLICA IDENTITY NOTHING or no primary key, or the changelog was written before changes "
                 "carried their key; name them with --key"
             )
-        out.append((r["csn"], r["seq"], (r["op"], old, new, list(r["unchanged"] or []), columns)))
+        since = _ends_snapshot(_field(r, "snapshot"))
+        if since is not None and ending is not None:  # (the chunk's drop moves to its last row)
+            csn, seq, change = out[ending]
+            out[ending] = (csn, seq, (*change[:6], None))
+        if since is not None:
+            ending = len(out)
+        unchanged = list(r["unchanged"] or [])
+        out.append((r["csn"], r["seq"], (r["op"], old, new, unchanged, columns, _field(r, "node"), since)))
     return out
+
+
+def _field(row: Any, name: str) -> Any:
+    """A row's column, None when the row has no such column (a Spark Row or a dict)."""
+    try:
+        return row[name]
+    except (KeyError, ValueError):  # (dict; pyspark's Row)
+        return None
+
+
+def _ends_snapshot(marker: Any) -> int | None:
+    """The `since` of the `snapshot` column's marker if it is a table's last incremental chunk (not redone)."""
+    if marker is None or marker["incremental"] is None or not marker["last"] or marker["redo"] is not None:
+        return None
+    since: int = marker["since"]
+    return since
 
 
 # --- Parquet -------------------------------------------------------------------------
@@ -129,16 +197,23 @@ def parquet_progress(directory: str) -> dict[str, Any]:
 
 
 def read_parquet_state(directory: str) -> dict[str, dict[str, Any]]:
+    return read_parquet_copy(directory)[0]
+
+
+def read_parquet_copy(directory: str) -> tuple[dict[str, dict[str, Any]], Versions]:
+    """The Parquet copy's rows (key text -> row) and where each was put (a copy made before: unknown, 0)."""
     import pyarrow.parquet as pq
 
     snapshot = parquet_progress(directory)["snapshot"]
     if snapshot is None:
-        return {}
+        return {}, {}
     table = pq.read_table(os.path.join(directory, snapshot))
-    return {
-        k: json.loads(r)
-        for k, r in zip(table.column("key").to_pylist(), table.column("row").to_pylist(), strict=True)
-    }
+    keys = table.column("key").to_pylist()
+    state = {k: json.loads(r) for k, r in zip(keys, table.column("row").to_pylist(), strict=True)}
+    if "csn" not in table.column_names:
+        return state, {k: (None, 0) for k in keys}
+    nodes, csns = table.column("node").to_pylist(), table.column("csn").to_pylist()
+    return state, {k: (n, c) for k, n, c in zip(keys, nodes, csns, strict=True)}
 
 
 def apply_to_parquet(
@@ -157,10 +232,17 @@ def apply_to_parquet(
     if batch_id <= progress["batch_id"]:
         return False  # (a re-run of a batch this sink already holds)
     through = follows(progress.get("through"), covers, f"the Parquet copy in {directory}")
-    state = read_parquet_state(directory)
-    apply_changes(state, (c for _, _, c in changes))
+    state, versions = read_parquet_copy(directory)
+    apply_versioned(state, versions, changes)
     name = f"state-{batch_id:08d}.parquet"
-    table = pa.table({"key": list(state), "row": [json.dumps(r, ensure_ascii=False) for r in state.values()]})
+    table = pa.table(
+        {
+            "key": pa.array(list(state), pa.string()),
+            "row": pa.array([json.dumps(r, ensure_ascii=False) for r in state.values()], pa.string()),
+            "node": pa.array([versions[k][0] for k in state], pa.string()),
+            "csn": pa.array([versions[k][1] for k in state], pa.int64()),
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     _write_atomic(os.path.join(directory, name), sink.getvalue().to_pybytes())
@@ -189,6 +271,11 @@ def prepare_postgres(dsn: str, table: str) -> None:
         conn.execute(
             f'CREATE TABLE IF NOT EXISTS "{pg_table(table)}" (key jsonb PRIMARY KEY, row jsonb NOT NULL)'
         )
+        # (where each row was last put; a copy made before has them unknown: node null, csn 0)
+        conn.execute(f'ALTER TABLE "{pg_table(table)}" ADD COLUMN IF NOT EXISTS node text')
+        conn.execute(
+            f'ALTER TABLE "{pg_table(table)}" ADD COLUMN IF NOT EXISTS csn bigint NOT NULL DEFAULT 0'
+        )
         conn.execute(
             "CREATE TABLE IF NOT EXISTS csnd_sink_progress (sink text PRIMARY KEY, batch_id bigint, csn bigint)"
         )
@@ -214,12 +301,15 @@ def apply_to_postgres(
         if batch_id <= done:
             return False
         through = follows(through, covers, f'the PostgreSQL copy "{copy}"')
-        upsert = f'INSERT INTO "{copy}" VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET row = EXCLUDED.row'
-        for csn, seq, (op, old, new, unchanged, key) in changes:
+        upsert = (
+            f'INSERT INTO "{copy}" (key, row, node, csn) VALUES (%s, %s, %s, %s) ON CONFLICT (key) '
+            "DO UPDATE SET row = EXCLUDED.row, node = EXCLUDED.node, csn = EXCLUDED.csn"
+        )
+        for csn, seq, (op, old, new, unchanged, key, node, since) in changes:
             if op == "truncate":
                 conn.execute(f'DELETE FROM "{copy}"')
             elif op in _UPSERTS and new is not None:
-                conn.execute(upsert, (row_key(new, key), json.dumps(new)))
+                conn.execute(upsert, (row_key(new, key), json.dumps(new), node, csn))
             elif op == "update" and new is not None:
                 got = conn.execute(
                     f'DELETE FROM "{copy}" WHERE key = %s RETURNING row',
@@ -230,9 +320,11 @@ def apply_to_postgres(
                 for col in unchanged:
                     if col in before:
                         row[col] = before[col]
-                conn.execute(upsert, (row_key(row, key), json.dumps(row)))
+                conn.execute(upsert, (row_key(row, key), json.dumps(row), node, csn))
             elif op == "delete" and old is not None:
                 conn.execute(f'DELETE FROM "{copy}" WHERE key = %s', (row_key(old, key),))
+            if since is not None:  # (the rows deleted before the snapshot: section 7, "Deleted rows")
+                conn.execute(f'DELETE FROM "{copy}" WHERE node = %s AND csn <= %s', (node, since))
             conn.execute("INSERT INTO csnd_sink_applied VALUES (%s, %s, %s)", (copy, csn, seq))
         last = changes[-1][0] if changes else 0
         conn.execute(
@@ -362,7 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (df["schema"] == schema) & (df["table"] == name) if name else df["schema"] == schema
             )
         # One table's changes of a micro-batch, in CSN order: the order they must be applied in.
-        rows = df.select("csn", "seq", "op", "old", "new", "unchanged", "key").orderBy("csn", "seq").collect()
+        rows = (
+            df.select("csn", "seq", "node", "op", "old", "new", "unchanged", "key", "snapshot")
+            .orderBy("csn", "seq")
+            .collect()
+        )
         changes = changes_of(rows, key)
         if args.parquet:
             apply_to_parquet(args.parquet, batch_id, changes, covers)

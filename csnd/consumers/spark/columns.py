@@ -15,7 +15,13 @@ section 8): `seq` is the change's position in the line it came in (with a
 change's node (from the line's `nodes` map), `unchanged` the columns left out
 of `new` as unchanged TOAST values (an empty array when there are none),
 `key` the change's key columns (null for a line written before changes had
-one: unknown, which is not the empty array of a table without a key).
+one: unknown, which is not the empty array of a table without a key),
+`snapshot` the marker of the snapshot chunk the row was read by (null for
+every other change).  An incremental snapshot's chunk that kept no row still
+gets one row, op `snapshot`, so its marker reaches the consumer: the last
+chunk of a table is what tells a consumer to drop the keys deleted before
+the snapshot (docs/design.md section 7, "Deleted rows"), and it is often
+empty.
 
 Pure: no I/O.  A line that is not a transaction object is a ValueError
 naming the csn and what is wrong (the caller adds where it came from).
@@ -34,17 +40,37 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 # The Spark schema, as DDL (DataSource.schema) and as Arrow (what `read` yields).
-# Only gid (single mode), old, new and key (a line written before changes had
-# one) may be null; every other column always has a value, and the schema says
+# Only gid (single mode), old, new, key (a line written before changes had
+# one) and snapshot (a row no snapshot chunk read) may be null; every other column always has a value, and the schema says
 # so: Spark then reads those values without a null check, which through Arrow's
 # Java vectors cost a tenth of its time on the rows (docs/performance.md).
 SCHEMA_DDL: Final = (
     "csn long NOT NULL, gid string, commit_time timestamp NOT NULL, seq int NOT NULL, "
     "node string NOT NULL, xid long NOT NULL, cid int NOT NULL, lsn string NOT NULL, op string NOT NULL, "
     "schema string NOT NULL, table string NOT NULL, old string, new string, "
-    "unchanged array<string> NOT NULL, key array<string>"
+    "unchanged array<string> NOT NULL, key array<string>, "
+    "snapshot struct<node: string, schema: string, table: string, incremental: string, chunk: int, "
+    "last: boolean, since: long, redo: string>"
 )
-NULLABLE: Final = frozenset(("gid", "old", "new", "key"))
+NULLABLE: Final = frozenset(("gid", "old", "new", "key", "snapshot"))
+# A snapshot chunk's marker (docs/design.md section 7) as the `snapshot` column
+# holds it; incremental, last, since and redo are null for an initial
+# snapshot's chunk, redo for every chunk not read again.
+SNAPSHOT_TYPE: Final = pa.struct(
+    [
+        ("node", pa.string()),
+        ("schema", pa.string()),
+        ("table", pa.string()),
+        ("incremental", pa.string()),
+        ("chunk", pa.int32()),
+        ("last", pa.bool_()),
+        ("since", pa.int64()),
+        ("redo", pa.string()),
+    ]
+)
+_MARKER_KEYS: Final = tuple(field.name for field in SNAPSHOT_TYPE)
+# The op of the one row of an incremental snapshot chunk that kept no row.
+SNAPSHOT_OP: Final = "snapshot"
 ARROW_SCHEMA: Final = pa.schema(
     [
         pa.field(name, column_type, nullable=name in NULLABLE)
@@ -65,15 +91,20 @@ ARROW_SCHEMA: Final = pa.schema(
             ("new", pa.string()),
             ("unchanged", pa.list_(pa.string())),
             ("key", pa.list_(pa.string())),
+            ("snapshot", SNAPSHOT_TYPE),
         )
     ]
 )
 # The rows as csnd sends them (Fetch's messages, the service's files): every
 # column nullable, as services sent them before the NOT NULL flags, so a
-# source of that version still reads a newer service's rows.  `source_rows`
-# gives them ARROW_SCHEMA's flags again, without a copy.
+# source of that version still reads a newer service's rows (`wire_rows`: those
+# of no snapshot chunk).  `source_rows` gives them ARROW_SCHEMA's flags again,
+# without a copy.
 WIRE_SCHEMA: Final = pa.schema([field.with_nullable(True) for field in ARROW_SCHEMA])
 COLUMNS: Final = tuple(ARROW_SCHEMA.names)
+# The columns a service sent before `snapshot` was appended (still read).
+_BEFORE_SNAPSHOT: Final = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("snapshot"))
+_WIRE_BEFORE_SNAPSHOT: Final = WIRE_SCHEMA.remove(WIRE_SCHEMA.get_field_index("snapshot"))
 
 _scan: Final = json.JSONDecoder().raw_decode
 _loads: Final = json.loads
@@ -88,6 +119,20 @@ _RAW_KEYS: Final = frozenset(("old", "new"))  # (kept as text; every other field
 
 class _Node(msgspec.Struct):
     xid: int
+    commit_lsn: str | None = None
+
+
+class _Marker(msgspec.Struct):
+    """A `snapshot` marker's fields the rows carry (a completion record's others are ignored)."""
+
+    node: str | None = None
+    schema: str | None = None
+    table: str | None = None
+    incremental: str | None = None
+    chunk: int | None = None
+    last: bool | None = None
+    since: int | None = None
+    redo: str | None = None
 
 
 class _Change(msgspec.Struct):
@@ -109,6 +154,7 @@ class _Txn(msgspec.Struct):
     commit_time: str
     nodes: dict[str, _Node]
     changes: list[_Change]
+    snapshot: _Marker | None = None
 
 
 # The usual line decoded into these types in one C pass: `old` and `new` stay
@@ -146,6 +192,9 @@ class RowBuilder:
         if txn.csn != csn:
             raise ValueError(f"csn {csn}: the line says csn {txn.csn!r}")
         changes = txn.changes
+        marker = _typed_marker(txn.snapshot)
+        if not changes and marker is not None and marker["incremental"] is not None:
+            changes = [_typed_marker_change(txn, marker)]
         n = len(changes)
         if not n:
             return
@@ -182,6 +231,7 @@ class RowBuilder:
         elif c_unch:
             c_unch.extend([[]] * n)
         cols[14].extend([ch.key for ch in changes])
+        cols[15].append(marker)
         self.rows += n
 
     def _add_parsed(self, csn: int, line: bytes | str) -> None:
@@ -206,6 +256,9 @@ class RowBuilder:
             raise ValueError(f"csn {csn}: the line has no nodes map")
         gid = head.get("gid")
         commit_time = head.get("commit_time")
+        marker = _parsed_marker(head.get("snapshot"))
+        if not changes and marker is not None and marker["incremental"] is not None:
+            changes = [_parsed_marker_change(nodes, marker)]
         n = len(changes)
         if not n:
             return
@@ -235,6 +288,7 @@ class RowBuilder:
             c_new,
             c_unch,
             c_key,
+            c_marker,
         ) = self._cols
         # Per transaction, not per row: take() repeats them (in C) over the rows.
         c_csn.append(csn)
@@ -257,6 +311,7 @@ class RowBuilder:
         elif c_unch:
             c_unch.extend([[]] * n)
         c_key.extend([ch.get("key") for ch in changes])
+        c_marker.append(marker)
         self.rows += len(changes)
 
     def take(self) -> pa.RecordBatch:
@@ -265,7 +320,7 @@ class RowBuilder:
         rows = self.rows
         self._cols = [[] for _ in COLUMNS]
         self.rows = 0
-        t_csn, t_gid, t_time, t_count = cols[0], cols[1], cols[2], cols[3]
+        t_csn, t_gid, t_time, t_count, t_marker = cols[0], cols[1], cols[2], cols[3], cols[15]
         counts = np.asarray(t_count, dtype=np.int64)
         # Row r belongs to transaction owner[r]; its seq is its place in that transaction.
         owner = pa.array(np.repeat(np.arange(len(t_count), dtype=np.int64), counts))
@@ -282,7 +337,7 @@ class RowBuilder:
             times.take(owner),
             pa.array(seq.astype(np.int32), pa.int32()),
         ]
-        for name, values in zip(COLUMNS[4:-2], cols[4:-2], strict=True):
+        for name, values in zip(COLUMNS[4:-3], cols[4:-3], strict=True):
             column_type = ARROW_SCHEMA.field(name).type
             try:
                 arrays.append(pa.array(values, column_type))
@@ -292,7 +347,7 @@ class RowBuilder:
                 raise ValueError(
                     f"csn {t_csn[txn]}: the {name} of a change cannot be a column value ({e})"
                 ) from None
-        unchanged = cols[-2]
+        unchanged = cols[-3]
         if unchanged:
             arrays.append(pa.array(unchanged, ARROW_SCHEMA.field("unchanged").type))
         else:  # (the usual case: every row's list is empty, made without a Python list a row)
@@ -301,7 +356,8 @@ class RowBuilder:
                     pa.array(np.zeros(rows + 1, dtype=np.int32)), pa.array([], pa.string())
                 )
             )
-        arrays.append(pa.array(cols[-1], ARROW_SCHEMA.field("key").type))
+        arrays.append(pa.array(cols[-2], ARROW_SCHEMA.field("key").type))
+        arrays.append(_markers(t_marker, t_csn).take(owner))
         batch = pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
         missing = nulls_where_never_null(batch)  # (pyarrow lets a NOT NULL column hold nulls)
         if missing:
@@ -311,9 +367,72 @@ class RowBuilder:
         return batch
 
 
+def _typed_marker(m: _Marker | None) -> dict[str, Any] | None:
+    """The `snapshot` column's value for a line's marker: None unless it marks a chunk."""
+    if m is None or m.table is None or m.chunk is None:
+        return None
+    return {name: getattr(m, name) for name in _MARKER_KEYS}
+
+
+def _parsed_marker(m: Any) -> dict[str, Any] | None:
+    if not isinstance(m, dict) or "table" not in m or "chunk" not in m:
+        return None
+    return {name: m.get(name) for name in _MARKER_KEYS}
+
+
+def _typed_marker_change(txn: _Txn, marker: dict[str, Any]) -> _Change:
+    """The row of an incremental chunk that kept no row: its node's commit LSN, no row values."""
+    node = txn.nodes.get(marker["node"])
+    return _Change(
+        node=marker["node"],
+        cid=0,
+        lsn=node.commit_lsn if node is not None else None,  # type: ignore[arg-type]  # (checked in take)
+        op=SNAPSHOT_OP,
+        schema=marker["schema"],
+        table=marker["table"],
+        old=msgspec.Raw(_NULL),
+        new=msgspec.Raw(_NULL),
+    )
+
+
+def _parsed_marker_change(nodes: dict[str, Any], marker: dict[str, Any]) -> dict[str, Any]:
+    node = nodes.get(marker["node"])
+    lsn = node.get("commit_lsn") if isinstance(node, dict) else None
+    return {
+        "node": marker["node"],
+        "cid": 0,
+        "lsn": lsn,
+        "op": SNAPSHOT_OP,
+        "schema": marker["schema"],
+        "table": marker["table"],
+        "old": None,
+        "new": None,
+    }
+
+
+def _markers(markers: list[dict[str, Any] | None], csns: list[int]) -> pa.Array:
+    """The `snapshot` column's value of each transaction (all null, the usual case, without a Python list)."""
+    if not any(m is not None for m in markers):
+        return pa.nulls(len(markers), SNAPSHOT_TYPE)
+    try:
+        return pa.array(markers, SNAPSHOT_TYPE)
+    except _UNFIT as e:
+        bad = _first_unfit(markers, functools.partial(pa.array, type=SNAPSHOT_TYPE))
+        raise ValueError(f"csn {csns[bad]}: its snapshot marker cannot be a column value ({e})") from None
+
+
 def wire_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """`batch` (ARROW_SCHEMA's columns) in WIRE_SCHEMA, as csnd sends rows; no copy."""
-    return pa.RecordBatch.from_arrays(batch.columns, schema=WIRE_SCHEMA)
+    """`batch` (ARROW_SCHEMA's columns) in WIRE_SCHEMA, as csnd sends rows; no copy.
+
+    Rows no snapshot chunk read go without the `snapshot` column (all null
+    there), in exactly the columns a source older than it requires; the
+    rows of a chunk need it, and such a source refuses them, saying so.
+    """
+    columns = batch.columns
+    if len(columns) == len(ARROW_SCHEMA) and columns[-1].null_count == batch.num_rows:
+        columns = columns[:-1]
+    schema = WIRE_SCHEMA if len(columns) == len(WIRE_SCHEMA) else _WIRE_BEFORE_SNAPSHOT
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def source_rows(batch: pa.RecordBatch) -> pa.RecordBatch | None:
@@ -330,18 +449,26 @@ def source_rows(batch: pa.RecordBatch) -> pa.RecordBatch | None:
 
 
 def with_source_flags(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """`batch`, which `not_source_rows` passed, with ARROW_SCHEMA's NOT NULL flags; no copy."""
-    return (
-        batch
-        if batch.schema.equals(ARROW_SCHEMA)
-        else pa.RecordBatch.from_arrays(batch.columns, schema=ARROW_SCHEMA)
-    )
+    """`batch`, which `not_source_rows` passed, with ARROW_SCHEMA's NOT NULL flags; no copy.
+
+    A service older than the `snapshot` column sends the columns before it:
+    the column is added, all null (such a service sent no marker).
+    """
+    if batch.schema.equals(ARROW_SCHEMA):
+        return batch
+    columns = batch.columns
+    if len(columns) == len(_BEFORE_SNAPSHOT):
+        columns = [*columns, pa.nulls(batch.num_rows, SNAPSHOT_TYPE)]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 def not_source_rows(batch: pa.RecordBatch) -> str | None:
     """What keeps `batch` from being rows of ARROW_SCHEMA, in a few words for an error; None if nothing."""
     schema = batch.schema
-    if schema.names != ARROW_SCHEMA.names or schema.types != ARROW_SCHEMA.types:
+    if (schema.names, schema.types) not in (
+        (ARROW_SCHEMA.names, ARROW_SCHEMA.types),
+        (_BEFORE_SNAPSHOT.names, _BEFORE_SNAPSHOT.types),
+    ):
         return f"columns {schema.names}"
     missing = nulls_where_never_null(batch)
     return f"nulls in {', '.join(missing)}, which are never null" if missing else None
@@ -349,7 +476,8 @@ def not_source_rows(batch: pa.RecordBatch) -> str | None:
 
 def nulls_where_never_null(batch: pa.RecordBatch) -> list[str]:
     """The NOT NULL columns of ARROW_SCHEMA in which `batch` (of its columns) has a null."""
-    columns = zip(ARROW_SCHEMA, batch.columns, strict=True)
+    # (not strict: a batch from an older service lacks the nullable columns appended since)
+    columns = zip(ARROW_SCHEMA, batch.columns, strict=False)
     return [field.name for field, column in columns if column.null_count and not field.nullable]
 
 
