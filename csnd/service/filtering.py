@@ -199,6 +199,9 @@ def filter_line(
 ) -> bytes | None:
     """`line` with only the changes whose (schema, table) is in `tables` or schema in `schemas`; None if none is.
 
+    A line without changes goes whole when it is an incremental snapshot's chunk of one of
+    those tables (its marker may be the one that says the table is done), else not at all.
+
     The very line is returned when every change is kept.  ValueError when the
     line is not a transaction object with a `changes` array.
     """
@@ -210,6 +213,8 @@ def filter_line(
     changes = obj.get("changes") if isinstance(obj, dict) else None
     if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
         raise ValueError("not a transaction line: it has no changes array of objects")
+    if not changes:  # (an incremental snapshot's chunk that kept no row: its marker may say a table is done)
+        return line if _marks_kept_table(obj.get("snapshot"), tables, schemas) else None
     wanted = [(c.get("schema"), c.get("table")) in tables or c.get("schema") in schemas for c in changes]
     if not any(wanted):
         return None
@@ -219,6 +224,14 @@ def filter_line(
     open_at, close_at, spans = found
     body = ", ".join(text[start:end] for (start, end, _, _), keep in zip(spans, wanted, strict=True) if keep)
     return (text[: open_at + 1] + body + text[close_at:]).encode("utf-8")
+
+
+def _marks_kept_table(marker: object, tables: frozenset[tuple[str, str]], schemas: frozenset[str]) -> bool:
+    """Whether `marker` is an incremental snapshot chunk's of a kept table (docs/design.md section 7)."""
+    if not isinstance(marker, dict) or "incremental" not in marker:
+        return False
+    schema = marker.get("schema")
+    return (schema, marker.get("table")) in tables or schema in schemas
 
 
 Spans = tuple[int, int, list[tuple[int, int, object, object]]]

@@ -208,3 +208,22 @@ def test_a_large_filtered_line_is_held_a_change_at_a_time(log: Changelog) -> Non
             assert peak < 8 << 20, f"{fmt}: peak {peak} bytes"
     finally:
         srv.stop()
+
+
+def test_an_incremental_chunk_without_changes_goes_to_its_tables_subscribers() -> None:
+    """A table's empty last chunk is what says the table is done (docs/design.md section 7, "Deleted rows")."""
+    txn = json.loads(line(5, []))
+    txn["snapshot"] = {"node": "dn1", "schema": "public", "table": "acct", "incremental": "j", "chunk": 3,
+                       "last": True, "since": 2, "rows": 0, "left_out": 0}  # fmt: skip
+    chunk = json.dumps(txn).encode()
+    assert TableFilter(["public.acct"]).keep(chunk) == chunk
+    assert TableFilter(["public.*"]).keep(chunk) == chunk
+    assert TableFilter(["public.other"]).keep(chunk) is None
+    assert TableFilter([]).keep(chunk) == chunk
+    assert (
+        Reshaped(TableFilter(["public.acct"]), to_debezium, debezium_events).keep(chunk) is None
+    )  # (no event)
+    # a line without changes and without such a marker goes to no filtered subscriber, as before
+    assert filter_line(line(6, []), frozenset({("public", "acct")})) is None
+    txn["snapshot"] = {"done": True, "nodes": ["dn1"], "tables": 1, "rows": 0, "first_csn": 1}
+    assert filter_line(json.dumps(txn).encode(), frozenset({("public", "acct")})) is None
