@@ -18,8 +18,8 @@ Public API (what other packages use): the pool (`DecoderPool`, its
 `BATCH_END` mark, `start_worker_server`), the items it hands the sender
 (`DecodedItem`: `DecodedRun`, `WholeTxns` of `WholeTxn`, `DecodedChange`,
 and the messages it passes through, `PassThroughItem`),
-and for the snapshot copier the per-table decoding (`RelationCache`,
-`row_change_body`) and a relation's rendering (`relation_body`).  The rest
+and for the snapshot copier the per-table decoding (`RelationCache`, its
+`Table`, `row_change_body`) and a relation's rendering (`relation_body`).  The rest
 (tuple splitting, value decoders, the worker's messages) is the decoder's
 own, importable from its module for the tests.
 """
@@ -30,7 +30,7 @@ from csnd.decoder.change import DecodedChange, DecodedItem, DecodedRun, PassThro
 
 if TYPE_CHECKING:
     from csnd.decoder.pool import BATCH_END, BatchEnd, DecoderPool, start_worker_server
-    from csnd.decoder.relations import RelationCache
+    from csnd.decoder.relations import RelationCache, Table
     from csnd.decoder.rows import row_change_body
     from csnd.decoder.schema import relation_body
 
@@ -43,6 +43,7 @@ __all__ = [
     "DecoderPool",
     "PassThroughItem",
     "RelationCache",
+    "Table",
     "WholeTxn",
     "WholeTxns",
     "relation_body",
@@ -60,6 +61,7 @@ _LAZY = {
     "DecoderPool": "csnd.decoder.pool",
     "start_worker_server": "csnd.decoder.pool",
     "RelationCache": "csnd.decoder.relations",
+    "Table": "csnd.decoder.relations",
     "row_change_body": "csnd.decoder.rows",
     "relation_body": "csnd.decoder.schema",
 }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any
+from typing import Any, Protocol, cast
 
 import psycopg
 from psycopg import errors, pq
@@ -28,10 +28,17 @@ from csnd.core.compiled import compiled_module
 _copysplit = compiled_module("csnd.snapshot._copysplit")
 
 
+class _PointerOf(Protocol):
+    """psycopg's PGconn as its docs give it (`pq.abc.PGconn` does not declare the pointer)."""
+
+    @property
+    def pgconn_ptr(self) -> int | None: ...
+
+
 @functools.lru_cache(maxsize=1)
 def libpq_functions() -> tuple[int, int] | None:
     """The addresses of PQgetCopyData and PQfreemem in the libpq this process runs, or None."""
-    if _copysplit is None or not hasattr(_copysplit, "read_copy"):
+    if _copysplit is None:
         return None
     try:
         with open("/proc/self/maps") as maps:
@@ -54,8 +61,9 @@ def libpq_functions() -> tuple[int, int] | None:
 def read_copy(conn: psycopg.Connection[Any], statement: str) -> bytes:
     """All the data of `statement` (a COPY ... TO STDOUT), in one bytes object."""
     functions = libpq_functions()
-    pointer = getattr(conn.pgconn, "pgconn_ptr", None)  # (libpq's PGconn, in every psycopg implementation)
-    if functions is None or _copysplit is None or not isinstance(pointer, int) or not pointer:
+    # (libpq's PGconn: psycopg's documented way to call what it does not wrap; None once closed)
+    pointer = cast(_PointerOf, conn.pgconn).pgconn_ptr
+    if functions is None or _copysplit is None or not pointer:
         with conn.cursor() as cur, cur.copy(statement) as copy:
             return b"".join(bytes(data) for data in copy)
     pgconn = conn.pgconn
