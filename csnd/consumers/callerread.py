@@ -45,14 +45,20 @@ def supported(call: object) -> bool:
     """Whether `call` (a streaming call of grpc's synchronous API) can be read on the caller's thread here."""
     if _grpc_channel is None or _RECEIVE is None:
         return False
-    rendezvous = getattr(_grpc_channel, "_MultiThreadedRendezvous", None)
-    return (
-        rendezvous is not None
-        and isinstance(call, rendezvous)
-        and callable(getattr(_grpc_channel, "_event_handler", None))
-        and all(hasattr(call, a) for a in ("_state", "_call", "_response_deserializer"))
-        and all(hasattr(call._state, a) for a in ("condition", "due", "response", "code"))
-    )
+    # grpc's private names, looked at once per call: another grpcio without
+    # them (or with other types behind them) gets the response thread.
+    try:
+        state: Any = call._state  # type: ignore[attr-defined]
+        return (
+            isinstance(call, _grpc_channel._MultiThreadedRendezvous)
+            and callable(_grpc_channel._event_handler)
+            and callable(call._response_deserializer)
+            and call._call is not None
+            and isinstance(state.due, set)
+            and {"condition", "response", "code"} <= set(vars(state))
+        )
+    except (AttributeError, TypeError):
+        return False
 
 
 class CallerReader:
