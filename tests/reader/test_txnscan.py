@@ -329,7 +329,7 @@ def _changes_in_order(
     source.link.closed = _SpinCheck(conn)  # type: ignore[assignment]
     out: list[tuple[str, int]] = []
     try:
-        for lsn, msg, _ in source._copy_loop(conn, runs=runs):  # type: ignore[arg-type]
+        for lsn, msg, _ in source._copy_loop(conn, runs=runs, pauses=None):  # type: ignore[arg-type]
             events: list[tuple[int, object]]
             if isinstance(msg, TxnRun):
                 events = [e for txn in msg.frames() for e in txn.events()]
