@@ -109,7 +109,9 @@ def test_rows_an_executor_cannot_trust_are_one_clear_error() -> None:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, other.schema) as writer:
         writer.write_batch(other)
-    with pytest.raises(ChangefeedError, match=r"\(columns \['csn', .*'unchanged', 'snapshot'\]\); are the service"):
+    with pytest.raises(
+        ChangefeedError, match=r"\(columns \['csn', .*'unchanged', 'snapshot'\]\); are the service"
+    ):
         feed._ipc_batch(opts, 0, 1, sink.getvalue().to_pybytes())
 
 
