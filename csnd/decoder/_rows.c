@@ -899,6 +899,21 @@ put_value(Out *o, PyObject *quote, PyObject *pair, char code, int kind, const un
     return out_put(o, digits, len) < 0 ? -1 : 1;
 }
 
+/* A table's compiled row reader, as read_row and _copysplit's render_rows take it: `codes`
+   bytes, one type code a column; `keys` and `builders` tuples of as many entries, the keys
+   bytes.  0, or -1 with a TypeError naming `fn`. */
+static int
+check_reader_args(PyObject *codes, PyObject *keys, PyObject *builders, const char *fn)
+{
+    if (!PyBytes_Check(codes) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != PyBytes_GET_SIZE(codes) ||
+        !PyTuple_Check(builders) || PyTuple_GET_SIZE(builders) != PyBytes_GET_SIZE(codes)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: codes must be bytes, and keys and builders tuples of as many entries", fn);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 read_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -907,12 +922,8 @@ read_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *codes = args[0], *keys = args[1], *quote = args[2], *builders = args[3], *data = args[4];
-    if (!PyBytes_Check(codes) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != PyBytes_GET_SIZE(codes) ||
-        !PyTuple_Check(builders) || PyTuple_GET_SIZE(builders) != PyBytes_GET_SIZE(codes)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "read_row: codes must be bytes, and keys and builders tuples of as many entries");
+    if (check_reader_args(codes, keys, builders, "read_row") < 0)
         return NULL;
-    }
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
         return NULL;

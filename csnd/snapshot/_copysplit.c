@@ -76,6 +76,28 @@ tuple_size(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int count, 
     return size;
 }
 
+/* `buffer` as a simple buffer and pos..end a span within it, as split_rows and render_rows
+   take them.  0, or -1 with an exception naming `fn` (the buffer released). */
+static int
+get_span(PyObject *buffer, PyObject *pos_arg, PyObject *end_arg, const char *fn, Py_buffer *view,
+         Py_ssize_t *pos, Py_ssize_t *end)
+{
+    if (PyObject_GetBuffer(buffer, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    *pos = PyLong_AsSsize_t(pos_arg);
+    *end = *pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(end_arg);
+    if (PyErr_Occurred()) {
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (*pos < 0 || *end > view->len || *end < *pos) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: pos and end must lie in the buffer, pos <= end", fn);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 split_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -84,19 +106,9 @@ split_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    Py_ssize_t pos, end;
+    if (get_span(args[0], args[1], args[2], "split_rows", &view, &pos, &end) < 0)
         return NULL;
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[2]);
-    if (PyErr_Occurred()) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    if (pos < 0 || end > view.len || end < pos) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "split_rows: pos and end must lie in the buffer, pos <= end");
-        return NULL;
-    }
     const unsigned char *buf = view.buf;
     PyObject *rows = PyList_New(0);
     if (rows == NULL) {
@@ -205,12 +217,10 @@ render_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *codes = args[0], *keys = args[1], *quote = args[2], *builders = args[3], *prefix = args[7];
-    if (!PyBytes_Check(codes) || !PyTuple_Check(keys) || PyTuple_GET_SIZE(keys) != PyBytes_GET_SIZE(codes) ||
-        !PyTuple_Check(builders) || PyTuple_GET_SIZE(builders) != PyBytes_GET_SIZE(codes) ||
-        !PyBytes_Check(prefix)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "render_rows: codes and prefix must be bytes, keys and builders tuples of as many "
-                        "entries as codes");
+    if (check_reader_args(codes, keys, builders, "render_rows") < 0)
+        return NULL;
+    if (!PyBytes_Check(prefix)) {
+        PyErr_SetString(PyExc_TypeError, "render_rows: prefix must be bytes");
         return NULL;
     }
     Py_ssize_t n = PyBytes_GET_SIZE(codes);
@@ -221,19 +231,9 @@ render_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[4], &view, PyBUF_SIMPLE) < 0)
+    Py_ssize_t pos, end;
+    if (get_span(args[4], args[5], args[6], "render_rows", &view, &pos, &end) < 0)
         return NULL;
-    Py_ssize_t pos = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t end = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred()) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    if (pos < 0 || end > view.len || end < pos) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "render_rows: pos and end must lie in the buffer, pos <= end");
-        return NULL;
-    }
     const unsigned char *buf = view.buf;
     const char *code = PyBytes_AS_STRING(codes);
     Out o;
