@@ -82,6 +82,35 @@ class _Writer(threading.Thread):
                 c.close()
 
 
+class _PausedWriter(threading.Thread):
+    """A global transaction on dn1 and dn2 that stops once its CSN is taken, until `go_on` is set."""
+
+    def __init__(self, cluster: LocalCluster, gid: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.gid = cluster, gid
+        self.at_csn, self.go_on = threading.Event(), threading.Event()
+        self.result: dict[str, Any] = {}
+
+    def _pause(self, step: str) -> None:
+        if step == "csn":
+            self.at_csn.set()
+            self.go_on.wait(60)
+
+    def run(self) -> None:
+        conns = {n: psycopg.connect(u, autocommit=True) for n, u in self.cluster.urls().items()}
+        try:
+            with PgGtm(self.cluster.gtm_url) as gtm:
+                t = GlobalTransaction(gtm, conns, gid=self.gid, pause=self._pause)
+                t.execute("dn1", f"INSERT INTO bt VALUES ('{self.gid}')")
+                t.execute("dn2", f"INSERT INTO bt VALUES ('{self.gid}')")
+                self.result["csn"] = t.commit()
+        except BaseException as e:
+            self.result["error"] = e
+        finally:
+            for c in conns.values():
+                c.close()
+
+
 def test_the_barrier_cuts_every_node_at_one_csn_under_writers(cluster: LocalCluster) -> None:
     urls = cluster.urls()
     stop = threading.Event()
@@ -123,33 +152,10 @@ def test_a_writer_stuck_after_its_csn_times_the_barrier_out_and_it_names_the_gid
     cluster: LocalCluster,
 ) -> None:
     urls = cluster.urls()
-    at_csn, go_on = threading.Event(), threading.Event()
-
-    def pause(step: str) -> None:
-        if step == "csn":
-            at_csn.set()
-            go_on.wait(60)
-
-    result: dict[str, Any] = {}
-
-    def stuck() -> None:
-        conns = {n: psycopg.connect(u, autocommit=True) for n, u in urls.items()}
-        try:
-            with PgGtm(cluster.gtm_url) as gtm:
-                t = GlobalTransaction(gtm, conns, gid="stuck-1", pause=pause)
-                t.execute("dn1", "INSERT INTO bt VALUES ('stuck-1')")
-                t.execute("dn2", "INSERT INTO bt VALUES ('stuck-1')")
-                result["csn"] = t.commit()
-        except BaseException as e:
-            result["error"] = e
-        finally:
-            for c in conns.values():
-                c.close()
-
-    thread = threading.Thread(target=stuck, daemon=True)
-    thread.start()
+    stuck = _PausedWriter(cluster, "stuck-1")
+    stuck.start()
     try:
-        assert at_csn.wait(60), result
+        assert stuck.at_csn.wait(60), stuck.result
         with pytest.raises(BarrierError) as caught, CommitBarrier(cluster.gtm_url, urls, timeout_s=1).hold():
             raise AssertionError("the barrier held with a writer stuck after its csn")
         assert caught.value.gid == "stuck-1"
@@ -157,8 +163,9 @@ def test_a_writer_stuck_after_its_csn_times_the_barrier_out_and_it_names_the_gid
         with PgGtm(cluster.gtm_url) as gtm:  # (released: CSNs are handed out again)
             assert gtm.next() > 0
     finally:
-        go_on.set()
-        thread.join(timeout=60)
+        stuck.go_on.set()
+        stuck.join(timeout=60)
+    result = stuck.result
     assert "error" not in result, result
     assert all("stuck-1" in _gids(u) for n, u in urls.items() if n in ("dn1", "dn2"))
 
@@ -168,28 +175,8 @@ def test_a_node_that_stops_answering_under_the_barrier_times_it_out_and_it_names
 ) -> None:
     """The barrier waits for a stuck writer; meanwhile dn2's barrier backend is stopped, then the writer goes on."""
     urls = cluster.urls()
-    at_csn, go_on = threading.Event(), threading.Event()
-
-    def pause(step: str) -> None:
-        if step == "csn":
-            at_csn.set()
-            go_on.wait(60)
-
-    result: dict[str, Any] = {}
-
-    def writer() -> None:
-        conns = {n: psycopg.connect(u, autocommit=True) for n, u in urls.items()}
-        try:
-            with PgGtm(cluster.gtm_url) as gtm:
-                t = GlobalTransaction(gtm, conns, gid="slow-1", pause=pause)
-                t.execute("dn1", "INSERT INTO bt VALUES ('slow-1')")
-                t.execute("dn2", "INSERT INTO bt VALUES ('slow-1')")
-                result["csn"] = t.commit()
-        except BaseException as e:
-            result["error"] = e
-        finally:
-            for c in conns.values():
-                c.close()
+    slow = _PausedWriter(cluster, "slow-1")
+    result = slow.result
 
     def barrier() -> None:
         try:
@@ -198,11 +185,11 @@ def test_a_node_that_stops_answering_under_the_barrier_times_it_out_and_it_names
         except BaseException as e:
             result["barrier"] = e
 
-    threads = [threading.Thread(target=writer, daemon=True), threading.Thread(target=barrier, daemon=True)]
+    threads = [slow, threading.Thread(target=barrier, daemon=True)]
     threads[0].start()
     stopped: int | None = None
     try:
-        assert at_csn.wait(60), result
+        assert slow.at_csn.wait(60), result
         threads[1].start()  # (it waits for slow-1, whose csn is taken)
         with psycopg.connect(urls["dn2"], autocommit=True) as conn:
             while stopped is None:  # (the barrier's connection to dn2, idle after its first round trip)
@@ -216,11 +203,11 @@ def test_a_node_that_stops_answering_under_the_barrier_times_it_out_and_it_names
                     continue
                 stopped = int(row[0])
         os.kill(stopped, signal.SIGSTOP)
-        go_on.set()  # (slow-1 commits: the barrier turns to the nodes, and dn2 does not answer)
+        slow.go_on.set()  # (slow-1 commits: the barrier turns to the nodes, and dn2 does not answer)
         threads[1].join(timeout=60)
         assert not threads[1].is_alive(), "the barrier hung on a node that stopped answering"
     finally:
-        go_on.set()
+        slow.go_on.set()
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
         for t in threads:
