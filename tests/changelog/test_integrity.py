@@ -16,8 +16,6 @@ import contextlib
 import errno
 import logging
 import os
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from csnd.changelog import Changelog
 from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt, OutputError
 from tests.changelog.helpers import payload, record_offsets, segments, write_log
+from tests.fixtures.disks import tmpfs
 
 SEG = 400
 INTERVAL = 64
@@ -156,14 +155,8 @@ def test_a_record_given_up_at_a_segment_start_lets_appends_go_on(
 @pytest.fixture
 def small_disk() -> Iterator[str]:
     """A 1 MiB tmpfs of its own (we run as root; unmounted in teardown)."""
-    mnt = tempfile.mkdtemp(prefix="csnd-full-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], check=True)
-    try:
+    with tmpfs("1m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", mnt], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", mnt], check=False)
-        os.rmdir(mnt)
 
 
 def _fill(directory: str) -> None:

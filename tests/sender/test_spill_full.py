@@ -10,41 +10,20 @@ there is no error at all (it was an OSError that ended the service as
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from csnd.core.errors import SpillError
 from csnd.sender.txnbuf import TxnBuffer
+from tests.fixtures.disks import fill, tmpfs
 
 
 @pytest.fixture
 def full_disk() -> Iterator[str]:
     """A 1 MiB tmpfs; `fill(dir)` fills it to the last byte."""
-    mnt = tempfile.mkdtemp(prefix="csnd-spill-full-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], check=True)
-    try:
+    with tmpfs("1m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", mnt], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", mnt], check=False)
-        os.rmdir(mnt)
-
-
-def _fill(directory: str) -> None:
-    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for chunk in (1 << 16, 4096, 1):
-            block = b"\0" * chunk
-            with contextlib.suppress(OSError):  # (ENOSPC: on to a smaller block)
-                while True:
-                    os.write(fd, block)
-    finally:
-        os.close(fd)
 
 
 def _spilled(directory: str) -> TxnBuffer:
@@ -58,13 +37,13 @@ def _spilled(directory: str) -> TxnBuffer:
 
 def test_aborted_spilled_transaction_closes_quietly_on_a_full_disk(full_disk: str) -> None:
     buf = _spilled(full_disk)
-    _fill(full_disk)
+    fill(full_disk)
     buf.close()  # (its changes are discarded: a flush that cannot be written loses nothing)
 
 
 def test_spilled_transaction_read_back_on_a_full_disk_names_it(full_disk: str) -> None:
     buf = _spilled(full_disk)
-    _fill(full_disk)
+    fill(full_disk)
     with pytest.raises(SpillError) as e:
         list(buf.drain())
     text = str(e.value)

@@ -9,7 +9,6 @@ committed transaction exactly once.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import psycopg
 import pytest
 
 from csnd.core.ids import lsn_from_str
+from tests.fixtures.disks import fill, grow, tmpfs
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import CSND, Served, start_serve, subscribe, wait_for
 
@@ -31,18 +31,8 @@ SLOT = "csnd"
 @pytest.fixture
 def small_disk() -> Iterator[str]:
     """An 8 MiB tmpfs: `mount -o remount,size=...` gives it more."""
-    mnt = tempfile.mkdtemp(prefix="csnd-full-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt], check=True)
-    try:
+    with tmpfs("8m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", mnt], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", mnt], check=False)
-        os.rmdir(mnt)
-
-
-def _grow(mnt: str, size: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", mnt], check=True)
 
 
 def _setup(pg: PgDatabase) -> None:
@@ -146,26 +136,13 @@ def test_changelog_disk_full_ends_with_one_line_and_loses_nothing(pg: PgDatabase
     n = len(writer.ends) + 1
 
     # Given space, a restart delivers every committed transaction exactly once.
-    _grow(small_disk, "128m")
+    grow(small_disk, "128m")
     served = start_serve([_source(pg)], changelog)
     try:
         _all_once(served, n, n)
     finally:
         code, err = served.terminate()
     assert code == 0, err
-
-
-def _fill(directory: str) -> None:
-    """Write a filler file in `directory` until its filesystem is full, to the last byte."""
-    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for chunk in (1 << 20, 4096, 1):
-            block = b"\0" * chunk
-            with contextlib.suppress(OSError):  # (ENOSPC: on to a smaller block)
-                while True:
-                    os.write(fd, block)
-    finally:
-        os.close(fd)
 
 
 def test_changelog_disk_filled_by_another_is_noticed_without_more_load(
@@ -183,7 +160,7 @@ def test_changelog_disk_filled_by_another_is_noticed_without_more_load(
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             c.execute("INSERT INTO big VALUES (0, 'small')")
             wait_for(lambda: served.newest_csn() > 0, "the first transaction in the changelog")
-            _fill(small_disk)
+            fill(small_disk)
             c.execute("INSERT INTO big VALUES (1, repeat(md5('1'), 2000))")  # (64 kB: past any page's slack)
         status, errors = _ended(served, seconds=60)
     finally:
@@ -236,7 +213,7 @@ def test_full_spill_directory_names_node_xid_lsn_and_directory(pg: PgDatabase, s
 
     # Restarted with space (the same spill directory, grown): everything once, so nothing
     # past the big transaction was confirmed.
-    _grow(small_disk, "128m")
+    grow(small_disk, "128m")
     served = start_serve([_source(pg)], changelog, "--config", config)
     try:
         _all_once(served, 2, 1 + 190)
