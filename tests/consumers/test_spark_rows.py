@@ -11,16 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from csnd.consumers.spark.columns import (
-    _CHANGE_SEP,
     ARROW_SCHEMA,
     COLUMNS,
     NULLABLE,
     RowBuilder,
-    _fast,
-    _walk,
     flatten,
     source_rows,
 )
+from csnd.consumers.spark.lineparse import _CHANGE_SEP
+from csnd.consumers.spark.lineparse import parse_any as _walk
+from csnd.consumers.spark.lineparse import parse_as_written as _fast
 
 _enc = json.JSONEncoder(ensure_ascii=False).encode
 
