@@ -79,6 +79,11 @@ def _subscriber(address: str, tmp: str) -> subprocess.Popen[bytes]:
     return sub
 
 
+def _printed(tmp: str) -> bool:
+    with open(os.path.join(tmp, "sub.out"), "rb") as f:
+        return bool(f.read().strip())
+
+
 def _subscriber_told(sub: subprocess.Popen[bytes], tmp: str) -> tuple[int, str, list[int]]:
     """The subscriber's exit status, stderr and printed csns once it has ended by itself after the service."""
     try:
@@ -122,6 +127,8 @@ def test_dropped_slot_ends_the_service_and_is_never_made_anew(pg: PgDatabase, tm
     try:
         _insert(pg.dsn, range(20))
         wait_for(lambda: served.newest_csn() > 0, "the first transactions in the changelog")
+        # (connected, not only started: one that first dials after the service ended is told nothing)
+        wait_for(lambda: _printed(str(tmp_path)), "the subscriber's first line")
         with psycopg.connect(pg.dsn, autocommit=True) as c:
             deadline = time.monotonic() + 60
             while True:  # (the reader reconnects at once: terminate and drop until the drop wins)
@@ -183,6 +190,8 @@ def test_invalidated_slot_ends_the_service(small_wal_server: PgServer, tmp_path:
     try:
         _insert(dsn, range(10))
         wait_for(lambda: served.newest_csn() > 0, "the first transactions in the changelog")
+        # (connected, not only started: one that first dials after the service ended is told nothing)
+        wait_for(lambda: _printed(str(tmp_path)), "the subscriber's first line")
         wait_for(
             lambda: os.path.getsize(os.path.join(str(tmp_path), "sub.out")) > 0, "the subscriber's lines"
         )
