@@ -261,7 +261,7 @@ def test_a_table_asked_for_while_a_job_runs_is_queued_and_then_taken(pg: PgDatab
     served = start_serve([source], str(tmp_path / "log"))
     writer = _Writer(pg, seed=5, limit=ROWS).start()
     try:
-        first = _snapshot(served, "public.acct", "--chunk-rows", "20", "--no-wait")
+        first = _snapshot(served, "public.acct", "--chunk-rows", "50", "--no-wait")  # (80 chunks: seconds)
         assert first.returncode == 0, first.stderr
         second = subprocess.Popen(
             [*CSND, "snapshot", served.address, "public.item", "--chunk-rows", "100"],
