@@ -95,6 +95,22 @@ class PauseListener(Protocol):
         """The stream has paused: hand on what was gathered from it."""
 
 
+class QuietListener(Protocol):
+    """Told of a live stream's quiet moments and of its end; given with the stream (`LiveSource.frames`).
+
+    `csnd record` syncs its file and confirms what it holds then: after a
+    lull, instead of leaving the last transactions in its write buffer until
+    the next change or the server's next keepalive (about 20 s), and at the
+    end, so the final status update reports what the file holds.
+    """
+
+    def idle(self) -> None:
+        """The server has sent nothing for a poll interval (called in the thread iterating the stream)."""
+
+    def finishing(self) -> None:
+        """The stream ends: called just before its final status update (a failure here reports nothing)."""
+
+
 def iter_events(
     frames: Iterable[tuple[int, bytes | ChangeFrames]],
     node: str,

@@ -54,7 +54,7 @@ from csnd.core.errors import ConnectionLost, SourceError
 from csnd.core.ids import INVALID_LSN, Lsn, lsn_from_str, lsn_to_str
 from csnd.reader import catalog
 from csnd.reader.copyloop import RECEIVE_TIMEOUT_S, CopyLoop
-from csnd.reader.events import EventStream, PauseListener
+from csnd.reader.events import EventStream, PauseListener, QuietListener
 from csnd.reader.feedback import STATUS_INTERVAL_S, Feedback
 from csnd.reader.reconnect import RECONNECT_GIVE_UP_S, Backoff, one_line
 from csnd.reader.replconn import (
@@ -136,13 +136,7 @@ class LiveSource:
         # A stopping server waits for a confirmation we may not give yet: hang up then (reader.shutdown).
         self.shutdown = ShutdownProbe(options.conninfo)
         self._started = False  # a START_REPLICATION has succeeded: later failures may be transient
-        self.on_reconnect: Callable[[int], None] | None = None
-        # called just before the final status update, so a sink can make its
-        # last data durable and confirm it in time to be reported
-        self.before_finish: Callable[[], None] | None = None
-        # Called when the server has sent nothing for a poll interval (an idle
-        # moment: csnd record syncs and confirms what it holds then).
-        self.on_idle: Callable[[], None] | None = None
+        self._quiet: QuietListener | None = None  # the open stream's (`frames`)
 
     # --- positions ------------------------------------------------------------------
 
@@ -248,20 +242,28 @@ class LiveSource:
 
     # --- the stream -----------------------------------------------------------------
 
-    def events(self, raw_changes: bool = False, pauses: PauseListener | None = None) -> EventStream:
+    def events(
+        self,
+        raw_changes: bool = False,
+        pauses: PauseListener | None = None,
+        quiet: QuietListener | None = None,
+    ) -> EventStream:
         """Yield `(lsn, message)` until `--until-lsn` is reached or `close()`.
 
         Every change comes parsed whatever `raw_changes` says: the resume
         filter places each one by its LSN and xid (and the walsender, not
         this parse, bounds a live node's rate).  `pauses` is told each time
-        the stream pauses, in the thread iterating it (`PauseListener`).
+        the stream pauses, in the thread iterating it (`PauseListener`);
+        `quiet` of its lulls and its end (`QuietListener`).
         """
         from csnd.reader.recorded import checked_commit_times
 
-        items = self.frames(runs=raw_changes, pauses=pauses)
+        items = self.frames(runs=raw_changes, pauses=pauses, quiet=quiet)
         yield from checked_commit_times(((lsn, msg) for lsn, msg, _payload in items), self.node)
 
-    def frames(self, runs: bool = False, pauses: PauseListener | None = None) -> Iterator[Item]:
+    def frames(
+        self, runs: bool = False, pauses: PauseListener | None = None, quiet: QuietListener | None = None
+    ) -> Iterator[Item]:
         """Yield `(lsn, message, pgoutput payload)`, reconnecting as needed.
 
         The payload is the CopyData payload as the server sent it (a resumed
@@ -270,8 +272,9 @@ class LiveSource:
         one `ChangeFrames` (its payload: its blob), framed as a format-1
         recording frames them, so neither this thread nor the resume filter
         builds an object per change: the decoder workers parse them.
-        `pauses`: as for `events`.
+        `pauses`, `quiet`: as for `events`.
         """
+        self._quiet = quiet
         first = True
         backoff = self.backoff
         first_try = backoff.clock()
@@ -287,8 +290,6 @@ class LiveSource:
                     log.warning(
                         "node %s: reconnected, resuming from %s", self.node, lsn_to_str(self.confirmed_lsn)
                     )
-                    if self.on_reconnect:
-                        self.on_reconnect(self.confirmed_lsn)
                 self.shutdown.reset()
                 start_replication(self.link, pgconn, self.options, self.confirmed_lsn, self.feedback.received)
                 first = False
@@ -303,7 +304,7 @@ class LiveSource:
                 return
             except GeneratorExit:  # the consumer left mid-stream (a stop, or its own failure)
                 # Say where we got and hang up, so the server frees the slot now; quietly:
-                # a close must not raise, and a failed `before_finish` reports nothing.
+                # a close must not raise, and a failed `finishing` reports nothing.
                 with contextlib.suppress(Exception):
                     self._finish_copy()
                 self.link.drop()
@@ -353,12 +354,12 @@ class LiveSource:
             self.backoff,
             self.shutdown,
             pauses=pauses,
-            on_idle=self.on_idle,
+            on_idle=None if self._quiet is None else self._quiet.idle,
         )
         return loop.run(pgconn, runs)
 
     def finish(self) -> None:
-        """End the stream now (Ctrl-C, SIGTERM): `before_finish`, the last status update, CopyDone.
+        """End the stream now (Ctrl-C, SIGTERM): the quiet listener's `finishing`, the last status update, CopyDone.
 
         Without it an interrupted recording made its file durable but the
         slot never heard of it: the next recording would get those
@@ -372,8 +373,8 @@ class LiveSource:
         if conn is None or conn.closed:
             return
         pgconn = conn.pgconn
-        if self.before_finish is not None:
-            self.before_finish()
+        if self._quiet is not None:
+            self._quiet.finishing()
         try:
             self.feedback.send_status(pgconn)
             pgconn.put_copy_end()

@@ -146,6 +146,20 @@ def scan_recording(path: str, header: StreamHeader, slot_lsn: Lsn) -> Continuati
     return Continuation(end, durable, filt, frames, cut, reader.version, reader.crc)
 
 
+@dataclass(frozen=True)
+class _Lulls:
+    """The recording's `QuietListener`: a sync after a lull, and one before the stream's last word."""
+
+    on_idle: Callable[[], None]
+    on_finish: Callable[[], None]
+
+    def idle(self) -> None:
+        self.on_idle()
+
+    def finishing(self) -> None:
+        self.on_finish()
+
+
 @dataclass
 class RecordSummary:
     path: str
@@ -194,7 +208,6 @@ def record(
             writer.sync()
             source.confirm(Lsn(durable_candidate))
 
-        source.before_finish = make_durable
         last_sync = last_progress = clock()
         unsynced = 0
         changed = False  # frames other than keepalives written since the last sync
@@ -212,9 +225,8 @@ def record(
             if changed:
                 sync_now()
 
-        source.on_idle = on_idle
         try:
-            for lsn, msg, payload in source.frames():
+            for lsn, msg, payload in source.frames(quiet=_Lulls(on_idle, make_durable)):
                 writer.write_frame(payload)
                 unsynced += len(payload)
                 if type(msg) is not Keepalive:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from csnd.core.errors import SourceError
-from csnd.reader.events import PauseListener
+from csnd.reader.events import PauseListener, QuietListener
 from csnd.reader.live import LiveOptions, LiveSource
 from csnd.reader.record_cmd import record
 from csnd.reader.resume import Item
@@ -103,8 +103,10 @@ def test_publication_dropped_under_a_flowing_stream_is_permanent(pg: PgDatabase,
     flowed = threading.Event()
 
     class Watched(LiveSource):
-        def frames(self, runs: bool = False, pauses: PauseListener | None = None) -> Iterator[Item]:
-            for item in super().frames(runs, pauses):
+        def frames(
+            self, runs: bool = False, pauses: PauseListener | None = None, quiet: QuietListener | None = None
+        ) -> Iterator[Item]:
+            for item in super().frames(runs, pauses, quiet):
                 yield item
                 flowed.set()
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from csnd.core.errors import ConnectionLost, CsndError
 from csnd.reader import pgoutput as pg
+from csnd.reader.events import QuietListener
 from csnd.reader.record_cmd import record
 
 
@@ -27,10 +27,9 @@ class FakeSource:
         self.confirmed_lsn = 0x1000
         self.confirmed: list[int] = []
         self.filter = SimpleNamespace(open_transactions=0)
-        self.before_finish: Any = None
         self.closed = False
 
-    def frames(self) -> Iterator[tuple[int, object, bytes]]:
+    def frames(self, quiet: QuietListener | None = None) -> Iterator[tuple[int, object, bytes]]:
         begin = pg.encode_begin(0x2000, 5, 700)
         commit = pg.encode_commit(0x2000, 0x2008, 5)
         yield 0x1F00, pg.parse_message(begin, False), pg.encode_xlogdata(0x1F00, 0x1F00, 1, begin)
@@ -71,31 +70,30 @@ def test_ctrl_c_stays_ctrl_c_when_the_final_sync_fails() -> None:
 
 def test_a_disk_error_alone_is_the_error() -> None:
     src = FakeSource(StopIteration())  # (never reached: the writes fail first or at the end)
-    src.frames = lambda: iter([(0x1F00, None, b"w" + bytes(100_000))])  # type: ignore[method-assign]
+    src.frames = lambda quiet=None: iter([(0x1F00, None, b"w" + bytes(100_000))])  # type: ignore[method-assign]
     with pytest.raises(CsndError, match=r"^node dn1: cannot (write to|sync) the recording /dev/full"):
         record(src, "/dev/full", progress=None)  # type: ignore[arg-type]
     assert src.confirmed == []
 
 
 class IdleSource(FakeSource):
-    """Frames with quiet spells between them, as LiveSource reports them through on_idle."""
-
-    on_idle: Callable[[], None]  # (set by record(), as on a LiveSource)
+    """Frames with quiet spells between them, as LiveSource reports them to the stream's quiet listener."""
 
     def __init__(self) -> None:
         super().__init__(StopIteration())
         self.finished = 0
 
-    def frames(self) -> Iterator[tuple[int, object, bytes]]:
+    def frames(self, quiet: QuietListener | None = None) -> Iterator[tuple[int, object, bytes]]:
+        assert quiet is not None, "record() gives its stream a quiet listener"
         begin = pg.encode_begin(0x2000, 5, 700)
         commit = pg.encode_commit(0x2000, 0x2008, 5)
         yield 0x1F00, pg.parse_message(begin, False), pg.encode_xlogdata(0x1F00, 0x1F00, 1, begin)
         yield 0x2000, pg.parse_message(commit, False), pg.encode_xlogdata(0x2000, 0x2000, 1, commit)
-        self.on_idle()  # a lull after a transaction: synced and confirmed now
-        self.on_idle()  # nothing new since: nothing to do
+        quiet.idle()  # a lull after a transaction: synced and confirmed now
+        quiet.idle()  # nothing new since: nothing to do
         ka = pg.encode_keepalive(0x3000, 0, False)
         yield 0x3000, pg.parse_frame(ka), ka
-        self.on_idle()  # only a keepalive since: no sync for that (under load this would be every keepalive)
+        quiet.idle()  # only a keepalive since: no sync for that (under load this would be every keepalive)
 
     def finish(self) -> None:
         self.finished += 1
