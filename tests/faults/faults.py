@@ -23,6 +23,7 @@ import psycopg
 from csnd.gtm.writer import PAUSE_POINTS
 from tests.faults import witness as wit
 from tests.faults.harness import Run, Stall, http_status, wait
+from tests.fixtures.disks import fill
 from tests.fixtures.procs import children
 
 # Steps of a writer's commit between its first PREPARE and its last COMMIT PREPARED.
@@ -339,21 +340,6 @@ def changelog_full_setup(run: Run) -> None:
     run.log_dir = os.path.join(run.small_disk(64), "changelog")
 
 
-def _fill(directory: str) -> int:
-    """Write a filler file in `directory` until its filesystem is full; returns the bytes written."""
-    written = 0
-    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for chunk in (1 << 20, 4096, 1):
-            block = b"\0" * chunk
-            with contextlib.suppress(OSError):  # (ENOSPC: on to a smaller block)
-                while True:
-                    written += os.write(fd, block)
-    finally:
-        os.close(fd)
-    return written
-
-
 def _py_stacks(pid: int) -> str:
     """Every thread's stack of a hung Python process (py-spy, where installed), as evidence."""
     try:
@@ -378,7 +364,7 @@ def changelog_full(run: Run) -> None:
     d = run.pause(0.0, 2.0)
     disk = os.path.dirname(run.log_dir)
     run.mark_fault(f"fill the changelog's filesystem after {d:.2f}s")
-    filled = _fill(disk)
+    filled = fill(disk)
     served = run.served
     assert served is not None
     try:  # (reading its pipes meanwhile: a service blocked on a full stderr pipe would look hung)
@@ -492,7 +478,7 @@ class _KeptFull(threading.Thread):
     def __init__(self, directory: str) -> None:
         super().__init__(name="fault-filler", daemon=True)
         self.path = os.path.join(directory, "filler")
-        self.written = _fill(directory)
+        self.written = fill(directory)
         self.done = threading.Event()
 
     def run(self) -> None:
