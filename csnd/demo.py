@@ -25,13 +25,14 @@ import glob
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from typing import Any
+from typing import Any, Final
 
 OUT_DIR = "demo-out"
 CSND = [sys.executable, "-m", "csnd.cli"]
@@ -131,17 +132,20 @@ def _wait(cond: Any, what: str, timeout: float, check: Any = None) -> None:
         time.sleep(0.5)
 
 
-def _committed_so_far(workload_log: str) -> str:
-    """The writers' own count, from their latest progress line ('... committed N ...')."""
+# The writers' count in the workload's progress lines ("... committed N (R/s) ...") and
+# in its summary ("N distributed transactions committed in S s ..."), its last line.
+_COMMITTED: Final = re.compile(r"committed (\d+)|(\d+) distributed transactions committed")
+
+
+def _committed_so_far(workload_log: str) -> int:
+    """The writers' own count, from the workload's latest progress or summary line."""
     try:
         with open(workload_log, encoding="utf-8") as f:
-            lines = [x for x in f.read().splitlines() if " committed " in x]
+            text = f.read()
     except OSError:
-        return "0"
-    if not lines:
-        return "0"
-    words = lines[-1].split()
-    return words[words.index("committed") + 1]
+        return 0
+    found = _COMMITTED.findall(text)
+    return int(next(n for n in found[-1] if n)) if found else 0
 
 
 class _Delivered:
@@ -180,7 +184,7 @@ def progress_counts(delivered: _Delivered, committed_path: str, workload_log: st
     """
     got = delivered.update()
     parts = glob.glob(f"{glob.escape(committed_path)}.w*")
-    written = sum(_count_lines(p) for p in parts) if parts else int(_committed_so_far(workload_log))
+    written = sum(_count_lines(p) for p in parts) if parts else _committed_so_far(workload_log)
     return max(written, got), got
 
 

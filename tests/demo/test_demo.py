@@ -50,3 +50,23 @@ def test_the_progress_line_never_shows_more_delivered_than_committed(tmp_path: P
     with sub.open("a") as f:
         f.write('d": "g6", "commit_time": "2026-01-01T00:00:00Z", "nodes": {}, "changes": []}\n')
     assert progress_counts(delivered, str(committed), str(log)) == (3, 3)
+
+
+def test_the_progress_line_reads_the_workloads_summary_once_its_parts_are_merged(tmp_path: Path) -> None:
+    """Between the merge of the writers' files and the workload's exit, only its summary line counts.
+
+    The demo read the word after "committed" as the count: in the summary
+    ("N distributed transactions committed in S s") that word is "in", and
+    the demo ended with an internal error just as the load did.
+    """
+    sub, committed, log = (
+        tmp_path / "subscribed.jsonl",
+        tmp_path / "committed.jsonl",
+        tmp_path / "workload.log",
+    )
+    sub.write_text("")
+    log.write_text(
+        "workload:  59.0s committed 2540 (90/s) rolled back 3 aborted 1 csn 2660 ticks 590\n"
+        "csnd workload: 2549 distributed transactions committed in 60.0 s (42/s), 3 rolled back\n"
+    )
+    assert progress_counts(_Delivered(str(sub)), str(committed), str(log)) == (2549, 0)
