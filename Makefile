@@ -41,7 +41,7 @@ PG18_TESTS := tests/reader tests/snapshot tests/gtm tests/faults tests/runtime/t
 	tests/service/test_serve_live.py tests/service/test_serve_ready.py \
 	tests/service/test_serve_status.py tests/service/test_serve_slot_lost.py \
 	tests/service/test_slot_mid_commit.py tests/service/test_serve_snapshot.py \
-	tests/service/test_serve_snapshot_progress.py tests/service/test_incremental_snapshot.py \
+	tests/service/test_serve_snapshot_progress.py \
 	tests/service/test_serve_standby.py
 # Not on 18 either: the modules of those folders that start no server --
 # parsers and fuzzers of recorded bytes, the reconnect policy, the generator,
