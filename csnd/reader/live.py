@@ -104,6 +104,8 @@ class LiveOptions:
     status_interval_s: float = STATUS_INTERVAL_S
     reconnect_give_up_s: float = RECONNECT_GIVE_UP_S
     receive_timeout_s: float = RECEIVE_TIMEOUT_S
+    # a slot made here that is not at its consistent point after this long is given up (None: no limit)
+    slot_wait_timeout_s: float | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 

@@ -16,8 +16,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NoReturn
 
+import psycopg
 from psycopg import pq
 
 from csnd.core.errors import ConnectionLost, SourceError
@@ -26,6 +27,13 @@ from csnd.reader.feedback import now_pg_us
 from csnd.reader.reconnect import invalidated_how, slot_lost_error
 from csnd.reader.replconn import ReplicationConnection, quote_ident, quote_literal
 from csnd.reader.slotmaking import create_slot_command, failover_refusal, waiting_notice
+from csnd.reader.slotwait import (
+    OpenTransactions,
+    gave_up_text,
+    listing_failure,
+    open_transactions,
+    waiting_line,
+)
 
 if TYPE_CHECKING:
     from csnd.reader.live import LiveOptions
@@ -33,9 +41,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("csnd.reader.live")
 
 # A new slot that has not reached its consistent point after this long is
-# waiting for long transactions on the server: say so once (it may take as
-# long as they do; there is no limit, as the server has none).
+# waiting for long transactions on the server: say so, naming them
+# (reader.slotwait), and again every SLOT_CREATE_REPEAT_S while it waits.
+# Sooner: noise on a server with a busy moment; later: an operator left
+# guessing.  The wait has no limit unless slot_wait_timeout_s sets one (the
+# server has none).
 SLOT_CREATE_NOTICE_S: Final = 5.0
+SLOT_CREATE_REPEAT_S: Final = 30.0
+# After a cancelled creation, how long the slot in the making may take to
+# disappear: the server drops it after it has sent the cancel's error.
+SLOT_GONE_WAIT_S: Final = 10.0
+SLOT_GONE_POLL_S: Final = 0.05
+STANDBY_WAIT: Final = (
+    "on a standby it waits for the primary's next running-xacts record: hurry it with "
+    "SELECT pg_log_standby_snapshot() on the primary"
+)
 
 
 @dataclass(frozen=True)
@@ -172,14 +192,20 @@ class SourceCheck:
                 raise SourceError(refusal, node=self.node)
         sql = create_slot_command(quote_ident(slot), export, self.options.failover_slot)
         pgconn.send_query(sql.encode())
-        notice_at = time.monotonic() + SLOT_CREATE_NOTICE_S
+        began = time.monotonic()
+        notice_at = began + SLOT_CREATE_NOTICE_S
+        limit = self.options.slot_wait_timeout_s
         try:
             while pgconn.is_busy():
                 if link.wait(pgconn, read=True):
                     link.consume(pgconn, self.options.start_lsn)
-                elif notice_at and time.monotonic() >= notice_at:
-                    notice_at = 0.0
-                    log.warning(waiting_notice(in_recovery), self.node, slot)
+                    continue
+                now = time.monotonic()
+                if limit is not None and now - began >= limit:
+                    self._give_up(pgconn, limit, in_recovery)
+                if now >= notice_at:
+                    notice_at = now + SLOT_CREATE_REPEAT_S
+                    self._say_waiting(now - began, in_recovery)
         except BaseException:
             with contextlib.suppress(Exception):
                 pgconn.get_cancel().cancel()
@@ -198,3 +224,49 @@ class SourceCheck:
         if not name:
             raise SourceError(f"CREATE_REPLICATION_SLOT {slot} exported no snapshot", node=self.node)
         return ExportedSnapshot(self.node, slot, name, lsn_from_str(point), now_pg_us(), link.drop)
+
+    def _open_transactions(self, in_recovery: bool) -> OpenTransactions | str:
+        """What the slot waits for, asked on an ordinary connection (a str: why it could not be)."""
+        if in_recovery:  # (a standby's own sessions hold no xids: the primary's running-xacts record rules)
+            return STANDBY_WAIT
+        try:
+            return open_transactions(self.options.conninfo)
+        except psycopg.Error as e:
+            return f"they could not be listed: {listing_failure(e)}"
+
+    def _say_waiting(self, waited_s: float, in_recovery: bool) -> None:
+        slot = self.options.slot
+        if in_recovery:
+            log.warning(waiting_notice(in_recovery) + " (waited %.0f s)", self.node, slot, waited_s)
+            return
+        log.warning("%s", waiting_line(self.node, slot, waited_s, self._open_transactions(in_recovery)))
+
+    def _give_up(self, pgconn: pq.abc.PGconn, limit: float, in_recovery: bool) -> NoReturn:
+        """Past slot_wait_timeout: cancel the creation, see the slot in the making gone, say what held it."""
+        slot = self.options.slot
+        open_now = self._open_transactions(in_recovery)
+        pgconn.get_cancel().cancel()
+        deadline = time.monotonic() + SLOT_GONE_WAIT_S
+        while pgconn.is_busy() and time.monotonic() < deadline:
+            if self.link.wait(pgconn, read=True):
+                self.link.consume(pgconn, self.options.start_lsn)
+        while not pgconn.is_busy() and pgconn.get_result() is not None:  # (the cancel's error, expected)
+            pass
+        left = not self._slot_gone(deadline)
+        raise SourceError(gave_up_text(slot, limit, open_now, left), node=self.node)
+
+    def _slot_gone(self, deadline: float) -> bool:
+        """Whether the cancelled slot is gone from pg_replication_slots by `deadline` (asked anew each poll)."""
+        try:
+            with psycopg.connect(self.options.conninfo, autocommit=True, connect_timeout=10) as conn:
+                while True:
+                    row = conn.execute(
+                        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.options.slot,)
+                    ).fetchone()
+                    if row is None:
+                        return True
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(SLOT_GONE_POLL_S)
+        except psycopg.Error:
+            return False

@@ -55,6 +55,8 @@ class LiveSourceConfig:
     snapshot: str = "never"
     # silence on the replication connection that counts as a lost one (reader.live.RECEIVE_TIMEOUT_S)
     receive_timeout_s: float = 60.0
+    # how long a slot made here may wait for its consistent point before it is given up (None: no limit)
+    slot_wait_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not is_mode(self.mode):
@@ -66,6 +68,10 @@ class LiveSourceConfig:
         if not self.receive_timeout_s > 0:
             raise ConfigError(
                 f"receive_timeout: expected a number of seconds > 0, got {self.receive_timeout_s!r}"
+            )
+        if self.slot_wait_timeout_s is not None and not self.slot_wait_timeout_s > 0:
+            raise ConfigError(
+                f"slot_wait_timeout: expected a number of seconds > 0, got {self.slot_wait_timeout_s!r}"
             )
 
     def options(self, conninfo: str) -> LiveOptions:
@@ -84,6 +90,7 @@ class LiveSourceConfig:
             binary=self.binary,
             reconnect_give_up_s=self.give_up_s,
             receive_timeout_s=self.receive_timeout_s,
+            slot_wait_timeout_s=self.slot_wait_timeout_s,
         )
 
 

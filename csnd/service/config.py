@@ -127,6 +127,8 @@ def _live_from(values: Mapping[str, Any], base: LiveSourceConfig) -> LiveSourceC
         changes["binary"] = not values["text"]
     if "receive_timeout" in changes:  # (seconds, as the field's name says)
         changes["receive_timeout_s"] = changes.pop("receive_timeout")
+    if "slot_wait_timeout" in changes:
+        changes["slot_wait_timeout_s"] = changes.pop("slot_wait_timeout")
     return replace(base, **changes)
 
 

@@ -41,7 +41,7 @@ Secure over TLS; scripts send 'Authorization: Bearer <token>'.
 Per-source live settings ride on the URL:
   dn1=postgresql://app@db1/shop?slot=csnd_dn1&publication=shop&mode=gtm
 (parameters slot, publication, mode, until_lsn, create_slot, failover_slot, text, snapshot,
-receive_timeout); the
+receive_timeout, slot_wait_timeout); the
 --slot/--publication/... flags are the default for every source. --config
 FILE holds the same settings as TOML (docs/service.md).
 """
@@ -228,6 +228,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignor
         metavar="SECONDS",
         help="silence on a replication connection (a reply asked for half way) after which it counts as "
         "lost and is reconnected (default 60)",
+    )
+    g.add_argument(
+        "--slot-wait-timeout",
+        type=flag_type(settings.POSITIVE),
+        metavar="SECONDS",
+        help="give up making a slot (--create-slot, --snapshot) that has waited this long for the "
+        "transactions open on its server, leaving no slot behind (default: no limit; the wait names them)",
     )
 
     p = sub.add_parser(

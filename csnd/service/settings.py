@@ -260,6 +260,7 @@ SETTINGS: Final = (
     Setting("mode", MODE, "single|gtm", live=True),
     Setting("snapshot", SNAPSHOT, "WHEN", live=True),
     Setting("receive_timeout", POSITIVE, "SECONDS", live=True),
+    Setting("slot_wait_timeout", POSITIVE, "SECONDS", live=True),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
 # The live settings: a source URL's query parameters that are csnd's, not libpq's.
