@@ -13,6 +13,12 @@ cumulative buckets, a sum and a count), exposed by `csnd.service.metrics`:
 The commit timestamp is the line's own `commit_time` (docs/design.md
 section 7), so both are on the source's clock against this machine's: on
 one machine the same clock; across machines their offset is in the figure.
+"Now" is this process's steady wall clock (the wall clock read at start,
+moved on by the monotonic one), so a clock set forward or back while the
+service runs does not turn every latency into a day; one set back before
+it started (or a source clock ahead of this one) makes a commit seem to
+lie in the future: that span counts as 0, never as a negative latency,
+which would make the sum go down and every rate() over it wrong.
 An observation costs a substring search and, once per second of commit
 times, one datetime parse (each second's epoch is cached), so the hot path
 pays well under a microsecond a transaction.
@@ -50,6 +56,14 @@ _KEY: Final = b'"commit_time": "'
 _HEAD: Final = 160  # the key is in a line's head ({"csn": N, "gid": ..., "commit_time": ...)
 _SECOND: Final = 19  # "YYYY-MM-DDTHH:MM:SS"
 _SCALE: Final = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)  # a fraction of n digits: over _SCALE[n]
+# This process's anchor: its wall clock, once, and the monotonic clock then.
+_WALL0: Final = time.time()
+_MONO0: Final = time.monotonic()
+
+
+def steady_now() -> float:
+    """Epoch seconds that move only as the monotonic clock does (the wall clock as it was at start)."""
+    return _WALL0 + (time.monotonic() - _MONO0)
 
 
 class LatencyHistogram:
@@ -64,8 +78,8 @@ class LatencyHistogram:
         self._epochs: dict[bytes, float] = {}  # "YYYY-MM-DDTHH:MM:SS" -> its epoch seconds
 
     def observe_lines(self, lines: Iterable[bytes | str | None], now: float | None = None) -> None:
-        """One observation per line with a `commit_time`: `now` (time.time()) minus it."""
-        at = time.time() if now is None else now
+        """One observation per line with a `commit_time`: `now` (`steady_now()`) minus it."""
+        at = steady_now() if now is None else now
         got = [at - t for t in map(self.commit_time, lines) if t is not None]
         if got:
             self.observe_many(got)
@@ -74,6 +88,7 @@ class LatencyHistogram:
         with self._lock:
             counts = self._counts
             for s in seconds:
+                s = max(s, 0.0)  # (a commit "in the future": the clocks disagree, see the docstring)
                 counts[bisect_left(BUCKETS, s)] += 1
                 self._sum += s
 
