@@ -20,6 +20,7 @@ python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["in
     2>/dev/null || need_apt+=(python3-dev)
 [ -e /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)  # the dashboard tests run a real headless browser
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need_apt+=(libfaketime)  # the clock-jump faults
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

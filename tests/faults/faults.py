@@ -22,6 +22,7 @@ import psycopg
 
 from csnd.gtm.writer import PAUSE_POINTS
 from tests.faults import witness as wit
+from tests.faults.clock import clock_jump, clock_jump_setup
 from tests.faults.harness import Run, Stall, http_status, wait
 from tests.fixtures.disks import fill
 from tests.fixtures.procs import children
@@ -557,6 +558,7 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "slot-invalidated": slot_invalidated,
     "spill-full": spill_full,
     "client-black-hole": client_black_hole,
+    "clock-jump": clock_jump,
 }
 # Classes whose correct outcome is a clear stop naming node and slot (checked by `Run.check_clear_stop`).
 STOPS: Final = frozenset({"slot-dropped", "slot-invalidated"})
@@ -564,6 +566,7 @@ SETUP: Final[dict[str, Callable[[Run], None]]] = {
     "writer-kill": writer_kill_setup,
     "changelog-full": changelog_full_setup,
     "spill-full": spill_full_setup,
+    "clock-jump": clock_jump_setup,
 }
 PROXIED: Final = frozenset(
     {

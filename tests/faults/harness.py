@@ -304,6 +304,8 @@ class Run:
         self.stopped: str | None = None  # the node whose slot a stop class took away
         self.mounts: list[str] = []  # small tmpfs mounts of the run (a disk-full class), unmounted at close
         self.serve_args: list[str] = []  # added to every `csnd serve` of the run (a class's --config)
+        self.serve_env: dict[str, str] = {}  # added to its environment (the clock class's libfaketime)
+        self.stderr_clean = False  # a traceback in serve's last stderr fails the run (the clock class)
         # Witness parts consumed before the end, by node (a class that must keep its WAL from removal)
         self.early_witness: dict[str, list[tuple[str, int, wit.Local]]] = {}
 
@@ -328,7 +330,7 @@ class Run:
                     "SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (self.witness_slot,)
                 )
         self.ticking = Ticking(self.cluster.gtm_url, self.urls)
-        self.served = start_serve(self.sources(), self.log_dir, *self.serve_args)
+        self.served = start_serve(self.sources(), self.log_dir, *self.serve_args, env=self.serve_env or None)
         address = self.served.address
         if self.client_proxied:
             host, _, port = address.rpartition(":")
@@ -369,7 +371,12 @@ class Run:
     def restart_served(self) -> None:
         assert self.served is not None
         self.served = start_serve(
-            self.sources(), self.log_dir, "--listen", self.served.address, *self.serve_args
+            self.sources(),
+            self.log_dir,
+            "--listen",
+            self.served.address,
+            *self.serve_args,
+            env=self.serve_env or None,
         )
 
     # --- during the run ----------------------------------------------------------------------
@@ -582,6 +589,8 @@ class Run:
         code, err = self.served.terminate()
         if code != 0:
             v.add(f"csnd serve exited {code} on SIGTERM: {err[-1500:]}")
+        if self.stderr_clean and "Traceback" in err:
+            v.add(f"a traceback in csnd serve's stderr: {err[-3000:]}")
         o.lost = len(set(v.lost))
         o.doubled = len(v.doubled) // max(1, len(self.subs))
         o.problems += v.problems
