@@ -16,7 +16,9 @@ output is the pool's (`FeedOutlet`), so this module holds the cutting alone.
 A batch ends at `batch_changes` changes or `BATCH_BYTES` of raw change data,
 at a Relation or Type message (broadcast after the cut, so every worker
 takes it before any later change of that table), at a keepalive, when the
-source says it is drained (`cut_drained`), and at the end.
+source says it is drained (`cut_drained`), and at the end.  A live node's
+small batch, cut while the decoders are idle, is decoded here instead
+(`decoder.inline`): it reaches the collector with its bodies, in order.
 """
 
 from __future__ import annotations
@@ -89,14 +91,20 @@ SkeletonItem: TypeAlias = PassThroughItem | Truncate | RunSlot | WholesSlot
 
 
 class CutBatch:
-    """A cut of the event stream: its skeleton in order; its changes went to worker `worker` (-1: none)."""
+    """A cut of the event stream: its skeleton in order; its changes went to worker `worker` (-1: none).
 
-    __slots__ = ("events", "worker", "n_changes")
+    `decoded`: the bodies of its changes when they were decoded in the
+    reader's thread (`decoder.inline`); then `worker` is -1 and no worker
+    holds a result for it.
+    """
+
+    __slots__ = ("events", "worker", "n_changes", "decoded")
 
     def __init__(self) -> None:
         self.events: list[tuple[Lsn, SkeletonItem]] = []
         self.worker = -1
         self.n_changes = 0
+        self.decoded: list[Any] | None = None
 
 
 class FeedOutlet(Protocol):
@@ -111,8 +119,21 @@ class FeedOutlet(Protocol):
     def batches_waiting(self) -> int:
         """Batches cut and not yet collected."""
 
+    def batches_decoding(self) -> int:
+        """Batches sent to the workers whose results the collector has not yet read."""
+
     def stopping(self) -> bool:
         """Whether the pool is closing."""
+
+
+class HereDecoder(Protocol):
+    """Decodes a small batch in the reader's thread (`decoder.inline.InlineDecoder`)."""
+
+    def apply(self, meta: ApplyMeta) -> None:
+        """A Relation or Type message, in stream order."""
+
+    def decode(self, wires: list[Wire], n_changes: int) -> list[Any]:
+        """The bodies a worker would have sent back for `wires`."""
 
 
 class BatchFeed:
@@ -122,7 +143,9 @@ class BatchFeed:
     Begin, row changes and Commit fall in one batch, nothing else between
     them, goes to a worker whole, which writes its line (`WholeTxn`).
     `gated`: the source reports its pauses (`cut_drained`), so a keepalive
-    cuts only while the decoders are idle.
+    cuts only while the decoders are idle.  `here`: decodes a batch of at
+    most `inline_changes` changes cut while no batch is with the
+    workers, in this thread (a live node; None: every batch to a worker).
     """
 
     __slots__ = (
@@ -142,10 +165,19 @@ class BatchFeed:
         "_run_lsns",
         "_whole_at",
         "_whole_pending",
+        "_here",
+        "_here_limit",
     )
 
     def __init__(
-        self, out: FeedOutlet, workers: int, batch_changes: int, write_lines: bool, gated: bool
+        self,
+        out: FeedOutlet,
+        workers: int,
+        batch_changes: int,
+        write_lines: bool,
+        gated: bool,
+        here: HereDecoder | None = None,
+        inline_changes: int = 0,
     ) -> None:
         self._out = out
         self._workers = workers
@@ -166,6 +198,8 @@ class BatchFeed:
         # batch held before it.
         self._whole_at = -1
         self._whole_pending = 0
+        self._here = here
+        self._here_limit = inline_changes
 
     def run(self, events: Iterable[Event]) -> None:
         """Feed every event of `events`, then cut the last batch.
@@ -235,10 +269,17 @@ class BatchFeed:
         """Hand on the batch being gathered: its changes to the next worker, its skeleton to the collector."""
         out = self._out
         if self._wires:
-            self._batch.worker = self._rotation
             self._batch.n_changes = self._pending
-            out.put_work(self._rotation, DecodeBatch(self._wires))
-            self._rotation = (self._rotation + 1) % self._workers
+            here = self._here
+            # Small, and the workers idle: live, one or a few transactions, cheaper
+            # decoded here than sent round a worker.  (Not "no batch waiting": a
+            # keepalive's skeleton not yet collected would send half of them round.)
+            if here is not None and self._pending <= self._here_limit and out.batches_decoding() == 0:
+                self._batch.decoded = here.decode(self._wires, self._pending)
+            else:
+                self._batch.worker = self._rotation
+                out.put_work(self._rotation, DecodeBatch(self._wires))
+                self._rotation = (self._rotation + 1) % self._workers
         if self._batch.events:
             out.put_skeleton(self._batch)
         self._batch, self._wires, self._pending, self._pending_bytes = CutBatch(), [], 0, 0
@@ -327,6 +368,8 @@ class BatchFeed:
             meta = ApplyMeta(lsn, msg)
             for i in range(self._workers):
                 self._out.put_work(i, meta)
+            if self._here is not None:  # (after the cut: the batch before it was decoded without it)
+                self._here.apply(meta)
             self._keep((lsn, msg))
         else:
             self._keep((lsn, msg))

@@ -28,6 +28,13 @@ few operations per change instead of parsing each one and building its
 tuple.  Every queue is bounded, and its depth is sampled into `stats`.  A
 worker that dies fails the run with a `WorkerError` naming it -- never a hang.
 
+A live node's small batch, cut while the workers hold no batch, is
+decoded in the reader thread instead (`decoder.inline`, the workers' own
+code): live, a batch is a transaction or a few, and a worker's round trip
+-- the queue's feeder thread, the worker, a second wake-up of the collector
+-- cost more than the decoding.  It reaches the collector through the same
+skeleton queue, with its bodies, so stream order holds as before.
+
 The workers are forked from a fork server (`start_worker_server`): one
 process with no threads that has imported the decoding layer once, so a
 worker starts ready to decode and this process never forks itself.
@@ -61,11 +68,14 @@ from csnd.decoder.feed import (
     BATCH_CHANGES,
     BatchFeed,
     CutBatch,
+    HereDecoder,
     RunSlot,
     Stopped,
     WholesSlot,
 )
+from csnd.decoder.inline import INLINE_CHANGES, InlineDecoder
 from csnd.decoder.messages import (
+    DecodeBatch,
     Decoded,
     Failed,
     Stop,
@@ -112,6 +122,7 @@ class PoolStats:
     batches: int = 0
     changes: int = 0
     queues: list[QueueStats] = field(default_factory=list)
+    inline_batches: int = 0  # of `batches`: decoded in the reader thread (`decoder.inline`)
 
 
 _END: Final = object()
@@ -152,10 +163,13 @@ class DecoderPool:
         batch_changes: int = BATCH_CHANGES,
         enums: list[tuple[int, int]] | None = None,
         types: list[tuple[int, str, int, int]] | None = None,
+        inline_changes: int = INLINE_CHANGES,
     ) -> None:
         """`enums`: (type OID, array OID) of the source's enum types, readable in binary.
 
         `types`: the source's user types (`decoder.rows.USER_TYPES_QUERY`), enums included.
+        `inline_changes`: a live node's batch of at most this many changes, cut while
+        the decoders are idle, is decoded in the reader thread (0: never).
         """
         if workers < 1:
             raise ConfigError(f"--decoders must be at least 1, got {workers}", node=node)
@@ -163,6 +177,8 @@ class DecoderPool:
         self.n = workers
         self.binary = binary
         self.batch_changes = batch_changes
+        self.inline_changes = inline_changes
+        self._enums, self._types = list(enums or ()), list(types or ())
         ctx = start_worker_server()
         self._in: list[Any] = [ctx.Queue(QUEUE_DEPTH) for _ in range(workers)]
         # Results come back over one pipe per worker, not a Queue: the parent
@@ -191,6 +207,10 @@ class DecoderPool:
             queues=[QueueStats(f"decoder-{node}-{i}-in", QUEUE_DEPTH) for i in range(workers)]
             + [QueueStats(f"decoder-{node}-in-flight", pending)]
         )
+        # Batches sent to the workers (counted by the reader thread) and their results
+        # read (by the collector): the difference is what the workers hold.
+        self._sent_to_workers = 0
+        self._results_read = 0
         self._reader_error: BaseException | None = None
         self._cut_drained: Callable[[], None] | None = None  # set by the reader thread's _feed
         self._stop = threading.Event()
@@ -204,9 +224,18 @@ class DecoderPool:
     # --- reader side (its own thread) ---------------------------------------------
 
     def _feed(self, events: EventStream, write_lines: bool, reports_pauses: bool) -> None:
-        """The reader thread: `events` cut into batches (`decoder.feed`), then the end mark."""
+        """The reader thread: `events` cut into batches (`decoder.feed`), then the end mark.
+
+        A live node's (`reports_pauses`) small batches are decoded here when the
+        decoders are idle (`decoder.inline`); a recorded file's go to the workers.
+        """
         try:
-            feed = BatchFeed(self, self.n, self.batch_changes, write_lines, reports_pauses)
+            here: HereDecoder | None = None
+            if reports_pauses and self.inline_changes > 0:
+                here = InlineDecoder(self.node, self.binary, self._enums, self._types)
+            feed = BatchFeed(
+                self, self.n, self.batch_changes, write_lines, reports_pauses, here, self.inline_changes
+            )
             self._cut_drained = feed.cut_drained
             feed.run(events)
         except BaseException as e:  # (handed to the collector)
@@ -232,6 +261,8 @@ class DecoderPool:
 
     def put_work(self, worker: int, message: ToWorker) -> None:
         """`FeedOutlet.put_work`: to worker `worker`'s inbox, waiting while it is full."""
+        if type(message) is DecodeBatch:
+            self._sent_to_workers += 1
         self._put(self._in[worker], message, worker)
 
     def put_skeleton(self, batch: CutBatch) -> None:
@@ -241,6 +272,10 @@ class DecoderPool:
     def batches_waiting(self) -> int:
         """`FeedOutlet.batches_waiting`."""
         return self._skeletons.qsize()
+
+    def batches_decoding(self) -> int:
+        """`FeedOutlet.batches_decoding` (each counter has one writer: no lock)."""
+        return self._sent_to_workers - self._results_read
 
     def stopping(self) -> bool:
         """`FeedOutlet.stopping`."""
@@ -300,11 +335,16 @@ class DecoderPool:
                         self._sync()
                     return
                 assert isinstance(item, CutBatch)
-                if item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
+                if item.decoded is not None:  # decoded in the reader thread: no worker holds it
+                    decoded = item.decoded
+                    self.stats.inline_batches += 1
+                elif item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
                     yield from cast("list[tuple[Lsn, PassThroughItem]]", item.events)
                     yield INVALID_LSN, BATCH_END
                     continue
-                decoded = self._result(item.worker)
+                else:
+                    decoded = self._result(item.worker)
+                    self._results_read += 1
                 self.stats.batches += 1
                 self.stats.changes += item.n_changes
                 at = 0  # results are in wire order: a run's bodies are consecutive
