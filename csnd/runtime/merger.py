@@ -117,11 +117,13 @@ class Merger:
         self._durable_asks: deque[tuple[int, dict[str, int]]] = deque()  # (ticket, written per node)
         self._asked_at_ended = -1  # sink.ended at the newest ask
         self._group_commit_now = True
+        self.durable_wake = DurableWake(self.wakeup, self._has_unasked)
         if self._group_commit is not None and (self.confirming or durable_always):
             # Group commit takes what is ready, not what a timer allows: a round that
             # ended transactions asks for a sync at once unless one is under way, and
-            # the sync's end wakes this thread to ask for what piled up meanwhile.
-            self._group_commit.wake_on_durable(self.wakeup)
+            # the sync's end wakes this thread to ask for what piled up meanwhile --
+            # only then: live, a sync usually covers all there was (`DurableWake`).
+            self._group_commit.wake_on_durable(self.durable_wake)
         else:
             self._group_commit_now = False
         self._feeding: dict[str, Iterator[NodeBatch] | None] = {}  # each node's transaction being fed in
@@ -344,6 +346,17 @@ class Merger:
             self._asked_at_ended = sink.ended
             asks.append((sink.request_durable(), self._written()))
 
+    def _has_unasked(self) -> bool:
+        """Whether a transaction ended since the newest ask, or the sync failed (the sync thread asks)."""
+        sink = self._group_commit
+        if sink is None or sink.ended != self._asked_at_ended:
+            return True
+        try:
+            sink.raise_failure()
+        except BaseException:
+            return True
+        return False
+
     def _confirm_behind(self, sink: GroupCommit) -> None:
         """Ask for a sync of what is new; move each slot to what the syncs finished so far cover."""
         asks = self._durable_asks
@@ -386,6 +399,37 @@ class Merger:
             self._confirm(final=True)
         else:
             self.sink.make_durable()
+
+
+class DurableWake(threading.Event):
+    """What the group commit's sync thread sets as each sync finishes: the merger's wake-up, when needed.
+
+    A sync's end woke the merger so that it asks for what piled up during
+    the sync.  Live, nothing usually did: the sync covered the one
+    transaction there was, and the wake-up was one more thread switch a
+    transaction (and a GIL hand-over) for a round that found nothing.  Now
+    it passes only when a transaction ended since the merger's newest ask,
+    or the sync failed.  No ask is lost: the merger asks whenever no sync
+    is under way (`Merger._ask_durable`), and the sync thread updates its
+    durable ticket before it sets this, so a transaction ended after this
+    look finds the sync over and is asked for by the merger's own round.
+    A slot's confirmation of that sync waits for the merger's next round
+    (the next input, or `IDLE_WAIT_S`): the slot may trail, never lead.
+    """
+
+    def __init__(self, wakeup: threading.Event, wanted: Callable[[], bool]) -> None:
+        super().__init__()
+        self._wakeup = wakeup
+        self._wanted = wanted
+        self.passed = 0  # sets that woke the merger
+        self.dropped = 0  # sets that found nothing to ask for
+
+    def set(self) -> None:
+        if self._wanted():
+            self.passed += 1
+            self._wakeup.set()
+        else:
+            self.dropped += 1
 
 
 def write_alone(sink: Sink, txn: FinishedTxn, order: AloneOrder) -> int:
