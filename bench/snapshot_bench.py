@@ -23,7 +23,7 @@ The table is an int key, text, numeric, timestamptz and jsonb.
 `--sweep` adds the (chunk_rows, readers) settings that CHUNK_ROWS and
 READERS were chosen by.
 
-    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep]
+    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep] [--copiers threads|processes ...]
 """
 
 from __future__ import annotations
@@ -162,7 +162,9 @@ def _csnd_seconds(
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
-def _shape(server: PgServer, name: str, tables: list[str], rows: int, rounds: int) -> dict[str, Any]:
+def _shape(
+    server: PgServer, name: str, tables: list[str], rows: int, rounds: int, kinds: tuple[str, ...] = ()
+) -> dict[str, Any]:
     dsn = server.dsn()
     _fill(dsn, tables, rows)
     total = rows * len(tables)
@@ -176,7 +178,22 @@ def _shape(server: PgServer, name: str, tables: list[str], rows: int, rounds: in
         csnd_s = _csnd_seconds(
             dsn, f"pub_{tables[0]}", f"bench_{tables[0]}_{r}", SnapshotSettings(), csnd_cpu
         )
-        run = {
+        copiers: dict[str, Any] = {}
+        for kind in kinds:  # (the same snapshot with its copiers run otherwise, in the same round)
+            kind_cpu = _Cpu(server)
+            kind_s = _csnd_seconds(
+                dsn,
+                f"pub_{tables[0]}",
+                f"bench_{tables[0]}_{r}_{kind}",
+                SnapshotSettings(copiers=kind),
+                kind_cpu,
+            )
+            copiers[kind] = {
+                "csnd_s": round(kind_s, 3),
+                "csnd_vs_copy": round(copy_s / kind_s, 3),
+                "cpu_s": [round(kind_cpu.server_s, 3), round(kind_cpu.client_s, 3)],
+            }
+        run: dict[str, Any] = {
             "copy_s": round(copy_s, 3),
             "pg_dump_s": round(dump_s, 3),
             "csnd_s": round(csnd_s, 3),
@@ -190,6 +207,8 @@ def _shape(server: PgServer, name: str, tables: list[str], rows: int, rounds: in
                 "csnd": [round(csnd_cpu.server_s, 3), round(csnd_cpu.client_s, 3)],
             },
         }
+        if copiers:
+            run["copiers"] = copiers
         runs.append(run)
         print(
             f"{name} round {r + 1}: COPY {total / copy_s:>10,.0f} rows/s, pg_dump -j 2 {total / dump_s:>10,.0f}, "
@@ -200,6 +219,12 @@ def _shape(server: PgServer, name: str, tables: list[str], rows: int, rounds: in
             f"csnd {csnd_cpu.server_s:.2f} + {csnd_cpu.client_s:.2f}",
             flush=True,
         )
+        for kind, c in copiers.items():
+            print(
+                f"    copiers as {kind}: csnd {total / c['csnd_s']:>10,.0f} rows/s (csnd/COPY {c['csnd_vs_copy']:.2f}), "
+                f"cpu s {c['cpu_s'][0]:.2f} + {c['cpu_s'][1]:.2f}",
+                flush=True,
+            )
     ratios = [x["csnd_vs_copy"] for x in runs]
     dumps = [x["pg_dump_vs_copy"] for x in runs]
     summary = {
@@ -228,12 +253,16 @@ def _sweep(server: PgServer, rows: int) -> list[dict[str, Any]]:
     return results
 
 
-def run(rows: int = 200_000, rounds: int = 5, sweep: bool = False) -> dict[str, Any]:
+def run(
+    rows: int = 200_000, rounds: int = 5, sweep: bool = False, copiers: tuple[str, ...] = ()
+) -> dict[str, Any]:
     server = start_server()
     try:
         result: dict[str, Any] = {
-            "one_table": _shape(server, "one table", ["big"], rows, rounds),
-            "four_tables": _shape(server, "four tables", [f"part{i}" for i in range(4)], rows // 4, rounds),
+            "one_table": _shape(server, "one table", ["big"], rows, rounds, copiers),
+            "four_tables": _shape(
+                server, "four tables", [f"part{i}" for i in range(4)], rows // 4, rounds, copiers
+            ),
         }
         if sweep:
             result["sweep"] = _sweep(server, rows)
@@ -248,7 +277,14 @@ if __name__ == "__main__":
     parser.add_argument("rows", nargs="?", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument(
+        "--copiers",
+        action="append",
+        choices=("threads", "processes"),
+        default=[],
+        help="also time the snapshot with its copiers run so, in each round (repeatable)",
+    )
     options = parser.parse_args()
-    result = run(options.rows, options.rounds, options.sweep)
+    result = run(options.rows, options.rounds, options.sweep, tuple(options.copiers))
     with open(out_path("snapshot.json"), "w") as f:
         json.dump(result, f, indent=2)

@@ -57,13 +57,28 @@
 typedef struct {
     char *data;
     Py_ssize_t len, cap;
+    /* Not NULL while a caller's loop runs with the GIL released (_copysplit's render_rows): every
+       writer that touches a Python object or Python's allocator takes it back first (out_gil). */
+    PyThreadState *released;
     char inline_[512];
 } Out;
+
+/* The GIL held again, where the caller had released it: before any Python API call. */
+static inline void
+out_gil(Out *o)
+{
+    if (o->released != NULL) {
+        PyThreadState *state = o->released;
+        o->released = NULL;
+        PyEval_RestoreThread(state);
+    }
+}
 
 static int
 out_put(Out *o, const char *src, Py_ssize_t n)
 {
     if (o->len + n > o->cap) {
+        out_gil(o);
         Py_ssize_t cap = o->cap * 2;
         while (cap < o->len + n)
             cap *= 2;
@@ -134,6 +149,7 @@ put_string(Out *o, PyObject *quote, const unsigned char *p, Py_ssize_t n)
             return -1;
         return 1;
     }
+    out_gil(o);
     PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
     if (text == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
@@ -294,6 +310,7 @@ put_jsonb(Out *o, const unsigned char *p, Py_ssize_t n)
         return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (p[i] >= 0x80) { /* not ASCII: it must be UTF-8, as the text the twin decodes */
+            out_gil(o);
             PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
             if (text == NULL) {
                 if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
@@ -336,6 +353,7 @@ put_built(Out *o, PyObject *built)
 static int
 put_by_builder(Out *o, PyObject *pair, int kind, const unsigned char *p, Py_ssize_t n)
 {
+    out_gil(o);
     if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
         PyErr_SetString(PyExc_TypeError, "read_row: each builder entry must be a (binary, text) pair");
         return -1;
@@ -408,6 +426,7 @@ put_bytea(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
 static int
 put_repr(Out *o, double x)
 {
+    out_gil(o);
     char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (r == NULL)
         return -1;
@@ -451,6 +470,7 @@ float_text(Out *o, const unsigned char *p, Py_ssize_t n, double *x)
     memcpy(text, p, (size_t)n);
     text[n] = 0;
     char *end;
+    out_gil(o);
     double v = PyOS_string_to_double(text, &end, NULL);
     if (v == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
@@ -562,6 +582,7 @@ put_float4(Out *o, int kind, const unsigned char *p, Py_ssize_t n)
         return put_nonfinite(o, f);
     double x = f; /* (0 and -0 as they are) */
     if (f != 0) {
+        out_gil(o); /* (float4_shortest reads decimals with PyOS_string_to_double) */
         if (!float4_shortest(fabsf(f), &x))
             return 0;
         if (f < 0)
@@ -941,6 +962,7 @@ read_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     o.data = o.inline_;
     o.len = 0;
     o.cap = sizeof o.inline_;
+    o.released = NULL;
     int give_up = 1;
     /* As the Python reader: the column count is a signed 16-bit number read while pos + 2 <= end;
        each column's kind byte is read wherever pos is in the data (not checked against end);

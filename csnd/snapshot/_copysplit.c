@@ -28,7 +28,11 @@
  * `(text, rows, pos, state)` as split_rows does, text None where the row
  * reader gives up (the caller takes the checked path).  No Python object
  * is made a row: the per-row tuple, str, list entry, join and encode were
- * most of the snapshot's rendering time.
+ * most of the snapshot's rendering time.  The row loop runs with the GIL
+ * released, so copier threads of one process render in parallel: a value
+ * written through Python (a builder, a string to escape) takes the GIL
+ * back for itself (`out_gil` in _rows.c), and a table with a column whose
+ * binary values always are (a '?', 'S', 'f' or 'F' code) keeps it held.
  *
  * `read_copy(pgconn, get_copy_data, free_mem)` reads a COPY TO STDOUT's
  * data to its end in one call, the GIL released: `pgconn` is libpq's
@@ -165,11 +169,27 @@ error:
     return NULL;
 }
 
+/* A column's `"name": `, read from its bytes object before the GIL is released. */
+typedef struct {
+    const char *text;
+    Py_ssize_t len;
+} Key;
+
+/* Whether a value of type code `c` in binary form may be written with the GIL released: every
+   code but those whose binary values always go through Python (a builder, repr() of a float).
+   A table with such a column renders with the GIL held, as before (a release a row would cost
+   more than it frees). */
+static int
+writes_without_gil(char c)
+{
+    return c != '?' && c != 'S' && c != 'f' && c != 'F';
+}
+
 /* One binary COPY row from `pos` as the row reader's JSON, appended to `o`: 1 written (*row_end
    set), 0 the row does not end by `end`, 2 the reader gives up, -1 error.  As read_row on the row's
    split_rows tuple: a negative length is NULL, every other value is a binary one. */
 static int
-render_row(Out *o, const char *code, PyObject *keys, PyObject *quote, PyObject *builders, Py_ssize_t n,
+render_row(Out *o, const char *code, const Key *keys, PyObject *quote, PyObject *builders, Py_ssize_t n,
            const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, int count, Py_ssize_t *row_end)
 {
     if (count != n) {
@@ -182,8 +202,7 @@ render_row(Out *o, const char *code, PyObject *keys, PyObject *quote, PyObject *
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i > 0 && out_put(o, ", ", 2) < 0)
             return -1;
-        PyObject *key = PyTuple_GET_ITEM(keys, i);
-        if (out_put(o, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) < 0)
+        if (out_put(o, keys[i].text, keys[i].len) < 0)
             return -1;
         if (p + 4 > end)
             return 0;
@@ -236,13 +255,45 @@ render_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *buf = view.buf;
     const char *code = PyBytes_AS_STRING(codes);
+    const char *prefix_text = PyBytes_AS_STRING(prefix);
+    Py_ssize_t prefix_len = PyBytes_GET_SIZE(prefix);
+    Key *key = PyMem_Malloc(sizeof(Key) * (size_t)(n > 0 ? n : 1));
+    if (key == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    int release = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyTuple_GET_ITEM(keys, i);
+        key[i].text = PyBytes_AS_STRING(k);
+        key[i].len = PyBytes_GET_SIZE(k);
+        release &= writes_without_gil(code[i]);
+    }
     Out o;
     o.data = o.inline_;
     o.len = 0;
     o.cap = sizeof o.inline_;
+    o.released = NULL;
+    /* (room for the usual text at once: 3.6 times the COPY's bytes for the bench's rows; more is
+       grown, the GIL taken for it) */
+    Py_ssize_t room = (end - pos) * 4 + 4096;
+    if (room > o.cap) {
+        char *data = PyMem_Malloc((size_t)room);
+        if (data == NULL) {
+            PyMem_Free(key);
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+        o.data = data;
+        o.cap = room;
+    }
     Py_ssize_t rows = 0;
     int state = 0, gave_up = 0;
+    /* The loop runs with the GIL released (copier threads in one process render in parallel):
+       a writer that needs Python takes it back (out_gil), and the next row releases it again. */
     while (pos + 2 <= end) {
+        if (release && o.released == NULL)
+            o.released = PyEval_SaveThread();
         int count = (int16_t)((buf[pos] << 8) | buf[pos + 1]);
         if (count == -1) {
             state = 1;
@@ -254,10 +305,9 @@ render_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         Py_ssize_t mark = o.len, row_end = 0;
-        if ((rows > 0 && out_put(&o, ", ", 2) < 0) ||
-            out_put(&o, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix)) < 0)
+        if ((rows > 0 && out_put(&o, ", ", 2) < 0) || out_put(&o, prefix_text, prefix_len) < 0)
             goto error;
-        int r = gave_up ? 2 : render_row(&o, code, keys, quote, builders, n, buf, pos, end, count, &row_end);
+        int r = gave_up ? 2 : render_row(&o, code, key, quote, builders, n, buf, pos, end, count, &row_end);
         if (gave_up && tuple_size(buf, pos, end, count, &row_end) < 0)
             r = 0;
         if (r < 0)
@@ -273,14 +323,18 @@ render_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         rows++;
         pos = row_end;
     }
+    out_gil(&o);
     PyObject *text = gave_up ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(o.data, o.len);
     out_free(&o);
+    PyMem_Free(key);
     PyBuffer_Release(&view);
     if (text == NULL)
         return NULL;
     return Py_BuildValue("(Nnni)", text, rows, pos, state);
 error:
+    out_gil(&o); /* (a writer that failed set its exception with the GIL held: out_gil is a no-op) */
     out_free(&o);
+    PyMem_Free(key);
     PyBuffer_Release(&view);
     return NULL;
 }

@@ -2,26 +2,31 @@
 
     LiveSource.prepare(snapshot=...) ── ExportedSnapshot (the slot's replication connection, held open)
             │
-            ▼  NodeSnapshot.open(): 1 planner connection here and READERS copier processes
-            │  (csnd.snapshot.copyproc), each BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
-            │  SET TRANSACTION SNAPSHOT '...' on a connection of its own
+            ▼  NodeSnapshot.open(): 1 planner connection here and READERS copiers (connections in
+            │  this process, or copier processes: csnd.snapshot.copyproc), each BEGIN ISOLATION
+            │  LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '...' on a connection of its own
             ▼  then ExportedSnapshot.release(): the transactions keep the snapshot
     planner: pg_publication_tables ─► TableInfo ─► chunk bounds ─► chunk queue ─┐
-    copier thread i ─ chunk ─► copier process i: binary COPY ─► copyrows ─► render ─► its text ─►│
+    copier thread i ─ chunk ─► copier i: binary COPY ─► copyrows ─► render ─► its text ─►│
                                                       done queue (bounded) ◄─ ChunkResult ◄─────┘
                                                       └► SnapshotRun appends each chunk (csnd.snapshot.run)
 
 Every connection sees the database exactly as of the slot's consistent
 point: what committed before it is in the snapshot, what commits after it is
 streamed by the slot.  The planner plans one table at a time and hands its
-chunks on at once, so copying starts with the first table.  The copier
-processes render rows with the stream's own decoder (`csnd.snapshot.render`),
-so a read's values are a streamed insert's, and they do it off this
-process's GIL: this process only plans and appends.
+chunks on at once, so copying starts with the first table.  The copiers
+render rows with the stream's own decoder (`csnd.snapshot.render`), so a
+read's values are a streamed insert's.  By default they are the copier
+threads themselves (`copiers = "threads"`): the COPY's read and the
+rendering run in C with the GIL released, so the threads use both cores
+with no pipe, no process start-up and no receive; `"processes"` runs each
+in a process of its own (what a table with many columns rendered through
+Python builders, which hold the GIL, may want).
 
 Errors name the node, the table and the consistent point's LSN; a failed
-query, or a copier process that dies, ends the snapshot (`SnapshotError`),
-since a snapshot cannot be imported again once the exporting connection is gone.
+query, a lost connection, or a copier process that dies, ends the snapshot
+(`SnapshotError`), since a snapshot cannot be imported again once the
+exporting connection is gone.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from psycopg import sql
 from csnd.core.appname import named_conninfo
 from csnd.core.errors import CsndError, SnapshotError
 from csnd.reader.reconnect import one_line
-from csnd.snapshot.copyproc import CopierProcess
+from csnd.snapshot.copyproc import CopierProcess, LocalCopier
 from csnd.snapshot.plan import (
     CHUNK_ROWS,
     FIRST_NON_BUILTIN_OID,
@@ -61,6 +66,11 @@ log = logging.getLogger("csnd.snapshot")
 # the rendering in this process's threads any of 1, 3 or 6 copied 34,000-43,000 rows/s on 2
 # shared cores; in processes, 3 keep 2 cores busy while one waits on its COPY.
 READERS: Final = 3
+# Where the copiers run: "threads" of this process (the COPY read and the rendering release the
+# GIL), or "processes" of their own.  bench/snapshot_bench.py --copiers alternates the two
+# (docs/performance.md): threads took 0.24-0.27 client CPU s for 200,000 rows, processes 0.36-0.42
+# (the pipe, the start-up and the receive), and copied as fast or faster.
+COPIERS: Final = "threads"
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,11 @@ class SnapshotSettings:
 
     chunk_rows: int = CHUNK_ROWS
     readers: int = READERS
+    copiers: str = COPIERS  # "threads" (in this process) or "processes" (csnd.snapshot.copyproc)
+
+    def __post_init__(self) -> None:
+        if self.copiers not in ("threads", "processes"):
+            raise ValueError(f'snapshot copiers must be "threads" or "processes", not {self.copiers!r}')
 
 
 @dataclass
@@ -149,7 +164,7 @@ class NodeSnapshot:
         self.enums = enums
         self.settings = settings or SnapshotSettings()
         self._conns: list[psycopg.Connection[tuple[Any, ...]]] = []  # the planner's
-        self._copiers: list[CopierProcess] = []
+        self._copiers: list[CopierProcess | LocalCopier] = []
         self._chunks: queue.Queue[Chunk | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -180,6 +195,19 @@ class NodeSnapshot:
                 f"cannot import the slot's exported snapshot {snapshot_name}: {one_line(str(e))}"
             ) from None
         try:
+            if self.settings.copiers == "threads":
+                for _ in range(max(1, self.settings.readers)):
+                    self._copiers.append(
+                        LocalCopier.start(
+                            self.conninfo,
+                            self.node,
+                            snapshot_name,
+                            self.consistent_lsn,
+                            self.binary,
+                            self.enums,
+                        )
+                    )
+                return
             ctx = start_worker_server()
             for _ in range(max(1, self.settings.readers)):
                 self._copiers.append(
@@ -267,7 +295,9 @@ class NodeSnapshot:
         for t in self._threads:
             t.join()
 
-    def _copier(self, copier: CopierProcess, done: Callable[[ChunkResult | BaseException], None]) -> None:
+    def _copier(
+        self, copier: CopierProcess | LocalCopier, done: Callable[[ChunkResult | BaseException], None]
+    ) -> None:
         while True:
             chunk = self._chunks.get()
             if chunk is None or self._stop.is_set():

@@ -1,4 +1,4 @@
-"""Snapshot copiers in processes: each imports the exported snapshot itself, COPYs chunks and renders them.
+"""Snapshot copiers, in processes or in this one: each imports the exported snapshot itself, COPYs chunks and renders them.
 
     parent (NodeSnapshot)                              copier process (forked from the decoder's fork server)
     open(): CopierProcess.start() x READERS ─ conninfo, snapshot name ─► connect; BEGIN REPEATABLE READ READ ONLY;
@@ -8,11 +8,13 @@
                                ◄─ (change objects' text, rows), or the SnapshotError
     close(): None, then the pipe closed ──────────────────────────────► ends (also on EOF: the parent is gone)
 
-Why processes: the copy of a chunk -- reading the COPY's messages, splitting
-rows, writing each row's JSON -- holds the GIL, and with the rendering in the
-service's process its copier threads and its changelog writer took turns on
-one core (docs/performance.md, "Initial snapshot").  A process per copier
-reads and renders on any core; the parent only appends the text it gets.
+Why processes: where the copy of a chunk holds the GIL (a table whose
+values go through Python builders), the service's copier threads and its
+changelog writer take turns on one core (docs/performance.md, "The initial
+snapshot").  A process per copier reads and renders on any core; the parent
+only appends the text it gets.  Since the COPY's read and the rendering
+release the GIL, `LocalCopier` (the same copy in the copier thread itself)
+is the default: it saves the pipe, the start-up and the receive.
 
 A chunk crosses the pipe as its plan (a few hundred bytes) and comes back as
 one string (its rows' change objects: about 150 bytes a narrow row), never
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.connection as mpc
 import os
+import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 # How long a copier process may take to start and import the snapshot: a fork and one connection;
 # longer means the server does not answer, and the export must not be held open for ever.
 READY_TIMEOUT_S: Final = 60.0
+# How long closing a copier in this process waits for its cancelled COPY to end.
+CLOSE_WAIT_S: Final = 5.0
 
 
 class CopierProcess:
@@ -135,6 +140,73 @@ class CopierProcess:
         if self._process.exitcode is None:
             self._process.kill()  # (blocked in a long COPY: the snapshot is over anyway)
             self._process.join(timeout=2.0)
+
+
+class LocalCopier:
+    """A copier in this process: the copier thread itself imports the snapshot, COPYs and renders.
+
+    The COPY is read (`copyread`) and rendered (`_copysplit.render_rows`) with
+    the GIL released, so the threads of one process run in parallel as the
+    processes do, with no pipe (the chunk's text is not copied out and back
+    in), no process to start and nothing to receive.  The same `copy()` as
+    CopierProcess, from the same `_ChunkCopier`.
+    """
+
+    def __init__(self, copier: _ChunkCopier) -> None:
+        self._copier = copier
+        # held while a chunk is copied: the connection is closed only between chunks, never under a
+        # COPY that libpq is reading in the copier thread without the GIL
+        self._busy = threading.Lock()
+        self._closing = False
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    @classmethod
+    def start(
+        cls,
+        conninfo: str,
+        node: str,
+        snapshot_name: str,
+        lsn: int,
+        binary: bool,
+        enums: list[tuple[int, int]],
+    ) -> LocalCopier:
+        """Connect and import the snapshot now (its SnapshotError raised here)."""
+        return cls(_ChunkCopier(conninfo, node, snapshot_name, lsn, binary, enums))
+
+    def ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Nothing to wait for: `start` imported the snapshot."""
+
+    def copy(self, chunk: Chunk) -> tuple[bytes, int]:
+        """The chunk's change objects' text (UTF-8) and row count."""
+        with self._busy:
+            if self._closing:
+                raise SnapshotError(
+                    f"the snapshot was stopped before chunk {chunk.index} of {chunk.count}",
+                    node=self._copier.node,
+                    lsn=self._copier.lsn,
+                    table=chunk.table.label,
+                )
+            try:
+                return self._copier.copy(chunk)
+            finally:
+                if self._closing:  # (closed while it copied: the close left the connection to it)
+                    self._copier.close()
+
+    def close(self) -> None:
+        """Cancel a COPY under way; the connection is closed here, or by the copy once it has ended."""
+        self._closing = True
+        if not self._busy.acquire(blocking=False):
+            with contextlib.suppress(Exception):
+                self._copier.conn.cancel_safe(timeout=2.0)
+            if not self._busy.acquire(timeout=CLOSE_WAIT_S):
+                return  # (still reading: the cancelled COPY ends it, and the copy closes the connection)
+        try:
+            self._copier.close()
+        finally:
+            self._busy.release()
 
 
 def _copier_entry(

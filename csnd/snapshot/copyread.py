@@ -21,7 +21,7 @@ import functools
 from typing import Any, Protocol, cast
 
 import psycopg
-from psycopg import errors, pq
+from psycopg import errors, generators, pq
 
 from csnd.core.compiled import compiled_module
 
@@ -67,22 +67,21 @@ def read_copy(conn: psycopg.Connection[Any], statement: str) -> bytes:
         with conn.cursor() as cur, cur.copy(statement) as copy:
             return b"".join(bytes(data) for data in copy)
     pgconn = conn.pgconn
+    # (sent and its results awaited through psycopg's generators, which wait on the socket with the
+    # GIL released: PGconn.get_result() blocks in libpq holding it, and a COPY that waits for a lock
+    # would stop every other thread of the process -- copier threads run in the service's)
     pgconn.send_query(statement.encode())
-    result = pgconn.get_result()
+    results = conn.wait(generators.execute(pgconn))
+    result = results[0] if results else None
     if result is None or result.status != pq.ExecStatus.COPY_OUT:
-        _drain(pgconn)
+        conn.wait(generators.fetch_many(pgconn))
         raise _error(result, pgconn, f"not a COPY TO STDOUT: {statement[:60]}")
     data, _status = _copysplit.read_copy(pointer, *functions)
-    result = pgconn.get_result()  # (the COPY's own result: ok, or the error that ended it)
-    _drain(pgconn)
+    results = conn.wait(generators.fetch_many(pgconn))  # (the COPY's own result: ok, or its error)
+    result = results[0] if results else None
     if result is None or result.status != pq.ExecStatus.COMMAND_OK:
         raise _error(result, pgconn, "the COPY ended without its result")
     return bytes(data)
-
-
-def _drain(pgconn: Any) -> None:
-    while pgconn.get_result() is not None:
-        pass
 
 
 def _error(result: Any, pgconn: Any, fallback: str) -> psycopg.Error:

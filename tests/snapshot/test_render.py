@@ -206,3 +206,21 @@ def test_valid_rows_take_the_one_pass_and_write_what_the_checked_path_writes() -
             len(data),
             1,
         )
+
+
+def test_a_chunk_whose_text_outgrows_its_first_buffer_is_rendered_whole() -> None:
+    """The one pass sizes its buffer from the COPY's bytes and grows it mid-loop, where it runs without
+    the GIL: narrow rows (NULLs: 26 bytes each, about 300 of text), then rows whose strings take the
+    escaping path back through Python, must still give the checked path's bytes."""
+    cache = RelationCache(binary=True)
+    for msg in _WIDE.relation_messages():
+        cache.apply(msg, LSN)
+    nulls = [_copy_row((None,) * 6)] * 3000
+    escaped = [
+        _copy_row((struct.pack("!i", i), f'q"\\{i}é'.encode(), b'\x01["\xc3\xa9"]', None, None, None))
+        for i in range(500)
+    ]
+    data = _COPY_HEADER + b"".join(nulls + escaped + nulls) + b"\xff\xff"
+    text, rows = binary_chunk_text("dn1", LSN, _WIDE.relid, data, cache)
+    assert (text, rows) == _checked("dn1", data, cache)
+    assert rows == 6500 and len(text) > 4 * len(data) + 4096
