@@ -170,6 +170,45 @@ put_string(Out *o, PyObject *quote, const unsigned char *p, Py_ssize_t n)
     return r < 0 ? -1 : 1;
 }
 
+/* The digits below write what printf's "%lld" and "%0Nd" write, without printf: its format
+   parsing was a fifth of a snapshot's rendering (integers, numeric groups, timestamps). */
+
+/* v's decimal digits at out (no NUL); their count (1-20). */
+static int
+put_u64_digits(char *out, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (int i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+/* "%lld" of v at out (no NUL); its length (at most 20). */
+static int
+put_i64_digits(char *out, int64_t v)
+{
+    if (v < 0) {
+        out[0] = '-';
+        return 1 + put_u64_digits(out + 1, (uint64_t)0 - (uint64_t)v);
+    }
+    return put_u64_digits(out, (uint64_t)v);
+}
+
+/* "%0*u" of v (v < 10^width) at out: exactly `width` digits, no NUL. */
+static void
+put_fixed_digits(char *out, unsigned long long v, int width)
+{
+    for (int i = width - 1; i >= 0; i--) {
+        out[i] = (char)('0' + v % 10);
+        v /= 10;
+    }
+}
+
 /* Days since 1970-01-01 -> (year, month, day): Howard Hinnant's civil_from_days. */
 static void
 civil_from_days(int64_t z, int64_t *y, unsigned *m, unsigned *d)
@@ -209,9 +248,30 @@ iso_time(long long us, char *out, size_t size)
     if (y < 1 || y > 9999)
         return 0;
     int hh = (int)(in_day / 3600), mm = (int)(in_day / 60 % 60), ss = (int)(in_day % 60);
-    if (micros)
-        return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d.%06lld+00:00", (int)y, m, d, hh, mm, ss, micros);
-    return snprintf(out, size, "%04d-%02u-%02uT%02d:%02d:%02d+00:00", (int)y, m, d, hh, mm, ss);
+    /* "%04d-%02u-%02uT%02d:%02d:%02d[.%06lld]+00:00", written digit by digit */
+    int len = micros ? 32 : 25;
+    if (size < (size_t)len + 1)
+        return 0; /* (no caller gives less: each has room for the longest) */
+    char *at = out;
+    put_fixed_digits(at, (unsigned long long)y, 4);
+    at[4] = '-';
+    put_fixed_digits(at + 5, m, 2);
+    at[7] = '-';
+    put_fixed_digits(at + 8, d, 2);
+    at[10] = 'T';
+    put_fixed_digits(at + 11, (unsigned long long)hh, 2);
+    at[13] = ':';
+    put_fixed_digits(at + 14, (unsigned long long)mm, 2);
+    at[16] = ':';
+    put_fixed_digits(at + 17, (unsigned long long)ss, 2);
+    at += 19;
+    if (micros) {
+        *at++ = '.';
+        put_fixed_digits(at, (unsigned long long)micros, 6);
+        at += 6;
+    }
+    memcpy(at, "+00:00", 7); /* (with its NUL, as snprintf wrote) */
+    return len;
 }
 
 /* numeric_send's value as numeric_out writes it (what psycopg's Decimal prints): 1 written, 0 give up.
@@ -263,10 +323,11 @@ put_numeric(Out *o, const unsigned char *p, Py_ssize_t n)
         if (!wrote) {
             if (d == 0)
                 continue;
-            len += snprintf(buf + len, 8, "%d", d);
+            len += put_u64_digits(buf + len, (uint64_t)d);
             wrote = 1;
         } else {
-            len += snprintf(buf + len, 8, "%04d", d);
+            put_fixed_digits(buf + len, (unsigned long long)d, 4);
+            len += 4;
         }
     }
     if (!wrote)
@@ -277,8 +338,8 @@ put_numeric(Out *o, const unsigned char *p, Py_ssize_t n)
         for (int k = 0, place = 0; place < dscale; k++) {
             int i = weight + 1 + k;
             int d = i >= 0 && i < ndigits ? (p[8 + 2 * i] << 8) | p[9 + 2 * i] : 0;
-            char four[5];
-            snprintf(four, sizeof four, "%04d", d);
+            char four[4];
+            put_fixed_digits(four, (unsigned long long)d, 4);
             for (int c = 0; c < 4 && place < dscale; c++, place++)
                 buf[len++] = four[c];
         }
@@ -725,7 +786,7 @@ put_int_array(Out *o, const unsigned char *p, Py_ssize_t n, int size, uint32_t e
         }
         if (len != size || pos + len > n)
             return 0;
-        int w = snprintf(digits, sizeof digits, "%lld", (long long)be_signed(p + pos, size));
+        int w = put_i64_digits(digits, be_signed(p + pos, size));
         pos += len;
         if (out_put(o, digits, w) < 0)
             return -1;
@@ -916,7 +977,7 @@ put_value(Out *o, PyObject *quote, PyObject *pair, char code, int kind, const un
     Py_ssize_t size = code == 'h' ? 2 : code == 'i' ? 4 : 8;
     if (n != size)
         return 0;
-    int len = snprintf(digits, sizeof digits, "%lld", (long long)be_signed(p, size));
+    int len = put_i64_digits(digits, be_signed(p, size));
     return out_put(o, digits, len) < 0 ? -1 : 1;
 }
 

@@ -7,6 +7,7 @@ import os
 import random
 import struct
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -519,3 +520,35 @@ def test_the_compiled_float4_is_its_twins_for_nearly_every_bit_pattern() -> None
         assert got == want or got is None, hex(bits)
         gave_up += got is None
     assert gave_up <= len(patterns) // 100
+
+
+def test_integers_and_timestamps_at_their_edges_are_written_as_the_twin_writes_them() -> None:
+    """The digit writers that replaced printf, at the values whose digits are easiest to get wrong."""
+    types = ["int2", "int4", "int8", "timestamptz", "numeric"]
+    compiled, twin = _readers(types, True)
+    stamps = [0, -1, 1, 999_999, 1_000_000, -(10**6) + 1, 252_455_615_999_999_999, -63_082_281_600_000_000]
+    numerics = [
+        Decimal("0"),
+        Decimal("-0.01"),
+        Decimal("10000.0001"),
+        Decimal("9999"),
+        Decimal("-100000000.5"),
+    ]
+    for i, (h, n, q) in enumerate(
+        [
+            (-(2**15), -(2**31), -(2**63)),
+            (2**15 - 1, 2**31 - 1, 2**63 - 1),
+            (0, -1, 10**18),
+            (-10, 9, -(10**18)),
+        ]
+    ):
+        cells = [
+            struct.pack("!h", h),
+            struct.pack("!i", n),
+            struct.pack("!q", q),
+            struct.pack("!q", stamps[i] if i % 2 else stamps[-1 - i]),
+            numeric_binary(numerics[i]),
+        ]
+        data = b"N" + struct.pack("!h", len(types)) + b"".join(_value(b"b", c) for c in cells)
+        got = compiled(data, 1, len(data))
+        assert got is not None and got == twin(data, 1, len(data))
