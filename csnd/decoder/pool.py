@@ -211,6 +211,9 @@ class DecoderPool:
         # read (by the collector): the difference is what the workers hold.
         self._sent_to_workers = 0
         self._results_read = 0
+        self._next_liveness = (
+            0.0  # (monotonic) when the collector next looks at the workers while decoding inline
+        )
         self._reader_error: BaseException | None = None
         self._cut_drained: Callable[[], None] | None = None  # set by the reader thread's _feed
         self._stop = threading.Event()
@@ -338,6 +341,13 @@ class DecoderPool:
                 if item.decoded is not None:  # decoded in the reader thread: no worker holds it
                     decoded = item.decoded
                     self.stats.inline_batches += 1
+                    # No result is read from a worker now, so look at them on the clock: a
+                    # dead one fails the run (and a service restarts it) as it did when
+                    # every batch went round them, not at the next large batch.
+                    now = time.monotonic()
+                    if now >= self._next_liveness:
+                        self._next_liveness = now + LIVENESS_POLL_S
+                        self._check_all()
                 elif item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
                     yield from cast("list[tuple[Lsn, PassThroughItem]]", item.events)
                     yield INVALID_LSN, BATCH_END

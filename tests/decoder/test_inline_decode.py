@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
 import threading
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csnd.core.errors import DecodeError
+from csnd.core.errors import DecodeError, WorkerError
 from csnd.core.ids import Lsn
 from csnd.decoder.change import DecodedRun, WholeTxns
 from csnd.decoder.pool import BatchEnd, DecoderPool
@@ -146,3 +148,32 @@ def test_a_relation_the_reader_thread_cannot_decode_fails_the_run_after_what_cam
             seen.append(item)
     assert sum(isinstance(i, DecodedRun) for i in seen) == 2
     assert str(ei.value).startswith('node dn1: relation public.t (relid 16384): column "shape" has type')
+
+
+def test_a_decoder_killed_while_batches_are_decoded_inline_fails_the_live_run(tmp_path: Path) -> None:
+    """Live and idle, the workers get no batch, so no result read notices one dead: the collector must
+    look at them anyway and fail the run (a service then restarts the pipeline), well before a stream
+    of one-row transactions that never needs them ends."""
+    events = _stream(tmp_path / "s.pgstream", [1])
+    relation, txn = events[0], events[1:]
+    pool = DecoderPool("dn1", 2, binary=True)
+    victim = pool._procs[1]
+    limit = 300_000
+    after_kill = 0
+
+    def stream() -> EventStream:
+        nonlocal after_kill
+        yield relation
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(30)
+        while after_kill < limit:
+            yield from txn
+            pool.drained()
+            after_kill += 1
+
+    with pytest.raises(WorkerError, match=r"decoder worker 1 \(pid \d+\) was killed by signal 9"):
+        for _ in pool.run(stream(), reports_pauses=True):
+            pass
+    assert after_kill < limit, "the dead worker was noticed only at the stream's end"
+    assert pool.stats.inline_batches > 0
