@@ -1,4 +1,12 @@
-"""The `csnd` command line (docs/design.md section 8; other tools script against it)."""
+"""The `csnd` command line (docs/design.md section 8; other tools script against it).
+
+A command imports its own modules only, when it runs: `main` builds the parser
+of the command it was given in full and every other command from its one help
+line (`_HELP`), so `csnd --help` and a `csnd subscribe` do not pay for psycopg,
+grpc, the service or the GTM kit (together ~0.25 s of a process's start, paid
+by every `csnd` the tests and the demo start).  `build_parser()` still builds
+every command in full (docs/reference.md is generated from it).
+"""
 
 from __future__ import annotations
 
@@ -9,30 +17,19 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
 from csnd import __version__
-from csnd.consumers.snapshot_cmd import add_snapshot_parser, cmd_snapshot
-from csnd.consumers.subscribe import add_subscribe_parser, cmd_subscribe
-from csnd.consumers.subscriptions_cmd import add_subscriptions_parser, cmd_subscriptions
 from csnd.core.addresses import listen_address
 from csnd.core.appname import default_application_name
 from csnd.core.errors import ConfigError, CsndError, UsageError, os_error_text
 from csnd.core.ids import lsn_from_str, lsn_to_str
-from csnd.core.tls import TlsFiles
-from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
 from csnd.runtime.logsetup import FORMATS, chosen_format
 from csnd.runtime.logsetup import configure as configure_logging
-from csnd.runtime.options import (
-    AGENT_GIVE_UP_S,
-    AgentDialConfig,
-    LiveSourceConfig,
-    NodeAgentConfig,
-    ReplayConfig,
-)
-from csnd.runtime.slot_cmd import add_slot_parser, cmd_slot
-from csnd.runtime.sources import open_live, parse_lsn_arg, parse_source
 from csnd.runtime.stopping import Interrupted, Terminated, install_stop_handlers
-from csnd.service.serve_cmd import add_agent_dial_options, add_service_parsers, cmd_changelog, cmd_serve
+
+if TYPE_CHECKING:
+    from csnd.runtime.options import AgentDialConfig, LiveSourceConfig, NodeAgentConfig, ReplayConfig
 
 DESCRIPTION = """\
 csnd: parallel, CSN-ordered logical decoding for PostgreSQL-family clusters.
@@ -127,6 +124,13 @@ def _add_live_options(p: argparse.ArgumentParser) -> None:
         "a failing first connection or a permanent error (authentication, no such slot, "
         "publication or database) fails at once",
     )
+    g.add_argument(
+        "--slot-wait-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="give up making a slot (--create-slot) that has waited this long for the transactions "
+        "open on its server, leaving no slot behind (default: no limit; the wait names them)",
+    )
     g.add_argument("--text", action="store_true", help="ask for values in text form instead of binary")
     g.add_argument(
         "--mode",
@@ -136,19 +140,11 @@ def _add_live_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="csnd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"csnd {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and reconnects")
-    parser.add_argument("--log-format", choices=FORMATS, help=_LOG_FORMAT_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_record_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "record",
         parents=[_VERBOSE],
-        help="capture a live node's stream to a recorded stream file",
+        help=_HELP["record"],
         description="Capture a live node's replication stream (pgoutput v2) into FILE.pgstream. "
         "The slot is confirmed only to what is fsynced to the file, so a second recording on the "
         "same slot continues exactly where this one ended. The file is synced every second, every "
@@ -173,10 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_live_options(p)
 
+
+def _add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.runtime.options import AGENT_GIVE_UP_S
+    from csnd.service.serve_cmd import add_agent_dial_options
+
     p = sub.add_parser(
         "replay",
         parents=[_VERBOSE],
-        help="run the pipeline over sources and print transaction JSON lines in CSN order",
+        help=_HELP["replay"],
         description="Run the whole pipeline (reader, decoder processes, sender, coordinator) over "
         "the sources and write the transaction JSON lines of docs/design.md section 7 in global CSN order. "
         "Exit 0 when every source has ended; on any error exit 1 with one line on stderr. "
@@ -217,10 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         "that uses each version of a table (docs/design.md section 7)",
     )
 
+
+def _add_node_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "node",
         parents=[_VERBOSE],
-        help="run one node's pipeline as a node agent serving the coordinator over gRPC",
+        help=_HELP["node"],
         description="Run reader, decoder processes and sender for one node (a live node or a "
         "recorded file) and serve its CSN-ordered batches and watermarks over gRPC to a "
         "coordinator (`csnd replay grpc://HOST:PORT`). Batches are kept until the coordinator "
@@ -266,12 +269,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_live_options(p)
 
+
+def _add_slot_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.runtime.slot_cmd import add_slot_parser
+
     add_slot_parser(sub, _VERBOSE)
 
+
+def _add_generate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "generate",
         parents=[_VERBOSE],
-        help="write a synthetic GaussDB-style cluster of recorded stream files",
+        help=_HELP["generate"],
         description="Write DIR/dn1.pgstream ... DIR/dnK.pgstream: a GTM-mode cluster with interleaved "
         "and out-of-CSN-order commits, aborts after committing, distributed transactions, DDL, "
         "streamed large transactions, unchanged TOAST and every replica identity; plus "
@@ -283,16 +292,98 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", action="store_true", help="values in text form instead of binary")
     p.add_argument("--out", required=True, metavar="DIR")
 
+
+def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from csnd.demo import add_demo_parser
 
     add_demo_parser(sub)
-    add_subscribe_parser(sub)
-    add_subscriptions_parser(sub)
-    add_snapshot_parser(sub)
-    add_service_parsers(sub)
-    from csnd.gtm.commands import add_parsers as add_cluster_kit_parsers
 
-    add_cluster_kit_parsers(sub)
+
+def _add_subscribe_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.consumers.subscribe import add_subscribe_parser
+
+    add_subscribe_parser(sub)
+
+
+def _add_subscriptions_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.consumers.subscriptions_cmd import add_subscriptions_parser
+
+    add_subscriptions_parser(sub)
+
+
+def _add_snapshot_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.consumers.snapshot_cmd import add_snapshot_parser
+
+    add_snapshot_parser(sub)
+
+
+def _add_service_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.service.serve_cmd import add_service_parsers
+
+    add_service_parsers(sub)
+
+
+def _add_cluster_kit_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from csnd.gtm.commands import add_parsers
+
+    add_parsers(sub)
+
+
+# Every command in the order --help lists them, with its one help line: what
+# `csnd --help` prints without importing the command's modules.  The lines of
+# the commands defined elsewhere are copies of their own parsers' help
+# (tests/cli/test_lazy_commands.py holds the two equal).
+_HELP: Final = {
+    "record": "capture a live node's stream to a recorded stream file",
+    "replay": "run the pipeline over sources and print transaction JSON lines in CSN order",
+    "node": "run one node's pipeline as a node agent serving the coordinator over gRPC",
+    "slot": "list or drop replication slots on a live node",
+    "generate": "write a synthetic GaussDB-style cluster of recorded stream files",
+    "demo": "run the embedded default: a local cluster, the service, a subscriber and Spark",
+    "subscribe": "print a csnd service's transactions as JSON lines, acknowledging them",
+    "subscriptions": "list, reset or delete a csnd service's named subscriptions",
+    "snapshot": "take an incremental snapshot of tables in a running service",
+    "serve": "run the service: durable changelog, gRPC changefeed, dashboard",
+    "changelog": "print or check a changelog directory without a running service",
+    "gtm": "shared GTM tools (in-doubt recovery)",
+    "workload": "run concurrent distributed writers on live nodes through the shared GTM",
+}
+
+# What adds each command's parser (one call adds the commands named with it).
+_PARSERS: Final = (
+    (("record",), _add_record_parser),
+    (("replay",), _add_replay_parser),
+    (("node",), _add_node_parser),
+    (("slot",), _add_slot_parser),
+    (("generate",), _add_generate_parser),
+    (("demo",), _add_demo_parser),
+    (("subscribe",), _add_subscribe_parser),
+    (("subscriptions",), _add_subscriptions_parser),
+    (("snapshot",), _add_snapshot_parser),
+    (("serve", "changelog"), _add_service_parsers),
+    (("gtm", "workload"), _add_cluster_kit_parsers),
+)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command in full, or with `only`, that command alone and the others' help lines.
+
+    Parsing a command's arguments with `build_parser(only=COMMAND)` gives what
+    `build_parser()` gives; only that command's modules are imported.
+    """
+    parser = argparse.ArgumentParser(
+        prog="csnd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"csnd {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and reconnects")
+    parser.add_argument("--log-format", choices=FORMATS, help=_LOG_FORMAT_HELP)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for names, add_parsers in _PARSERS:
+        if only is None or only in names:
+            add_parsers(sub)
+        else:
+            for name in names:
+                sub.add_parser(name, help=_HELP[name])
     for command in sub.choices.values():  # -v after any subcommand, as before it
         if not any("--verbose" in a.option_strings for a in command._actions):
             command.add_argument(
@@ -305,9 +396,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def _command_in(argv: Sequence[str]) -> str:
+    """The command `argv` names: its first word that is neither an option nor --log-format's value ("" if none)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return next(words, "")
+        if not word.startswith("-"):
+            return word
+        if "=" not in word and len(word) > 2 and "--log-format".startswith(word):
+            next(words, None)  # (argparse takes any prefix of a long option, --log too)
+    return ""
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """`build_parser().parse_args(argv)`, with the parser of the command `argv` names alone built in full."""
+    command = _command_in(argv)
+    parser = build_parser(only=command)
     args = parser.parse_args(argv)
+    if args.command is not None and args.command != command:  # (argparse read it otherwise: parse in full)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    return parser, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         log_format = chosen_format(args.log_format)
     except ValueError as e:
@@ -395,6 +509,9 @@ def _tune_interpreter() -> None:
 
 def live_config(args: argparse.Namespace) -> LiveSourceConfig:
     """The live-source options of a command, checked (an --until-lsn that is no LSN is refused for any source)."""
+    from csnd.runtime.options import LiveSourceConfig
+    from csnd.runtime.sources import parse_lsn_arg
+
     return LiveSourceConfig(
         slot=args.slot,
         publication=args.publication,
@@ -404,10 +521,13 @@ def live_config(args: argparse.Namespace) -> LiveSourceConfig:
         binary=not args.text,
         mode=args.mode,
         give_up_s=args.give_up,
+        slot_wait_timeout_s=args.slot_wait_timeout,
     )
 
 
 def replay_config(args: argparse.Namespace) -> ReplayConfig:
+    from csnd.runtime.options import ReplayConfig
+
     return ReplayConfig(
         sources=tuple(args.sources),
         output=args.output,
@@ -421,12 +541,17 @@ def replay_config(args: argparse.Namespace) -> ReplayConfig:
 
 
 def agent_dial_config(args: argparse.Namespace) -> AgentDialConfig:
+    from csnd.runtime.options import AgentDialConfig
+
     return AgentDialConfig(
         token_file=args.agent_token_file, ca=args.agent_ca, cert=args.agent_cert, key=args.agent_key
     )
 
 
 def node_config(args: argparse.Namespace) -> NodeAgentConfig:
+    from csnd.core.tls import TlsFiles
+    from csnd.runtime.options import NodeAgentConfig
+
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("TLS needs both --tls-cert and --tls-key")
     if args.tls_client_ca and not args.tls_cert:
@@ -446,6 +571,7 @@ def node_config(args: argparse.Namespace) -> NodeAgentConfig:
 def cmd_record(args: argparse.Namespace) -> int:
     from csnd.reader.live import LiveSource
     from csnd.reader.record_cmd import record
+    from csnd.runtime.sources import open_live, parse_source
 
     spec = parse_source(args.source)
     if not spec.is_live:
@@ -475,6 +601,8 @@ def _start_decoder_server() -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from csnd.runtime.sources import parse_source
+
     if not all(parse_source(s).is_grpc for s in args.sources):  # node agents decode for themselves
         _start_decoder_server()
     from csnd.runtime.replay import run_replay
@@ -512,6 +640,52 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+# The commands defined elsewhere, imported as they run.
+
+
+def cmd_slot(args: argparse.Namespace) -> int:
+    from csnd.runtime.slot_cmd import cmd_slot
+
+    return cmd_slot(args)
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    from csnd.consumers.subscribe import cmd_subscribe
+
+    return cmd_subscribe(args)
+
+
+def cmd_subscriptions(args: argparse.Namespace) -> int:
+    from csnd.consumers.subscriptions_cmd import cmd_subscriptions
+
+    return cmd_subscriptions(args)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from csnd.consumers.snapshot_cmd import cmd_snapshot
+
+    return cmd_snapshot(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from csnd.service.serve_cmd import cmd_serve
+
+    return cmd_serve(args)
+
+
+def cmd_changelog(args: argparse.Namespace) -> int:
+    from csnd.service.serve_cmd import cmd_changelog
+
+    return cmd_changelog(args)
+
+
+def cmd_cluster_kit(args: argparse.Namespace) -> int:
+    """`csnd gtm` and `csnd workload`."""
+    from csnd.gtm.commands import COMMANDS as CLUSTER_KIT_COMMANDS
+
+    return int(CLUSTER_KIT_COMMANDS[args.command](args))
+
+
 COMMANDS = {
     "record": cmd_record,
     "replay": cmd_replay,
@@ -524,8 +698,9 @@ COMMANDS = {
     "snapshot": cmd_snapshot,
     "serve": cmd_serve,
     "changelog": cmd_changelog,
+    "gtm": cmd_cluster_kit,
+    "workload": cmd_cluster_kit,
 }
-COMMANDS.update(CLUSTER_KIT_COMMANDS)
 
 if __name__ == "__main__":
     sys.exit(main())

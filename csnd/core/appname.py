@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 from typing import Final
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+# psycopg is imported where a URL is read, not here: every `csnd` command
+# names its process first, and a command without a PostgreSQL connection
+# (`csnd subscribe`, `csnd --help`) should not pay psycopg's ~0.1 s import.
 
 ENV: Final = "PGAPPNAME"
 
@@ -41,6 +42,9 @@ def for_node(conninfo: str, node: str) -> dict[str, str]:
     """`{"application_name": "csnd COMMAND NODE"}` to connect with, or {} when the URL or the operator names it."""
     if _process_name is None:
         return {}
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         if conninfo_to_dict(conninfo).get("application_name"):
             return {}
@@ -51,5 +55,7 @@ def for_node(conninfo: str, node: str) -> dict[str, str]:
 
 def named_conninfo(conninfo: str, node: str) -> str:
     """`conninfo` with the node's `application_name` added (as it was when the URL or the operator names it)."""
+    from psycopg.conninfo import make_conninfo
+
     extra = for_node(conninfo, node)
     return make_conninfo(conninfo, **extra) if extra else conninfo
