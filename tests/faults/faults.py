@@ -24,6 +24,7 @@ from csnd.gtm.writer import PAUSE_POINTS
 from tests.faults import witness as wit
 from tests.faults.clock import clock_jump, clock_jump_setup
 from tests.faults.harness import Run, Stall, http_status, wait
+from tests.faults.spark import spark_kill, spark_kill_setup
 from tests.fixtures.disks import fill
 from tests.fixtures.procs import children
 
@@ -559,6 +560,7 @@ FAULTS: Final[dict[str, Callable[[Run], None]]] = {
     "spill-full": spill_full,
     "client-black-hole": client_black_hole,
     "clock-jump": clock_jump,
+    "spark-kill": spark_kill,
 }
 # Classes whose correct outcome is a clear stop naming node and slot (checked by `Run.check_clear_stop`).
 STOPS: Final = frozenset({"slot-dropped", "slot-invalidated"})
@@ -567,6 +569,7 @@ SETUP: Final[dict[str, Callable[[Run], None]]] = {
     "changelog-full": changelog_full_setup,
     "spill-full": spill_full_setup,
     "clock-jump": clock_jump_setup,
+    "spark-kill": spark_kill_setup,
 }
 PROXIED: Final = frozenset(
     {

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import psycopg
 
@@ -95,6 +95,25 @@ def setup_cluster(cluster: LocalCluster) -> None:
 
 class Stall(AssertionError):
     """A drain step did not finish within DRAIN_S."""
+
+
+class Consumer(Protocol):
+    """A consumer a class adds beside the two subscribers (the Spark driver's sinks): drained and checked too."""
+
+    who: str
+    drain_s: float  # how long it may take to reach the last transaction (a drain step's bound)
+
+    def last_csn(self) -> int:
+        """The csn it holds every transaction through (0: none yet)."""
+        ...
+
+    def check(self, want: list[wit.Txn], v: wit.Verdict) -> None:
+        """Stops it and checks what it holds against the witness into `v`."""
+        ...
+
+    def close(self) -> None:
+        """Whatever of it still runs goes."""
+        ...
 
 
 def wait(
@@ -306,6 +325,7 @@ class Run:
         self.serve_args: list[str] = []  # added to every `csnd serve` of the run (a class's --config)
         self.serve_env: dict[str, str] = {}  # added to its environment (the clock class's libfaketime)
         self.stderr_clean = False  # a traceback in serve's last stderr fails the run (the clock class)
+        self.consumers: list[Consumer] = []  # drained and checked beside the subscribers (a class's own)
         # Witness parts consumed before the end, by node (a class that must keep its WAL from removal)
         self.early_witness: dict[str, list[tuple[str, int, wit.Local]]] = {}
 
@@ -472,6 +492,7 @@ class Run:
                     and target is not None
                     and newest > target
                     and all(last_csn(s.out) > target for s in self.subs)
+                    and all(c.last_csn() > target for c in self.consumers)
                 ):
                     self.recovered_at = time.monotonic()
         for c in conns.values():
@@ -548,6 +569,13 @@ class Run:
                     f"subscriber {sub.name or '-'} to reach csn {top}",
                     self.diagnose,
                 )
+            for consumer in self.consumers:
+                wait(
+                    functools.partial(lambda c: c.last_csn() >= top, consumer),
+                    f"{consumer.who} to reach csn {top}",
+                    self.diagnose,
+                    consumer.drain_s,
+                )
             ends = {n: max((t.nodes[n].end_lsn for t in want if n in t.nodes), default=0) for n in self.urls}
             wait(
                 lambda: all(self.readings and self.readings[-1][0][n] >= e for n, e in ends.items()),
@@ -580,6 +608,8 @@ class Run:
             if code not in (0, -signal.SIGINT, 130):
                 v.add(f"subscriber {s.name or '-'} exited {code}: {err}")
             wit.check_stream(f"subscriber {s.name or '-'}", s.lines(), want, v)
+        for consumer in self.consumers:
+            consumer.check(want, v)
         wit.check_writers(self.committed(), want, v)
         if self.victim is not None:
             gid, commits = self.victim
@@ -592,7 +622,8 @@ class Run:
         if self.stderr_clean and "Traceback" in err:
             v.add(f"a traceback in csnd serve's stderr: {err[-3000:]}")
         o.lost = len(set(v.lost))
-        o.doubled = len(v.doubled) // max(1, len(self.subs))
+        # (per consumer; one doubled anywhere counts)
+        o.doubled = max(len(v.doubled) // (len(self.subs) + len(self.consumers) or 1), bool(v.doubled))
         o.problems += v.problems
         if o.problems:
             o.problems.append(f"recovery: {recovery}")
@@ -701,6 +732,8 @@ class Run:
     def close(self) -> None:
         """Whatever is still running goes; the run's slots are dropped."""
         self._stop.set()
+        for consumer in self.consumers:
+            consumer.close()
         for w in self.writers:
             if w.is_alive():
                 w.kill()

@@ -43,7 +43,16 @@ def _cases() -> Iterator[tuple[str, int]]:
             yield case
 
 
-@pytest.mark.parametrize(("fault", "seed"), list(_cases()), ids=lambda x: str(x))
+# Seconds a run of a class may take past pytest's default: a Spark driver's JVM starts
+# in 20 s on an idle 2-core machine but in minutes beside other JVMs and the suite.
+SLOW: dict[str, int] = {"spark-kill": 1200}
+
+
+@pytest.mark.parametrize(
+    ("fault", "seed"),
+    [pytest.param(f, s, marks=pytest.mark.timeout(SLOW[f])) if f in SLOW else (f, s) for f, s in _cases()],
+    ids=lambda x: str(x),
+)
 def test_fault(cluster: LocalCluster, tmp_path: Path, fault: str, seed: int) -> None:
     with running(
         cluster, tmp_path, fault, seed, proxied=fault in PROXIED, client_proxied=fault in CLIENT_PROXIED
