@@ -48,11 +48,16 @@ def failover_refusal(slot: str, server_version: int, in_recovery: bool) -> str |
     return None
 
 
-def waiting_notice(in_recovery: bool) -> str:
-    """The progress line of a slot still short of its consistent point (a %s for node and slot each)."""
-    if in_recovery:
-        return (
-            "node %s: slot %s waits on this standby for the primary's next running-xacts record "
-            "(its consistent point); hurry it with SELECT pg_log_standby_snapshot() on the primary"
-        )
-    return "node %s: slot %s waits for the transactions running on the server to end (its consistent point)"
+# What hurries a slot on a standby to its consistent point.
+STANDBY_HINT: Final = "hurry it with SELECT pg_log_standby_snapshot() on the primary"
+
+
+def standby_waiting_notice() -> str:
+    """The progress line of a slot on a standby short of its consistent point (%s node, %s slot, %.0f waited).
+
+    (On a primary the line names the transactions it waits for: reader.slotwait.)
+    """
+    return (
+        "node %s: slot %s waits on this standby for the primary's next running-xacts record "
+        f"(its consistent point; waited %.0f s); {STANDBY_HINT}"
+    )

@@ -26,7 +26,7 @@ from csnd.core.ids import Lsn, lsn_from_str
 from csnd.reader.feedback import now_pg_us
 from csnd.reader.reconnect import invalidated_how, slot_lost_error
 from csnd.reader.replconn import ReplicationConnection, quote_ident, quote_literal
-from csnd.reader.slotmaking import create_slot_command, failover_refusal, waiting_notice
+from csnd.reader.slotmaking import STANDBY_HINT, create_slot_command, failover_refusal, standby_waiting_notice
 from csnd.reader.slotwait import (
     OpenTransactions,
     gave_up_text,
@@ -52,10 +52,7 @@ SLOT_CREATE_REPEAT_S: Final = 30.0
 # disappear: the server drops it after it has sent the cancel's error.
 SLOT_GONE_WAIT_S: Final = 10.0
 SLOT_GONE_POLL_S: Final = 0.05
-STANDBY_WAIT: Final = (
-    "on a standby it waits for the primary's next running-xacts record: hurry it with "
-    "SELECT pg_log_standby_snapshot() on the primary"
-)
+STANDBY_WAIT: Final = f"on a standby it waits for the primary's next running-xacts record: {STANDBY_HINT}"
 
 
 @dataclass(frozen=True)
@@ -237,7 +234,7 @@ class SourceCheck:
     def _say_waiting(self, waited_s: float, in_recovery: bool) -> None:
         slot = self.options.slot
         if in_recovery:
-            log.warning(waiting_notice(in_recovery) + " (waited %.0f s)", self.node, slot, waited_s)
+            log.warning(standby_waiting_notice(), self.node, slot, waited_s)
             return
         log.warning("%s", waiting_line(self.node, slot, waited_s, self._open_transactions(in_recovery)))
 
