@@ -42,6 +42,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@cache  # (asked for every imported name the checks look at: walking csnd/ each time took 20 s)
 def sources() -> dict[str, Path]:
     """Every module of csnd but the generated ones, by name."""
     return {module_name(p): p for p in sorted(CSND.rglob("*.py")) if "_pb2" not in p.name}
