@@ -198,6 +198,10 @@ class NodeWatch:
         self._watermark = -1
         self._watermark_moved_at = clock()
         self._down_since: float | None = None  # first seen reconnecting or restarting
+        # Status is looked at from several threads at once (HTTP, gRPC): one look at a time, so that
+        # each look's "now" is no earlier than the times another look stored (re-entrant: a test's
+        # clock may look again inside one).
+        self._looking = threading.RLock()
 
     def attach(
         self, node_input: WatchedInput, tracker: SafePosition | None, waiting_merge: Callable[[], int]
@@ -238,6 +242,10 @@ class NodeWatch:
         return behind[0][0]
 
     def snapshot(self) -> NodeState:
+        with self._looking:
+            return self._snapshot()
+
+    def _snapshot(self) -> NodeState:
         now = self.clock()
         st = self.stats()
         received = st.received_lsn
@@ -264,7 +272,7 @@ class NodeWatch:
             confirmed_lsn=confirmed,
             watermark_csn=watermark,
             lag_bytes=max(received - confirmed, 0),
-            lag_seconds=round(now - lag_since, 3),
+            lag_seconds=round(max(now - lag_since, 0.0), 3),  # (never negative, whoever looked last)
             stuck=state == "streaming" and waiting > 0 and now - self._watermark_moved_at > STUCK_AFTER_S,
             error=self.error or slot.error,
             transactions=st.released,
