@@ -45,10 +45,10 @@ FAKETIME_LIB: Final = next(
 )
 # (seed - 1) % 4 picks the jump and whether it happens while running or across a kill -9 and restart.
 VARIANTS: Final = (("+2d", False), ("-1d", False), ("+2d", True), ("-1d", True))
-SEGMENT_BYTES: Final = 128 << 10  # a run of seconds fills a few
+SEGMENT_BYTES: Final = 64 << 10  # a run of seconds fills several
 RETENTION_EVERY_S: Final = 1.0
 # How long the class watches the service after the jump: several retention passes.
-WATCH_S: Final = 4.0
+WATCH_S: Final = 2.5
 WATCH_EVERY_S: Final = 0.25
 # How far a record's time may lie past the real time it was read at (the changelog's clock
 # is anchored at the wall clock of its first start; the test and the service read it apart).
