@@ -23,7 +23,10 @@ The table is an int key, text, numeric, timestamptz and jsonb.
 `--sweep` adds the (chunk_rows, readers) settings that CHUNK_ROWS and
 READERS were chosen by.
 
-    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep] [--copiers threads|processes ...]
+    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep] [--copiers threads|processes ...] [--split ctid]
+
+`--copiers` and `--split` time csnd again with that setting in each round,
+beside its defaults (`run["variants"]`).
 """
 
 from __future__ import annotations
@@ -163,7 +166,12 @@ def _csnd_seconds(
 
 
 def _shape(
-    server: PgServer, name: str, tables: list[str], rows: int, rounds: int, kinds: tuple[str, ...] = ()
+    server: PgServer,
+    name: str,
+    tables: list[str],
+    rows: int,
+    rounds: int,
+    variants: tuple[tuple[str, SnapshotSettings], ...] = (),
 ) -> dict[str, Any]:
     dsn = server.dsn()
     _fill(dsn, tables, rows)
@@ -178,17 +186,17 @@ def _shape(
         csnd_s = _csnd_seconds(
             dsn, f"pub_{tables[0]}", f"bench_{tables[0]}_{r}", SnapshotSettings(), csnd_cpu
         )
-        copiers: dict[str, Any] = {}
-        for kind in kinds:  # (the same snapshot with its copiers run otherwise, in the same round)
+        others: dict[str, Any] = {}
+        for v, (label, settings) in enumerate(variants):  # (the same snapshot set otherwise, same round)
             kind_cpu = _Cpu(server)
             kind_s = _csnd_seconds(
                 dsn,
                 f"pub_{tables[0]}",
-                f"bench_{tables[0]}_{r}_{kind}",
-                SnapshotSettings(copiers=kind),
+                f"bench_{tables[0]}_{r}_{v}",
+                settings,
                 kind_cpu,
             )
-            copiers[kind] = {
+            others[label] = {
                 "csnd_s": round(kind_s, 3),
                 "csnd_vs_copy": round(copy_s / kind_s, 3),
                 "cpu_s": [round(kind_cpu.server_s, 3), round(kind_cpu.client_s, 3)],
@@ -207,8 +215,8 @@ def _shape(
                 "csnd": [round(csnd_cpu.server_s, 3), round(csnd_cpu.client_s, 3)],
             },
         }
-        if copiers:
-            run["copiers"] = copiers
+        if others:
+            run["variants"] = others
         runs.append(run)
         print(
             f"{name} round {r + 1}: COPY {total / copy_s:>10,.0f} rows/s, pg_dump -j 2 {total / dump_s:>10,.0f}, "
@@ -219,9 +227,9 @@ def _shape(
             f"csnd {csnd_cpu.server_s:.2f} + {csnd_cpu.client_s:.2f}",
             flush=True,
         )
-        for kind, c in copiers.items():
+        for label, c in others.items():
             print(
-                f"    copiers as {kind}: csnd {total / c['csnd_s']:>10,.0f} rows/s (csnd/COPY {c['csnd_vs_copy']:.2f}), "
+                f"    {label}: csnd {total / c['csnd_s']:>10,.0f} rows/s (csnd/COPY {c['csnd_vs_copy']:.2f}), "
                 f"cpu s {c['cpu_s'][0]:.2f} + {c['cpu_s'][1]:.2f}",
                 flush=True,
             )
@@ -254,14 +262,17 @@ def _sweep(server: PgServer, rows: int) -> list[dict[str, Any]]:
 
 
 def run(
-    rows: int = 200_000, rounds: int = 5, sweep: bool = False, copiers: tuple[str, ...] = ()
+    rows: int = 200_000,
+    rounds: int = 5,
+    sweep: bool = False,
+    variants: tuple[tuple[str, SnapshotSettings], ...] = (),
 ) -> dict[str, Any]:
     server = start_server()
     try:
         result: dict[str, Any] = {
-            "one_table": _shape(server, "one table", ["big"], rows, rounds, copiers),
+            "one_table": _shape(server, "one table", ["big"], rows, rounds, variants),
             "four_tables": _shape(
-                server, "four tables", [f"part{i}" for i in range(4)], rows // 4, rounds, copiers
+                server, "four tables", [f"part{i}" for i in range(4)], rows // 4, rounds, variants
             ),
         }
         if sweep:
@@ -284,7 +295,13 @@ if __name__ == "__main__":
         default=[],
         help="also time the snapshot with its copiers run so, in each round (repeatable)",
     )
+    parser.add_argument(
+        "--split", choices=("ctid",), help="also time the snapshot with its tables cut so, in each round"
+    )
     options = parser.parse_args()
-    result = run(options.rows, options.rounds, options.sweep, tuple(options.copiers))
+    variants = [(f"copiers {kind}", SnapshotSettings(copiers=kind)) for kind in options.copiers]
+    if options.split:
+        variants.append((f"split {options.split}", SnapshotSettings(split=options.split)))
+    result = run(options.rows, options.rounds, options.sweep, tuple(variants))
     with open(out_path("snapshot.json"), "w") as f:
         json.dump(result, f, indent=2)

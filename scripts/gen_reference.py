@@ -240,6 +240,11 @@ def render_tables() -> str:
         ),
         ("`[snapshot]`", f"`readers` (default {READERS})", "connections per node reading chunks in parallel"),
         (
+            "`[snapshot]`",
+            '`split` (default "key")',
+            'how a table is cut into chunks: "key" ranges of its primary key, or "ctid" ranges of its heap pages',
+        ),
+        (
             "`[spill]`",
             "`dir` (default: the system's temp directory)",
             "where a big transaction's spill file goes",

@@ -101,9 +101,10 @@ class ServeConfig:
     verbose: bool = False
     spill_dir: str | None = None  # [spill] dir: big transactions' spill files (None: the temp directory)
     spill_bytes: int | None = None  # [spill] bytes: one transaction's memory before it spills
-    # [snapshot] chunk_rows, readers: an initial snapshot's tunables (None: csnd.snapshot's defaults)
+    # [snapshot] chunk_rows, readers, split: an initial snapshot's tunables (None: csnd.snapshot's defaults)
     snapshot_chunk_rows: int | None = None
     snapshot_readers: int | None = None
+    snapshot_split: str | None = None
     parquet_dir: str | None = (
         None  # --parquet-dir: the changelog also as Parquet files (csnd.service.parquet)
     )
@@ -205,7 +206,7 @@ _TOP_KEYS: Final = {s.key for s in SETTINGS if not s.live} | {
     "snapshot",
 }
 _SPILL_KEYS: Final = {"dir", "bytes"}
-_SNAPSHOT_KEYS: Final = {"chunk_rows", "readers"}
+_SNAPSHOT_KEYS: Final = {"chunk_rows", "readers", "split"}
 _SOURCE_KEYS: Final = {"name", "target", *LIVE_KEYS}
 
 
@@ -272,6 +273,8 @@ def build_config(
         raise ConfigError(
             f"{where}: [snapshot]: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SNAPSHOT_KEYS))}"
         )
+    if snapshot.get("split", "key") not in ("key", "ctid"):
+        raise ConfigError(f'{where}: [snapshot]: split must be "key" or "ctid", not {snapshot["split"]!r}')
     return ServeConfig(
         sources=tuple(sources),
         changelog=str(changelog),
@@ -298,6 +301,7 @@ def build_config(
         spill_bytes=spill_bytes,
         snapshot_chunk_rows=snapshot.get("chunk_rows"),
         snapshot_readers=snapshot.get("readers"),
+        snapshot_split=snapshot.get("split"),
         parquet_dir=pick("parquet_dir"),
         arrow_files_bytes=pick("arrow_files_bytes"),
         log_format=pick("log_format", default="text"),

@@ -73,7 +73,9 @@ class Slots:
         cfg = self.config
         defaults = SnapshotSettings()
         settings = SnapshotSettings(
-            cfg.snapshot_chunk_rows or defaults.chunk_rows, cfg.snapshot_readers or defaults.readers
+            cfg.snapshot_chunk_rows or defaults.chunk_rows,
+            cfg.snapshot_readers or defaults.readers,
+            split=cfg.snapshot_split or defaults.split,
         )
         nodes: list[SnapshotNode] = []
         at_barrier: list[tuple[LiveSource, ExportedSnapshot, list[tuple[int, int]]]] = []

@@ -378,11 +378,13 @@ def check_file(file: Mapping[str, Any], where: str) -> dict[str, Any]:
         typed["spill"] = table
     if "snapshot" in file:
         table = dict(
-            _table(file["snapshot"], f"{where}: snapshot", "a table ([snapshot]: chunk_rows, readers)")
+            _table(file["snapshot"], f"{where}: snapshot", "a table ([snapshot]: chunk_rows, readers, split)")
         )
         for key in ("chunk_rows", "readers"):
             if key in table:
                 table[key] = _toml(WHOLE, table[key], f"{where}: [snapshot]: {key}")
+        if "split" in table:
+            table["split"] = _toml(TEXT, table["split"], f"{where}: [snapshot]: split")
         typed["snapshot"] = table
     return typed
 

@@ -48,6 +48,7 @@ from csnd.reader.reconnect import one_line
 from csnd.snapshot.copyproc import CopierProcess, LocalCopier
 from csnd.snapshot.plan import (
     CHUNK_ROWS,
+    CTID_SPLIT_SERVER,
     FIRST_NON_BUILTIN_OID,
     Chunk,
     ColumnInfo,
@@ -55,6 +56,7 @@ from csnd.snapshot.plan import (
     TypeInfo,
     boundaries_sql,
     chunks_of,
+    ctid_chunks,
     split_bounds,
 )
 
@@ -80,10 +82,15 @@ class SnapshotSettings:
     chunk_rows: int = CHUNK_ROWS
     readers: int = READERS
     copiers: str = COPIERS  # "threads" (in this process) or "processes" (csnd.snapshot.copyproc)
+    # "key": ranges of the primary key, at most chunk_rows rows each, counted up front; "ctid": ranges
+    # of heap pages of about chunk_rows rows each, no boundary pass (plan.ctid_chunks)
+    split: str = "key"
 
     def __post_init__(self) -> None:
         if self.copiers not in ("threads", "processes"):
             raise ValueError(f'snapshot copiers must be "threads" or "processes", not {self.copiers!r}')
+        if self.split not in ("key", "ctid"):
+            raise ValueError(f'snapshot split must be "key" or "ctid", not {self.split!r}')
 
 
 @dataclass
@@ -119,6 +126,12 @@ FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
   AND (a.attgenerated = '' OR a.attname = ANY (%s::text[]))
 ORDER BY a.attnum
+"""
+
+# A table's statistics (pages, rows) and its size in pages now, for ranges of pages (split = "ctid").
+_PAGES_SQL: Final = """
+SELECT c.relpages::int8, c.reltuples::float8, pg_relation_size(c.oid) / current_setting('block_size')::int8
+FROM pg_class AS c WHERE c.oid = %s
 """
 
 _KEY_SQL: Final = """
@@ -258,7 +271,19 @@ class NodeSnapshot:
         return tables
 
     def chunks(self, table: TableInfo) -> list[Chunk]:
-        """The table's chunks: one pass over its key inside the snapshot finds their bounds."""
+        """The table's chunks: one pass over its key inside the snapshot finds their bounds (or, with
+        `split = "ctid"`, the table's statistics and size give ranges of its pages)."""
+        if self.settings.split == "ctid" and self._conns[0].info.server_version >= CTID_SPLIT_SERVER:
+            try:
+                found = self._conns[0].execute(_PAGES_SQL, (table.relid,)).fetchone()
+            except psycopg.Error as e:
+                raise self._error(f"cannot read its size in pages: {one_line(str(e))}", table.label) from None
+            relpages, reltuples, pages_now = found or (0, 0.0, 0)
+            by_pages = ctid_chunks(
+                table, int(relpages), float(reltuples), int(pages_now), self.settings.chunk_rows
+            )
+            if by_pages is not None:
+                return by_pages
         if not table.key:
             return chunks_of(table, [])
         try:

@@ -1,4 +1,4 @@
-"""What an initial snapshot reads: the published tables, cut into key-range chunks, as SQL.
+"""What an initial snapshot reads: the published tables, cut into key-range (or page-range) chunks, as SQL.
 
     pg_publication_tables ─► TableInfo (columns, identity key flags, chunk key, row filter)
                                  │  one pass over the chunk key: every CHUNK_ROWS-th key
@@ -10,7 +10,10 @@ A chunk is a half-open range of the table's primary key, `lo < key <= hi`
 it exactly once whatever the key's values; a table without a primary key is
 one chunk.  The boundaries come from one ordered pass over the key (an
 index-only scan where the index allows it) inside the exported snapshot, so
-they are the snapshot's own keys.  Key values travel as their text with a
+they are the snapshot's own keys.  With `split = "ctid"` a chunk is instead
+a range of the table's heap pages (`ctid_chunks`): no pass before the first
+chunk, each read by a TID range scan in heap order, about `chunk_rows` rows
+as the statistics tell.  Key values travel as their text with a
 cast to the column's type (COPY takes no parameters).
 
 The Relation (and Type) messages a table's rows are rendered with are made
@@ -111,13 +114,18 @@ class TableInfo:
 
 @dataclass(frozen=True)
 class Chunk:
-    """Rows `lo < key <= hi` of a table (None: unbounded on that side); chunk `index` of `count`, from 1."""
+    """Rows `lo < key <= hi` of a table (None: unbounded on that side); chunk `index` of `count`, from 1.
+
+    `pages`, when set (`split = "ctid"`), is the chunk instead: the rows in heap pages
+    `first <= page < end` (end None: to the table's end), in heap order; `lo` and `hi` are None.
+    """
 
     table: TableInfo
     index: int
     count: int
     lo: tuple[str, ...] | None
     hi: tuple[str, ...] | None
+    pages: tuple[int, int | None] | None = None
 
 
 def boundaries_sql(table: TableInfo, chunk_rows: int = CHUNK_ROWS) -> str:
@@ -183,12 +191,45 @@ def chunks_of(table: TableInfo, bounds: list[tuple[str, ...]]) -> list[Chunk]:
     return [Chunk(table, i + 1, count, edges[i], edges[i + 1]) for i in range(count)]
 
 
+# The first server version with a TID range scan: before it a ctid range reads the whole table.
+CTID_SPLIT_SERVER: Final = 140000
+
+
+def ctid_chunks(
+    table: TableInfo, relpages: int, reltuples: float, pages_now: int, chunk_rows: int = CHUNK_ROWS
+) -> list[Chunk] | None:
+    """The table's chunks as ranges of heap pages of about `chunk_rows` rows each, or None (cut by key).
+
+    The rows a page holds are the statistics' (`relpages`, `reltuples`: None without them, as
+    for a table never analysed); `pages_now` is the table's size in pages as the snapshot began:
+    every row the snapshot sees lies in a page below it (a table only grows, but for empty pages
+    a vacuum cuts off), and the last chunk is open above all the same.  A partitioned table
+    (whose pages are its partitions') is cut by key.
+    """
+    if table.partitioned or relpages <= 0 or reltuples < 1:
+        return None  # (reltuples is -1 or 0 before the first analyse: under one row tells nothing)
+    per_chunk = max(1, int(chunk_rows * relpages / reltuples))
+    count = max(1, -(-max(pages_now, 1) // per_chunk))
+    return [
+        Chunk(
+            table, i + 1, count, None, None, (i * per_chunk, None if i == count - 1 else (i + 1) * per_chunk)
+        )
+        for i in range(count)
+    ]
+
+
 def chunk_copy_sql(chunk: Chunk, binary: bool) -> str:
     """The COPY that reads one chunk: binary (the send formats) or text (the output functions)."""
     t = chunk.table
     cols = ", ".join(quote_ident(c.name) for c in t.columns)
     conds: list[str] = []
-    if t.key:
+    if chunk.pages is not None:
+        first, end = chunk.pages
+        if first > 0:
+            conds.append(f"ctid >= '({int(first)},0)'::tid")
+        if end is not None:
+            conds.append(f"ctid < '({int(end)},0)'::tid")
+    elif t.key:
         key = f"({t.key_sql()})"
         types = t.key_types()
         if chunk.lo is not None:
@@ -198,7 +239,7 @@ def chunk_copy_sql(chunk: Chunk, binary: bool) -> str:
     if t.row_filter:
         conds.append(f"({t.row_filter})")
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
-    order = f" ORDER BY {t.key_sql()}" if t.key else ""
+    order = f" ORDER BY {t.key_sql()}" if t.key and chunk.pages is None else ""
     fmt = " (FORMAT binary)" if binary else ""
     return f"COPY (SELECT {cols} FROM {_from(t)}{where}{order}) TO STDOUT{fmt}"
 

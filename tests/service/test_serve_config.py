@@ -68,6 +68,8 @@ def dn1(tmp_path_factory: pytest.TempPathFactory) -> str:
             "[dashboard]: lag_seconds_red: expected a number >= 0, got false",
         ),
         ('[defaults]\nslots = "s"', "[defaults]: unknown setting 'slots'"),
+        ("[snapshot]\nsplit = 5", "[snapshot]: split: expected a string, got 5"),
+        ('[snapshot]\nsplit = "pages"', '[snapshot]: split must be "key" or "ctid", not \'pages\''),
     ],
 )
 def test_a_wrong_type_in_the_file_names_the_key(dn1: str, tmp_path: Path, toml: str, line: str) -> None:
@@ -165,6 +167,13 @@ def test_the_export_and_the_arrow_files_are_set_in_the_file_too() -> None:
     assert (c.parquet_dir, c.arrow_files_bytes) == (None, 4096)
     with pytest.raises(ConfigError, match=r"arrow_files_bytes: expected a whole number >= 0, got -1"):
         build_config({"changelog": "x", "arrow_files_bytes": -1}, {}, [url], environ={})
+
+
+def test_the_snapshot_split_is_set_in_the_file() -> None:
+    url = "postgresql://h/db?publication=p"
+    c = build_config({"changelog": "x", "snapshot": {"split": "ctid"}}, {}, [url], environ={})
+    assert c.snapshot_split == "ctid"
+    assert build_config({"changelog": "x"}, {}, [url], environ={}).snapshot_split is None
 
 
 def test_the_environment_is_documented_in_help_and_docs() -> None:

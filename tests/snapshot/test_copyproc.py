@@ -24,6 +24,11 @@ def _reader(pg: PgDatabase, settings: SnapshotSettings) -> tuple[NodeSnapshot, i
         conn.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO item SELECT i, 'v' || i FROM generate_series(1, 2500) AS i")
         conn.execute("CREATE PUBLICATION snap_pub FOR TABLE item")
+    return _reader_of(pg, settings)
+
+
+def _reader_of(pg: PgDatabase, settings: SnapshotSettings) -> tuple[NodeSnapshot, int]:
+    """A NodeSnapshot of publication snap_pub, opened on a new slot's exported snapshot."""
     source = LiveSource("dn1", LiveOptions(pg.dsn, "snap_slot", "snap_pub", create_slot=True))
     exported = source.prepare("initial")
     assert exported is not None
@@ -155,3 +160,30 @@ def test_the_boundary_pass_gives_the_bounds_and_count_of_a_counting_window(pg: P
             rows = conn.execute(boundaries_sql(table, chunk_rows)).fetchall()
             assert split_bounds(rows) == split_bounds(oracle)
             assert [r[:3] for r in rows] == [r[:3] for r in oracle]
+
+
+def test_page_range_chunks_read_every_row_of_the_snapshot_once(pg: PgDatabase, tmp_path: Path) -> None:
+    """split = "ctid": updated rows (moved to other pages), deleted ones (empty pages), and rows
+    written after the snapshot past the table's end: the chunks hold the snapshot's rows, once each."""
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO item SELECT i, 'v' || i FROM generate_series(1, 6000) AS i")
+        conn.execute("DELETE FROM item WHERE id BETWEEN 1000 AND 2500")
+        conn.execute("UPDATE item SET v = v || 'u' WHERE id % 7 = 0")
+        conn.execute("ANALYZE item")
+        conn.execute("CREATE PUBLICATION snap_pub FOR TABLE item")
+        want = sorted(conn.execute("SELECT id, v FROM item").fetchall())
+    reader, made_at = _reader_of(pg, SnapshotSettings(chunk_rows=700, readers=2, split="ctid"))
+    with pg.connect() as conn:  # (after the snapshot: new pages, none of it read)
+        conn.execute("INSERT INTO item SELECT i, 'late' FROM generate_series(10001, 14000) AS i")
+        conn.execute("DELETE FROM item WHERE id < 100")
+    with Changelog(str(tmp_path)) as log:
+        SnapshotRun([SnapshotNode(reader, "single", made_at)], SnapshotProgress()).run(log)
+        lines = [json.loads(line) for _, line in log.read(0)]
+    got = sorted((c["new"]["id"], c["new"]["v"]) for line in lines for c in line["changes"])
+    assert got == [tuple(r) for r in want]
+    chunks = [line["snapshot"] for line in lines[:-1]]
+    assert len(chunks) > 3 and {c["chunks"] for c in chunks} == {len(chunks)}
+    assert sorted(c["chunk"] for c in chunks) == list(range(1, len(chunks) + 1))
+    assert sum(c["rows"] for c in chunks) == len(want) == lines[-1]["snapshot"]["rows"]
+    assert reader.row_counts == {}  # (cut by pages: no boundary pass counted the rows)

@@ -22,6 +22,7 @@ from csnd.snapshot.plan import (
     boundaries_sql,
     chunk_copy_sql,
     chunks_of,
+    ctid_chunks,
     quote_literal,
     split_bounds,
 )
@@ -109,13 +110,15 @@ def test_octal_and_hex_escapes_and_damaged_data() -> None:
         cut.finish()
 
 
-def _table(key: tuple[str, ...] = ("region", "id"), row_filter: str | None = None) -> TableInfo:
+def _table(
+    key: tuple[str, ...] = ("region", "id"), row_filter: str | None = None, partitioned: bool = False
+) -> TableInfo:
     cols = (
         ColumnInfo("id", 23, -1, "integer", True),
         ColumnInfo("region", 25, -1, "text", True),
         ColumnInfo("v", 25, -1, "text", False),
     )
-    return TableInfo(16400, "public", "acct", "d", cols, key, row_filter)
+    return TableInfo(16400, "public", "acct", "d", cols, key, row_filter, partitioned=partitioned)
 
 
 def test_chunks_cover_the_key_space_once() -> None:
@@ -137,6 +140,50 @@ def test_chunks_cover_the_key_space_once() -> None:
         'COPY (SELECT "id", "region", "v" FROM ONLY "public"."acct" WHERE ((v <> \'x\'))) TO STDOUT'
     )
     assert quote_literal("a\\b'c") == "E'a\\\\b''c'"
+
+
+@given(
+    relpages=st.integers(0, 5_000),
+    reltuples=st.floats(-1, 1e7, allow_nan=False),
+    pages_now=st.integers(0, 6_000),
+    chunk_rows=st.integers(1, 50_000),
+)
+def test_page_range_chunks_cover_every_page_once(
+    relpages: int, reltuples: float, pages_now: int, chunk_rows: int
+) -> None:
+    """The oracle: every page from 0 on, the ones past the table's size too, lies in exactly one chunk."""
+    chunks = ctid_chunks(_table(), relpages, reltuples, pages_now, chunk_rows)
+    if relpages <= 0 or reltuples < 1:
+        assert chunks is None  # (no statistics: cut by key)
+        return
+    assert chunks is not None and chunks[0].pages is not None and chunks[0].pages[0] == 0
+    assert [(c.index, c.count) for c in chunks] == [(i + 1, len(chunks)) for i in range(len(chunks))]
+    for c, after in itertools.pairwise(chunks):
+        assert c.pages is not None and after.pages is not None and c.pages[1] == after.pages[0]
+        assert c.pages[0] < c.pages[1]  # (never an empty range)
+    last = chunks[-1].pages
+    assert last is not None and last[1] is None and last[0] <= max(pages_now, 1)
+    per_page = reltuples / relpages
+    # (about chunk_rows rows a chunk, as the statistics tell: a page's worth more at most)
+    for c in chunks[:-1]:
+        assert c.pages is not None and c.pages[1] is not None
+        pages = c.pages[1] - c.pages[0]
+        assert pages == 1 or pages * per_page <= chunk_rows + per_page
+    assert ctid_chunks(_table(partitioned=True), relpages, reltuples, pages_now, chunk_rows) is None
+
+
+def test_a_page_range_chunk_reads_its_pages_in_heap_order() -> None:
+    first, middle, last = ctid_chunks(_table(row_filter="(v <> 'x')"), 30, 3_000.0, 30, 1_000) or []
+    assert (first.pages, middle.pages, last.pages) == ((0, 10), (10, 20), (20, None))
+    assert chunk_copy_sql(first, binary=True) == (
+        'COPY (SELECT "id", "region", "v" FROM ONLY "public"."acct" WHERE ctid < \'(10,0)\'::tid '
+        "AND ((v <> 'x'))) TO STDOUT (FORMAT binary)"
+    )
+    assert chunk_copy_sql(middle, binary=False) == (
+        'COPY (SELECT "id", "region", "v" FROM ONLY "public"."acct" WHERE ctid >= \'(10,0)\'::tid '
+        "AND ctid < '(20,0)'::tid AND ((v <> 'x'))) TO STDOUT"
+    )
+    assert "ctid >= '(20,0)'::tid AND ((v" in chunk_copy_sql(last, binary=False)
 
 
 def test_records_say_what_they_are_and_a_cut_snapshot_shows() -> None:
