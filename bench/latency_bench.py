@@ -22,7 +22,10 @@ the changelog's group commit having made it durable) and
 subscriber's stream), scraped before and after each rate: the difference is
 that rate's histogram, and its p50 / p99 are read off the buckets (bucket
 upper bounds, so a bound and not an exact figure).  What is left after
-"sent" is gRPC, the subscriber process and its pipe.
+"sent" is gRPC, the subscriber process and its pipe.  The changelog's group
+commits per transaction (`csnd_changelog_fsyncs_total`, scraped the same
+way), and with `--thread-names` the sync thread's wake-ups per group
+commit: live, a group holds one transaction or a few.
 
 CPU per transaction of every process (utime + stime from /proc) over each
 rate's window: `csnd serve`, its decoders, `csnd subscribe`, the two
@@ -67,6 +70,10 @@ SECONDS: Final = 10.0
 SMALL_SECONDS: Final = 4.0
 DRAIN_TIMEOUT_S: Final = 300.0
 STAGES: Final = ("csnd_commit_to_durable_seconds", "csnd_commit_to_sent_seconds")
+# The changelog's group commits (one fsync each): per transaction, and the sync thread's
+# wake-ups per group commit, the figure the thread's own cost is judged by.
+FSYNCS: Final = "csnd_changelog_fsyncs_total"
+SYNC_THREAD: Final = "csnd-changelog-sync"
 
 
 class Arrivals:
@@ -142,6 +149,26 @@ def scrape(http: str) -> dict[str, dict[float, float]]:
                 le = line.split('le="', 1)[1].split('"', 1)[0]
                 out[name][float(le)] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def fsyncs(http: str) -> float:
+    """The changelog's group-commit fsyncs so far (`csnd_changelog_fsyncs_total`; 0 if absent)."""
+    with urllib.request.urlopen(http + "metrics", timeout=30) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith((FSYNCS + " ", FSYNCS + "{")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def group_commits(row: dict[str, Any], synced: float) -> dict[str, float | None]:
+    """Group commits per transaction, and the sync thread's wake-ups per group commit (named threads only)."""
+    committed = row["committed"]
+    sync = row["serve_threads"].get(SYNC_THREAD)
+    return {
+        "per_txn": synced / committed if committed else 0.0,
+        "sync_wakeups_per_group": sync[1] * committed / synced if sync is not None and synced else None,
+    }
 
 
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
@@ -373,6 +400,7 @@ def run(
             pids.update(_walsenders(server))
             cpu = CpuWindow(pids, named=("csnd serve", "csnd subscribe") if thread_names else ())
             before = scrape(svc.http)
+            synced_before = fsyncs(svc.http)
             spy = profile_serve(svc.proc.pid, seconds, profile, rate) if profile else None
             committed = pgbench(server, work, rate, seconds)
             if spy is not None:
@@ -382,6 +410,7 @@ def run(
                 "pg_recvlogical": theirs.wait_for(base[1] + committed, DRAIN_TIMEOUT_S),
             }
             after = scrape(svc.http)
+            synced = fsyncs(svc.http) - synced_before
             row: dict[str, Any] = {
                 "rate": rate,
                 "committed": committed,
@@ -406,6 +435,7 @@ def run(
                 }
                 for name in STAGES
             }
+            row["group_commits"] = group_commits(row, synced)
             results["rates"].append(row)
             print(f"bench latency: {json.dumps(_brief(row))}", file=sys.stderr, flush=True)
     finally:
@@ -432,6 +462,10 @@ def _brief(row: dict[str, Any]) -> dict[str, Any]:
             for k in ("csnd", "pg_recvlogical")
         },
         "stages": {k: (v["p50_ms_at_most"], v["p99_ms_at_most"]) for k, v in row["stages"].items()},
+        "group commits a txn, sync thread wake-ups a group": (
+            round(row["group_commits"]["per_txn"], 2),
+            row["group_commits"]["sync_wakeups_per_group"],
+        ),
         "subscribe us/wakeups a txn": (
             round(row["cpu_us_per_txn"]["csnd subscribe"]),
             round(row["wakeups_per_txn"]["csnd subscribe"], 2),
