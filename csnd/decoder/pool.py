@@ -47,6 +47,7 @@ import enum
 import fcntl
 import multiprocessing as mp
 import multiprocessing.forkserver as mp_forkserver
+import multiprocessing.resource_tracker as mp_resource_tracker
 import os
 import pickle
 import queue
@@ -569,6 +570,11 @@ def start_worker_server() -> ForkServerContext:
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["csnd.decoder.forkserver_init", "csnd.decoder.worker", "csnd.decoder.pool"])
+    # The resource tracker first, outside the held signals: the fork server's start
+    # starts it too if need be, and its start unblocks SIGTERM on the way out (its
+    # own block-spawn-unblock), so the server would be spawned with SIGTERM open and
+    # a group's SIGTERM during its imports would kill it (`_stop_signals_held`).
+    mp_resource_tracker.ensure_running()
     with _stop_signals_held():
         mp_forkserver.ensure_running()
     return ctx

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -85,3 +87,36 @@ def test_sigterm_to_the_process_group_as_the_snapshot_completes_is_a_clean_stop(
     err = stderr.text()
     assert code == 0, f"exit {code}: {err}"
     assert "internal error" not in err and "Traceback" not in err and "leaked" not in err, err
+
+
+# Starts the decoders' fork server as `csnd serve` does (main thread), SIGTERMs it at once, while
+# it still imports its preload, then starts a worker from it and prints the worker's exit code.
+_TERM_THE_STARTING_SERVER = """
+import multiprocessing.forkserver as mp_forkserver
+import os
+import signal
+
+from csnd.decoder.pool import start_worker_server
+
+ctx = start_worker_server()
+os.kill(mp_forkserver._forkserver._forkserver_pid, signal.SIGTERM)
+worker = ctx.Process(target=os.getpid)
+worker.start()
+worker.join(60)
+print("worker exit", worker.exitcode)
+"""
+
+
+def test_a_sigterm_while_the_fork_server_imports_its_preload_leaves_it_serving() -> None:
+    """A group's SIGTERM can reach the server before `forkserver_init` ignores it: it must be held, not fatal.
+
+    The server is started with SIGTERM blocked; multiprocessing starts its
+    resource tracker first and unblocked SIGTERM on the way (its own mask
+    dance), so a SIGTERM in the server's first second killed it and the
+    next pool's start failed with `EOFError` in `read_signed`.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", _TERM_THE_STARTING_SERVER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "worker exit 0", done.stdout + done.stderr
