@@ -16,12 +16,17 @@ What.  Every such transaction is open at S, and its commit or rollback lies
 after S.  Before the stream starts, with the slot at its position,
 `settle_start`
 
-1. notes what is open on the server now: every xid below the xmax of the
-   current snapshot (prepared transactions included), and every session of the
-   database inside a transaction that has no xid yet (a participant that only
-   read on this node logs `committing` before it has an xid; a role without
+1. notes what is open on the server now: every session of the database
+   inside a transaction that has no xid yet (a participant that only read on
+   this node logs `committing` before it has an xid; a role without
    pg_read_all_stats sees no other role's transaction start, so the one csnd
-   connects as should have it when writers connect as others);
+   connects as should have it when writers connect as others), then every xid
+   below one it takes for itself (prepared transactions included).  Not below
+   a snapshot's xmax: that is one past the newest *completed* xid, so a writer
+   holding the newest xid handed out, none later completed, lies at or above
+   it and in no snapshot's running list, and would not be waited for.  And
+   the sessions first: one that gets its xid after that look got it before
+   this start's own, so the xid bound covers it;
 2. waits until each of them has ended, saying after a while which are still
    open and what ends them (a prepared transaction a failed writer left:
    `csnd gtm recover`);
@@ -73,8 +78,9 @@ SETTLE_POLL_S: Final = 0.05
 SETTLE_NOTICE_S: Final = 5.0
 SETTLE_REPEAT_S: Final = 60.0
 
-# xmax of the current snapshot: every xid handed out so far is below it.
-_XMAX_SQL: Final = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text"
+# An xid of our own, committed at once: every xid handed out so far is below it.
+# (A snapshot's xmax is not: it is one past the newest completed xid.)
+_BOUND_SQL: Final = "SELECT pg_current_xact_id()::text"
 # Sessions of this database inside a transaction that has no xid (yet).
 _SESSIONS_SQL: Final = (
     "SELECT pid, xact_start::text FROM pg_stat_activity "
@@ -115,8 +121,8 @@ def settle_start(
     """
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
-            xmax, sessions = _open_now(conn)
-            if not _wait_ended(conn, node, slot, xmax, sessions, stop, clock):
+            bound, sessions = _open_now(conn)
+            if not _wait_ended(conn, node, slot, bound, sessions, stop, clock):
                 return None
             return _write_start(conn, token)
     except psycopg.Error as e:
@@ -130,9 +136,10 @@ def settle_start(
 
 
 def _open_now(conn: Conn) -> tuple[int, set[Session]]:
-    row = conn.execute(_XMAX_SQL).fetchone()
-    assert row is not None
+    """(an xid above every one handed out so far, the sessions in a transaction without an xid)."""
     sessions = {(int(pid), str(start)) for pid, start in conn.execute(_SESSIONS_SQL).fetchall()}
+    row = conn.execute(_BOUND_SQL).fetchone()  # (autocommit: its own transaction, ended here)
+    assert row is not None
     return int(str(row[0])), sessions
 
 
@@ -140,16 +147,16 @@ def _wait_ended(
     conn: Conn,
     node: str,
     slot: str,
-    xmax: int,
+    bound: int,
     sessions: set[Session],
     stop: threading.Event,
     clock: Callable[[], float],
 ) -> bool:
-    """Until every xid below `xmax` and every one of `sessions`' transactions has ended; False: stopped."""
+    """Until every xid below `bound` and every one of `sessions`' transactions has ended; False: stopped."""
     began = clock()
     notice_at = began + SETTLE_NOTICE_S
     while True:
-        row = conn.execute(_XIDS_ENDED_SQL, (str(xmax),)).fetchone()
+        row = conn.execute(_XIDS_ENDED_SQL, (str(bound),)).fetchone()
         xids_done = row is not None and bool(row[0])
         if sessions:
             sessions &= {(int(p), str(s)) for p, s in conn.execute(_SESSIONS_SQL).fetchall()}
@@ -161,18 +168,18 @@ def _wait_ended(
             return True
         if clock() >= notice_at:
             notice_at = clock() + SETTLE_REPEAT_S
-            log.warning("node %s: %s", node, _waiting_for(conn, slot, xmax, sessions, xids_done))
+            log.warning("node %s: %s", node, _waiting_for(conn, slot, bound, sessions, xids_done))
         if stop.wait(SETTLE_POLL_S):
             return False
 
 
-def _waiting_for(conn: Conn, slot: str, xmax: int, sessions: set[Session], xids_done: bool) -> str:
+def _waiting_for(conn: Conn, slot: str, bound: int, sessions: set[Session], xids_done: bool) -> str:
     """What the wait still waits for, and what ends it."""
     parts: list[str] = []
     if not xids_done:
-        rows = conn.execute(_STILL_OPEN_SQL, (str(xmax),)).fetchall()
+        rows = conn.execute(_STILL_OPEN_SQL, (str(bound),)).fetchall()
         shown = [f"{x} (prepared as {gid})" if gid else str(x) for x, gid in rows]
-        parts.append("transactions " + ", ".join(shown) if shown else "transactions below xid " + str(xmax))
+        parts.append("transactions " + ", ".join(shown) if shown else "transactions below xid " + str(bound))
     if sessions:
         pids = ", ".join(str(p) for p, _ in sorted(sessions)[:5])
         parts.append(f"the open transactions of server processes {pids}")

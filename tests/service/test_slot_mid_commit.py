@@ -34,8 +34,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from csnd.core.ids import lsn_from_str
 from csnd.gtm.sequencer import Gtm
 from csnd.gtm.writer import GlobalTransaction
+from csnd.reader.settle import settle_start
 from tests.fixtures.pg import PgDatabase
 from tests.service.servekit import Served, start_serve, subscribe, wait_for
 
@@ -282,3 +284,61 @@ def test_an_initial_snapshot_and_the_stream_meet_without_a_gap_around_the_held_w
         held.release()
         code, err = served.terminate()
     assert code == 0, err
+
+
+SETTLE_APP = "csnd-settle-under-test"
+
+
+def _settle_polls(probe: Conn) -> set[str]:
+    """When the settle's connection began each of its looks at the open xids seen so far (one per poll)."""
+    rows = probe.execute(
+        "SELECT query_start::text FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+        (SETTLE_APP, "%pg_snapshot_xmin%"),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def test_the_start_waits_for_a_transaction_holding_the_newest_xid(db: PgDatabase) -> None:
+    """A writer whose xid is the newest handed out, none later completed, is open: the start must wait for it.
+
+    A snapshot's xmax is one past the newest *completed* xid, not the next
+    one to be handed out, so such a writer lies at or above it and is in no
+    snapshot's list of running xids.  The start bounded the wait by xmax and
+    wrote its `csnd.start` at once: a writer that logged `committing` before
+    the slot and committed after that message then came after a larger CSN
+    already released ("a csn went backwards"), under load, when the service's
+    start won the race with the next commit on the server.
+    """
+    seen: set[str] = set()
+    with db.connect() as writer, db.connect() as probe:
+        xid = _open_xid(writer)  # (the newest xid, and no transaction completes after it meanwhile)
+        stop = threading.Event()
+        result: list[object] = []
+
+        def settle() -> None:
+            try:
+                result.append(
+                    settle_start(f"{db.url}?application_name={SETTLE_APP}", "dn1", SLOT, "t0", stop)
+                )
+            except BaseException as e:
+                result.append(e)
+
+        thread = threading.Thread(target=settle, daemon=True)
+        thread.start()
+        try:
+            # Until it returned, or has looked at the open xids twice (so it waits, and goes on waiting).
+            def returned_or_polled_twice() -> bool:
+                seen.update(_settle_polls(probe))
+                return bool(result) or len(seen) >= 2
+
+            wait_for(returned_or_polled_twice, "the settle to return or to wait")
+            assert not result, f"the start settled while transaction {xid} was open: {result}"
+            row = writer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            assert row is not None
+            before_commit = lsn_from_str(str(row[0]))
+            writer.execute("COMMIT")
+            thread.join(60)
+        finally:
+            stop.set()
+    assert len(result) == 1 and isinstance(result[0], int), result
+    assert result[0] > before_commit  # (the start's message comes after the writer's commit)
