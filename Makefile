@@ -59,10 +59,10 @@ PG18_PURE := tests/reader/test_fuzz_pgoutput.py tests/reader/test_fuzz_streamfil
 # the server's version.
 # Nor the fault classes that strike above the source -- a subscriber killed,
 # cut or black-holed, the changelog's or the spill's disk full, a Spark driver
-# killed -- whose recovery reads the slot as service-kill and decoder-kill
+# killed, csnd serve's wall clock jumping -- whose recovery reads the slot as service-kill and decoder-kill
 # (which stay) do.
 PG18_ABOVE := subscriber-kill-1 client-cut-1 client-black-hole-1 decoder-kill-client-cut-1 \
-	changelog-full-1 spill-full-1 spark-kill-1
+	changelog-full-1 spill-full-1 spark-kill-1 clock-jump-1
 PG18_DESELECT := --deselect \
 	tests/service/test_serve_snapshot.py::test_killed_mid_snapshot_the_next_start_takes_it_again_and_equals_the_table \
 	$(foreach c,$(PG18_ABOVE),--deselect 'tests/faults/test_faults.py::test_fault[$(c)]')
