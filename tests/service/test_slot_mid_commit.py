@@ -342,3 +342,56 @@ def test_the_start_waits_for_a_transaction_holding_the_newest_xid(db: PgDatabase
             stop.set()
     assert len(result) == 1 and isinstance(result[0], int), result
     assert result[0] > before_commit  # (the start's message comes after the writer's commit)
+
+
+def _start_written(probe: Conn) -> bool:
+    """Whether a `csnd.start` message is in the WAL (read through the test's own slot, `watch`)."""
+    row = probe.execute(
+        "SELECT count(*) FROM pg_logical_slot_peek_changes('watch', NULL, NULL) WHERE data LIKE %s",
+        ("%prefix: csnd.start%",),
+    ).fetchone()
+    return row is not None and int(str(row[0])) > 0
+
+
+def _settle_waits(probe: Conn, seen: set[str]) -> bool:
+    """Whether the service's start has looked at the open xids twice (so it waits, and goes on waiting)."""
+    rows = probe.execute(
+        "SELECT query_start::text FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+        ("%pg_snapshot_xmin(pg_current_snapshot()) >=%",),
+    ).fetchall()
+    seen.update(str(r[0]) for r in rows)
+    return len(seen) >= 2
+
+
+def test_the_held_writer_is_waited_for_when_nothing_commits_after_it(db: PgDatabase, tmp_path: Path) -> None:
+    """gT holds the newest xid and nothing commits until the start settled or waits: gT still comes first.
+
+    The first test commits g2 at once, and g2's commit lifted the snapshot's
+    xmax past gT's xid when it came before the service's start; here g2
+    waits until the start wrote its `csnd.start` message or waits.  A start
+    bounded by xmax wrote it at once, and the service then stopped with "a
+    csn went backwards".
+    """
+    db.execute("SELECT pg_create_logical_replication_slot('watch', 'test_decoding')")
+    gtm = Gtm(100)
+    try:
+        served, held = _serve_with_writer_mid_commit(db, str(tmp_path / "log"), gtm, "gT", 1)
+        try:
+            seen: set[str] = set()
+            with db.connect() as probe:
+                wait_for(
+                    lambda: _start_written(probe) or _settle_waits(probe, seen),
+                    "the service's start to settle or to wait",
+                )
+            csn2 = _commit(db.url, gtm, "g2", 2)
+            held.release()
+            held.done()
+            assert held.csn is not None and held.csn < csn2
+            _wait_durable(served, csn2)
+            assert _delivered(served) == [("gT", held.csn), ("g2", csn2)]
+        finally:
+            held.release()
+            code, err = served.terminate()
+        assert code == 0, err
+    finally:
+        db.execute("SELECT pg_drop_replication_slot('watch')")
