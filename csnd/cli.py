@@ -475,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from csnd.reader.slots import report_created
 
             report_created([(c.node, c.slot, c.conninfo) for c in CREATED_SLOTS], sys.stderr)
+            CREATED_SLOTS.clear()  # (said once: a later run in this process names only its own)
 
 
 # Python's cyclic collector looks at its youngest generation every N net

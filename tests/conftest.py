@@ -23,6 +23,7 @@ report and the run's last line, so a failure says which version it was on.
 """
 
 import signal
+import sys
 from collections.abc import Generator, Iterator
 
 import pluggy
@@ -43,6 +44,15 @@ def _stop_signals_as_they_were() -> Iterator[None]:
     yield
     for s, handler in saved.items():
         signal.signal(s, handler)
+
+
+@pytest.fixture(autouse=True)
+def _no_created_slots_carried_over() -> Iterator[None]:
+    """A slot a test made in this process is not the next test's: a `csnd` run names the slots it created."""
+    yield
+    sourcecheck = sys.modules.get("csnd.reader.sourcecheck")
+    if sourcecheck is not None:
+        sourcecheck.CREATED_SLOTS.clear()
 
 
 def pytest_configure(config: pytest.Config) -> None:
