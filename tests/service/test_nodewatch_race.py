@@ -11,25 +11,9 @@ the first one's clock call, as another thread would between its two steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from csnd.runtime.stats import NodeStats
 from csnd.service.nodes import NodeWatch
-
-
-class _Input:
-    confirms = True
-
-    def __init__(self, stats: NodeStats) -> None:
-        self.now = stats
-
-    def stats(self) -> NodeStats:
-        return self.now
-
-
-@dataclass
-class _Tracker:
-    safe: int
+from tests.service.test_nodewatch import _Input, _Tracker
 
 
 def test_a_look_overtaken_by_another_shows_no_negative_lag() -> None:
