@@ -9,6 +9,18 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
+# The Spark drivers that the tests and the demo start (in-process sessions and the
+# example job's subprocesses alike) start from a class-data archive of Spark's jars,
+# made once per venv (scripts/spark_archive.py), and compile with the JIT's first
+# tier only: their runs are short, and start-up was most of them (an example job's
+# session 9-13 s, 4-6 s so).  Benchmarks keep the JVM's defaults.
+SPARK_ARCHIVE := $(CURDIR)/$(VENV)/spark-classes.jsa
+SPARK_JVM := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
+test faults demo: export SPARK_SUBMIT_OPTS ?= $(SPARK_JVM) -XX:SharedArchiveFile=$(SPARK_ARCHIVE)
+
+$(SPARK_ARCHIVE): $(STAMP) scripts/spark_archive.py
+	$(PY) scripts/spark_archive.py $@ $(SPARK_JVM)
+
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
 	touch $(STAMP)
@@ -72,7 +84,9 @@ PG18_DESELECT := $(FAULTS_ONLY) --deselect \
 	tests/service/test_serve_snapshot.py::test_killed_mid_snapshot_the_next_start_takes_it_again_and_equals_the_table \
 	--deselect tests/reader/test_txnscan.py::test_the_compiled_loop_equals_its_twin \
 	$(foreach c,$(PG18_ABOVE),--deselect 'tests/faults/test_faults.py::test_fault[$(c)]')
-test: install proto-check lint
+# (lint and the archive in parallel: each keeps one core busy for about a minute)
+test: install proto-check
+	@$(MAKE) --no-print-directory -j2 -Otarget lint $(SPARK_ARCHIVE)
 	@status=0; \
 	CSND_PG_VERSION=15 $(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 $(FAULTS_ONLY) tests || status=1; \
 	CSND_PG_VERSION=18 $(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 $(PG18_DESELECT) $(addprefix --ignore=,$(PG18_PURE)) $(PG18_TESTS) || status=1; \
@@ -84,7 +98,7 @@ test: install proto-check lint
 # failed run's evidence in faults-out/<fault>-<seed>.txt and its files under
 # faults-out/tmp.  Then power loss: the changelog's recorded history crashed
 # at every point of it (`make test` tries a sample of the points).
-faults: install
+faults: install $(SPARK_ARCHIVE)
 	mkdir -p faults-out
 	CSND_FAULT_RUNS=$${CSND_FAULT_RUNS:-20} $(VENV)/bin/pytest -q --basetemp=faults-out/tmp tests/faults
 	CSND_POWERLOSS_POINTS=all $(VENV)/bin/pytest -q tests/changelog/test_power_loss.py
