@@ -57,6 +57,7 @@ from csnd.snapshot.plan import (
     boundaries_sql,
     chunks_of,
     ctid_chunks,
+    ctid_rows_estimate,
     split_bounds,
 )
 
@@ -128,9 +129,11 @@ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
 
-# A table's statistics (pages, rows) and its size in pages now, for ranges of pages (split = "ctid").
+# A table's statistics (pages, rows), its size in pages now and the page size, for ranges of pages
+# (split = "ctid").
 _PAGES_SQL: Final = """
-SELECT c.relpages::int8, c.reltuples::float8, pg_relation_size(c.oid) / current_setting('block_size')::int8
+SELECT c.relpages::int8, c.reltuples::float8, pg_relation_size(c.oid) / current_setting('block_size')::int8,
+       current_setting('block_size')::int8
 FROM pg_class AS c WHERE c.oid = %s
 """
 
@@ -183,6 +186,10 @@ class NodeSnapshot:
         self._stop = threading.Event()
         self.tables: list[TableInfo] = []
         self.row_counts: dict[int, int] = {}  # relid: rows in the snapshot, counted as the table was cut
+        # relid: a table cut in page ranges, its pages as it was cut and its rows as its statistics tell
+        # (scaled to those pages): progress's total and its ETA (csnd.snapshot.progress)
+        self.page_counts: dict[int, int] = {}
+        self.row_estimates: dict[int, int] = {}
         # called (in a copier thread) as a chunk's COPY begins: progress counts the table's time from there
         self.on_chunk_start: Callable[[Chunk], None] | None = None
 
@@ -271,18 +278,32 @@ class NodeSnapshot:
         return tables
 
     def chunks(self, table: TableInfo) -> list[Chunk]:
-        """The table's chunks: one pass over its key inside the snapshot finds their bounds (or, with
-        `split = "ctid"`, the table's statistics and size give ranges of its pages)."""
-        if self.settings.split == "ctid" and self._conns[0].info.server_version >= CTID_SPLIT_SERVER:
+        """The table's chunks: with `split = "ctid"` the table's statistics and size give
+        ranges of its pages; else, or where those do not apply (an older server, a partitioned table,
+        no statistics), one pass over its key inside the snapshot finds their bounds."""
+        if (
+            self.settings.split == "ctid"
+            and not table.partitioned
+            and self._conns[0].info.server_version >= CTID_SPLIT_SERVER
+        ):
             try:
                 found = self._conns[0].execute(_PAGES_SQL, (table.relid,)).fetchone()
             except psycopg.Error as e:
                 raise self._error(f"cannot read its size in pages: {one_line(str(e))}", table.label) from None
-            relpages, reltuples, pages_now = found or (0, 0.0, 0)
+            relpages, reltuples, pages_now, block_size = found or (0, 0.0, 0, 8192)
             by_pages = ctid_chunks(
-                table, int(relpages), float(reltuples), int(pages_now), self.settings.chunk_rows
+                table,
+                int(relpages),
+                float(reltuples),
+                int(pages_now),
+                self.settings.chunk_rows,
+                int(block_size),
             )
             if by_pages is not None:
+                self.page_counts[table.relid] = max(int(pages_now), 1)
+                self.row_estimates[table.relid] = ctid_rows_estimate(
+                    int(relpages), float(reltuples), int(pages_now)
+                )
                 return by_pages
         if not table.key:
             return chunks_of(table, [])

@@ -10,11 +10,13 @@ A chunk is a half-open range of the table's primary key, `lo < key <= hi`
 it exactly once whatever the key's values; a table without a primary key is
 one chunk.  The boundaries come from one ordered pass over the key (an
 index-only scan where the index allows it) inside the exported snapshot, so
-they are the snapshot's own keys.  With `split = "ctid"` a chunk is instead
-a range of the table's heap pages (`ctid_chunks`): no pass before the first
-chunk, each read by a TID range scan in heap order, about `chunk_rows` rows
-as the statistics tell.  Key values travel as their text with a
-cast to the column's type (COPY takes no parameters).
+they are the snapshot's own keys.  With `split = "ctid"` a chunk is
+instead a range of the table's heap pages (`ctid_chunks`), where it
+can be (PostgreSQL 14 or later, not partitioned, with statistics): no pass
+before the first chunk, each read by a TID range scan in heap order, about
+`chunk_rows` rows as the statistics tell and never more pages than
+`ctid_max_pages` allows, whatever they tell.  Key values travel as their
+text with a cast to the column's type (COPY takes no parameters).
 
 The Relation (and Type) messages a table's rows are rendered with are made
 here as pgoutput would send them (`relation_messages`), so the decoder's
@@ -193,22 +195,61 @@ def chunks_of(table: TableInfo, bounds: list[tuple[str, ...]]) -> list[Chunk]:
 
 # The first server version with a TID range scan: before it a ctid range reads the whole table.
 CTID_SPLIT_SERVER: Final = 140000
+# What a page-range chunk may hold at most, in multiples of chunk_rows, whatever the statistics say
+# (`ctid_max_pages`).  Statistics are only as fresh as the last ANALYZE or VACUUM: a table analysed
+# while bloated (many pages, few rows) and filled again since would make the planned ranges far too
+# long.  4: the bench's rows (bench/snapshot_bench.py: 83 to a page, so 120 pages a 10,000-row chunk,
+# under the 137 this allows) keep their planned chunks, and a chunk holds at most 4 times the rows
+# (and their rendered text) a key-range chunk does.
+CTID_ROWS_SLACK: Final = 4
+# PostgreSQL's page header and a row's least room on a page: its tuple header (23 bytes, aligned to
+# 24) and its line pointer (4) -- MaxHeapTuplesPerPage is (block size - 24) // 28, 291 for 8 KiB.
+PAGE_HEADER_BYTES: Final = 24
+LEAST_ROW_BYTES: Final = 28
+
+
+def max_rows_per_page(block_size: int) -> int:
+    """The most rows (line pointers) a heap page of `block_size` bytes can hold: MaxHeapTuplesPerPage."""
+    return max(1, (block_size - PAGE_HEADER_BYTES) // LEAST_ROW_BYTES)
+
+
+def ctid_max_pages(chunk_rows: int, block_size: int = 8192) -> int:
+    """The most pages a page-range chunk covers: what bounds it, whatever the statistics say.
+
+    A chunk of this many pages holds at most `CTID_ROWS_SLACK * chunk_rows` rows (at least one
+    page: one page's rows when chunk_rows is smaller than that) and at most this many pages of
+    heap bytes (a row's TOASTed values aside, which bound no key-range chunk either).  A key-range
+    chunk is bounded by its rows only: chunk_rows of them, of any width.
+    """
+    return max(1, CTID_ROWS_SLACK * max(chunk_rows, 1) // max_rows_per_page(block_size))
+
+
+def ctid_chunk_max_rows(chunk_rows: int, block_size: int = 8192) -> int:
+    """The most rows a page-range chunk can hold (`ctid_max_pages` full pages of the smallest rows)."""
+    return ctid_max_pages(chunk_rows, block_size) * max_rows_per_page(block_size)
 
 
 def ctid_chunks(
-    table: TableInfo, relpages: int, reltuples: float, pages_now: int, chunk_rows: int = CHUNK_ROWS
+    table: TableInfo,
+    relpages: int,
+    reltuples: float,
+    pages_now: int,
+    chunk_rows: int = CHUNK_ROWS,
+    block_size: int = 8192,
 ) -> list[Chunk] | None:
     """The table's chunks as ranges of heap pages of about `chunk_rows` rows each, or None (cut by key).
 
     The rows a page holds are the statistics' (`relpages`, `reltuples`: None without them, as
     for a table never analysed); `pages_now` is the table's size in pages as the snapshot began:
     every row the snapshot sees lies in a page below it (a table only grows, but for empty pages
-    a vacuum cuts off), and the last chunk is open above all the same.  A partitioned table
-    (whose pages are its partitions') is cut by key.
+    a vacuum cuts off), and the last chunk is open above all the same.  No range is longer than
+    `ctid_max_pages`, so stale statistics cannot make a chunk hold far more than planned.  A
+    partitioned table (whose pages are its partitions') is cut by key.
     """
     if table.partitioned or relpages <= 0 or reltuples < 1:
         return None  # (reltuples is -1 or 0 before the first analyse: under one row tells nothing)
-    per_chunk = max(1, int(chunk_rows * relpages / reltuples))
+    planned = max(1, int(chunk_rows * relpages / reltuples))
+    per_chunk = min(planned, ctid_max_pages(chunk_rows, block_size))
     count = max(1, -(-max(pages_now, 1) // per_chunk))
     return [
         Chunk(
@@ -216,6 +257,22 @@ def ctid_chunks(
         )
         for i in range(count)
     ]
+
+
+def ctid_rows_estimate(relpages: int, reltuples: float, pages_now: int) -> int:
+    """The table's rows as its statistics' rows a page tell, over its pages now (as the planner
+    scales them: a table grown since its last analyse holds more than `reltuples`)."""
+    if relpages <= 0 or reltuples < 1:
+        return 0
+    return round(reltuples / relpages * max(pages_now, 0))
+
+
+def chunk_pages(chunk: Chunk, table_pages: int) -> int:
+    """The pages a page-range chunk covers of a table of `table_pages` pages (the last: to the end)."""
+    if chunk.pages is None:
+        return 0
+    first, end = chunk.pages
+    return max((table_pages if end is None else end) - first, 0)
 
 
 def chunk_copy_sql(chunk: Chunk, binary: bool) -> str:

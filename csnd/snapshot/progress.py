@@ -5,6 +5,13 @@ Status request reads them from another thread (`tables()` copies under a
 lock, never waits on a copy).  The ETA is the table's remaining estimated
 rows at the rate the table has gone so far, on an injected monotonic clock.
 
+A table cut into ranges of its heap pages (the default, `plan.ctid_chunks`)
+has no counted total: before its first chunk is in, its total is its
+statistics' rows a page over its pages as it was cut; from then on, its rows
+so far over the share of its pages their chunks covered (the pages are known
+exactly, the rows a page only as of the last analyse), so stale statistics
+mislead the ETA only until the first chunk lands.
+
 Only what is known is shown.  A total is the table's row count (or its
 statistics' estimate) while the copy is below it; a table without
 statistics, or one the copy has outgrown, has an unknown total (0) and no
@@ -56,13 +63,17 @@ class _Table:
         "started",
         "finished",
         "finished_at",
+        "pages",
+        "pages_done",
     )
 
     def __init__(
-        self, node: str, schema: str, table: str, estimated: int, chunks: int, chunks_known: bool
+        self, node: str, schema: str, table: str, estimated: int, chunks: int, chunks_known: bool, pages: int
     ) -> None:
         self.node, self.schema, self.table = node, schema, table
         self.estimated, self.chunks, self.chunks_known = estimated, chunks, chunks_known
+        self.pages = pages  # cut into page ranges: the pages they cover (0: cut otherwise)
+        self.pages_done = 0
         self.done = self.rows = 0
         self.started: float | None = None
         self.finished = False
@@ -83,12 +94,21 @@ class SnapshotProgress:
         self.barrier_ms = 0.0  # how long that barrier held the GTM
 
     def add_table(
-        self, node: str, schema: str, table: str, estimated: int, chunks: int, *, chunks_known: bool = True
+        self,
+        node: str,
+        schema: str,
+        table: str,
+        estimated: int,
+        chunks: int,
+        *,
+        chunks_known: bool = True,
+        pages: int = 0,
     ) -> None:
-        """A table to copy: `estimated` rows (0: unknown), in `chunks` chunks -- exactly, or a guess."""
+        """A table to copy: `estimated` rows (0: unknown), in `chunks` chunks -- exactly, or a guess;
+        `pages`: cut into ranges of that many heap pages in all (0: cut by key)."""
         with self._lock:
             self._tables[(node, schema, table)] = _Table(
-                node, schema, table, max(estimated, 0), max(chunks, 0), chunks_known
+                node, schema, table, max(estimated, 0), max(chunks, 0), chunks_known, max(pages, 0)
             )
 
     def chunk_started(self, node: str, schema: str, table: str) -> None:
@@ -97,12 +117,16 @@ class SnapshotProgress:
             if t.started is None:
                 t.started = self._clock()
 
-    def chunk_done(self, node: str, schema: str, table: str, rows: int, chunks: int = 1) -> None:
-        """`chunks` more chunks (one; more when a restart shows what an earlier run did) of `rows` rows."""
+    def chunk_done(
+        self, node: str, schema: str, table: str, rows: int, chunks: int = 1, *, pages: int = 0
+    ) -> None:
+        """`chunks` more chunks (one; more when a restart shows what an earlier run did) of `rows` rows,
+        covering `pages` of the table's heap pages (cut into page ranges)."""
         with self._lock:
             t = self._tables[(node, schema, table)]
             t.done += chunks
             t.rows += rows
+            t.pages_done += max(pages, 0)
             t.finished = t.finished or (t.chunks_known and t.done >= t.chunks)
             if t.finished and t.finished_at is None:
                 t.finished_at = self._clock()
@@ -129,7 +153,8 @@ class SnapshotProgress:
             rate = t.rows / max(end - t.started, 1e-6)
         if t.finished:
             return TableProgress(t.node, t.schema, t.table, "done", t.rows, t.rows, t.done, t.done, 0.0, rate)
-        total = t.estimated if t.estimated > t.rows else 0  # (passed: the estimate was wrong, say unknown)
+        total = _total(t)
+        total = total if total > t.rows else 0  # (passed: the estimate was wrong, say unknown)
         chunks = t.chunks if t.chunks_known or t.chunks > t.done else 0
         eta = -1.0
         if rate > 0 and total > 0:
@@ -162,3 +187,11 @@ class SnapshotProgress:
         if total_known and rate > 0 and done < len(views):
             parts.append(f"eta {max(total - rows, 0) / rate:.0f} s")
         return ", ".join(parts)
+
+
+def _total(t: _Table) -> int:
+    """A table's rows as best known while it copies: page ranges with rows done, their rows over the
+    share of pages done (rounded up: ahead of the rows while pages are left); else the estimate."""
+    if 0 < t.pages_done < t.pages and t.rows > 0:
+        return t.rows + -(-t.rows * (t.pages - t.pages_done) // t.pages_done)
+    return t.estimated

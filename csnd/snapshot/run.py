@@ -45,7 +45,7 @@ from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Relation, TypeMsg
 from csnd.snapshot.copier import ChunkResult, NodeSnapshot
 from csnd.snapshot.lines import changes_line, done_line
-from csnd.snapshot.plan import TableInfo
+from csnd.snapshot.plan import TableInfo, chunk_pages
 from csnd.snapshot.progress import SnapshotProgress
 
 if TYPE_CHECKING:
@@ -120,8 +120,18 @@ class SnapshotRun:
         try:
             for table in reader.plan_tables():
                 chunks = reader.chunks(table)
-                rows = reader.row_counts.get(table.relid, table.estimated_rows)  # (counted, else reltuples)
-                self.progress.add_table(reader.node, table.schema, table.name, rows, len(chunks))
+                # (counted by the boundary pass, else the statistics scaled to the pages now, else reltuples)
+                rows = reader.row_counts.get(
+                    table.relid, reader.row_estimates.get(table.relid, table.estimated_rows)
+                )
+                self.progress.add_table(
+                    reader.node,
+                    table.schema,
+                    table.name,
+                    rows,
+                    len(chunks),
+                    pages=reader.page_counts.get(table.relid, 0),
+                )
                 for c in chunks:
                     reader.feed(c)
                 planned += len(chunks)
@@ -204,7 +214,10 @@ class SnapshotRun:
                 if unsynced >= SYNC_CHUNKS or self._results.empty():
                     log.sync()
                     unsynced = 0
-                progress.chunk_done(item.node, t.schema, t.name, item.rows)
+                table_pages = node.reader.page_counts.get(t.relid, 0)
+                progress.chunk_done(
+                    item.node, t.schema, t.name, item.rows, pages=chunk_pages(chunk, table_pages)
+                )
                 progress.last_csn = next_csn
                 next_csn += 1
                 appended += 1

@@ -8,8 +8,10 @@ initial snapshot's, or an estimated one, as an incremental snapshot's).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,3 +154,67 @@ def test_the_summary_line_says_unknown_when_a_total_is() -> None:
     clock.now += 1
     q.chunk_done("dn1", "public", "a", 250)
     assert q.summary() == "0 of 1 tables done, 1 of 2 chunks, 250 of 1,000 rows (250 rows/s), eta 3 s"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 1_000_000),
+    st.lists(
+        st.tuples(st.integers(1, 60), st.integers(0, 20_000), st.floats(0.001, 10)), min_size=1, max_size=12
+    ),
+)
+def test_a_table_cut_by_pages_is_totalled_by_the_pages_done(
+    estimated: int, chunks: list[tuple[int, int, float]]
+) -> None:
+    """Page ranges: the statistics' estimate until a chunk with rows is in, then its rows over its share
+    of the pages (rounded up), shown while ahead of the rows; the ETA is what is left at the rate so far."""
+    clock = Clock()
+    p = SnapshotProgress(clock)
+    pages = sum(c[0] for c in chunks)
+    p.add_table("dn1", "public", "t", estimated, len(chunks), pages=pages)
+    (v,) = p.tables()
+    assert (v.rows_estimated, v.eta_seconds) == (estimated, -1.0)
+    started = clock.now
+    p.chunk_started("dn1", "public", "t")
+    rows = pages_done = 0
+    for i, (chunk_pages, chunk_rows, seconds) in enumerate(chunks):
+        clock.now += seconds
+        p.chunk_done("dn1", "public", "t", chunk_rows, pages=chunk_pages)
+        rows, pages_done = rows + chunk_rows, pages_done + chunk_pages
+        (v,) = p.tables()
+        if i == len(chunks) - 1:
+            assert (v.state, v.rows, v.rows_estimated, v.eta_seconds) == ("done", rows, rows, 0.0)
+            break
+        total = Fraction(rows * pages, pages_done).__ceil__() if rows else estimated
+        shown = total if total > rows else 0
+        assert (v.state, v.rows, v.rows_estimated) == ("copying", rows, shown), (v, total)
+        if shown and rows:
+            assert v.eta_seconds == pytest.approx((shown - rows) / (rows / (clock.now - started)))
+        else:
+            assert v.eta_seconds == -1.0
+
+
+@given(
+    st.integers(0, 1_000_000),
+    st.integers(1, 300),
+    st.lists(st.tuples(st.integers(1, 60), st.floats(0.01, 10)), min_size=2, max_size=12),
+)
+def test_stale_statistics_mislead_a_page_range_eta_only_until_the_first_chunk(
+    estimated: int, per_page: int, chunks: list[tuple[int, float]]
+) -> None:
+    """Rows spread evenly over the pages: after the first chunk the total is the true one, whatever the
+    statistics said, and the ETA the time the pages left take at the pages' pace so far."""
+    clock = Clock()
+    p = SnapshotProgress(clock)
+    pages = sum(c[0] for c in chunks)
+    p.add_table("dn1", "public", "t", estimated, len(chunks), pages=pages)
+    p.chunk_started("dn1", "public", "t")
+    elapsed, pages_done = 0.0, 0
+    for chunk_pages, seconds in chunks[:-1]:
+        clock.now += seconds
+        elapsed += seconds
+        pages_done += chunk_pages
+        p.chunk_done("dn1", "public", "t", chunk_pages * per_page, pages=chunk_pages)
+        (v,) = p.tables()
+        assert v.rows_estimated == pages * per_page
+        assert v.eta_seconds == pytest.approx(elapsed * (pages - pages_done) / pages_done)

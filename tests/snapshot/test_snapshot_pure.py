@@ -21,8 +21,13 @@ from csnd.snapshot.plan import (
     TableInfo,
     boundaries_sql,
     chunk_copy_sql,
+    chunk_pages,
     chunks_of,
+    ctid_chunk_max_rows,
     ctid_chunks,
+    ctid_max_pages,
+    ctid_rows_estimate,
+    max_rows_per_page,
     quote_literal,
     split_bounds,
 )
@@ -169,7 +174,38 @@ def test_page_range_chunks_cover_every_page_once(
         assert c.pages is not None and c.pages[1] is not None
         pages = c.pages[1] - c.pages[0]
         assert pages == 1 or pages * per_page <= chunk_rows + per_page
+    # whatever the statistics say, no chunk covers more pages than the bound, so none holds more rows
+    # than 4 times chunk_rows (or one page's worth), of the pages the snapshot can see
+    most = ctid_max_pages(chunk_rows)
+    table_pages = max(pages_now, 1)
+    assert sum(chunk_pages(c, table_pages) for c in chunks) == table_pages
+    assert all(chunk_pages(c, table_pages) <= most for c in chunks)
+    assert ctid_chunk_max_rows(chunk_rows) == most * 291 <= max(4 * chunk_rows, 291)
     assert ctid_chunks(_table(partitioned=True), relpages, reltuples, pages_now, chunk_rows) is None
+
+
+def test_stale_statistics_cannot_make_a_page_range_chunk_hold_the_table() -> None:
+    """Analysed while bloated (1,000 pages, 100 rows), filled since: the statistics plan one chunk of
+    all 1,000 pages, which may now hold 291,000 rows; the bound cuts it to 137 pages of at most 39,867."""
+    assert max_rows_per_page(8192) == 291  # (PostgreSQL's MaxHeapTuplesPerPage)
+    assert ctid_max_pages(10_000) == 137 and ctid_chunk_max_rows(10_000) == 39_867 <= 4 * 10_000
+    chunks = ctid_chunks(_table(), 1_000, 100.0, 1_000, 10_000) or []
+    assert [c.pages for c in chunks] == [(i * 137, (i + 1) * 137) for i in range(7)] + [(959, None)]
+    assert ctid_max_pages(10_000, block_size=32768) == 34  # (a bigger page holds more rows: fewer pages)
+    assert ctid_max_pages(50) == 1  # (at least a page: chunk_rows below one page's worth)
+    # fresh statistics of a table of ~80 rows a page: the planned ranges, under the bound
+    assert [c.pages for c in ctid_chunks(_table(), 2_500, 200_000.0, 2_500, 10_000) or []][:2] == [
+        (0, 125),
+        (125, 250),
+    ]
+
+
+def test_a_page_range_table_is_estimated_by_its_pages_now() -> None:
+    assert ctid_rows_estimate(100, 8_000.0, 150) == 12_000  # (grown by half since its analyse)
+    assert ctid_rows_estimate(0, -1.0, 150) == 0 and ctid_rows_estimate(100, 0.0, 150) == 0
+    first, last = ctid_chunks(_table(), 10, 1_000.0, 13, 700) or []
+    assert (chunk_pages(first, 13), chunk_pages(last, 13)) == (7, 6)
+    assert chunk_pages(chunks_of(_table(), [])[0], 13) == 0  # (a key-range chunk covers no pages)
 
 
 def test_a_page_range_chunk_reads_its_pages_in_heap_order() -> None:
