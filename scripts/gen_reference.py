@@ -222,7 +222,7 @@ def render_tables() -> str:
     from csnd.sender.txnbuf import SPILL_BYTES
     from csnd.service.http import Thresholds
     from csnd.service.settings import LIVE_KEYS
-    from csnd.snapshot.copier import READERS
+    from csnd.snapshot.copier import READERS, SnapshotSettings
     from csnd.snapshot.plan import CHUNK_ROWS
 
     live = ", ".join(f"`{k}`" for k in LIVE_KEYS)
@@ -236,13 +236,14 @@ def render_tables() -> str:
         (
             "`[snapshot]`",
             f"`chunk_rows` (default {CHUNK_ROWS})",
-            "rows per key-range chunk of an initial snapshot",
+            "rows per chunk of an initial snapshot",
         ),
         ("`[snapshot]`", f"`readers` (default {READERS})", "connections per node reading chunks in parallel"),
         (
             "`[snapshot]`",
-            '`split` (default "key")',
-            'how a table is cut into chunks: "key" ranges of its primary key, or "ctid" ranges of its heap pages',
+            f'`split` (default "{SnapshotSettings().split}")',
+            'how a table is cut into chunks: "ctid" ranges of its heap pages (where they apply), '
+            'or "key" ranges of its primary key',
         ),
         (
             "`[spill]`",

@@ -273,7 +273,7 @@ def build_config(
         raise ConfigError(
             f"{where}: [snapshot]: unknown setting {bad[0]!r}; known: {', '.join(sorted(_SNAPSHOT_KEYS))}"
         )
-    if snapshot.get("split", "key") not in ("key", "ctid"):
+    if snapshot.get("split", "ctid") not in ("key", "ctid"):
         raise ConfigError(f'{where}: [snapshot]: split must be "key" or "ctid", not {snapshot["split"]!r}')
     return ServeConfig(
         sources=tuple(sources),

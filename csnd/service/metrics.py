@@ -51,8 +51,9 @@ METRICS: Final[Mapping[str, str]] = {
     "csnd_subscriber_lag_transactions": "Durable transactions after the consumer's acknowledged CSN.",
     "csnd_subscriber_acknowledged_csn": "The consumer's acknowledged CSN.",
     "csnd_snapshot_rows": "Rows of the table the initial snapshot has appended to the changelog.",
-    "csnd_snapshot_rows_estimated": "Rows the table holds (counted as it was cut, else pg_class.reltuples; 0 while unknown).",
-    "csnd_snapshot_chunks_remaining": "Key-range chunks of the table not yet in the changelog.",
+    "csnd_snapshot_rows_estimated": "Rows the table holds (by its heap pages done, else counted as it was cut, "
+    "else pg_class.reltuples; 0 while unknown).",
+    "csnd_snapshot_chunks_remaining": "Chunks of the table not yet in the changelog.",
     "csnd_snapshot_eta_seconds": "Seconds the table's copy is estimated to take still (-1: unknown, 0: done).",
     "csnd_snapshot_barrier_ms": "Milliseconds the GTM commit barrier of this run's initial snapshot held the GTM "
     "(GTM mode with --gtm; 0: none).",

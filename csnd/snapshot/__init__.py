@@ -1,7 +1,7 @@
 """The initial snapshot of `csnd serve`: the published tables as of a new slot's consistent point.
 
     LiveSource.prepare(snapshot="initial") ─► ExportedSnapshot (slot made, snapshot exported)
-        └► NodeSnapshot (copier): connections import it ─► plan: tables ─► key-range chunks
+        └► NodeSnapshot (copier): connections import it ─► plan: tables ─► page- or key-range chunks
               └► COPY each chunk ─► copyrows ─► the decoder's rendering ─► "op": "read" changes
     SnapshotRun: each chunk one changelog record (csn 1, 2, ...), then a completion record,
                  all below the first streamed transaction's CSN; then the stream (docs/design.md section 5)

@@ -10,8 +10,8 @@ A chunk is a half-open range of the table's primary key, `lo < key <= hi`
 it exactly once whatever the key's values; a table without a primary key is
 one chunk.  The boundaries come from one ordered pass over the key (an
 index-only scan where the index allows it) inside the exported snapshot, so
-they are the snapshot's own keys.  With `split = "ctid"` a chunk is
-instead a range of the table's heap pages (`ctid_chunks`), where it
+they are the snapshot's own keys.  With `split = "ctid"` (the default) a
+chunk is instead a range of the table's heap pages (`ctid_chunks`), where it
 can be (PostgreSQL 14 or later, not partitioned, with statistics): no pass
 before the first chunk, each read by a TID range scan in heap order, about
 `chunk_rows` rows as the statistics tell and never more pages than

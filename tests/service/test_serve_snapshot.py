@@ -28,6 +28,7 @@ import pytest
 
 from csnd.consumers.examples.current_state import pg_table, read_parquet_state
 from csnd.core.ids import lsn_from_str
+from csnd.snapshot.plan import ctid_chunk_max_rows
 from tests.consumers.test_spark_example import TABLE as SPARK_TABLE
 from tests.consumers.test_spark_example import job as spark_job
 from tests.fixtures.pg import PgDatabase
@@ -210,9 +211,13 @@ def test_initial_snapshot_then_the_stream_equals_the_table(pg: PgDatabase, tmp_p
     marked = [t for t in txns if "snapshot" in t]
     assert [t["csn"] for t in marked] == list(range(1, len(marked) + 1))
     assert txns[: len(marked)] == marked and marked[-1]["snapshot"]["done"] is True
+    # acct analysed: the default cut it into ranges of its heap pages, each chunk once, none holding
+    # more rows than its pages can (4 times chunk_rows at most, whatever the statistics said)
     chunks = [t for t in marked[:-1] if t["snapshot"]["table"] == "acct"]
-    read = sum(len(t["changes"]) for t in chunks)  # (the rows in the snapshot: the writer runs around it)
-    assert len(chunks) == -(-read // 10_000) and all(t["changes"] for t in chunks)  # (no empty last chunk)
+    assert sorted((t["snapshot"]["chunk"], t["snapshot"]["chunks"]) for t in chunks) == [
+        (i, len(chunks)) for i in range(1, len(chunks) + 1)
+    ]
+    assert len(chunks) > 1 and all(len(t["changes"]) <= ctid_chunk_max_rows(10_000) for t in chunks)
     point = lsn_from_str(marked[0]["nodes"]["dn1"]["commit_lsn"])
     assert all(t["csn"] >= point for t in txns[len(marked) :])
     assert marked[-1]["snapshot"]["rows"] == sum(len(t["changes"]) for t in marked)
@@ -257,10 +262,14 @@ def _spark_copy(address: str, tmp_path: Any, pg: PgDatabase) -> dict[tuple[str, 
 def test_killed_mid_snapshot_the_next_start_takes_it_again_and_equals_the_table(
     pg: PgDatabase, tmp_path: Any
 ) -> None:
-    """kill -9 while the second table waits behind a lock: no reader saw any of it; the next start takes it again."""
+    """kill -9 while the second table waits behind a lock: no reader saw any of it; the next start takes it again.
+
+    Cut by key ranges (`split = "key"`): that path under a writer and a restart, chunks of at most
+    chunk_rows rows; the default's page ranges are the first test's.
+    """
     _setup(pg, rows=3_000)
     config = tmp_path / "csnd.toml"
-    config.write_text("[snapshot]\nchunk_rows = 500\nreaders = 2\n")
+    config.write_text('[snapshot]\nchunk_rows = 500\nreaders = 2\nsplit = "key"\n')
     source = f"dn1={pg.url}?slot=csnd&publication=csnd_pub&snapshot=initial&text=true"
     log_dir = str(tmp_path / "log")
     blocker = psycopg.connect(pg.dsn)

@@ -43,7 +43,9 @@ def _reader_of(pg: PgDatabase, settings: SnapshotSettings) -> tuple[NodeSnapshot
 
 
 def test_the_copier_processes_copy_every_chunk_once(pg: PgDatabase, tmp_path: object) -> None:
-    reader, made_at = _reader(pg, SnapshotSettings(chunk_rows=1000, readers=2, copiers="processes"))
+    reader, made_at = _reader(
+        pg, SnapshotSettings(chunk_rows=1000, readers=2, copiers="processes", split="key")
+    )  # (key ranges: exactly 3 chunks of the 2,500 rows)
     assert len(reader.copier_pids) == 2
     with Changelog(str(tmp_path)) as log:
         SnapshotRun([SnapshotNode(reader, "single", made_at)], SnapshotProgress()).run(log)
@@ -76,7 +78,7 @@ def test_copier_threads_write_the_records_copier_processes_write(pg: PgDatabase,
                 exported.consistent_lsn,
                 binary=True,
                 enums=[],
-                settings=SnapshotSettings(chunk_rows=1000, readers=2, copiers=kind),
+                settings=SnapshotSettings(chunk_rows=1000, readers=2, copiers=kind, split="key"),
             )
             readers[kind].open(exported.name)
     finally:
@@ -101,7 +103,9 @@ def test_copier_threads_write_the_records_copier_processes_write(pg: PgDatabase,
 def test_a_copier_threads_lost_connection_ends_the_snapshot_with_an_error_not_a_hang(
     pg: PgDatabase, tmp_path: Path
 ) -> None:
-    reader, made_at = _reader(pg, SnapshotSettings(chunk_rows=1000, readers=1, copiers="threads"))
+    reader, made_at = _reader(
+        pg, SnapshotSettings(chunk_rows=1000, readers=1, copiers="threads", split="key")
+    )
     planner = reader._conns[0].info.backend_pid  # (left alone: the copier's connection is the one lost)
     with pg.connect() as conn:
         killed = conn.execute(
@@ -187,3 +191,61 @@ def test_page_range_chunks_read_every_row_of_the_snapshot_once(pg: PgDatabase, t
     assert sorted(c["chunk"] for c in chunks) == list(range(1, len(chunks) + 1))
     assert sum(c["rows"] for c in chunks) == len(want) == lines[-1]["snapshot"]["rows"]
     assert reader.row_counts == {}  # (cut by pages: no boundary pass counted the rows)
+
+
+def test_the_default_cuts_an_analysed_table_into_page_ranges_and_a_partitioned_one_by_key(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """PostgreSQL 14 and later: the default split reads a table with statistics by ranges of its heap
+    pages (no boundary pass, its total its statistics' rows a page over its pages), a partitioned
+    table (published as its root) and a table never analysed by key ranges, counted."""
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO item SELECT i, 'v' || i FROM generate_series(1, 5000) AS i")
+        conn.execute("CREATE TABLE part (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE part_a PARTITION OF part FOR VALUES FROM (0) TO (2000)")
+        conn.execute("CREATE TABLE part_b PARTITION OF part FOR VALUES FROM (2000) TO (10000)")
+        conn.execute("INSERT INTO part SELECT i, 'p' || i FROM generate_series(1, 3000) AS i")
+        conn.execute("ANALYZE item, part")
+        # (never analysed, reltuples -1: no autovacuum to analyse it before the snapshot plans it)
+        conn.execute("CREATE TABLE fresh (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false)")
+        conn.execute("INSERT INTO fresh SELECT i, 'f' || i FROM generate_series(1, 1500) AS i")
+        conn.execute(
+            "CREATE PUBLICATION snap_pub FOR TABLE item, part, fresh WITH (publish_via_partition_root)"
+        )
+        stats = conn.execute("SELECT relpages, reltuples FROM pg_class WHERE relname = 'item'").fetchone()
+        assert stats is not None
+        relpages, reltuples = int(str(stats[0])), float(str(stats[1]))
+        ids = {
+            str(name): int(str(oid))
+            for name, oid in conn.execute(
+                "SELECT relname::text, oid::int8 FROM pg_class WHERE relname IN ('item', 'part', 'fresh')"
+            ).fetchall()
+        }
+    assert SnapshotSettings().split == "ctid"
+    reader, made_at = _reader_of(pg, SnapshotSettings(chunk_rows=1000, readers=2))
+    assert reader._conns[0].info.server_version >= 140000
+    progress = SnapshotProgress()
+    with Changelog(str(tmp_path)) as log:
+        SnapshotRun([SnapshotNode(reader, "single", made_at)], progress).run(log)
+        lines = [json.loads(line) for _, line in log.read(0)]
+    by_table: dict[str, list[int]] = {}
+    for line in lines[:-1]:
+        by_table.setdefault(line["snapshot"]["table"], []).extend(c["new"]["id"] for c in line["changes"])
+    assert {t: sorted(got) for t, got in by_table.items()} == {
+        "item": list(range(1, 5001)),
+        "part": list(range(1, 3001)),
+        "fresh": list(range(1, 1501)),
+    }
+    # item by its pages: no counted total, its pages and its estimate kept for progress
+    assert set(reader.page_counts) == {ids["item"]} and reader.page_counts[ids["item"]] >= relpages
+    assert reader.row_estimates[ids["item"]] == round(reltuples / relpages * reader.page_counts[ids["item"]])
+    # part (relkind p) and fresh (no statistics) by key: counted, chunks of at most chunk_rows rows
+    assert reader.row_counts == {ids["part"]: 3000, ids["fresh"]: 1500}
+    assert all(len(line["changes"]) <= 1000 for line in lines[:-1] if line["snapshot"]["table"] != "item")
+    shown = {t.table: (t.state, t.rows, t.rows_estimated) for t in progress.tables()}
+    assert shown == {
+        "item": ("done", 5000, 5000),
+        "part": ("done", 3000, 3000),
+        "fresh": ("done", 1500, 1500),
+    }
