@@ -23,7 +23,7 @@ The table is an int key, text, numeric, timestamptz and jsonb.
 `--sweep` adds the (chunk_rows, readers) settings that CHUNK_ROWS and
 READERS were chosen by.
 
-    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep] [--copiers threads|processes ...] [--split ctid]
+    python -m bench.snapshot_bench [rows] [--rounds N] [--sweep] [--copiers threads|processes ...] [--split key|ctid]
 
 `--copiers` and `--split` time csnd again with that setting in each round,
 beside its defaults (`run["variants"]`).
@@ -296,7 +296,9 @@ if __name__ == "__main__":
         help="also time the snapshot with its copiers run so, in each round (repeatable)",
     )
     parser.add_argument(
-        "--split", choices=("ctid",), help="also time the snapshot with its tables cut so, in each round"
+        "--split",
+        choices=("ctid", "key"),
+        help="also time the snapshot with its tables cut so, in each round",
     )
     options = parser.parse_args()
     variants = [(f"copiers {kind}", SnapshotSettings(copiers=kind)) for kind in options.copiers]
