@@ -93,13 +93,12 @@ PG18_DESELECT := $(FAULTS_ONLY) --deselect \
 # venv) while the lint and the first tests run; a driver that starts before it is
 # there starts without it, as it would with a stale one.
 test: install proto-check
-	@archive=; if [ ! $(SPARK_ARCHIVE) -nt $(STAMP) ]; then \
-	    $(PY) scripts/spark_archive.py $(SPARK_ARCHIVE) $(SPARK_JVM) & archive=$$!; fi; \
-	$(MAKE) --no-print-directory lint || { [ -z "$$archive" ] || wait $$archive; exit 1; }; \
+	@$(MAKE) -s --no-print-directory $(SPARK_ARCHIVE) & archive=$$!; \
+	$(MAKE) --no-print-directory lint || { wait $$archive; exit 1; }; \
 	status=0; \
 	CSND_PG_VERSION=15 $(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 $(FAULTS_ONLY) tests || status=1; \
 	CSND_PG_VERSION=18 $(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=25 $(PG18_DESELECT) $(addprefix --ignore=,$(PG18_PURE) $(PG18_ALREADY)) $(PG18_TESTS) || status=1; \
-	[ -z "$$archive" ] || wait $$archive; \
+	wait $$archive; \
 	exit $$status
 
 # The fault-injection suite in full: every fault class CSND_FAULT_RUNS times
