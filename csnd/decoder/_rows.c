@@ -60,6 +60,9 @@ typedef struct {
     /* Not NULL while a caller's loop runs with the GIL released (_copysplit's render_rows): every
        writer that touches a Python object or Python's allocator takes it back first (out_gil). */
     PyThreadState *released;
+    /* Not NULL when data is this bytes object's own buffer (_copysplit's render_rows): grown and
+       shrunk in place with _PyBytes_Resize, and handed out as the result with no copy at the end. */
+    PyObject *bytes;
     char inline_[512];
 } Out;
 
@@ -83,7 +86,16 @@ out_put(Out *o, const char *src, Py_ssize_t n)
         while (cap < o->len + n)
             cap *= 2;
         char *data;
-        if (o->data == o->inline_) {
+        if (o->bytes != NULL) {
+            if (_PyBytes_Resize(&o->bytes, cap) < 0) {
+                /* (it freed the object and set MemoryError: nothing is left to free) */
+                o->data = o->inline_;
+                o->len = 0;
+                o->cap = sizeof o->inline_;
+                return -1;
+            }
+            data = PyBytes_AS_STRING(o->bytes);
+        } else if (o->data == o->inline_) {
             data = PyMem_Malloc((size_t)cap);
             if (data != NULL)
                 memcpy(data, o->inline_, (size_t)o->len);
@@ -105,7 +117,9 @@ out_put(Out *o, const char *src, Py_ssize_t n)
 static void
 out_free(Out *o)
 {
-    if (o->data != o->inline_)
+    if (o->bytes != NULL)
+        Py_CLEAR(o->bytes);
+    else if (o->data != o->inline_)
         PyMem_Free(o->data);
 }
 
@@ -1024,6 +1038,7 @@ read_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     o.len = 0;
     o.cap = sizeof o.inline_;
     o.released = NULL;
+    o.bytes = NULL;
     int give_up = 1;
     /* As the Python reader: the column count is a signed 16-bit number read while pos + 2 <= end;
        each column's kind byte is read wherever pos is in the data (not checked against end);
