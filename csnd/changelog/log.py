@@ -152,6 +152,10 @@ class Changelog:
         """
         self._writer.append_many(csns, lines)
 
+    def append_parts(self, csn: int, parts: Sequence[bytes]) -> None:
+        """`append(csn, b"".join(parts))`, the same bytes, without joining a large line (`SegmentWriter.append_parts`)."""
+        self._writer.append_parts(csn, parts)
+
     # A transaction too large to hold whole is appended as it is produced
     # (csnd.changelog.pieces): start_record, write_record for each piece,
     # end_record.  Until then it is neither visible nor counted in a sync.

@@ -157,6 +157,19 @@ encode_frames: Callable[[Sequence[int], Sequence[bytes], int, int, int, int], li
 FRAMES_IMPLEMENTATION: Final = "python" if _compiled is None else "c"
 
 
+def encode_parts_head(csn: int, time_us: int, parts: Sequence[bytes], prev_crc: int) -> tuple[bytes, int]:
+    """The head of a record whose payload is `parts` joined, and the payload's length, without joining them.
+
+    `head + b"".join(parts) == encode(csn, time_us, b"".join(parts), prev_crc)`:
+    the CRC runs over the parts in turn (`Changelog.append_parts`).
+    """
+    n = sum(map(len, parts))
+    crc = zlib.crc32(_FRAME_TAIL.pack(prev_crc, n, csn, time_us))
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return _FRAME.pack(MARK, crc, prev_crc, n, csn, time_us), n
+
+
 def encode_head(csn: int, time_us: int, length: int, payload_crc: int, prev_crc: int) -> bytes:
     """The head of a record whose payload was written first, in pieces, with `zlib.crc32` = payload_crc.
 

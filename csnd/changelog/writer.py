@@ -6,6 +6,8 @@
                              ─► place: as many frames as fit, the sparse index after them
                              ─► write: one os.write of the chunk, one of its index entries
                                         └─► the segment marked dirty: the next SyncPoint covers it
+    append_parts(csn, parts) ─► its head, the CRC taken part by part ─► flush, segment_for, its
+                                index entry ─► one writev of the head and the parts (no join)
 
 The records' bytes are the C encoder's; the writer decides only where they
 go.  Appends pile up in memory and are written in one chunk per segment,
@@ -31,6 +33,9 @@ from csnd.core.durable import sync_directory
 # Appends pile up in memory until sync(), or until this much is pending, when
 # they are written (still invisible) so that memory stays bounded between syncs.
 FLUSH_BYTES: Final = 1 << 20
+# A record given in parts (`append_parts`) below this size is joined and appended as any
+# other: a copy costs less than a write of its own.
+PARTS_MIN_BYTES: Final = 64 << 10
 
 
 class SegmentWriter:
@@ -101,6 +106,49 @@ class SegmentWriter:
             )
         if self._pending_bytes >= FLUSH_BYTES:
             self._guard(self.flush)
+
+    def append_parts(self, csn: int, parts: Sequence[bytes]) -> None:
+        """Buffer one transaction's line given as `parts` (the line is their concatenation), as `append_many`.
+
+        A large one is not joined nor framed by copying: its head is made
+        with the CRC taken part by part, and the head and the parts go to the
+        segment in one writev, after what is pending (a snapshot chunk is
+        megabytes, and the join and the frame were two copies of it).  The
+        bytes, the index entry and the rules are `append_many`'s: invisible
+        until a sync, and a crash in the middle of the write leaves a torn
+        tail that the next open cuts.
+        """
+        length = sum(map(len, parts))
+        if length < PARTS_MIN_BYTES:
+            self.append_many((csn,), (b"".join(parts),))
+            return
+        if self.closed:
+            raise ValueError("append to a closed changelog")
+        if self.open_csn is not None:
+            raise ValueError(f"changelog record of csn {self.open_csn} is still open")
+        if not 0 < csn <= rec.MAX_U64 or csn <= self.appended_csn:
+            raise ValueError(f"changelog append of csn {csn} after csn {self.appended_csn}: not increasing")
+        if length > rec.MAX_PAYLOAD:
+            raise ValueError(f"changelog record of csn {csn} is {length} bytes, over {rec.MAX_PAYLOAD}")
+        t = int(self._clock() * 1_000_000)
+        head, _ = rec.encode_parts_head(csn, t, parts, self.link)
+
+        def step() -> None:
+            self.flush()  # (what is pending goes first: it comes before this record)
+            seg = self.segment_for(csn)
+            offset, first_new = seg.written, len(seg.index_csns)
+            if not seg.index_offs or offset - seg.index_offs[-1] >= self.interval:  # (as `_place`)
+                seg.index_csns.append(csn)
+                seg.index_offs.append(offset)
+            seg.written = offset + rec.FRAME_HEAD + length
+            seg.w_last_csn, seg.w_last_time = csn, t
+            self.write(seg, [head, *parts], first_new, vectored=True)
+
+        self._guard(step)
+        self.link = rec.frame_crc(head)
+        self.appended_csn = csn
+        self.unsynced_csns.append(csn)
+        self.unsynced_lines.append(None)  # (not kept whole for the tail: readers read it from its segment)
 
     def begin_sync(self) -> SyncPoint | None:
         """Writes what is pending and notes what an fsync now covers; None when nothing is new."""
@@ -175,14 +223,21 @@ class SegmentWriter:
         self.write(seg, frames[first:end], new_entries)
         return end
 
-    def write(self, seg: sg.Segment, chunk: list[bytes], first_new_entry: int) -> None:
-        """Append `chunk` to the active segment and its index entries from `first_new_entry` on; mark it dirty."""
-        data = b"".join(chunk)
-        view = memoryview(data)
+    def write(
+        self, seg: sg.Segment, chunk: list[bytes], first_new_entry: int, *, vectored: bool = False
+    ) -> None:
+        """Append `chunk` to the active segment and its index entries from `first_new_entry` on; mark it dirty.
+
+        `vectored`: with writev, not joined (a few large parts; many small ones are joined).
+        """
         path = seg.path
         try:
-            while view:
-                view = view[os.write(self.fd, view) :]
+            if vectored:
+                _writev_all(self.fd, chunk)
+            else:
+                view = memoryview(b"".join(chunk))
+                while view:
+                    view = view[os.write(self.fd, view) :]
             entries = rec.encode_index_entries(
                 seg.index_csns[first_new_entry:], seg.index_offs[first_new_entry:]
             )
@@ -273,3 +328,14 @@ class SegmentWriter:
         )
         assert self._pending_bytes == sum(len(f) for f in self.pending)
         assert self.unsynced_csns == sorted(self.unsynced_csns)
+
+
+def _writev_all(fd: int, parts: Sequence[bytes]) -> None:
+    """Write all of `parts`, in order, with writev: again from where a short write stopped."""
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]

@@ -61,12 +61,20 @@ def chunk_line(
 def changes_line(
     csn: int, node: str, consistent_lsn: int, commit_time: int, changes: bytes, marker: dict[str, Any]
 ) -> bytes:
-    """`chunk_line` in UTF-8, given its change objects' text in UTF-8 (`csnd.snapshot.render.chunk_changes`).
+    """`chunk_line` in UTF-8, given its change objects' text in UTF-8 (`csnd.snapshot.render.chunk_changes`)."""
+    return b"".join(changes_parts(csn, node, consistent_lsn, commit_time, changes, marker))
 
-    (Bytes: a chunk's text is megabytes, made in a copier process; joined as bytes it is copied once.)
+
+def changes_parts(
+    csn: int, node: str, consistent_lsn: int, commit_time: int, changes: bytes, marker: dict[str, Any]
+) -> tuple[bytes, bytes, bytes]:
+    """`changes_line` in three parts: its head, `changes` itself, and its tail.
+
+    (A chunk's text is megabytes: the changelog writes the parts as they are,
+    `Changelog.append_parts`, where a join would copy it.)
     """
     head = _head(csn, {node: consistent_lsn}, commit_time).encode("utf-8")
-    return b"".join((head, changes, f'], "snapshot": {_encode(marker)}}}'.encode()))
+    return head, changes, f'], "snapshot": {_encode(marker)}}}'.encode()
 
 
 def done_line(csn: int, node_lsns: dict[str, int], commit_time: int, marker: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
     NodeSnapshot (per node) ── planner thread: tables ─► chunks ─► copier threads ─┐
                                                                                    ▼ done queue (bounded)
-    SnapshotRun.run (the service's pipeline thread): csn 1, 2, ... ─► Changelog.append + sync per chunk
+    SnapshotRun.run (the service's pipeline thread): csn 1, 2, ... ─► Changelog.append_parts + sync per chunk
                                                       then the completion record ─► sync
 
 CSNs (docs/design.md section 5, "Initial snapshot"): the snapshot's records take
@@ -44,7 +44,7 @@ from csnd.core.ids import lsn_to_str
 from csnd.decoder.schema import relation_body
 from csnd.reader.pgoutput import Relation, TypeMsg
 from csnd.snapshot.copier import ChunkResult, NodeSnapshot
-from csnd.snapshot.lines import changes_line, done_line
+from csnd.snapshot.lines import changes_parts, done_line
 from csnd.snapshot.plan import TableInfo, chunk_pages
 from csnd.snapshot.progress import SnapshotProgress
 
@@ -205,11 +205,13 @@ class SnapshotRun:
                     "chunks": chunk.count,
                     "rows": item.rows,
                 }
-                line = changes_line(next_csn, item.node, lsns[item.node], node.made_at, item.changes, marker)
+                parts = changes_parts(
+                    next_csn, item.node, lsns[item.node], node.made_at, item.changes, marker
+                )
                 if (item.node, t.relid) not in described:
                     log.relations.add(next_csn, item.node, table_relation_body(t))
                     described.add((item.node, t.relid))
-                log.append(next_csn, line)
+                log.append_parts(next_csn, parts)  # (not joined: a chunk is megabytes)
                 unsynced += 1
                 if unsynced >= SYNC_CHUNKS or self._results.empty():
                     log.sync()
