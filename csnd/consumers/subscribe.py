@@ -138,6 +138,9 @@ def _seconds(text: str) -> float:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
+    from csnd.consumers.grpcpoll import prefer_channel_thread_poller
+
+    prefer_channel_thread_poller()  # (before gRPC is imported: it reads its experiments once)
     from csnd.consumers.client import ChangefeedClient
     from csnd.core.tokens import read_token_file
 
