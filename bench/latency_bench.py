@@ -35,8 +35,14 @@ with the machine's other load.  `--thread-names` names csnd's threads in
 the per-thread figures of latency.json (py-spy dump); `--profile DIR`
 records `csnd serve`'s on-CPU stacks by thread over each rate (py-spy).
 
+`--stages` times each transaction inside `csnd serve` exactly, not by
+bucket: bench/stagetrace hooks the service's reader (commit received from
+the walsender), its changelog append, and its durable and sent
+observations, each as seconds since the commit; p50 / p90 / p99 a stage
+and rate, beside the subscriber's and `pg_recvlogical`'s arrival.
+
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
-        [--thread-names] [--profile DIR]
+        [--thread-names] [--profile DIR] [--stages]
     python -m bench.latency_bench ...
 
 Prints a table and writes it to bench-out/latency.md, raw figures to
@@ -74,6 +80,29 @@ STAGES: Final = ("csnd_commit_to_durable_seconds", "csnd_commit_to_sent_seconds"
 # wake-ups per group commit, the figure the thread's own cost is judged by.
 FSYNCS: Final = "csnd_changelog_fsyncs_total"
 SYNC_THREAD: Final = "csnd-changelog-sync"
+# --stages: the hook's directory (put on PYTHONPATH for csnd's processes) and its stages in order.
+STAGE_TRACE_DIR: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stagetrace")
+TRACED_STAGES: Final = ("received", "appended", "durable", "sent")
+
+
+def trace_stages(path: str) -> None:
+    """Start csnd's processes with the stage hook on, writing to `path` at exit."""
+    os.environ["CSND_STAGE_TRACE"] = path
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (STAGE_TRACE_DIR, os.environ.get("PYTHONPATH")) if p
+    )
+
+
+def stage_figures(
+    samples: dict[str, list[list[float]]], start: float, end: float
+) -> dict[str, dict[str, float]]:
+    """Each stage's p50 / p90 / p99 ms over the transactions committed in [start, end)."""
+    out: dict[str, dict[str, float]] = {}
+    for stage in TRACED_STAGES:
+        lat = sorted(s for t, s in samples.get(stage, []) if start <= t < end)
+        if lat:
+            out[stage] = {f"p{q}_ms": pct(lat, q / 100) * 1000 for q in (50, 90, 99)} | {"n": len(lat)}
+    return out
 
 
 class Arrivals:
@@ -352,10 +381,15 @@ def run(
     switch_s: float | None = None,
     thread_names: bool = False,
     profile: str | None = None,
+    stages: bool = False,
 ) -> dict[str, Any]:
     with_switch_interval(switch_s)
-    server = start_server()
     work = tempfile.mkdtemp(prefix="csnd-latency-bench-")
+    stage_file = os.path.join(work, "stages.json")
+    if stages:
+        trace_stages(stage_file)
+    server = start_server()
+    windows: list[tuple[dict[str, Any], float, float]] = []  # (row, first commit, last commit)
     procs: list[subprocess.Popen[Any]] = []
     svc: Service | None = None
     results: dict[str, Any] = {
@@ -399,10 +433,12 @@ def run(
             pids.update({p.label: pid for pid, p in watch.procs.items() if p.label.startswith("decoder")})
             pids.update(_walsenders(server))
             cpu = CpuWindow(pids, named=("csnd serve", "csnd subscribe") if thread_names else ())
+            window_start = time.time()
             before = scrape(svc.http)
             synced_before = fsyncs(svc.http)
             spy = profile_serve(svc.proc.pid, seconds, profile, rate) if profile else None
             committed = pgbench(server, work, rate, seconds)
+            window_end = time.time()
             if spy is not None:
                 spy.wait()
             got = {
@@ -437,16 +473,32 @@ def run(
             }
             row["group_commits"] = group_commits(row, synced)
             results["rates"].append(row)
+            windows.append((row, window_start, window_end))
             print(f"bench latency: {json.dumps(_brief(row))}", file=sys.stderr, flush=True)
     finally:
         end_all(procs)
         if svc is not None:
             svc.stop()
         server.stop("immediate")
+        if stages and os.path.exists(stage_file):  # (written by csnd serve as it stopped)
+            with open(stage_file, encoding="utf-8") as f:
+                samples = json.load(f)
+            for row, start, end in windows:
+                row["stage_trace"] = stage_figures(samples, start, end)
+                print(f"bench latency: {row['rate']:,}/s stages: {_brief_stages(row)}", file=sys.stderr)
         shutil.rmtree(server.base_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     results["loadavg_at_end"] = os.getloadavg()
     return results
+
+
+def _brief_stages(row: dict[str, Any]) -> str:
+    got = row.get("stage_trace", {})
+    parts = [f"{k} {v['p50_ms']:.2f}/{v['p90_ms']:.2f}/{v['p99_ms']:.2f}" for k, v in got.items()]
+    c, p = row["csnd"], row["pg_recvlogical"]
+    parts.append(f"subscriber {c['p50_ms']:.2f}/-/{c['p99_ms']:.2f}")
+    parts.append(f"pg_recvlogical {p['p50_ms']:.2f}/-/{p['p99_ms']:.2f}")
+    return "; ".join(parts) + " (ms after commit, p50/p90/p99)"
 
 
 def _ms(x: float | None) -> float | None:
@@ -521,6 +573,24 @@ def markdown(results: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     out += ["| " + " | ".join(r) + " |" for r in table(results)]
+    traced = [r for r in results["rates"] if r.get("stage_trace")]
+    if traced:
+        out += [
+            "",
+            "| rate | "
+            + " | ".join(f"{s} p50 / p90 / p99 ms" for s in TRACED_STAGES)
+            + " | subscriber p50 / p99 ms | pg_recvlogical p50 / p99 ms |",
+            "| --- |" + " --- |" * (len(TRACED_STAGES) + 2),
+        ]
+        for r in traced:
+            st = r["stage_trace"]
+            cells = [
+                f"{st[s]['p50_ms']:.2f} / {st[s]['p90_ms']:.2f} / {st[s]['p99_ms']:.2f}" if s in st else "-"
+                for s in TRACED_STAGES
+            ]
+            c, p = r["csnd"], r["pg_recvlogical"]
+            cells += [f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f}", f"{p['p50_ms']:.2f} / {p['p99_ms']:.2f}"]
+            out.append(f"| {r['rate']:,}/s | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -549,6 +619,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="py-spy `csnd serve` over each rate's load: collapsed on-CPU stacks by thread, DIR/serve-RATE.txt",
     )
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="time each transaction at each stage inside csnd serve (bench/stagetrace): p50/p90/p99 a stage",
+    )
     return p.parse_args(argv)
 
 
@@ -564,6 +639,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         a.switch_interval,
         a.thread_names,
         a.profile,
+        a.stages,
     )
     with open(out_path("latency.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
