@@ -368,12 +368,15 @@ read_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "read_copy: null connection or function");
         return NULL;
     }
-    size_t len = 0, cap = 1 << 20;
-    char *data = malloc(cap);
-    if (data == NULL)
-        return PyErr_NoMemory();
+    /* The data is read straight into the bytes object returned, not into a buffer copied into
+       it at the end (a chunk's COPY is most of a megabyte): grown, rarely, with the GIL taken
+       for Python's allocator, and finally shrunk. */
+    Py_ssize_t len = 0, cap = 1 << 20;
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, cap);
+    if (bytes == NULL)
+        return NULL;
     int status = 0, oom = 0;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *released = PyEval_SaveThread();
     for (;;) {
         char *msg = NULL;
         int got = get_copy_data(conn, &msg, 0);
@@ -381,32 +384,26 @@ read_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             status = got;
             break;
         }
-        if (!oom && len + (size_t)got > cap) {
-            size_t grown = cap * 2;
-            while (grown < len + (size_t)got)
+        if (!oom && len + got > cap) {
+            Py_ssize_t grown = cap * 2;
+            while (grown < len + got)
                 grown *= 2;
-            char *more = realloc(data, grown);
-            if (more == NULL)
-                oom = 1; /* (the rest of the COPY is read and dropped: the connection stays usable) */
-            else {
-                data = more;
+            PyEval_RestoreThread(released);
+            if (_PyBytes_Resize(&bytes, grown) < 0)
+                oom = 1; /* (MemoryError set, bytes freed; the rest of the COPY is read and dropped:
+                            the connection stays usable) */
+            else
                 cap = grown;
-            }
+            released = PyEval_SaveThread();
         }
         if (!oom) {
-            memcpy(data + len, msg, (size_t)got);
-            len += (size_t)got;
+            memcpy(PyBytes_AS_STRING(bytes) + len, msg, (size_t)got);
+            len += got;
         }
         free_mem(msg);
     }
-    Py_END_ALLOW_THREADS
-    if (oom) {
-        free(data);
-        return PyErr_NoMemory();
-    }
-    PyObject *bytes = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-    free(data);
-    if (bytes == NULL)
+    PyEval_RestoreThread(released);
+    if (oom || _PyBytes_Resize(&bytes, len) < 0)
         return NULL;
     return Py_BuildValue("(Ni)", bytes, status);
 }
