@@ -15,6 +15,7 @@ read, so a status request never blocks the pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -22,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from csnd.core.errors import SlotLost
 from csnd.core.ids import lsn_from_str
@@ -81,7 +82,15 @@ _SLOT_SQL: Final = (
 
 
 class SlotMonitor:
-    """Reads a live node's slot (`pg_replication_slots`) every `SLOT_POLL_S` in a thread of its own."""
+    """Reads a live node's slot (`pg_replication_slots`) every `SLOT_POLL_S` in a thread of its own.
+
+    The thread keeps its connection between reads and makes a new one only
+    when it is lost.  A connection a read cost about 35 ms of CPU in this
+    process, most of it psycopg's Python holding the GIL, every 5 s: a live
+    transaction's hop that wanted the GIL then waited up to the switch
+    interval (docs/performance.md, "Live latency").  One query on an open
+    connection costs a few milliseconds.
+    """
 
     def __init__(self, conninfo: str, slot: str, interval_s: float = SLOT_POLL_S) -> None:
         self.conninfo = conninfo
@@ -90,6 +99,9 @@ class SlotMonitor:
         self.reading = SlotReading()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"csnd-slot-{slot}", daemon=True)
+        self._conn: Any = (
+            None  # the thread's open connection (psycopg's, imported late), None before or once lost
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -98,13 +110,43 @@ class SlotMonitor:
         self._stop.set()
 
     def read_once(self) -> SlotReading:
+        """One reading, on a connection of its own (closed after)."""
         import psycopg
 
         try:
             with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
                 row = conn.execute(_SLOT_SQL, (self.slot,)).fetchone()
         except psycopg.Error as e:
-            return SlotReading(error=str(e).strip().splitlines()[0])
+            return SlotReading(error=_first_line(e))
+        return self._reading(row)
+
+    def read_kept(self) -> SlotReading:
+        """One reading on the connection kept from the last (a new one if there is none, or it was lost).
+
+        A kept connection that fails (the server restarted, a proxy dropped
+        it) is replaced at once, so only a server that cannot be reached
+        anew shows an error."""
+        import psycopg
+
+        for fresh in (self._conn is None, True):
+            try:
+                if self._conn is None:
+                    self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
+                row = self._conn.execute(_SLOT_SQL, (self.slot,)).fetchone()
+                return self._reading(row)
+            except psycopg.Error as e:
+                self.close()
+                if fresh:
+                    return SlotReading(error=_first_line(e))
+        raise AssertionError("unreachable: the second attempt is always on a fresh connection")
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # (a lost connection may fail to close cleanly)
+                conn.close()
+
+    def _reading(self, row: tuple[Any, ...] | None) -> SlotReading:
         if row is None:
             return SlotReading(error=f"slot {self.slot} does not exist")
         return SlotReading(
@@ -112,9 +154,17 @@ class SlotMonitor:
         )
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.reading = self.read_once()
-            self._stop.wait(self.interval_s)
+        try:
+            while not self._stop.is_set():
+                self.reading = self.read_kept()
+                self._stop.wait(self.interval_s)
+        finally:
+            self.close()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def check_slots_kept(slots: Iterable[tuple[str, str, str]], changelog: str, newest_csn: int) -> None:
