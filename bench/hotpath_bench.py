@@ -85,7 +85,7 @@ def make_frames(transactions: int, rows: int) -> list[bytes]:
 
 def _events(frames: list[bytes]) -> EventStream:
     source = LiveSource("dn1", LiveOptions("", "bench", "bench"))
-    items = source._copy_loop(_CannedCopy(frames), runs=True)  # type: ignore[arg-type]
+    items = source._copy_loop(_CannedCopy(frames), runs=True, pauses=None)  # type: ignore[arg-type]
     try:
         yield from checked_commit_times(((lsn, msg) for lsn, msg, _ in items), "dn1")
     except _Ended:

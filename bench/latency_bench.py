@@ -39,7 +39,10 @@ records `csnd serve`'s on-CPU stacks by thread over each rate (py-spy).
 bucket: bench/stagetrace hooks the service's reader (commit received from
 the walsender), its changelog append, and its durable and sent
 observations, each as seconds since the commit; p50 / p90 / p99 a stage
-and rate, beside the subscriber's and `pg_recvlogical`'s arrival.
+and rate, beside the subscriber's and `pg_recvlogical`'s arrival.  The
+hook is Python in the reader's loop, a few microseconds a transaction:
+near the machine's limit (5,000 a second and more here) it slows csnd
+itself, so read the stages at the lower rates and the latency without it.
 
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
         [--thread-names] [--profile DIR] [--stages]
