@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 from hypothesis import strategies as st
 
@@ -74,3 +77,51 @@ def record_lists(draw: st.DrawFn, min_size: int = 1, max_size: int = 25) -> Reco
         csn += g
         out.append((csn, draw(st.binary(max_size=80))))
     return out
+
+
+# Records appended two ways and compared (`append_both_ways`): (payload, the other way?, where to cut it).
+TwoWayRecords = list[tuple[bytes, bool, list[int]]]
+two_way_records = st.lists(
+    st.tuples(st.binary(min_size=0, max_size=900), st.booleans(), st.lists(st.integers(0, 900), max_size=4)),
+    min_size=1,
+    max_size=12,
+)
+
+
+def cut(data: bytes, cuts: list[int]) -> list[bytes]:
+    """`data` cut at `cuts` (each taken modulo its length + 1): consecutive pieces, none empty."""
+    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def segment_files(directory: str) -> dict[str, bytes]:
+    """The bytes of every segment and index file of a changelog directory, by name."""
+    return {
+        n: Path(directory, n).read_bytes()
+        for n in sorted(os.listdir(directory))
+        if n.endswith((".log", ".idx"))
+    }
+
+
+def append_both_ways(
+    plain: Changelog,
+    other: Changelog,
+    records: TwoWayRecords,
+    sync_every: int,
+    append_other: Callable[[Changelog, int, bytes, list[int]], None],
+) -> None:
+    """Each record `append`ed to `plain`, and to `other` by `append_other` where marked; both read back whole."""
+    for i, (payload, the_other_way, cuts) in enumerate(records, start=1):
+        plain.append(i, payload)
+        if the_other_way:
+            append_other(other, i, payload, cuts)
+        else:
+            other.append(i, payload)
+        if i % sync_every == 0:
+            plain.sync()
+            other.sync()
+            other._check()
+    plain.sync()
+    other.sync()
+    other._check()
+    assert list(other.read(0)) == [(i, p) for i, (p, _, _) in enumerate(records, start=1)]

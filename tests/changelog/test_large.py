@@ -7,7 +7,6 @@ log `append` writes from the same records at the same clock.
 
 from __future__ import annotations
 
-import itertools
 import os
 import zlib
 from pathlib import Path
@@ -19,7 +18,14 @@ from hypothesis import strategies as st
 from csnd.changelog import Changelog, RecordPieces
 from csnd.changelog import record as rec
 from csnd.core.errors import ChangelogCorrupt
-from tests.changelog.helpers import FakeClock
+from tests.changelog.helpers import (
+    FakeClock,
+    TwoWayRecords,
+    append_both_ways,
+    cut,
+    segment_files,
+    two_way_records,
+)
 
 
 @given(st.binary(max_size=300), st.binary(max_size=3000))
@@ -40,51 +46,22 @@ def test_a_head_written_after_its_payload_is_the_head_encode_writes(
     assert head + payload == rec.encode(csn, t, payload, prev)
 
 
-def _pieces(data: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+def _in_pieces(log: Changelog, csn: int, payload: bytes, cuts: list[int]) -> None:
+    log.start_record(csn)
+    for piece in cut(payload, cuts):
+        log.write_record(piece)
+    log.end_record()
 
 
-def _files(directory: str) -> dict[str, bytes]:
-    return {
-        n: Path(directory, n).read_bytes()
-        for n in sorted(os.listdir(directory))
-        if n.endswith((".log", ".idx"))
-    }
-
-
-_records = st.lists(
-    st.tuples(st.binary(min_size=0, max_size=900), st.booleans(), st.lists(st.integers(0, 900), max_size=4)),
-    min_size=1,
-    max_size=12,
-)
-
-
-@given(_records, st.integers(1, 4))
+@given(two_way_records, st.integers(1, 4))
 def test_streamed_records_write_the_bytes_append_writes(
-    tmp_path_factory: pytest.TempPathFactory, records: list[tuple[bytes, bool, list[int]]], sync_every: int
+    tmp_path_factory: pytest.TempPathFactory, records: TwoWayRecords, sync_every: int
 ) -> None:
     plain, streamed = (str(tmp_path_factory.mktemp(n)) for n in ("plain", "streamed"))
     opts = {"segment_bytes": 1500, "index_interval": 200, "clock": FakeClock(), "monotonic": FakeClock()}
     with Changelog(plain, **opts) as a, Changelog(streamed, **opts) as b:  # type: ignore[arg-type]
-        for i, (payload, stream, cuts) in enumerate(records, start=1):
-            a.append(i, payload)
-            if stream:
-                b.start_record(i)
-                for piece in _pieces(payload, cuts):
-                    b.write_record(piece)
-                b.end_record()
-            else:
-                b.append(i, payload)
-            if i % sync_every == 0:
-                a.sync()
-                b.sync()
-                b._check()
-        a.sync()
-        b.sync()
-        b._check()
-        assert list(b.read(0)) == [(i, p) for i, (p, _, _) in enumerate(records, start=1)]
-    assert _files(streamed) == _files(plain)
+        append_both_ways(a, b, records, sync_every, _in_pieces)
+    assert segment_files(streamed) == segment_files(plain)
 
 
 def test_a_large_record_is_read_in_pieces_and_whole(tmp_path: Path) -> None:

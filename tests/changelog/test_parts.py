@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from pathlib import Path
 
@@ -12,20 +11,18 @@ from hypothesis import strategies as st
 
 from csnd.changelog import Changelog, writer
 from csnd.changelog import record as rec
-from tests.changelog.helpers import FakeClock
+from tests.changelog.helpers import (
+    FakeClock,
+    TwoWayRecords,
+    append_both_ways,
+    cut,
+    segment_files,
+    two_way_records,
+)
 
 
 def _parts(data: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    return [data[a:b] for a, b in itertools.pairwise(bounds)] or [b""]
-
-
-def _files(directory: str) -> dict[str, bytes]:
-    return {
-        n: Path(directory, n).read_bytes()
-        for n in sorted(os.listdir(directory))
-        if n.endswith((".log", ".idx"))
-    }
+    return cut(data, cuts) or [b""]
 
 
 def _opts() -> dict[str, object]:
@@ -39,17 +36,10 @@ def test_the_head_of_parts_is_the_head_encode_writes() -> None:
     assert head + b"".join(parts) == rec.encode(7, 1_700_000_000_000_000, b"".join(parts), 0x1234_5678)
 
 
-_records = st.lists(
-    st.tuples(st.binary(min_size=0, max_size=900), st.booleans(), st.lists(st.integers(0, 900), max_size=4)),
-    min_size=1,
-    max_size=12,
-)
-
-
-@given(_records, st.integers(1, 4), st.sampled_from([0, writer.PARTS_MIN_BYTES]))
+@given(two_way_records, st.integers(1, 4), st.sampled_from([0, writer.PARTS_MIN_BYTES]))
 def test_records_appended_in_parts_write_the_bytes_append_writes(
     tmp_path_factory: pytest.TempPathFactory,
-    records: list[tuple[bytes, bool, list[int]]],
+    records: TwoWayRecords,
     sync_every: int,
     min_bytes: int,
 ) -> None:
@@ -59,21 +49,10 @@ def test_records_appended_in_parts_write_the_bytes_append_writes(
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(writer, "PARTS_MIN_BYTES", min_bytes)
         with Changelog(plain, **_opts()) as a, Changelog(parted, **_opts()) as b:  # type: ignore[arg-type]
-            for i, (payload, in_parts, cuts) in enumerate(records, start=1):
-                a.append(i, payload)
-                if in_parts:
-                    b.append_parts(i, _parts(payload, cuts))
-                else:
-                    b.append(i, payload)
-                if i % sync_every == 0:
-                    a.sync()
-                    b.sync()
-                    b._check()
-            a.sync()
-            b.sync()
-            b._check()
-            assert list(b.read(0)) == [(i, p) for i, (p, _, _) in enumerate(records, start=1)]
-    assert _files(parted) == _files(plain)
+            append_both_ways(
+                a, b, records, sync_every, lambda log, csn, p, cuts: log.append_parts(csn, _parts(p, cuts))
+            )
+    assert segment_files(parted) == segment_files(plain)
 
 
 def test_a_large_record_in_parts_is_written_without_a_join_and_read_whole(tmp_path: Path) -> None:
@@ -88,7 +67,7 @@ def test_a_large_record_in_parts_is_written_without_a_join_and_read_whole(tmp_pa
             log.append(3, b'{"csn": 3}')
             log.sync()
         assert list(b.read(0)) == list(a.read(0))
-    assert _files(str(parted)) == _files(str(plain))
+    assert segment_files(str(parted)) == segment_files(str(plain))
 
 
 def test_a_record_in_parts_is_visible_only_after_a_sync(tmp_path: Path) -> None:
