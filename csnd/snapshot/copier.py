@@ -77,6 +77,14 @@ COPIERS: Final = "threads"
 
 
 @dataclass(frozen=True)
+class PageCut:
+    """A table cut in heap-page ranges: its pages as it was cut, and its rows as its statistics tell (scaled to them)."""
+
+    pages: int
+    estimated_rows: int
+
+
+@dataclass(frozen=True)
 class SnapshotSettings:
     """The tunables of a snapshot (`[snapshot]` in the service's config file)."""
 
@@ -191,10 +199,8 @@ class NodeSnapshot:
         self._stop = threading.Event()
         self.tables: list[TableInfo] = []
         self.row_counts: dict[int, int] = {}  # relid: rows in the snapshot, counted as the table was cut
-        # relid: a table cut in page ranges, its pages as it was cut and its rows as its statistics tell
-        # (scaled to those pages): progress's total and its ETA (csnd.snapshot.progress)
-        self.page_counts: dict[int, int] = {}
-        self.row_estimates: dict[int, int] = {}
+        # relid: a table cut in page ranges, as it was cut (progress's total and ETA: csnd.snapshot.progress)
+        self.page_cuts: dict[int, PageCut] = {}
         # called (in a copier thread) as a chunk's COPY begins: progress counts the table's time from there
         self.on_chunk_start: Callable[[Chunk], None] | None = None
 
@@ -282,6 +288,20 @@ class NodeSnapshot:
         self.tables = tables
         return tables
 
+    def expected_rows(self, table: TableInfo) -> int:
+        """Its rows as best known once it is cut: counted by the key's boundary pass, else its
+        statistics scaled to its pages now, else the catalog's estimate."""
+        counted = self.row_counts.get(table.relid)
+        if counted is not None:
+            return counted
+        cut = self.page_cuts.get(table.relid)
+        return table.estimated_rows if cut is None else cut.estimated_rows
+
+    def pages(self, relid: int) -> int:
+        """The heap pages of a table cut in page ranges, 0 for one cut by key."""
+        cut = self.page_cuts.get(relid)
+        return 0 if cut is None else cut.pages
+
     def chunks(self, table: TableInfo) -> list[Chunk]:
         """The table's chunks: with `split = "ctid"` (the default) the table's statistics and size give
         ranges of its pages; else, or where those do not apply (an older server, a partitioned table,
@@ -305,9 +325,9 @@ class NodeSnapshot:
                 int(block_size),
             )
             if by_pages is not None:
-                self.page_counts[table.relid] = max(int(pages_now), 1)
-                self.row_estimates[table.relid] = ctid_rows_estimate(
-                    int(relpages), float(reltuples), int(pages_now)
+                self.page_cuts[table.relid] = PageCut(
+                    max(int(pages_now), 1),
+                    ctid_rows_estimate(int(relpages), float(reltuples), int(pages_now)),
                 )
                 return by_pages
         if not table.key:

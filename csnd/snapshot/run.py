@@ -120,17 +120,13 @@ class SnapshotRun:
         try:
             for table in reader.plan_tables():
                 chunks = reader.chunks(table)
-                # (counted by the boundary pass, else the statistics scaled to the pages now, else reltuples)
-                rows = reader.row_counts.get(
-                    table.relid, reader.row_estimates.get(table.relid, table.estimated_rows)
-                )
                 self.progress.add_table(
                     reader.node,
                     table.schema,
                     table.name,
-                    rows,
+                    reader.expected_rows(table),
                     len(chunks),
-                    pages=reader.page_counts.get(table.relid, 0),
+                    pages=reader.pages(table.relid),
                 )
                 for c in chunks:
                     reader.feed(c)
@@ -216,7 +212,7 @@ class SnapshotRun:
                 if unsynced >= SYNC_CHUNKS or self._results.empty():
                     log.sync()
                     unsynced = 0
-                table_pages = node.reader.page_counts.get(t.relid, 0)
+                table_pages = node.reader.pages(t.relid)
                 progress.chunk_done(
                     item.node, t.schema, t.name, item.rows, pages=chunk_pages(chunk, table_pages)
                 )

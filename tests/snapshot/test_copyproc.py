@@ -238,8 +238,10 @@ def test_the_default_cuts_an_analysed_table_into_page_ranges_and_a_partitioned_o
         "fresh": list(range(1, 1501)),
     }
     # item by its pages: no counted total, its pages and its estimate kept for progress
-    assert set(reader.page_counts) == {ids["item"]} and reader.page_counts[ids["item"]] >= relpages
-    assert reader.row_estimates[ids["item"]] == round(reltuples / relpages * reader.page_counts[ids["item"]])
+    assert set(reader.page_cuts) == {ids["item"]} and reader.pages(ids["item"]) >= relpages
+    assert reader.page_cuts[ids["item"]].estimated_rows == round(
+        reltuples / relpages * reader.pages(ids["item"])
+    )
     # part (relkind p) and fresh (no statistics) by key: counted, chunks of at most chunk_rows rows
     assert reader.row_counts == {ids["part"]: 3000, ids["fresh"]: 1500}
     assert all(len(line["changes"]) <= 1000 for line in lines[:-1] if line["snapshot"]["table"] != "item")
