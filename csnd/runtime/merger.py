@@ -349,13 +349,7 @@ class Merger:
     def _has_unasked(self) -> bool:
         """Whether a transaction ended since the newest ask, or the sync failed (the sync thread asks)."""
         sink = self._group_commit
-        if sink is None or sink.ended != self._asked_at_ended:
-            return True
-        try:
-            sink.raise_failure()
-        except BaseException:
-            return True
-        return False
+        return sink is None or sink.ended != self._asked_at_ended or sink.failed
 
     def _confirm_behind(self, sink: GroupCommit) -> None:
         """Ask for a sync of what is new; move each slot to what the syncs finished so far cover."""

@@ -65,6 +65,10 @@ class GroupCommit(Protocol):
     def wake_on_durable(self, wake: threading.Event) -> None:
         """Set `wake` each time a sync finishes, so the runtime asks for the next group at once."""
 
+    @property
+    def failed(self) -> bool:
+        """Whether the background sync failed (a look: `raise_failure` raises it)."""
+
     def raise_failure(self) -> None:
         """Raise the background sync's failure, if it failed (`wake` is set then too).
 

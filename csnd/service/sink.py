@@ -233,6 +233,10 @@ class ChangelogSink:
     def wake_on_durable(self, wake: threading.Event) -> None:
         self._wake = wake
 
+    @property
+    def failed(self) -> bool:
+        return self._error is not None  # (set once, by the sync thread: a look needs no lock)
+
     def raise_failure(self) -> None:
         """The sync thread's failure, raised in the runtime's thread (a look, no lock: set once)."""
         if self._error is not None:

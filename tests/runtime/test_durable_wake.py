@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -97,3 +98,43 @@ def test_a_transaction_ended_during_a_sync_wakes_the_merger_and_is_made_durable(
         log.close()
     assert not runner.is_alive()
     assert isinstance(wake, DurableWake)
+
+
+class _FullDisk(Changelog):
+    """A changelog whose every fsync fails as a full disk does."""
+
+    def fsync(self, point: SyncPoint) -> None:
+        def fail() -> None:
+            raise OSError(errno.ENOSPC, "No space left on device", "0000000000000001.log")
+
+        self._guard(fail)
+
+
+def test_a_failed_sync_wakes_the_merger_which_ends_with_it(tmp_path: Path) -> None:
+    """The sync's failure passes the wake (nothing ended since the ask, yet the merger must look)."""
+    txn = _txn(0)
+    log = _FullDisk(str(tmp_path / "changelog"))
+    sink = ChangelogSink(log)
+    sink.start()
+    node = QueuedInput("dn1", "single", [TxnItem(txn, txn.end_lsn)])
+    merger = Merger([node], sink, confirm_interval_s=3600.0, durable_always=True)
+    wake = merger.durable_wake
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            merger.run()
+        except BaseException as e:
+            failures.append(e)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        runner.join(timeout=60)
+        assert not runner.is_alive(), "the merger went on after its sync failed"
+        assert len(failures) == 1 and "No space left on device" in str(failures[0])
+        assert sink.failed and wake.passed >= 1
+    finally:
+        node.out.put_many([EndItem()])
+        sink.stop()
+        log.close()
