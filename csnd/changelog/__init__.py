@@ -44,6 +44,7 @@ directory's files (`clock`, `lock`, `record`, `relations`, `subscriptions`:
 parts of Changelog, its own.
 """
 
+from csnd.changelog.behind import SyncBehind
 from csnd.changelog.log import DEFAULT_INDEX_INTERVAL, DEFAULT_SEGMENT_BYTES, Changelog
 from csnd.changelog.relations import RelationEntry, RelationStore
 from csnd.changelog.segment import RecordPieces
@@ -57,6 +58,7 @@ __all__ = [
     "RelationEntry",
     "RelationStore",
     "SubscriptionStore",
+    "SyncBehind",
     "clock",
     "lock",
     "record",

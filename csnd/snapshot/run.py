@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from csnd.changelog.behind import SyncBehind
+from csnd.changelog import SyncBehind
 from csnd.core.errors import SnapshotError
 from csnd.core.ids import lsn_to_str
 from csnd.decoder.schema import relation_body

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from csnd.changelog import Changelog
-from csnd.changelog.behind import SyncBehind
+from csnd.changelog import Changelog, SyncBehind
 from csnd.changelog.sync import SyncPoint
 from csnd.core.errors import CsndError
 from csnd.snapshot.copier import SnapshotSettings
