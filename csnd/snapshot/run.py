@@ -174,7 +174,7 @@ class SnapshotRun:
                 for node_name, schema, name, chunk_rows, pages, csn in chunks:
                     progress.chunk_done(node_name, schema, name, chunk_rows, pages=pages)
                     progress.last_csn = csn
-                log_progress(PROGRESS_LOG_S)
+                    log_progress(PROGRESS_LOG_S)  # (a line at each table done, even in one sync's batch)
 
             return report
 
