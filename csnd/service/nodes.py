@@ -99,9 +99,8 @@ class SlotMonitor:
         self.reading = SlotReading()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"csnd-slot-{slot}", daemon=True)
-        self._conn: Any = (
-            None  # the thread's open connection (psycopg's, imported late), None before or once lost
-        )
+        # The thread's open connection (psycopg's, imported late): None before the first reading or once lost.
+        self._conn: Any = None
 
     def start(self) -> None:
         self._thread.start()
@@ -111,14 +110,10 @@ class SlotMonitor:
 
     def read_once(self) -> SlotReading:
         """One reading, on a connection of its own (closed after)."""
-        import psycopg
-
         try:
-            with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
-                row = conn.execute(_SLOT_SQL, (self.slot,)).fetchone()
-        except psycopg.Error as e:
-            return SlotReading(error=_first_line(e))
-        return self._reading(row)
+            return self.read_kept()
+        finally:
+            self.close()
 
     def read_kept(self) -> SlotReading:
         """One reading on the connection kept from the last (a new one if there is none, or it was lost).
@@ -128,17 +123,17 @@ class SlotMonitor:
         anew shows an error."""
         import psycopg
 
-        for fresh in (self._conn is None, True):
+        if self._conn is not None:
             try:
-                if self._conn is None:
-                    self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
-                row = self._conn.execute(_SLOT_SQL, (self.slot,)).fetchone()
-                return self._reading(row)
-            except psycopg.Error as e:
-                self.close()
-                if fresh:
-                    return SlotReading(error=_first_line(e))
-        raise AssertionError("unreachable: the second attempt is always on a fresh connection")
+                return self._reading(self._conn.execute(_SLOT_SQL, (self.slot,)).fetchone())
+            except psycopg.Error:
+                self.close()  # (lost: a new one below, within this reading)
+        try:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
+            return self._reading(self._conn.execute(_SLOT_SQL, (self.slot,)).fetchone())
+        except psycopg.Error as e:
+            self.close()
+            return SlotReading(error=_first_line(e))
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
