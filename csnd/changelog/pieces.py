@@ -52,12 +52,7 @@ class PiecedRecords:
     def start(self, csn: int) -> None:
         """Begin the record of `csn`, its payload to come in pieces; no append until `end`."""
         w = self._writer
-        if w.closed:
-            raise ValueError("append to a closed changelog")
-        if self.open is not None:
-            raise ValueError(f"changelog record of csn {self.open.csn} is still open")
-        if not 0 < csn <= rec.MAX_U64 or csn <= w.appended_csn:
-            raise ValueError(f"changelog append of csn {csn} after csn {w.appended_csn}: not increasing")
+        w.check_next(csn)  # (an open record here is the writer's open_csn)
         t = int(self._clock() * 1_000_000)
 
         def step() -> None:

@@ -78,12 +78,22 @@ class SegmentWriter:
         self.fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
         self.index_fd = os.open(seg.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def append_many(self, csns: Sequence[int], lines: Sequence[bytes]) -> None:
-        """Buffer transactions' lines, in CSN order, with one time of appending; a bad one raises after those before it."""
+    def check_open(self) -> None:
+        """Raise unless a record may be appended now: the changelog is open and no record is open in pieces."""
         if self.closed:
             raise ValueError("append to a closed changelog")
         if self.open_csn is not None:
             raise ValueError(f"changelog record of csn {self.open_csn} is still open")
+
+    def check_next(self, csn: int) -> None:
+        """`check_open`, and `csn` may follow what is appended (csns only increase)."""
+        self.check_open()
+        if not 0 < csn <= rec.MAX_U64 or csn <= self.appended_csn:
+            raise ValueError(f"changelog append of csn {csn} after csn {self.appended_csn}: not increasing")
+
+    def append_many(self, csns: Sequence[int], lines: Sequence[bytes]) -> None:
+        """Buffer transactions' lines, in CSN order, with one time of appending; a bad one raises after those before it."""
+        self.check_open()
         t = int(self._clock() * 1_000_000)
         last = self.appended_csn
         # One compiled call encodes the run; it stops before a record that may not follow.
@@ -122,12 +132,7 @@ class SegmentWriter:
         if length < PARTS_MIN_BYTES:
             self.append_many((csn,), (b"".join(parts),))
             return
-        if self.closed:
-            raise ValueError("append to a closed changelog")
-        if self.open_csn is not None:
-            raise ValueError(f"changelog record of csn {self.open_csn} is still open")
-        if not 0 < csn <= rec.MAX_U64 or csn <= self.appended_csn:
-            raise ValueError(f"changelog append of csn {csn} after csn {self.appended_csn}: not increasing")
+        self.check_next(csn)
         if length > rec.MAX_PAYLOAD:
             raise ValueError(f"changelog record of csn {csn} is {length} bytes, over {rec.MAX_PAYLOAD}")
         t = int(self._clock() * 1_000_000)
