@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from csnd.changelog import Changelog
 from csnd.changelog import record as rec
+from csnd.changelog.sync import SyncPoint
 
 Records = list[tuple[int, bytes]]
 
@@ -125,3 +126,17 @@ def append_both_ways(
     other.sync()
     other._check()
     assert list(other.read(0)) == [(i, p) for i, (p, _, _) in enumerate(records, start=1)]
+
+
+class FailingDisk(Changelog):
+    """A changelog whose every fsync fails with `error` (a full disk, an I/O error), through its guard."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(path)
+        self.error = error
+
+    def fsync(self, point: SyncPoint) -> None:
+        def fail() -> None:
+            raise self.error
+
+        self._guard(fail)

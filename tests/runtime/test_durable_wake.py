@@ -15,6 +15,7 @@ from csnd.runtime.items import EndItem, TxnItem
 from csnd.runtime.merger import DurableWake, Merger
 from csnd.sender.txn import FinishedTxn
 from csnd.service.sink import ChangelogSink
+from tests.changelog.helpers import FailingDisk
 from tests.runtime.queued import QueuedInput
 
 
@@ -100,20 +101,12 @@ def test_a_transaction_ended_during_a_sync_wakes_the_merger_and_is_made_durable(
     assert isinstance(wake, DurableWake)
 
 
-class _FullDisk(Changelog):
-    """A changelog whose every fsync fails as a full disk does."""
-
-    def fsync(self, point: SyncPoint) -> None:
-        def fail() -> None:
-            raise OSError(errno.ENOSPC, "No space left on device", "0000000000000001.log")
-
-        self._guard(fail)
-
-
 def test_a_failed_sync_wakes_the_merger_which_ends_with_it(tmp_path: Path) -> None:
     """The sync's failure passes the wake (nothing ended since the ask, yet the merger must look)."""
     txn = _txn(0)
-    log = _FullDisk(str(tmp_path / "changelog"))
+    log = FailingDisk(
+        str(tmp_path / "changelog"), OSError(errno.ENOSPC, "No space left on device", "0000000000000001.log")
+    )
     sink = ChangelogSink(log)
     sink.start()
     node = QueuedInput("dn1", "single", [TxnItem(txn, txn.end_lsn)])

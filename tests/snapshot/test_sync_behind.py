@@ -17,6 +17,7 @@ from csnd.core.errors import CsndError
 from csnd.snapshot.copier import SnapshotSettings
 from csnd.snapshot.progress import SnapshotProgress
 from csnd.snapshot.run import SnapshotNode, SnapshotRun
+from tests.changelog.helpers import FailingDisk
 from tests.fixtures.pg import PgDatabase
 from tests.snapshot.test_copyproc import _reader_of
 
@@ -87,16 +88,8 @@ def test_chunks_are_appended_while_the_last_ones_are_synced(pg: PgDatabase, tmp_
     assert lines[-1]["snapshot"].get("done") is True
 
 
-class _FailingFsync(Changelog):
-    def fsync(self, point: SyncPoint) -> None:
-        def fail() -> None:
-            raise OSError(errno.EIO, "Input/output error", "0000000000000001.log")
-
-        self._guard(fail)
-
-
 def test_a_sync_that_failed_behind_is_raised_at_the_next(tmp_path: Path) -> None:
-    log = _FailingFsync(str(tmp_path))
+    log = FailingDisk(str(tmp_path), OSError(errno.EIO, "Input/output error", "0000000000000001.log"))
     behind = SyncBehind(log)
     try:
         log.append(1, b'{"csn": 1}')
