@@ -12,6 +12,9 @@ fsync runs in the other, as in the service's group commit
 (`csnd.service.sink`).  A sync is shown to readers when the next one
 starts or at `finish`, so what readers see trails the appends by one sync;
 a crash loses what no finished fsync covered, as with `Changelog.sync`.
+A caller that waits for other work meanwhile is told when an fsync is over
+(`on_fsynced`, in the sync's thread) and shows it without waiting
+(`finish_if_over`), so it never stands in an fsync while work may come.
 """
 
 from __future__ import annotations
@@ -29,13 +32,17 @@ if TYPE_CHECKING:
 class SyncBehind:
     """`Changelog.sync` in two halves: `start` in the caller's thread, the fsync behind it, `finish` to wait."""
 
-    def __init__(self, log: Changelog, name: str = "csnd-sync-behind") -> None:
+    def __init__(
+        self, log: Changelog, name: str = "csnd-sync-behind", on_fsynced: Callable[[], None] | None = None
+    ) -> None:
         self._log = log
         self._name = name
+        self._on_fsynced = on_fsynced  # (called in the sync's thread: it must not block)
         self._thread: threading.Thread | None = None
         self._point: SyncPoint | None = None
         self._then: Callable[[], None] | None = None
         self._error: BaseException | None = None
+        self._over = threading.Event()  # the fsync under way has ended (the thread may not have yet)
 
     @property
     def busy(self) -> bool:
@@ -54,6 +61,7 @@ class SyncBehind:
                 then()  # (nothing new: what it covers is durable already)
             return
         self._point, self._then = point, then
+        self._over.clear()
         self._thread = threading.Thread(target=self._fsync, args=(point,), name=self._name, daemon=True)
         self._thread.start()
 
@@ -70,6 +78,13 @@ class SyncBehind:
         if then is not None:
             then()
 
+    def finish_if_over(self) -> bool:
+        """`finish` if the fsync under way is over, without waiting for it; True when nothing is under way after."""
+        if self._thread is not None and not self._over.is_set():
+            return False
+        self.finish()
+        return True
+
     def abandon(self) -> None:
         """Wait for the fsync under way, if any, and drop it unshown (the caller is failing)."""
         thread, self._thread, self._point, self._then = self._thread, None, None, None
@@ -81,3 +96,6 @@ class SyncBehind:
             self._log.fsync(point)
         except BaseException as e:  # (raised in the caller's thread, at `finish`)
             self._error = e
+        self._over.set()
+        if self._on_fsynced is not None:
+            self._on_fsynced()

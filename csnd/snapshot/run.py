@@ -33,6 +33,7 @@ is (docs/design.md section 7, relation lines).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -70,6 +71,16 @@ RESULTS_PER_READER: Final = 2
 SYNC_CHUNKS: Final = 8
 
 
+class SyncOver:
+    """Put in the results queue when a sync behind the appends has ended.
+
+    The run then shows the chunks it covered at once: it waits for the next
+    chunk or this, never in the fsync while a chunk may come."""
+
+
+FSYNCED: Final = SyncOver()
+
+
 @dataclass(frozen=True)
 class GtmCut:
     """The GTM commit barrier the nodes' snapshots were exported under (`csnd.gtm.barrier`).
@@ -101,20 +112,28 @@ class SnapshotRun:
         self.progress = progress
         self._stop = threading.Event()
         size = max(1, sum(n.reader.settings.readers for n in self.nodes)) * RESULTS_PER_READER
-        self._results: queue.Queue[ChunkResult | BaseException | tuple[str, int]] = queue.Queue(size)
+        self._results: queue.Queue[ChunkResult | BaseException | tuple[str, int] | SyncOver] = queue.Queue(
+            size
+        )
 
     def stop(self) -> None:
         self._stop.set()
         for n in self.nodes:
             n.reader.close()
 
-    def _put(self, item: ChunkResult | BaseException | tuple[str, int]) -> None:
+    def _put(self, item: ChunkResult | BaseException | tuple[str, int] | SyncOver) -> None:
         while not self._stop.is_set():
             try:
                 self._results.put(item, timeout=POLL_S)
                 return
             except queue.Full:
                 continue
+
+    def _wake_on_fsynced(self) -> None:
+        # In the sync's thread, which must never block: when the queue is full, chunks are
+        # waiting, and the run shows the sync when it starts the next one.
+        with contextlib.suppress(queue.Full):
+            self._results.put_nowait(FSYNCED)
 
     def _plan(self, node: SnapshotNode) -> None:
         """The node's planner thread: each table's chunks to the copiers as soon as it is cut."""
@@ -156,7 +175,7 @@ class SnapshotRun:
         appended = rows = 0
         tables_done = 0
         logged_at = time.monotonic()
-        behind = SyncBehind(log, "csnd-snapshot-sync")
+        behind = SyncBehind(log, "csnd-snapshot-sync", on_fsynced=self._wake_on_fsynced)
         # Chunks appended since the last sync began: reported done (progress) once a sync shows them.
         unsynced_chunks: list[tuple[str, str, str, int, int, int]] = []
 
@@ -194,16 +213,18 @@ class SnapshotRun:
                     target=self._plan, args=(n,), name=f"csnd-snapshot-plan-{n.reader.node}", daemon=True
                 ).start()
             while len(planned) < len(self.nodes) or appended < sum(planned.values()):
-                if behind.busy and self._results.empty():
-                    behind.finish()  # (nothing to append meanwhile: show the chunks it covers now)
                 try:
                     item = self._results.get(timeout=POLL_S)
                 except queue.Empty:
+                    behind.finish_if_over()  # (a wake-up lost to a full queue: shown at the latest now)
                     if self._stop.is_set():
                         raise SnapshotError("stopped before it was complete") from None
                     if time.monotonic() - logged_at >= PROGRESS_LOG_S and progress.tables():
                         logger.info("initial snapshot: %s", progress.summary())
                         logged_at = time.monotonic()
+                    continue
+                if isinstance(item, SyncOver):
+                    behind.finish_if_over()  # (shows the chunks it covered, without waiting for a chunk)
                     continue
                 if isinstance(item, BaseException):
                     raise item

@@ -14,9 +14,9 @@ import pytest
 from csnd.changelog import Changelog, SyncBehind
 from csnd.changelog.sync import SyncPoint
 from csnd.core.errors import CsndError
-from csnd.snapshot.copier import SnapshotSettings
+from csnd.snapshot.copier import ChunkResult, SnapshotSettings
 from csnd.snapshot.progress import SnapshotProgress
-from csnd.snapshot.run import SnapshotNode, SnapshotRun
+from csnd.snapshot.run import SnapshotNode, SnapshotRun, SyncOver
 from tests.changelog.helpers import FailingDisk
 from tests.fixtures.pg import PgDatabase
 from tests.snapshot.test_copyproc import _reader_of
@@ -53,6 +53,27 @@ class _HeldFirstFsync(Changelog):
         super().fsync(point)
 
 
+class _ChunksAfterTheFirstSync(SnapshotRun):
+    """A run whose copiers hand over their chunks after the first only once its first fsync is under way.
+
+    So the run has found no chunk waiting when that sync began, and the
+    next ones come while its fsync is held: the case where a run that waits
+    for the sync as soon as nothing is waiting stands still."""
+
+    def __init__(self, nodes: list[SnapshotNode], log: _HeldFirstFsync) -> None:
+        super().__init__(nodes, SnapshotProgress())
+        self._log = log
+        self._first_put = threading.Event()
+
+    def _put(self, item: ChunkResult | BaseException | tuple[str, int] | SyncOver) -> None:
+        if isinstance(item, ChunkResult):
+            if self._first_put.is_set():
+                assert self._log.in_first.wait(CEILING_S), "the snapshot never synced"
+                time.sleep(0.05)  # (the run is waiting by then, on whatever it waits on)
+            self._first_put.set()
+        super()._put(item)
+
+
 def test_chunks_are_appended_while_the_last_ones_are_synced(pg: PgDatabase, tmp_path: Path) -> None:
     with pg.connect() as conn:
         conn.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
@@ -64,7 +85,7 @@ def test_chunks_are_appended_while_the_last_ones_are_synced(pg: PgDatabase, tmp_
 
     def run() -> None:
         try:
-            SnapshotRun([SnapshotNode(reader, "single", made_at)], SnapshotProgress()).run(log)
+            _ChunksAfterTheFirstSync([SnapshotNode(reader, "single", made_at)], log).run(log)
         except BaseException as e:
             failures.append(e)
 
@@ -114,3 +135,24 @@ def test_syncs_behind_show_what_each_covered(tmp_path: Path) -> None:
         assert log.newest_csn == 2
         behind.finish()  # (nothing under way: nothing to do)
         assert log.fsyncs == 2
+
+
+def test_a_sync_over_is_told_and_shown_without_waiting(tmp_path: Path) -> None:
+    told = threading.Event()
+    log = _HeldFirstFsync(str(tmp_path))
+    behind = SyncBehind(log, on_fsynced=told.set)
+    try:
+        log.append(1, b'{"csn": 1}')
+        behind.start()
+        assert log.in_first.wait(CEILING_S)
+        assert not behind.finish_if_over()  # (its fsync is held: not waited for)
+        assert behind.busy and log.newest_csn == 0
+        log.release.set()
+        assert told.wait(CEILING_S)
+        assert behind.finish_if_over()
+        assert not behind.busy and log.newest_csn == 1
+        assert behind.finish_if_over()  # (nothing under way)
+    finally:
+        log.release.set()
+        behind.abandon()
+        log.close()
