@@ -213,6 +213,11 @@ class SnapshotRun:
                     target=self._plan, args=(n,), name=f"csnd-snapshot-plan-{n.reader.node}", daemon=True
                 ).start()
             while len(planned) < len(self.nodes) or appended < sum(planned.values()):
+                if unsynced_chunks and (len(unsynced_chunks) >= SYNC_CHUNKS or self._results.empty()):
+                    # (decided here, before waiting, not after the append: what waits then may be no
+                    # chunk -- a node's chunk count, a sync's end -- and the wait after it may be long)
+                    behind.start(then=shown(unsynced_chunks))  # (its fsync goes on while chunks come)
+                    unsynced_chunks = []
                 try:
                     item = self._results.get(timeout=POLL_S)
                 except queue.Empty:
@@ -258,10 +263,6 @@ class SnapshotRun:
                 log.append_parts(next_csn, parts)  # (not joined: a chunk is megabytes)
                 pages = chunk_pages(chunk, node.reader.pages(t.relid))
                 unsynced_chunks.append((item.node, t.schema, t.name, item.rows, pages, next_csn))
-                if len(unsynced_chunks) >= SYNC_CHUNKS or self._results.empty():
-                    # (the fsync goes on while the next chunks are appended)
-                    behind.start(then=shown(unsynced_chunks))
-                    unsynced_chunks = []
                 next_csn += 1
                 appended += 1
                 rows += item.rows

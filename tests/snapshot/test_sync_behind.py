@@ -14,7 +14,8 @@ import pytest
 from csnd.changelog import Changelog, SyncBehind
 from csnd.changelog.sync import SyncPoint
 from csnd.core.errors import CsndError
-from csnd.snapshot.copier import ChunkResult, SnapshotSettings
+from csnd.reader.live import LiveOptions, LiveSource
+from csnd.snapshot.copier import ChunkResult, NodeSnapshot, SnapshotSettings
 from csnd.snapshot.progress import SnapshotProgress
 from csnd.snapshot.run import SnapshotNode, SnapshotRun, SyncOver
 from tests.changelog.helpers import FailingDisk
@@ -156,3 +157,89 @@ def test_a_sync_over_is_told_and_shown_without_waiting(tmp_path: Path) -> None:
         log.release.set()
         behind.abandon()
         log.close()
+
+
+def _node_reader(pg: PgDatabase, node: str, publication: str) -> SnapshotNode:
+    source = LiveSource(node, LiveOptions(pg.dsn, f"slot_{node}", publication, create_slot=True))
+    exported = source.prepare("initial")
+    assert exported is not None
+    settings = SnapshotSettings(chunk_rows=1000, readers=1, split="key")
+    reader = NodeSnapshot(
+        node, pg.dsn, publication, exported.consistent_lsn, binary=True, enums=[], settings=settings
+    )
+    try:
+        reader.open(exported.name)
+    finally:
+        exported.release()
+    return SnapshotNode(reader, "single", exported.made_at)
+
+
+class _ChunksThenTheirCount(SnapshotRun):
+    """A run that gets dn1's chunks and then its chunk count at once, the count behind the last chunk.
+
+    So when dn1's last chunk is appended, something other than a chunk is
+    waiting in the queue, and then nothing comes while dn2's planning waits."""
+
+    def __init__(self, nodes: list[SnapshotNode]) -> None:
+        super().__init__(nodes, SnapshotProgress())
+        self._held: list[ChunkResult] = []
+        self._count: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+
+    def _put(self, item: ChunkResult | BaseException | tuple[str, int] | SyncOver) -> None:
+        if isinstance(item, ChunkResult) and item.node == "dn1":
+            with self._lock:
+                self._held.append(item)
+            self._flush_when_whole()
+        elif isinstance(item, tuple) and item[0] == "dn1":
+            with self._lock:
+                self._count = item
+            self._flush_when_whole()
+        else:
+            super()._put(item)
+
+    def _flush_when_whole(self) -> None:
+        with self._lock:
+            count = self._count
+            if count is None or len(self._held) < count[1]:
+                return
+            items: list[ChunkResult | tuple[str, int]] = [*self._held, count]
+            self._held = []
+        for held in items:  # (in one go: the run is woken by the first)
+            super()._put(held)
+
+
+def test_chunks_appended_before_a_long_wait_are_synced_and_shown(pg: PgDatabase, tmp_path: Path) -> None:
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE item (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO item SELECT i, 'v' || i FROM generate_series(1, 2500) AS i")
+        conn.execute("CREATE TABLE held (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO held SELECT generate_series(1, 10)")
+        conn.execute("ANALYZE item")
+        conn.execute("ANALYZE held")
+        conn.execute("CREATE PUBLICATION pub_items FOR TABLE item")
+        conn.execute("CREATE PUBLICATION pub_held FOR TABLE held")
+    nodes = [_node_reader(pg, "dn1", "pub_items"), _node_reader(pg, "dn2", "pub_held")]
+    run = _ChunksThenTheirCount(nodes)
+    failures: list[BaseException] = []
+    with pg.connect(autocommit=False) as blocker, Changelog(str(tmp_path)) as log:
+        blocker.execute("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")  # (dn2's planning waits for it)
+
+        def take() -> None:
+            try:
+                run.run(log)
+            except BaseException as e:
+                failures.append(e)
+
+        runner = threading.Thread(target=take, daemon=True)
+        runner.start()
+        try:
+            _until(
+                lambda: any(t.node == "dn1" and t.state == "done" for t in run.progress.tables()),
+                "dn1's chunks shown done while dn2 waits",
+            )
+            assert log.newest_csn >= 3  # (its three chunks durable and shown to readers)
+        finally:
+            blocker.rollback()
+            runner.join(CEILING_S)
+        assert not runner.is_alive() and not failures, failures
