@@ -13,12 +13,12 @@ torn tail that the next open cuts.
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from csnd.changelog import record as rec
 from csnd.changelog import segment as sg
+from csnd.changelog.crc import crc32
 from csnd.changelog.writer import SegmentWriter
 
 
@@ -82,7 +82,7 @@ class PiecedRecords:
                 raise OSError(e.errno, e.strerror, r.segment.path) from e
 
         self._guard(step)
-        r.crc = zlib.crc32(piece, r.crc)
+        r.crc = crc32(piece, r.crc)
         r.length += len(piece)
 
     def end(self) -> None:

@@ -15,12 +15,12 @@ import contextlib
 import errno
 import logging
 import os
-import zlib
 from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Final
 
 from csnd.changelog import record as rec
+from csnd.changelog.crc import crc32
 from csnd.core.errors import ChangelogCorrupt, IndexMismatch
 
 log = logging.getLogger("csnd.changelog")
@@ -308,7 +308,7 @@ class RecordPieces:
         """The payload in pieces of at most `size` bytes (after its CRC is found right)."""
         crc = 0
         for piece in self._read(size):
-            crc = zlib.crc32(piece, crc)
+            crc = crc32(piece, crc)
         if not self._frames.crc_matches(self._head, crc):
             raise _corrupt(
                 self.path, self.record_offset, "bad record crc inside the durable part of the changelog"
