@@ -32,6 +32,21 @@ def _until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
+def _run_behind(run: SnapshotRun, log: Changelog) -> tuple[threading.Thread, list[BaseException]]:
+    """`run.run(log)` started in a thread of its own; what it raised lands in the list."""
+    failures: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            run.run(log)
+        except BaseException as e:
+            failures.append(e)
+
+    runner = threading.Thread(target=take, daemon=True)
+    runner.start()
+    return runner, failures
+
+
 class _HeldFirstFsync(Changelog):
     """A changelog whose first fsync waits for the test's word; it notes how far appends had gone then."""
 
@@ -82,16 +97,9 @@ def test_chunks_are_appended_while_the_last_ones_are_synced(pg: PgDatabase, tmp_
         conn.execute("CREATE PUBLICATION snap_pub FOR TABLE item")
     reader, made_at = _reader_of(pg, SnapshotSettings(chunk_rows=1000, readers=2, split="key"))
     log = _HeldFirstFsync(str(tmp_path))
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            _ChunksAfterTheFirstSync([SnapshotNode(reader, "single", made_at)], log).run(log)
-        except BaseException as e:
-            failures.append(e)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
+    runner, failures = _run_behind(
+        _ChunksAfterTheFirstSync([SnapshotNode(reader, "single", made_at)], log), log
+    )
     try:
         assert log.in_first.wait(CEILING_S), "the snapshot never synced"
         # (waited for in the run's thread, the fsync held every append behind it)
@@ -221,18 +229,9 @@ def test_chunks_appended_before_a_long_wait_are_synced_and_shown(pg: PgDatabase,
         conn.execute("CREATE PUBLICATION pub_held FOR TABLE held")
     nodes = [_node_reader(pg, "dn1", "pub_items"), _node_reader(pg, "dn2", "pub_held")]
     run = _ChunksThenTheirCount(nodes)
-    failures: list[BaseException] = []
     with pg.connect(autocommit=False) as blocker, Changelog(str(tmp_path)) as log:
         blocker.execute("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")  # (dn2's planning waits for it)
-
-        def take() -> None:
-            try:
-                run.run(log)
-            except BaseException as e:
-                failures.append(e)
-
-        runner = threading.Thread(target=take, daemon=True)
-        runner.start()
+        runner, failures = _run_behind(run, log)
         try:
             _until(
                 lambda: any(t.node == "dn1" and t.state == "done" for t in run.progress.tables()),
