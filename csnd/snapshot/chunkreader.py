@@ -24,6 +24,7 @@ import psycopg
 
 from csnd.core.errors import SnapshotError
 from csnd.reader.reconnect import one_line
+from csnd.snapshot.closing import close_cancelling
 from csnd.snapshot.copyrows import BinaryCopyRows, CopyFormatError, TextCopyRows
 from csnd.snapshot.jobstore import NodeAccess
 from csnd.snapshot.lines import read_body
@@ -128,10 +129,7 @@ class ChunkReader:
             with contextlib.suppress(Exception):
                 gtm.close()
         if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=2.0)
-            with contextlib.suppress(Exception):
-                conn.close()
+            close_cancelling(conn)
 
     def chunk_rows(self, asked: int) -> int:
         """`asked`, fewer when rows are wide: a chunk's rendered rows are one record, held in memory."""

@@ -31,7 +31,6 @@ exporting connection is gone.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -45,6 +44,7 @@ from psycopg import sql
 from csnd.core.appname import named_conninfo
 from csnd.core.errors import CsndError, SnapshotError
 from csnd.reader.reconnect import one_line
+from csnd.snapshot.closing import close_cancelling
 from csnd.snapshot.copyproc import CopierProcess, LocalCopier
 from csnd.snapshot.plan import (
     CHUNK_ROWS,
@@ -266,10 +266,7 @@ class NodeSnapshot:
     def close(self) -> None:
         self._stop.set()
         for conn in self._conns:
-            with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=2.0)  # (a planner blocked in a query ends now)
-            with contextlib.suppress(Exception):
-                conn.close()
+            close_cancelling(conn)  # (a planner blocked in a query ends now)
         self._conns = []
         copiers, self._copiers = self._copiers, []
         for copier in copiers:
