@@ -179,21 +179,33 @@ class SnapshotRun:
         # Chunks appended since the last sync began: reported done (progress) once a sync shows them.
         unsynced_chunks: list[tuple[str, str, str, int, int, int]] = []
 
-        def log_progress(every_s: float) -> None:
-            # A line at each table done, and every `every_s` while copying.
-            nonlocal tables_done, logged_at
+        def log_line() -> None:
+            nonlocal logged_at
+            logger.info("initial snapshot: %s", progress.summary())
+            logged_at = time.monotonic()
+
+        def log_when_due() -> None:
+            # A line every PROGRESS_LOG_S while copying.
+            if time.monotonic() - logged_at >= PROGRESS_LOG_S and progress.tables():
+                log_line()
+
+        def log_tables_done() -> None:
+            # A line at each table done.  A table is done only when a sync shows its last
+            # chunk, so only here: the count is taken once a chunk shown, not once appended.
+            nonlocal tables_done
             done_now = sum(v.state == "done" for v in progress.tables())
-            if done_now > tables_done or time.monotonic() - logged_at >= every_s:
+            if done_now > tables_done:
                 tables_done = done_now
-                logger.info("initial snapshot: %s", progress.summary())
-                logged_at = time.monotonic()
+                log_line()
+            else:
+                log_when_due()
 
         def shown(chunks: list[tuple[str, str, str, int, int, int]]) -> Callable[[], None]:
             def report() -> None:
                 for node_name, schema, name, chunk_rows, pages, csn in chunks:
                     progress.chunk_done(node_name, schema, name, chunk_rows, pages=pages)
                     progress.last_csn = csn
-                    log_progress(PROGRESS_LOG_S)  # (a line at each table done, even in one sync's batch)
+                    log_tables_done()  # (a line at each table done, even in one sync's batch)
 
             return report
 
@@ -224,9 +236,7 @@ class SnapshotRun:
                     behind.finish_if_over()  # (a wake-up lost to a full queue: shown at the latest now)
                     if self._stop.is_set():
                         raise SnapshotError("stopped before it was complete") from None
-                    if time.monotonic() - logged_at >= PROGRESS_LOG_S and progress.tables():
-                        logger.info("initial snapshot: %s", progress.summary())
-                        logged_at = time.monotonic()
+                    log_when_due()
                     continue
                 if isinstance(item, SyncOver):
                     behind.finish_if_over()  # (shows the chunks it covered, without waiting for a chunk)
@@ -266,7 +276,7 @@ class SnapshotRun:
                 next_csn += 1
                 appended += 1
                 rows += item.rows
-                log_progress(PROGRESS_LOG_S)
+                log_when_due()
             for n in self.nodes:
                 n.reader.join()
             tables = sum(len(n.reader.tables) for n in self.nodes)
