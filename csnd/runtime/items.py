@@ -72,8 +72,9 @@ class Outbox:
     transactions and the watermark after them) in one `put_many`, so the
     lock, the wake-up and the GIL hand-off to the merge thread are paid per
     batch, not per transaction.  `capacity` bounds the lists waiting; the
-    consumer (one thread) takes items one by one, so the merge can still
-    stop taking between any two transactions.
+    consumer (one merger round at a time, in whichever thread runs it) takes
+    items one by one, so the merge can still stop taking between any two
+    transactions.
     """
 
     def __init__(self, capacity: int) -> None:

@@ -6,11 +6,17 @@
                                  a node is read only while the          ConfirmTracker's safe LSN
                                  merge wants more of it)                to its input's slot
 
-One thread does everything here, in rounds: take from each input what the
-merge wants (`_poll`), hand the merge's events to the sink as lines
-(`_render`), then the timed duties (`_tick`: progress, and once a
-`confirm_interval_s` make the sink durable and confirm).  It sleeps on the
-inputs' shared wake-up event only when a round moved nothing.
+The work is done in rounds: take from each input what the merge wants
+(`_poll`), hand the merge's events to the sink as lines (`_render`), then the
+timed duties (`_tick`: progress, and once a `confirm_interval_s` make the
+sink durable and confirm).  The merger's thread sleeps on the inputs' shared
+wake-up event only when a round moved nothing.
+
+Live, the input that hands a transaction over runs the round itself when no
+round is under way (`HandOver`): one thread fewer for a transaction to wake
+on its way to the changelog.  A lock makes rounds one at a time, whichever
+thread runs them; while draining a backlog the merger's own thread runs them
+all, so the inputs go on reading while it writes.
 
 With one local node there is nothing to merge: its released transactions are
 written in the order they come (`_poll_alone`, `write_alone`), with the
@@ -105,6 +111,12 @@ class Merger:
         self._stopping = threading.Event()
         self.merge = CsnMerge([p.node for p in self.inputs])
         self.wakeup = threading.Event()
+        # One round at a time, in this thread or an input's (`HandOver`); `_rounds_over` is
+        # set under it as the loop ends, so no round runs after the run has finished.
+        self._round_lock = threading.Lock()
+        self._rounds_over = False
+        self._handed_failure: BaseException | None = None  # raised by a round an input ran
+        self.hand_over = HandOver(self.wakeup, self._round_handed_over)
         # Only an input with a slot has its writes tracked.
         self.confirming = [p for p in self.inputs if p.confirms]
         self.trackers = {p.node: ConfirmTracker() for p in self.confirming}
@@ -139,25 +151,25 @@ class Merger:
         """Until every input has ended and every line is written and durable; raises the first failure."""
         for p in self.inputs:
             # (alone, a local pipeline's decoders may write the lines: `write_alone`)
-            p.start(self.wakeup, alone=self.alone is not None)
+            p.start(self.hand_over, alone=self.alone is not None)
         try:
             self._loop()
         finally:
+            with self._round_lock:
+                self._rounds_over = True
             self.switching.restore()
 
     def _loop(self) -> None:
         inputs, ended, merge, stopping = self.inputs, self.ended, self.merge, self._stopping
-        while (len(ended) < len(inputs) or merge.has_pending()) and not stopping.is_set():
+        while True:
             self.wakeup.clear()
-            progressed = False
-            for p in inputs:
-                if p.node not in ended and self._poll(p):
-                    progressed = True
-            if self._render():
-                progressed = True
-            if self._group_commit_now:
-                self._ask_durable()
-            self._tick(self.clock())
+            with self._round_lock:
+                if self._handed_failure is not None:
+                    raise self._handed_failure
+                if stopping.is_set() or (len(ended) == len(inputs) and not merge.has_pending()):
+                    self._rounds_over = True
+                    break
+                progressed = self._round()
             if not progressed:
                 self._check_stall()
                 self.switching.caught_up()
@@ -173,6 +185,45 @@ class Merger:
             for p in inputs:
                 p.stop()
         self._finish()
+
+    def _round(self) -> bool:
+        """Take what the inputs hold, write what the merge lets out, the timed duties; whether
+        anything moved.  Only under `_round_lock`."""
+        progressed = False
+        for p in self.inputs:
+            if p.node not in self.ended and self._poll(p):
+                progressed = True
+        if self._render():
+            progressed = True
+        if self._group_commit_now:
+            self._ask_durable()
+        self._tick(self.clock())
+        return progressed
+
+    def _round_handed_over(self) -> bool:
+        """A round in the calling input's thread, if no round is under way and the merger keeps up;
+        whether it ran (if not, the merger's thread is woken to run it).
+
+        A failure is kept for the merger's thread to raise: the run fails as if its own
+        round had met it, and the input goes on as after any hand-over.
+        """
+        if self.switching.live is not True or self._handed_failure is not None:
+            return False  # (draining: the inputs read on while the merger's thread writes)
+        if not self._round_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._rounds_over or self._stopping.is_set():
+                return False
+            # (again while a round moves something: one may stop early, for a confirmation due)
+            while self._round() and self.switching.live is True:
+                pass
+        except BaseException as e:
+            self._handed_failure = e
+            return False
+        finally:
+            self._round_lock.release()
+        # A round that met a backlog left the rest to the merger's thread (`switching`).
+        return self.switching.live is True
 
     def request_stop(self) -> None:
         """Make `run()` return soon, with everything written so far durable and confirmed (any thread)."""
@@ -393,6 +444,32 @@ class Merger:
             self._confirm(final=True)
         else:
             self.sink.make_durable()
+
+
+class HandOver(threading.Event):
+    """What an input sets after each hand-over: the round run in its own thread, or the merger woken.
+
+    Live, a transaction crossed the input's thread, then the merger's, on its
+    way to the changelog: a wake-up and a GIL hand-over each time, for a round
+    that is a few dozen microseconds of work.  Now the input runs that round
+    itself when it can (`Merger._round_handed_over`) and the merger's thread
+    stays asleep; when a round is under way there, or the merger drains a
+    backlog, the merger's thread is woken as before.  No hand-over is lost: a
+    round under way in the merger's thread either took the item or is followed
+    by another, since the wake-up is set after the item was put.
+    """
+
+    def __init__(self, wakeup: threading.Event, run_round: Callable[[], bool]) -> None:
+        super().__init__()
+        self._wakeup = wakeup
+        self._run_round = run_round
+        self.ran = 0  # rounds run by an input's thread
+
+    def set(self) -> None:
+        if self._run_round():
+            self.ran += 1
+        else:
+            self._wakeup.set()
 
 
 class DurableWake(threading.Event):
