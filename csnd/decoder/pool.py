@@ -33,7 +33,11 @@ decoded in the reader thread instead (`decoder.inline`, the workers' own
 code): live, a batch is a transaction or a few, and a worker's round trip
 -- the queue's feeder thread, the worker, a second wake-up of the collector
 -- cost more than the decoding.  It reaches the collector through the same
-skeleton queue, with its bodies, so stream order holds as before.
+skeleton queue, with its bodies, so stream order holds as before.  When
+nothing waits in that queue and the collector is idle, the reader hands such
+a batch to the consumer itself (`collect_here`, `decoder.skeletons`): live,
+a transaction then goes from the socket to the sender without waking the
+collector's thread.
 
 The workers are forked from a fork server (`start_worker_server`): one
 process with no threads that has imported the decoding layer once, so a
@@ -83,6 +87,7 @@ from csnd.decoder.messages import (
     Sync,
     ToWorker,
 )
+from csnd.decoder.skeletons import Skeletons
 from csnd.reader.events import EventStream
 from csnd.reader.pgoutput import (
     Truncate,
@@ -124,9 +129,23 @@ class PoolStats:
     changes: int = 0
     queues: list[QueueStats] = field(default_factory=list)
     inline_batches: int = 0  # of `batches`: decoded in the reader thread (`decoder.inline`)
+    batches_here: int = 0  # batches no worker held, handed to the consumer by the reader's thread
 
 
 _END: Final = object()
+
+
+class _CollectFailed(BaseException):
+    """A consumer's failure on a batch the reader's thread handed it (`DecoderPool._take_here`).
+
+    It may be raised inside the source's iterator (a pause cuts the batch there), whose handlers
+    take a lost connection or an `OSError` for a reason to reconnect: carried in a BaseException
+    it passes them, and the reader's thread ends with the consumer's own error (`_feed`).
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class BatchEnd(enum.Enum):
@@ -203,7 +222,9 @@ class DecoderPool:
         ]
         # batches cut by the reader thread, waiting for their results, in order
         pending = workers * (QUEUE_DEPTH + 1)
-        self._skeletons: queue.Queue[CutBatch | object] = queue.Queue(pending)
+        self._skeletons: Skeletons[CutBatch | object] = Skeletons(pending)
+        # Live, what takes a decoded batch's items in the reader's thread (`run`'s `collect_here`)
+        self._collect_here: Callable[[Iterator[tuple[Lsn, DecodedItem | BatchEnd]]], None] | None = None
         self.stats = PoolStats(
             queues=[QueueStats(f"decoder-{node}-{i}-in", QUEUE_DEPTH) for i in range(workers)]
             + [QueueStats(f"decoder-{node}-in-flight", pending)]
@@ -242,6 +263,8 @@ class DecoderPool:
             )
             self._cut_drained = feed.cut_drained
             feed.run(events)
+        except _CollectFailed as e:
+            self._reader_error = e.error
         except BaseException as e:  # (handed to the collector)
             self._reader_error = e
         finally:
@@ -298,6 +321,13 @@ class DecoderPool:
             self.stats.queues[worker].observe(q.qsize())
 
     def _put_skeleton(self, item: CutBatch | object) -> None:
+        if (
+            type(item) is CutBatch
+            and item.worker < 0
+            and self._collect_here is not None
+            and self._take_here(item)
+        ):
+            return
         while not self._stop.is_set():
             try:
                 self._skeletons.put(item, timeout=LIVENESS_POLL_S)
@@ -306,10 +336,35 @@ class DecoderPool:
             self.stats.queues[-1].observe(self._skeletons.qsize())
             return
 
+    def _take_here(self, batch: CutBatch) -> bool:
+        """A batch no worker holds, to the consumer in this (the reader's) thread if it is next and
+        the collector idle; whether it was.  A failure of the consumer's ends the reader as its own."""
+        collect_here = self._collect_here
+        assert collect_here is not None
+        skeletons = self._skeletons
+        if self._stop.is_set() or not skeletons.turn.acquire(blocking=False):
+            return False
+        try:
+            if skeletons.qsize():  # (a batch waits before it: it goes behind, in order)
+                return False
+            try:
+                collect_here(self._items_of(batch))
+            except BaseException as e:
+                raise _CollectFailed(e) from None
+            self.stats.batches_here += 1
+            return True
+        finally:
+            skeletons.turn.release()
+
     # --- collector side (the caller's thread) --------------------------------------
 
     def run(
-        self, events: EventStream, *, write_lines: bool = False, reports_pauses: bool = False
+        self,
+        events: EventStream,
+        *,
+        write_lines: bool = False,
+        reports_pauses: bool = False,
+        collect_here: Callable[[Iterator[tuple[Lsn, DecodedItem | BatchEnd]]], None] | None = None,
     ) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
         """The decoded stream (see the class docstring); once per pool.
 
@@ -317,7 +372,11 @@ class DecoderPool:
         come back as `WholeTxns`, their lines written by the workers.
         `reports_pauses`: the source calls `drained` at its pauses (a live
         node), so a keepalive need not end a batch while the decoders are busy.
+        `collect_here`: what the caller does with each item yielded, for a batch
+        the reader's thread hands over itself (see the module docstring): it
+        must do exactly that, since those items are not yielded.
         """
+        self._collect_here = collect_here
         feeder = threading.Thread(
             target=self._feed,
             args=(events, write_lines, reports_pauses),
@@ -325,72 +384,79 @@ class DecoderPool:
             daemon=True,
         )
         feeder.start()
+        skeletons = self._skeletons
         try:
             while True:
-                try:
-                    item = self._skeletons.get(timeout=LIVENESS_POLL_S)
-                except queue.Empty:
+                if not skeletons.wait(LIVENESS_POLL_S):
                     self._check_all()
                     continue
-                if item is _END:
-                    if self._reader_error is not None and not isinstance(self._reader_error, Stopped):
-                        raise self._reader_error
-                    if self._reader_error is None:
-                        self._sync()
-                    return
-                assert isinstance(item, CutBatch)
-                if item.decoded is not None:  # decoded in the reader thread: no worker holds it
-                    decoded = item.decoded
-                    self.stats.inline_batches += 1
-                    # No result is read from a worker now, so look at them on the clock: a
-                    # dead one fails the run (and a service restarts it) as it did when
-                    # every batch went round them, not at the next large batch.
-                    now = time.monotonic()
-                    if now >= self._next_liveness:
-                        self._next_liveness = now + LIVENESS_POLL_S
-                        self._check_all()
-                elif item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
-                    yield from cast("list[tuple[Lsn, PassThroughItem]]", item.events)
-                    yield INVALID_LSN, BATCH_END
-                    continue
-                else:
-                    decoded = self._result(item.worker)
-                    self._results_read += 1
-                self.stats.batches += 1
-                self.stats.changes += item.n_changes
-                at = 0  # results are in wire order: a run's bodies are consecutive
-                wholes: list[WholeTxn] = []  # consecutive whole transactions, handed on as one
-                lines: list[str] = []
-                whole_at = INVALID_LSN
-                for lsn, msg in item.events:
-                    if type(msg) is WholesSlot:
-                        if not wholes:
-                            whole_at = lsn
-                        n = len(msg.txns)
-                        wholes += msg.txns
-                        lines += decoded[at : at + n]
-                        at += n
-                        continue
-                    if wholes:
-                        yield whole_at, WholeTxns(wholes, lines)
-                        wholes, lines = [], []
-                    if type(msg) is RunSlot:
-                        n = len(msg.lsns)
-                        yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
-                        at += n
-                    elif isinstance(msg, Truncate):
-                        bodies = decoded[at]
-                        if bodies:
-                            yield lsn, DecodedRun(msg.xid, [lsn] * len(bodies), bodies, "truncate")
-                        at += 1
-                    else:
-                        yield lsn, msg
-                if wholes:
-                    yield whole_at, WholeTxns(wholes, lines)
-                yield INVALID_LSN, BATCH_END
+                # (taken and handled under the turn: the consumer handles each item before
+                # this generator goes on, so the turn is let go once the batch is handled)
+                with skeletons.turn:
+                    item = skeletons.get_nowait()
+                    if item is _END:
+                        if self._reader_error is not None and not isinstance(self._reader_error, Stopped):
+                            raise self._reader_error
+                        if self._reader_error is None:
+                            self._sync()
+                        return
+                    assert isinstance(item, CutBatch)
+                    yield from self._items_of(item)
         finally:
             self.close()
             feeder.join(timeout=5)
+
+    def _items_of(self, item: CutBatch) -> Iterator[tuple[Lsn, DecodedItem | BatchEnd]]:
+        """A batch's items in stream order, its bodies zipped back in, then `BATCH_END`."""
+        if item.decoded is not None:  # decoded in the reader thread: no worker holds it
+            decoded = item.decoded
+            self.stats.inline_batches += 1
+            # No result is read from a worker now, so look at them on the clock: a
+            # dead one fails the run (and a service restarts it) as it did when
+            # every batch went round them, not at the next large batch.
+            now = time.monotonic()
+            if now >= self._next_liveness:
+                self._next_liveness = now + LIVENESS_POLL_S
+                self._check_all()
+        elif item.worker < 0:  # no changes: no _Run or Truncate in the skeleton either
+            yield from cast("list[tuple[Lsn, PassThroughItem]]", item.events)
+            yield INVALID_LSN, BATCH_END
+            return
+        else:
+            decoded = self._result(item.worker)
+            self._results_read += 1
+        self.stats.batches += 1
+        self.stats.changes += item.n_changes
+        at = 0  # results are in wire order: a run's bodies are consecutive
+        wholes: list[WholeTxn] = []  # consecutive whole transactions, handed on as one
+        lines: list[str] = []
+        whole_at = INVALID_LSN
+        for lsn, msg in item.events:
+            if type(msg) is WholesSlot:
+                if not wholes:
+                    whole_at = lsn
+                n = len(msg.txns)
+                wholes += msg.txns
+                lines += decoded[at : at + n]
+                at += n
+                continue
+            if wholes:
+                yield whole_at, WholeTxns(wholes, lines)
+                wholes, lines = [], []
+            if type(msg) is RunSlot:
+                n = len(msg.lsns)
+                yield lsn, DecodedRun(msg.xid, msg.lsns, decoded[at : at + n])
+                at += n
+            elif isinstance(msg, Truncate):
+                bodies = decoded[at]
+                if bodies:
+                    yield lsn, DecodedRun(msg.xid, [lsn] * len(bodies), bodies, "truncate")
+                at += 1
+            else:
+                yield lsn, msg
+        if wholes:
+            yield whole_at, WholeTxns(wholes, lines)
+        yield INVALID_LSN, BATCH_END
 
     def _result(self, worker: int) -> list[Any]:
         try:

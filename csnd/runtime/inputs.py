@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
 from typing import Final, Protocol
 
 from csnd.core.errors import CsndError
 from csnd.core.ids import Csn, Lsn
-from csnd.decoder.change import DecodedRun
-from csnd.decoder.pool import BATCH_END, DecoderPool
+from csnd.decoder.change import DecodedItem, DecodedRun
+from csnd.decoder.pool import BATCH_END, BatchEnd, DecoderPool
 from csnd.runtime.items import EndItem, NodeItem, Outbox, TxnItem, WatermarkItem
 from csnd.runtime.sources import FileSource, LiveNode, NodeSource, OpenedSource, SlotSource
 from csnd.runtime.stats import NodeStats
@@ -65,7 +66,8 @@ class NodeInput(Protocol):
 
 
 class NodePipeline:
-    """reader -> decoder pool -> sender for one node, in its own thread.
+    """reader -> decoder pool -> sender for one node, in its own thread (live, a batch the reader
+    decoded itself may be released in the reader's thread: `DecoderPool.run`'s `collect_here`).
 
     `opened` says what kind of source it reads (`csnd.runtime.sources`): a
     live node's slot is confirmed and its pauses end decoder batches; a
@@ -113,6 +115,13 @@ class NodePipeline:
             start_token=self._start_token,
         )
         self.out = Outbox(NODE_QUEUE_DEPTH)
+        # What the sender released and has not yet been handed on, and the last watermark
+        # handed on (`_release`, in whichever thread takes the batch: one at a time).
+        self._released: list[NodeItem] = []
+        self._last_wm: Csn | None = None
+        self._last_confirmable = Lsn(0)
+        slot = self._slot
+        self._until_lsn: Lsn | None = slot.options.until_lsn if slot is not None else None
         self.wakeup: threading.Event | None = None
         self._write_lines = False  # (set by `start`)
         self._stop = threading.Event()
@@ -171,20 +180,11 @@ class NodePipeline:
         self.wakeup.set()
 
     def _run(self) -> None:
-        released: list[NodeItem] = []  # handed on at the end of each decoder batch
         try:
             if self._start_token is not None and not self._settle_start(self._start_token):
                 self._put([EndItem()])  # (stopped while it waited)
                 return
-            sender = self.sender
-            feed = sender.feed
-            last_wm: Csn | None = None
-            last_confirmable = Lsn(0)
             slot = self._slot
-            # A source that ends at an LSN (--until-lsn) hands on an idle
-            # position only up to it: WAL the server has past that point is
-            # not this run's to confirm, the next run reads it.
-            until = slot.options.until_lsn if slot is not None else None
             if slot is not None:  # (a live node: a paused stream ends the decoder pool's batch)
                 events = slot.events(raw_changes=True, pauses=self.pool)
             else:
@@ -193,38 +193,56 @@ class NodePipeline:
                 events,
                 write_lines=self._write_lines,
                 reports_pauses=slot is not None,
+                # Live, a batch the reader decoded itself is released in its thread when this
+                # one is idle (csnd.decoder.skeletons): one wake-up fewer a transaction.
+                collect_here=self._release_all if slot is not None else None,
             )
+            take = self._release
             for lsn, item in decoded:
-                if type(item) is DecodedRun:
-                    feed(lsn, item)  # changes release nothing and move no watermark
-                    continue
-                if item is BATCH_END:
-                    wm, confirmable = sender.watermark, sender.confirmable_lsn
-                    if until is not None and confirmable > until:
-                        confirmable = max(until, last_confirmable)
-                    if wm is not None and (wm != last_wm or confirmable != last_confirmable):
-                        # the last one covers every transaction before it
-                        last_wm, last_confirmable = wm, confirmable
-                        released.append(WatermarkItem(wm, confirmable))
-                    if released:
-                        self._put(released)
-                        released = []
-                    if self._stop.is_set():  # (once a decoder batch: soon enough, and not per event)
-                        break
-                    continue
-                for txn in feed(lsn, item):
-                    # (each its own: one event may release several, and the value
-                    # after the last would confirm past the commits of the others)
-                    released.append(TxnItem(txn, txn.confirmable))
+                if take(lsn, item) and self._stop.is_set():  # (once a decoder batch: soon enough)
+                    break
             if not self._stop.is_set():
-                sender.finish()
-            self._put([*released, EndItem()])
+                self.sender.finish()
+            self._put([*self._released, EndItem()])
         except OSError as e:  # reading the source: say which node and file
             where = self._file.path if self._file is not None else "its source"
             err = CsndError(f"cannot read {where}: {e.strerror or e}", node=self.node)
-            self._put([*released, EndItem(err)])
+            self._put([*self._released, EndItem(err)])
         except BaseException as e:  # (handed to the merger's thread)
-            self._put([*released, EndItem(e)])
+            self._put([*self._released, EndItem(e)])
+
+    def _release(self, lsn: Lsn, item: DecodedItem | BatchEnd) -> bool:
+        """One decoded item to the sender; what it released handed on at the batch's end (True then)."""
+        if type(item) is DecodedRun:
+            self.sender.feed(lsn, item)  # changes release nothing and move no watermark
+            return False
+        if item is BATCH_END:
+            sender = self.sender
+            wm, confirmable = sender.watermark, sender.confirmable_lsn
+            # A source that ends at an LSN (--until-lsn) hands on an idle position only up
+            # to it: WAL the server has past that point is not this run's to confirm.
+            until = self._until_lsn
+            if until is not None and confirmable > until:
+                confirmable = max(until, self._last_confirmable)
+            if wm is not None and (wm != self._last_wm or confirmable != self._last_confirmable):
+                # the last one covers every transaction before it
+                self._last_wm, self._last_confirmable = wm, confirmable
+                self._released.append(WatermarkItem(wm, confirmable))
+            if self._released:
+                released, self._released = self._released, []
+                self._put(released)
+            return True
+        for txn in self.sender.feed(lsn, item):
+            # (each its own: one event may release several, and the value
+            # after the last would confirm past the commits of the others)
+            self._released.append(TxnItem(txn, txn.confirmable))
+        return False
+
+    def _release_all(self, items: Iterator[tuple[Lsn, DecodedItem | BatchEnd]]) -> None:
+        """`_release` for each item of a batch, in the reader's thread (`DecoderPool.run`'s `collect_here`)."""
+        take = self._release
+        for lsn, item in items:
+            take(lsn, item)
 
     def _settle_start(self, token: str) -> bool:
         """The slot at its position (made now if asked), then the start settled; False if stopped meanwhile."""
