@@ -9,15 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from csnd.core.ids import Lsn
 from csnd.decoder.change import DecodedItem, DecodedRun
 from csnd.decoder.pool import BatchEnd, DecoderPool
 from csnd.reader import pgoutput as p
-from csnd.reader.events import Event, EventStream
-from tests.decoder.test_inline_decode import _comparable, _paused, _stream
+from csnd.reader.events import EventStream
+from tests.decoder.test_inline_decode import (
+    _comparable,
+    _decode,
+    _gated,
+    _paused,
+    _stream,
+    live_examples,
+    live_streams,
+)
 
 Items = Iterator[tuple[Lsn, DecodedItem | BatchEnd]]
 
@@ -43,20 +49,8 @@ class Handled:
             self.take(lsn, item)
 
 
-def _oracle(events: list[Event], pauses: set[int], write_lines: bool) -> list[tuple[Lsn, Any]]:
-    """Every batch through the workers, every item yielded."""
-    pool = DecoderPool("dn1", 2, binary=True, batch_changes=8, inline_changes=0)
-    run = pool.run(_paused(pool, events, pauses), write_lines=write_lines, reports_pauses=True)
-    return [(lsn, c) for lsn, item in run if (c := _comparable(item)) is not None]
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    sizes=st.lists(st.integers(0, 12), min_size=1, max_size=8),
-    pause_every=st.integers(1, 9),
-    write_lines=st.booleans(),
-    inline_changes=st.sampled_from([1, 4, 64]),
-)
+@live_examples
+@live_streams
 def test_items_handled_in_either_thread_come_in_stream_order(
     tmp_path: Path, sizes: list[int], pause_every: int, write_lines: bool, inline_changes: int
 ) -> None:
@@ -65,7 +59,7 @@ def test_items_handled_in_either_thread_come_in_stream_order(
     in the order it saw it, must be the oracle's items."""
     events = _stream(tmp_path / "s.pgstream", sizes)
     pauses = set(range(0, len(events), pause_every))
-    expected = _oracle(events, pauses, write_lines)
+    expected, _ = _decode(events, pauses, live=True, write_lines=write_lines, inline_changes=0)
     pool = DecoderPool("dn1", 2, binary=True, batch_changes=8, inline_changes=inline_changes)
     handled = Handled()
     run = pool.run(
@@ -85,22 +79,12 @@ def test_an_idle_collector_leaves_a_small_live_batch_to_the_reader_thread(tmp_pa
     one-row ones are handled in the reader's thread, the ones that went to the workers in the caller's."""
     sizes = [1, 1, 20, 1, 30, 2]
     events = _stream(tmp_path / "s.pgstream", sizes)
-    commits = {i for i, (_, m) in enumerate(events) if isinstance(m, p.Commit)}
     pool = DecoderPool("dn1", 2, binary=True, inline_changes=4)
     gate = threading.Event()  # (each transaction is read once the one before was handled)
     gate.set()
     handled = Handled(on_commit=gate)
 
-    def stream() -> EventStream:
-        for i, event in enumerate(events):
-            if isinstance(event[1], p.Begin):
-                assert gate.wait(30)
-                gate.clear()
-            yield event
-            if i in commits:
-                pool.drained()
-
-    for lsn, item in pool.run(stream(), reports_pauses=True, collect_here=handled.take_all):
+    for lsn, item in pool.run(_gated(pool, events, gate), reports_pauses=True, collect_here=handled.take_all):
         handled.take(lsn, item)
     runs = [item for _, item in handled.items if item[0] == "run"]
     assert [len(r[2]) for r in runs] == [n for n in sizes if n]

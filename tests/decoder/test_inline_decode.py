@@ -50,6 +50,18 @@ def _paused(pool: DecoderPool, events: list[Event], pauses: set[int]) -> EventSt
             pool.drained()
 
 
+def _gated(pool: DecoderPool, events: list[Event], gate: threading.Event) -> EventStream:
+    """`events`, each transaction read only once `gate` is set (then cleared), the pool told the
+    source drained after each Commit: a live node whose next transaction comes once the last is out."""
+    for event in events:
+        if isinstance(event[1], p.Begin):
+            assert gate.wait(30)
+            gate.clear()
+        yield event
+        if isinstance(event[1], p.Commit):
+            pool.drained()
+
+
 def _comparable(item: Any) -> Any:
     if isinstance(item, DecodedRun):
         return ("run", item.xid, list(item.lsns), list(item.bodies), item.op)
@@ -73,13 +85,21 @@ def _decode(
     return out, pool
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
+# A live node's streams: transactions of these sizes, paused every few events, lines written by the
+# workers or not, and the largest batch decoded in the reader thread (shared with test_collect_here).
+live_examples = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+live_streams = given(
     sizes=st.lists(st.integers(0, 12), min_size=1, max_size=8),
     pause_every=st.integers(1, 9),
     write_lines=st.booleans(),
     inline_changes=st.sampled_from([1, 4, 64]),
 )
+
+
+@live_examples
+@live_streams
 def test_a_live_pool_gives_what_the_workers_give_byte_for_byte(
     tmp_path: Path, sizes: list[int], pause_every: int, write_lines: bool, inline_changes: int
 ) -> None:
@@ -98,22 +118,12 @@ def test_small_live_batches_skip_the_workers_and_large_ones_use_them(tmp_path: P
     the ones larger than the bound go to the workers, and the output keeps stream order."""
     sizes = [1, 1, 20, 1, 30, 2]
     events = _stream(tmp_path / "s.pgstream", sizes)
-    commits = {i for i, (_, m) in enumerate(events) if isinstance(m, p.Commit)}
     pool = DecoderPool("dn1", 2, binary=True, inline_changes=4)
     ids = []
     gate = threading.Event()  # (each transaction is read once the one before came out: the decoders are idle)
     gate.set()
 
-    def stream() -> EventStream:
-        for i, event in enumerate(events):
-            if isinstance(event[1], p.Begin):
-                assert gate.wait(30)
-                gate.clear()
-            yield event
-            if i in commits:
-                pool.drained()
-
-    for _, item in pool.run(stream(), reports_pauses=True):
+    for _, item in pool.run(_gated(pool, events, gate), reports_pauses=True):
         if isinstance(item, DecodedRun):
             ids += [int(b.split('"id": ', 1)[1].split(",", 1)[0]) for b in item.bodies]
         if isinstance(item, p.Commit):

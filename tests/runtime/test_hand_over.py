@@ -61,16 +61,33 @@ class ThreadedLines(EndedLines):
         super().end_transaction(csn, tail)
 
 
-def _runner(merger: Merger, failures: list[BaseException]) -> threading.Thread:
-    def run() -> None:
-        try:
-            merger.run()
-        except BaseException as e:
-            failures.append(e)
+class Running:
+    """A merger over one handing input, run in a thread named "merger", past its first wait for input.
 
-    thread = threading.Thread(target=run, name="merger", daemon=True)
-    thread.start()
-    return thread
+    At exit the input ends, and the run must end (a failure it ended with is in `failures`)."""
+
+    def __init__(self, sink: ThreadedLines) -> None:
+        self.node = HandingInput("dn1", "single", confirms=False)
+        self.merger = Merger([self.node], sink, switching=SwitchPolicy(0.005, 0.005, apply=lambda s: None))
+        self.failures: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="merger", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.merger.run()
+        except BaseException as e:
+            self.failures.append(e)
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        _until(lambda: self.merger.switching.live is True, "the merger never waited for input")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.thread.is_alive():
+            _hand_from(self.node, [EndItem()])
+            self.thread.join(30)
+        assert not self.thread.is_alive()
 
 
 def _hand_from(node: HandingInput, items: list[NodeItem], name: str = "input") -> None:
@@ -80,76 +97,51 @@ def _hand_from(node: HandingInput, items: list[NodeItem], name: str = "input") -
     assert not thread.is_alive()
 
 
-def _live(merger: Merger) -> bool:
-    return merger.switching.live is True
-
-
 def test_a_live_transaction_is_written_in_the_thread_that_hands_it_over() -> None:
     sink = ThreadedLines()
-    node = HandingInput("dn1", "single", confirms=False)
-    merger = Merger([node], sink, switching=SwitchPolicy(0.005, 0.005, apply=lambda s: None))
-    failures: list[BaseException] = []
-    runner = _runner(merger, failures)
-    try:
-        _until(lambda: _live(merger), "the merger never waited for input")
-        _hand_from(node, [TxnItem(_txn(10), Lsn(0x920))])
+    with Running(sink) as run:
+        _hand_from(run.node, [TxnItem(_txn(10), Lsn(0x920))])
         # Written before the hand-over returned: in the input's thread, the merger's left asleep.
         assert sink.threads == {10: "input"}
-        assert merger.hand_over.ran == 1
-    finally:
-        _hand_from(node, [EndItem()])
-        runner.join(30)
-    assert not runner.is_alive() and not failures
+        assert run.merger.hand_over.ran == 1
+    assert not run.failures
     assert [csn for csn, _ in sink.ended] == [10]
-    assert isinstance(merger.hand_over, HandOver)
+    assert isinstance(run.merger.hand_over, HandOver)
 
 
 def test_a_hand_over_during_a_round_wakes_the_merger_and_nothing_waits() -> None:
     """A round under way in the merger's thread (held in its sink): the next hand-over does not wait
     for it, and the transaction it handed over is written by the merger's thread right after."""
     sink = ThreadedLines(hold=10)
-    node = HandingInput("dn1", "single", confirms=False)
-    merger = Merger([node], sink, switching=SwitchPolicy(0.005, 0.005, apply=lambda s: None))
-    failures: list[BaseException] = []
-    runner = _runner(merger, failures)
     try:
-        _until(lambda: _live(merger), "the merger never waited for input")
-        merger.switching.live = False  # (the first as a backlog: the merger's thread writes it)
-        _hand_from(node, [TxnItem(_txn(10), Lsn(0x920))])
-        assert sink.held.wait(30)
-        merger.switching.live = True
-        _hand_from(node, [TxnItem(_txn(20), Lsn(0x930))])  # (returns while the round is held)
-        assert merger.hand_over.ran == 0
-        sink.release.set()
-        _until(lambda: len(sink.ended) == 2, "the transaction handed over during a round was left waiting")
-        assert sink.threads == {10: "merger", 20: "merger"}
+        with Running(sink) as run:
+            run.merger.switching.live = False  # (the first as a backlog: the merger's thread writes it)
+            _hand_from(run.node, [TxnItem(_txn(10), Lsn(0x920))])
+            assert sink.held.wait(30)
+            run.merger.switching.live = True
+            _hand_from(run.node, [TxnItem(_txn(20), Lsn(0x930))])  # (returns while the round is held)
+            assert run.merger.hand_over.ran == 0
+            sink.release.set()
+            _until(
+                lambda: len(sink.ended) == 2, "the transaction handed over during a round was left waiting"
+            )
+            assert sink.threads == {10: "merger", 20: "merger"}
     finally:
         sink.release.set()
-        _hand_from(node, [EndItem()])
-        runner.join(30)
-    assert not runner.is_alive() and not failures
+    assert not run.failures
 
 
 def test_a_failure_in_a_handed_over_round_ends_the_run_not_the_input() -> None:
     """A transaction out of CSN order, written in the input's thread: the hand-over returns, and the
     merger's run raises the violation, naming the node, as if its own round had met it."""
     sink = ThreadedLines()
-    node = HandingInput("dn1", "single", confirms=False)
-    merger = Merger([node], sink, switching=SwitchPolicy(0.005, 0.005, apply=lambda s: None))
-    failures: list[BaseException] = []
-    runner = _runner(merger, failures)
-    try:
-        _until(lambda: _live(merger), "the merger never waited for input")
-        _hand_from(node, [TxnItem(_txn(20), Lsn(0x930))])
-        _hand_from(node, [TxnItem(_txn(10), Lsn(0x940))])
-        runner.join(30)
-        assert not runner.is_alive(), "the merger went on after a handed-over round failed"
-    finally:
-        if runner.is_alive():
-            _hand_from(node, [EndItem()])
-            runner.join(30)
-    assert len(failures) == 1 and isinstance(failures[0], CsnOrderViolation)
-    assert failures[0].node == "dn1"
+    with Running(sink) as run:
+        _hand_from(run.node, [TxnItem(_txn(20), Lsn(0x930))])
+        _hand_from(run.node, [TxnItem(_txn(10), Lsn(0x940))])
+        run.thread.join(30)
+        assert not run.thread.is_alive(), "the merger went on after a handed-over round failed"
+    assert len(run.failures) == 1 and isinstance(run.failures[0], CsnOrderViolation)
+    assert run.failures[0].node == "dn1"
     assert [csn for csn, _ in sink.ended] == [20]
 
 
@@ -158,17 +150,9 @@ def test_while_draining_the_merger_thread_writes(live: bool | None) -> None:
     """Draining (or before the merger first waited), an input only wakes the merger: the inputs read on
     while the merger's thread writes."""
     sink = ThreadedLines()
-    node = HandingInput("dn1", "single", confirms=False)
-    merger = Merger([node], sink, switching=SwitchPolicy(0.005, 0.005, apply=lambda s: None))
-    failures: list[BaseException] = []
-    runner = _runner(merger, failures)
-    try:
-        _until(lambda: _live(merger), "the merger never waited for input")
-        merger.switching.live = live
-        _hand_from(node, [TxnItem(_txn(10), Lsn(0x920))])
+    with Running(sink) as run:
+        run.merger.switching.live = live
+        _hand_from(run.node, [TxnItem(_txn(10), Lsn(0x920))])
         _until(lambda: len(sink.ended) == 1, "the transaction was never written")
-        assert sink.threads == {10: "merger"} and merger.hand_over.ran == 0
-    finally:
-        _hand_from(node, [EndItem()])
-        runner.join(30)
-    assert not runner.is_alive() and not failures
+        assert sink.threads == {10: "merger"} and run.merger.hand_over.ran == 0
+    assert not run.failures
