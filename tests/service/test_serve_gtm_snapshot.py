@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,6 +242,36 @@ def test_an_incremental_snapshot_in_gtm_mode_under_writers_equals_every_node(
         assert replayed.get(where, {}) == rows, where
 
 
+def _lock_once_consistent(url: str, slot: str, blocker: psycopg.Connection, table: str) -> threading.Thread:
+    """Lock `table` in `blocker`'s transaction as soon as the node's `slot` is consistent.
+
+    Not before: the lock's xid would hold back the slot's consistent point.
+    Not after the service's ready line: its snapshot starts right after that
+    line, and on a loaded machine it copied the table before a test that
+    locked only then got to run (the snapshot was complete, with nothing to
+    kill mid-way).  The slots are all made before that line.
+    """
+
+    def lock() -> None:
+        with psycopg.connect(url, autocommit=True) as c:
+            wait_for(
+                lambda: (
+                    c.execute(
+                        "SELECT confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s",
+                        (slot,),
+                    ).fetchone()
+                    == (True,)
+                ),
+                f"slot {slot} consistent",
+                every=0.005,
+            )
+        blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+
+    thread = threading.Thread(target=lock, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_killed_mid_snapshot_the_restart_takes_it_again_at_one_csn(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -277,9 +308,10 @@ def test_killed_mid_snapshot_the_restart_takes_it_again_at_one_csn(
     blocker = psycopg.connect(urls["dn3"])
     try:
         wait_for(lambda: _gtm_current(cluster.gtm_url) > start + 50, "the writers committing")
+        locker = _lock_once_consistent(urls["dn3"], "snap_k", blocker, "zbulk")
         first = served = start_serve(sources, log_dir, *extra)
-        # (after the ready line: the slots exist, so the lock's xid holds back no consistent point)
-        blocker.execute("LOCK TABLE zbulk IN ACCESS EXCLUSIVE MODE")
+        locker.join(60)
+        assert not locker.is_alive(), "dn3's zbulk was never locked"
         wait_for(
             lambda: any(
                 t["node"] == "dn1" and t["table"] == "zbulk" and t["state"] == "done"
