@@ -44,8 +44,18 @@ hook is Python in the reader's loop, a few microseconds a transaction:
 near the machine's limit (5,000 a second and more here) it slows csnd
 itself, so read the stages at the lower rates and the latency without it.
 
+`--floor sync|aio` times the push floor (bench/pushfloor.py) instead of
+csnd: pg_recvlogical on a slot of its own piped into a relay that does
+nothing but push the transactions over gRPC as they complete, to a client
+that prints them, against the twin on the same load at the same time.  It
+is what any changefeed
+served from Python to a Python subscriber would at least cost on this
+machine, with no decoding, no changelog and no fsync: its p99 against the
+goal's bar says whether the bar is within reach of that shape at all.
+
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
         [--thread-names] [--profile DIR] [--stages]
+    python -m bench latency --floor sync|aio [--small] [--rates R,...] [--seconds S]
     python -m bench.latency_bench ...
 
 Prints a table and writes it to bench-out/latency.md, raw figures to
@@ -65,12 +75,14 @@ import threading
 import time
 import urllib.request
 from datetime import datetime
+from importlib import metadata
 from typing import Any, Final
 
 import psycopg
 
 from bench import loadkit
 from bench.loadkit import CLK_TCK, Service, Watch, cpu_seconds, end_all, subscribe
+from csnd.consumers.grpcpoll import EXPERIMENTS, experiments_for
 from csnd.testing.pgserver import PgServer, start_server
 
 RATES: Final = (100, 1_000, 2_000, 5_000, 10_000)
@@ -162,6 +174,18 @@ def test_decoding_commit_time(line: bytes) -> float | None:
     return datetime.fromisoformat(line[at + 4 : line.rindex(b")")].decode()).timestamp()
 
 
+def arrival_figures(a: Arrivals, base: int, committed: int, got: bool) -> dict[str, Any]:
+    """A consumer's figures for one rate: the `committed` transactions after its first `base`."""
+    lat = a.latencies[base : base + committed]
+    return {
+        "delivered": a.lines - base,
+        "all_delivered": got and a.lines - base == committed,
+        "p50_ms": pct(lat, 0.5) * 1000,
+        "p99_ms": pct(lat, 0.99) * 1000,
+        "max_ms": max(lat, default=float("nan")) * 1000,
+    }
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))] if s else float("nan")
@@ -221,12 +245,21 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 # --- the load ---------------------------------------------------------------------------------
 
 
-def setup(server: PgServer) -> None:
+def setup(server: PgServer, ours: tuple[str, str] = ("csnd", "pgoutput")) -> None:
+    """The table, the publication, the twin's slot and `ours` (slot name, plugin)."""
     with psycopg.connect(server.dsn(), autocommit=True) as c:
         c.execute("CREATE TABLE lat (id bigserial PRIMARY KEY, v int) WITH (autovacuum_enabled = off)")
         c.execute("CREATE PUBLICATION bench FOR ALL TABLES")
         c.execute("SELECT pg_create_logical_replication_slot('twin', 'test_decoding')")
-        c.execute("SELECT pg_create_logical_replication_slot('csnd', 'pgoutput')")
+        c.execute("SELECT pg_create_logical_replication_slot(%s, %s)", ours)
+
+
+def recvlogical(server: PgServer, slot: str, stdout: int) -> subprocess.Popen[bytes]:
+    """pg_recvlogical on `slot`, each transaction's lines with its commit timestamp, to `stdout`."""
+    cmd = [server.bin("pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
+    cmd += ["-U", "postgres", "-d", "postgres", "--slot", slot, "--start"]
+    cmd += ["-o", "include-timestamp=on", "-F", "0", "-f", "-"]
+    return subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.DEVNULL)
 
 
 def pgbench(server: PgServer, work: str, rate: int, seconds: float) -> int:
@@ -404,14 +437,7 @@ def run(
     }
     try:
         setup(server)
-        twin_cmd = [server.bin("pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.port)]
-        twin_cmd += ["-U", "postgres", "-d", "postgres", "--slot", "twin", "--start"]
-        twin_cmd += ["-o", "include-timestamp=on", "-F", "0", "-f", "-"]
-        twin = subprocess.Popen(
-            twin_cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        twin = recvlogical(server, "twin", subprocess.PIPE)
         procs.append(twin)
         extra = ["--decoders", str(decoders)] if decoders is not None else []
         svc = Service([f"dn1={server.url()}?slot=csnd&publication=bench"], work, "lat", *extra)
@@ -459,14 +485,7 @@ def run(
                 "serve_threads": cpu.threads_per_txn("csnd serve", committed),
             }
             for name, a, b in (("csnd", ours, base[0]), ("pg_recvlogical", theirs, base[1])):
-                lat = a.latencies[b : b + committed]
-                row[name] = {
-                    "delivered": a.lines - b,
-                    "all_delivered": got[name] and a.lines - b == committed,
-                    "p50_ms": pct(lat, 0.5) * 1000,
-                    "p99_ms": pct(lat, 0.99) * 1000,
-                    "max_ms": max(lat, default=float("nan")) * 1000,
-                }
+                row[name] = arrival_figures(a, b, committed, got[name])
             row["stages"] = {
                 name: {
                     "p50_ms_at_most": _ms(bucket_quantile(before[name], after[name], 0.5)),
@@ -493,6 +512,115 @@ def run(
         shutil.rmtree(work, ignore_errors=True)
     results["loadavg_at_end"] = os.getloadavg()
     return results
+
+
+# --- the push floor ---------------------------------------------------------------------------
+
+
+def start_floor(
+    server: PgServer, kind: str, procs: list[subprocess.Popen[Any]]
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """The push floor (bench.pushfloor): pg_recvlogical on slot `floor` piped into the relay, and
+    the relay's client, whose stdout is read for timing: (relay, client).  Every process is added
+    to `procs`."""
+    read_end, write_end = os.pipe()
+    try:
+        procs.append(recvlogical(server, "floor", write_end))
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "bench.pushfloor", "relay", kind], stdin=read_end, stderr=subprocess.PIPE
+        )
+        procs.append(relay)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert relay.stderr is not None
+    port = relay.stderr.readline().strip().decode()
+    if not port.isdigit():
+        raise RuntimeError(f"the push floor's relay did not start: {port!r}")
+    env = dict(os.environ)
+    if kind == "sync":  # (the poller `csnd subscribe` chooses: csnd.consumers.grpcpoll)
+        experiments = experiments_for(env, metadata.version("grpcio"))
+        if experiments is not None:
+            env[EXPERIMENTS] = experiments
+    client = subprocess.Popen(
+        [sys.executable, "-m", "bench.pushfloor", "client", kind, port], stdout=subprocess.PIPE, env=env
+    )
+    procs.append(client)
+    return relay, client
+
+
+def run_floor(rates: list[int], seconds: float, kind: str) -> dict[str, Any]:
+    """The push floor instead of csnd, against the twin on the same load at the same time."""
+    work = tempfile.mkdtemp(prefix="csnd-latency-floor-")
+    server = start_server()
+    procs: list[subprocess.Popen[Any]] = []
+    results: dict[str, Any] = {"floor": kind, "rates": [], "clients": CLIENTS, "seconds": seconds}
+    try:
+        setup(server, ours=("floor", "test_decoding"))
+        twin = recvlogical(server, "twin", subprocess.PIPE)
+        procs.append(twin)
+        relay, client = start_floor(server, kind, procs)
+        assert twin.stdout is not None and client.stdout is not None
+        consumers = {
+            "floor": Arrivals(client.stdout.fileno(), test_decoding_commit_time, "floor"),
+            "pg_recvlogical": Arrivals(twin.stdout.fileno(), test_decoding_commit_time, "pg_recvlogical"),
+        }
+        with psycopg.connect(server.dsn(), autocommit=True) as c:
+            c.execute("INSERT INTO lat (v) VALUES (0)")
+        for name, a in consumers.items():
+            if not a.wait_for(1, 120):
+                raise RuntimeError(f"the {name} consumer printed no first transaction within 120 s")
+        pids = {"floor relay": relay.pid, "floor client": client.pid, "pg_recvlogical": twin.pid}
+        for rate in rates:
+            print(
+                f"bench latency: floor ({kind}), {rate:,}/s for {seconds:.0f} s ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            base = {name: a.lines for name, a in consumers.items()}
+            cpu = CpuWindow(pids)
+            committed = pgbench(server, work, rate, seconds)
+            row: dict[str, Any] = {
+                "rate": rate,
+                "committed": committed,
+                "cpu_us_per_txn": cpu.per_txn_us(committed),
+                "wakeups_per_txn": cpu.wakeups_per_txn(committed),
+            }
+            for name, a in consumers.items():
+                got = a.wait_for(base[name] + committed, DRAIN_TIMEOUT_S)
+                row[name] = arrival_figures(a, base[name], committed, got)
+            results["rates"].append(row)
+    finally:
+        end_all(procs)
+        server.stop("immediate")
+        shutil.rmtree(server.base_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    results["loadavg_at_end"] = os.getloadavg()
+    return results
+
+
+def floor_markdown(results: dict[str, Any]) -> str:
+    kind = results["floor"]
+    out = [
+        f"| rate (pgbench -R, 4 clients) | committed | push floor ({kind}) p50 / p99 ms (delivered) | "
+        "pg_recvlogical p50 / p99 ms (delivered) | the goal's p99 bar, max(2x, 2 ms) | floor within it, "
+        "all delivered | wake-ups a transaction: relay / client / `pg_recvlogical` | CPU µs a transaction: "
+        "relay / client |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results["rates"]:
+        f, p = r["floor"], r["pg_recvlogical"]
+        wakes, cpu = r["wakeups_per_txn"], r["cpu_us_per_txn"]
+        bar = max(2 * p["p99_ms"], 2.0)
+        within = bool(f["all_delivered"]) and f["p99_ms"] <= bar
+        out.append(
+            f"| {r['rate']:,}/s | {r['committed']:,} | {f['p50_ms']:.2f} / {f['p99_ms']:.2f} ({f['delivered']:,}) "
+            f"| {p['p50_ms']:.2f} / {p['p99_ms']:.2f} ({p['delivered']:,}) | {bar:.2f} | "
+            f"{'yes' if within else 'no'} | "
+            + " / ".join(f"{wakes[k]:.1f}" for k in ("floor relay", "floor client", "pg_recvlogical"))
+            + f" | {cpu['floor relay']:.0f} / {cpu['floor client']:.0f} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def _brief_stages(row: dict[str, Any]) -> str:
@@ -627,6 +755,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="time each transaction at each stage inside csnd serve (bench/stagetrace): p50/p90/p99 a stage",
     )
+    p.add_argument(
+        "--floor",
+        choices=("sync", "aio"),
+        default=None,
+        help="time the push floor instead of csnd (bench/pushfloor.py): pg_recvlogical piped into a relay "
+        "that only pushes the transactions over gRPC as they complete, to a client that prints them; sync: "
+        "threads, as csnd's changefeed; aio: grpc.aio",
+    )
     return p.parse_args(argv)
 
 
@@ -635,6 +771,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     seconds = a.seconds if a.seconds is not None else SMALL_SECONDS if a.small else SECONDS
+    if a.floor is not None:
+        results = run_floor([int(x) for x in a.rates.split(",")], seconds, a.floor)
+        with open(out_path(f"latency-floor-{a.floor}.json"), "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2, default=str)
+        text = floor_markdown(results)
+        with open(out_path(f"latency-floor-{a.floor}.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+        print(text, end="")
+        return results
     results = run(
         [int(x) for x in a.rates.split(",")],
         seconds,
