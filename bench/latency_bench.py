@@ -44,18 +44,18 @@ hook is Python in the reader's loop, a few microseconds a transaction:
 near the machine's limit (5,000 a second and more here) it slows csnd
 itself, so read the stages at the lower rates and the latency without it.
 
-`--floor sync|aio` times the push floor (bench/pushfloor.py) instead of
-csnd: pg_recvlogical on a slot of its own piped into a relay that does
-nothing but push the transactions over gRPC as they complete, to a client
-that prints them, against the twin on the same load at the same time.  It
-is what any changefeed
-served from Python to a Python subscriber would at least cost on this
-machine, with no decoding, no changelog and no fsync: its p99 against the
-goal's bar says whether the bar is within reach of that shape at all.
+`--floor sync|durable|aio` times the push floor (bench/pushfloor.py)
+instead of csnd: pg_recvlogical on a slot of its own piped into a relay
+that does nothing but push the transactions over gRPC as they complete, to
+a client that prints them, against the twin on the same load at the same
+time.  It is what any changefeed served from Python to a Python subscriber
+would at least cost on this machine, with no decoding and no changelog
+(`durable`: and an fsync of each message before it is sent): its p99
+against the goal's bar says whether the bar is within reach of that shape.
 
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
         [--thread-names] [--profile DIR] [--stages]
-    python -m bench latency --floor sync|aio [--small] [--rates R,...] [--seconds S]
+    python -m bench latency --floor sync|durable|aio [--small] [--rates R,...] [--seconds S]
     python -m bench.latency_bench ...
 
 Prints a table and writes it to bench-out/latency.md, raw figures to
@@ -518,7 +518,7 @@ def run(
 
 
 def start_floor(
-    server: PgServer, kind: str, procs: list[subprocess.Popen[Any]]
+    server: PgServer, kind: str, work: str, procs: list[subprocess.Popen[Any]]
 ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
     """The push floor (bench.pushfloor): pg_recvlogical on slot `floor` piped into the relay, and
     the relay's client, whose stdout is read for timing: (relay, client).  Every process is added
@@ -527,7 +527,10 @@ def start_floor(
     try:
         procs.append(recvlogical(server, "floor", write_end))
         relay = subprocess.Popen(
-            [sys.executable, "-m", "bench.pushfloor", "relay", kind], stdin=read_end, stderr=subprocess.PIPE
+            [sys.executable, "-m", "bench.pushfloor", "relay", kind]
+            + ([os.path.join(work, "floor.log")] if kind == "durable" else []),
+            stdin=read_end,
+            stderr=subprocess.PIPE,
         )
         procs.append(relay)
     finally:
@@ -538,7 +541,7 @@ def start_floor(
     if not port.isdigit():
         raise RuntimeError(f"the push floor's relay did not start: {port!r}")
     env = dict(os.environ)
-    if kind == "sync":  # (the poller `csnd subscribe` chooses: csnd.consumers.grpcpoll)
+    if kind != "aio":  # (the poller `csnd subscribe` chooses: csnd.consumers.grpcpoll)
         experiments = experiments_for(env, metadata.version("grpcio"))
         if experiments is not None:
             env[EXPERIMENTS] = experiments
@@ -559,7 +562,7 @@ def run_floor(rates: list[int], seconds: float, kind: str) -> dict[str, Any]:
         setup(server, ours=("floor", "test_decoding"))
         twin = recvlogical(server, "twin", subprocess.PIPE)
         procs.append(twin)
-        relay, client = start_floor(server, kind, procs)
+        relay, client = start_floor(server, kind, work, procs)
         assert twin.stdout is not None and client.stdout is not None
         consumers = {
             "floor": Arrivals(client.stdout.fileno(), test_decoding_commit_time, "floor"),
@@ -757,11 +760,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--floor",
-        choices=("sync", "aio"),
+        choices=("sync", "durable", "aio"),
         default=None,
         help="time the push floor instead of csnd (bench/pushfloor.py): pg_recvlogical piped into a relay "
         "that only pushes the transactions over gRPC as they complete, to a client that prints them; sync: "
-        "threads, as csnd's changefeed; aio: grpc.aio",
+        "threads, as csnd's changefeed; durable: the same, each message fsynced to a file before it is sent; "
+        "aio: grpc.aio",
     )
     return p.parse_args(argv)
 

@@ -15,12 +15,15 @@ this shape would have on this machine.
 
 `sync`: grpc's thread-per-stream server and blocking client, as csnd's
 changefeed and `csnd subscribe` are (the bench starts the client with the
-poller `csnd subscribe` chooses, csnd.consumers.grpcpoll).  `aio`: grpc.aio on both sides (an
+poller `csnd subscribe` chooses, csnd.consumers.grpcpoll).  `durable`: the
+same, and the relay appends each message to a file and fsyncs it before
+sending it, as csnd serves only what its changelog made durable.  `aio`: grpc.aio on both sides (an
 asyncio loop reading the pipe and writing to the stream), the design an
 asynchronous changefeed would take.
 
     python -m bench.pushfloor relay sync|aio    (reads stdin; prints its port on stderr)
-    python -m bench.pushfloor client sync|aio PORT
+    python -m bench.pushfloor relay durable FILE
+    python -m bench.pushfloor client sync|durable|aio PORT
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, Final
 import grpc
 
 METHOD: Final = "/csnd.bench.Floor/Lines"
-KINDS: Final = ("sync", "aio")
+KINDS: Final = ("sync", "durable", "aio")
 COMMIT: Final = b"COMMIT"  # (test_decoding's last line of a transaction: the message goes then)
 READ_BYTES: Final = 1 << 16
 
@@ -56,12 +59,18 @@ def whole_transactions(pending: bytes) -> tuple[bytes, bytes]:
     return pending[:end], pending[end:]
 
 
-def relay_sync() -> None:
+def relay_sync(log_path: str | None) -> None:
+    """`log_path`: append each message to this file and fsync it before sending it (`durable`)."""
+
     def lines(_request: bytes, _context: grpc.ServicerContext) -> Iterator[bytes]:
         fd, pending = sys.stdin.fileno(), b""
+        log = -1 if log_path is None else os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         while chunk := os.read(fd, READ_BYTES):
             message, pending = whole_transactions(pending + chunk)
             if message:
+                if log >= 0:
+                    os.write(log, message)
+                    os.fsync(log)
                 yield message
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -113,11 +122,13 @@ def main(argv: list[str]) -> None:
     role, kind = argv[0], argv[1]
     if kind not in KINDS:
         raise SystemExit(f"pushfloor: kind {kind!r} is not one of {', '.join(KINDS)}")
-    if role == "relay":
-        relay_sync() if kind == "sync" else asyncio.run(relay_aio())
+    if role == "relay" and kind == "aio":
+        asyncio.run(relay_aio())
+    elif role == "relay":
+        relay_sync(argv[2] if kind == "durable" else None)
     elif role == "client":
         port = int(argv[2])
-        client_sync(port) if kind == "sync" else asyncio.run(client_aio(port))
+        asyncio.run(client_aio(port)) if kind == "aio" else client_sync(port)
     else:
         raise SystemExit(f"pushfloor: role {role!r} is neither relay nor client")
 
