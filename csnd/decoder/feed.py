@@ -377,8 +377,14 @@ class BatchFeed:
             # source that reports its pauses (`cut_drained`, which always cuts),
             # it cuts only while the decoders are idle: with batches cut
             # before still waiting, a small one would only wait behind them
-            # (under load the server sends hundreds a second).
+            # (under load the server sends hundreds a second).  Nor does it
+            # cut a batch of its own: live, the walsender sends one ahead of
+            # about every other lone transaction, in the same read, and its own
+            # cut cost the transaction behind it a pass through the pool and
+            # the sender first (docs/performance.md, "Live latency").  It goes
+            # on with what follows, or at the pause after it.
             if isinstance(msg, Keepalive) and (
-                not self._gated or self._out.batches_waiting() < KEEPALIVE_CUT_BELOW
+                not self._gated
+                or (self._out.batches_waiting() < KEEPALIVE_CUT_BELOW and len(self._batch.events) > 1)
             ):
                 self.cut()

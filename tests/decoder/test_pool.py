@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from csnd.core.errors import DecodeError, RemoteTraceback, WorkerError
 from csnd.core.ids import Lsn
 from csnd.decoder.change import DecodedItem, DecodedRun
+from csnd.decoder.feed import BatchFeed, CutBatch
 from csnd.decoder.pool import PIPE_BYTES, BatchEnd, DecoderPool, _recv_message, start_worker_server
 from csnd.reader import pgoutput as p
 from csnd.reader.events import Event, EventStream
@@ -219,6 +220,61 @@ def test_a_paused_stream_hands_on_the_batch_it_was_gathering(tmp_path: Path, pau
             resume.set()  # (the first commit came out while the stream was paused)
     assert not timed_out, "the first transaction waited for the rest of the stream"
     assert len(commits) == 2
+
+
+class _Cuts:
+    """A `FeedOutlet` that keeps what a `BatchFeed` cuts: each batch's skeleton, as message type names."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def put_work(self, worker: int, message: object) -> None:
+        pass
+
+    def put_skeleton(self, batch: CutBatch) -> None:
+        self.batches.append([type(m).__name__ for _, m in batch.events])
+
+    def batches_waiting(self) -> int:
+        return 0
+
+    def batches_decoding(self) -> int:
+        return 0
+
+    def stopping(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["reports pauses", "recorded"])
+def test_a_keepalive_alone_goes_on_with_what_follows_it(tmp_path: Path, gated: bool) -> None:
+    """Live, the walsender sends a keepalive ahead of about every other lone transaction, in the same read:
+    cut on its own, it cost the transaction behind it a pass through the pool and the sender.  From a source
+    that reports its pauses it goes on in the transaction's batch, which the keepalive after it cuts; a lone
+    one goes at the pause.  A recorded stream's keepalives cut as before."""
+    relation, *txn = _one_row_stream(tmp_path / "s.pgstream", (700,))
+    lsn = txn[-1][0]
+    keepalive = (lsn, p.Keepalive(lsn, 0, False))
+    out = _Cuts()
+    BatchFeed(out, 1, 2048, False, gated).run([relation, keepalive, keepalive, *txn, keepalive])
+    first = ["Relation", "Keepalive"]  # (a keepalive after something else cuts, as ever)
+    txn_batch = ["Begin", "RunSlot", "Commit", "Keepalive"]
+    if gated:
+        assert out.batches == [first, ["Keepalive", *txn_batch]]
+    else:
+        assert out.batches == [first, ["Keepalive"], txn_batch]
+
+    out.batches.clear()
+    lone = BatchFeed(out, 1, 2048, False, gated)
+    seen: list[list[list[str]]] = []
+
+    def paused() -> EventStream:
+        yield keepalive
+        seen.append(list(out.batches))  # (what was cut before the pause)
+        lone.cut_drained()  # (the pause, as LiveSource reports it: between two events)
+        seen.append(list(out.batches))
+
+    lone.run(paused())
+    assert seen == ([[], [["Keepalive"]]] if gated else [[["Keepalive"]], [["Keepalive"]]])
+    assert out.batches == [["Keepalive"]]
 
 
 _HALF_SENT_PARENT = """
