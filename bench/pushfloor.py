@@ -6,20 +6,21 @@
 The relay and its client are what any changefeed served from Python to a
 Python subscriber must at least do for a live transaction: one message from
 a server-streaming handler to another process, which prints it.  The
-reception is pg_recvlogical's own (C), and there is no decoding, no
-changelog, no fsync.  Each message holds the whole transactions that one
-read of the pipe completed, sent at once: live, one transaction a message;
-behind, what is ready goes together, as csnd's changefeed batches.  Run beside `csnd serve` and the `pg_recvlogical` twin on the same
-load at the same time, it says how much of csnd's latency any design of
-this shape would have on this machine.
+reception is pg_recvlogical's own (C), and there is no decoding and no
+changelog.  Each message holds the whole transactions that one read of the
+pipe completed, sent at once: live, one transaction a message; behind, what
+is ready goes together, as csnd's changefeed batches.  Run instead of
+`csnd serve`, against the `pg_recvlogical` twin on the same load at the
+same time, it says how much of csnd's latency any design of this shape
+would have on this machine.
 
 `sync`: grpc's thread-per-stream server and blocking client, as csnd's
 changefeed and `csnd subscribe` are (the bench starts the client with the
 poller `csnd subscribe` chooses, csnd.consumers.grpcpoll).  `durable`: the
 same, and the relay appends each message to a file and fsyncs it before
-sending it, as csnd serves only what its changelog made durable.  `aio`: grpc.aio on both sides (an
-asyncio loop reading the pipe and writing to the stream), the design an
-asynchronous changefeed would take.
+sending it, as csnd serves only what its changelog made durable.  `aio`:
+grpc.aio on both sides (an asyncio loop reading the pipe and writing to the
+stream), the design an asynchronous changefeed would take.
 
     python -m bench.pushfloor relay sync|aio    (reads stdin; prints its port on stderr)
     python -m bench.pushfloor relay durable FILE
@@ -126,9 +127,10 @@ def main(argv: list[str]) -> None:
         asyncio.run(relay_aio())
     elif role == "relay":
         relay_sync(argv[2] if kind == "durable" else None)
+    elif role == "client" and kind == "aio":
+        asyncio.run(client_aio(int(argv[2])))
     elif role == "client":
-        port = int(argv[2])
-        asyncio.run(client_aio(port)) if kind == "aio" else client_sync(port)
+        client_sync(int(argv[2]))
     else:
         raise SystemExit(f"pushfloor: role {role!r} is neither relay nor client")
 
