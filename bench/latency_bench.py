@@ -44,18 +44,24 @@ hook is Python in the reader's loop, a few microseconds a transaction:
 near the machine's limit (5,000 a second and more here) it slows csnd
 itself, so read the stages at the lower rates and the latency without it.
 
-`--floor sync|durable|aio` times the push floor (bench/pushfloor.py)
-instead of csnd: pg_recvlogical on a slot of its own piped into a relay
-that does nothing but push the transactions over gRPC as they complete, to
-a client that prints them, against the twin on the same load at the same
-time.  It is what any changefeed served from Python to a Python subscriber
-would at least cost on this machine, with no decoding and no changelog
-(`durable`: and an fsync of each message before it is sent): its p99
-against the goal's bar says whether the bar is within reach of that shape.
+`--floor sync|durable|handoff|aio` times the push floor
+(bench/pushfloor.py) instead of csnd: pg_recvlogical on a slot of its own
+piped into a relay that does nothing but push the transactions over gRPC
+as they complete, to a client that prints them, against the twin on the
+same load at the same time.  It is what any changefeed served from Python
+to a Python subscriber would at least cost on this machine, with no
+decoding and no changelog (`durable`: and an fsync of each message before
+it is sent; `handoff`: and that done by a thread of its own, which hands
+the message to the stream's, as csnd's changefeed is fed): its p99 against
+the goal's bar says whether the bar is within reach of that shape.
+`--floor-work-us N` adds N µs of Python CPU a transaction to the relay,
+standing in for csnd's own work on it: swept, it says how much work the
+bar leaves.
 
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
         [--thread-names] [--profile DIR] [--stages]
-    python -m bench latency --floor sync|durable|aio [--small] [--rates R,...] [--seconds S]
+    python -m bench latency --floor sync|durable|handoff|aio [--floor-work-us N] [--small]
+        [--rates R,...] [--seconds S]
     python -m bench.latency_bench ...
 
 Prints a table and writes it to bench-out/latency.md, raw figures to
@@ -82,6 +88,7 @@ import psycopg
 
 from bench import loadkit
 from bench.loadkit import CLK_TCK, Service, Watch, cpu_seconds, end_all, subscribe
+from bench.pushfloor import KINDS, WRITES_A_FILE
 from csnd.consumers.grpcpoll import EXPERIMENTS, experiments_for
 from csnd.testing.pgserver import PgServer, start_server
 
@@ -518,17 +525,18 @@ def run(
 
 
 def start_floor(
-    server: PgServer, kind: str, work: str, procs: list[subprocess.Popen[Any]]
+    server: PgServer, kind: str, work: str, procs: list[subprocess.Popen[Any]], work_us: float = 0.0
 ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
     """The push floor (bench.pushfloor): pg_recvlogical on slot `floor` piped into the relay, and
     the relay's client, whose stdout is read for timing: (relay, client).  Every process is added
-    to `procs`."""
+    to `procs`.  `work_us`: the relay's CPU a transaction (its --work-us)."""
     read_end, write_end = os.pipe()
     try:
         procs.append(recvlogical(server, "floor", write_end))
         relay = subprocess.Popen(
             [sys.executable, "-m", "bench.pushfloor", "relay", kind]
-            + ([os.path.join(work, "floor.log")] if kind == "durable" else []),
+            + ([os.path.join(work, "floor.log")] if kind in WRITES_A_FILE else [])
+            + (["--work-us", str(work_us)] if work_us else []),
             stdin=read_end,
             stderr=subprocess.PIPE,
         )
@@ -552,17 +560,23 @@ def start_floor(
     return relay, client
 
 
-def run_floor(rates: list[int], seconds: float, kind: str) -> dict[str, Any]:
+def run_floor(rates: list[int], seconds: float, kind: str, work_us: float = 0.0) -> dict[str, Any]:
     """The push floor instead of csnd, against the twin on the same load at the same time."""
     work = tempfile.mkdtemp(prefix="csnd-latency-floor-")
     server = start_server()
     procs: list[subprocess.Popen[Any]] = []
-    results: dict[str, Any] = {"floor": kind, "rates": [], "clients": CLIENTS, "seconds": seconds}
+    results: dict[str, Any] = {
+        "floor": kind,
+        "work_us": work_us,
+        "rates": [],
+        "clients": CLIENTS,
+        "seconds": seconds,
+    }
     try:
         setup(server, ours=("floor", "test_decoding"))
         twin = recvlogical(server, "twin", subprocess.PIPE)
         procs.append(twin)
-        relay, client = start_floor(server, kind, work, procs)
+        relay, client = start_floor(server, kind, work, procs, work_us)
         assert twin.stdout is not None and client.stdout is not None
         consumers = {
             "floor": Arrivals(client.stdout.fileno(), test_decoding_commit_time, "floor"),
@@ -576,7 +590,7 @@ def run_floor(rates: list[int], seconds: float, kind: str) -> dict[str, Any]:
         pids = {"floor relay": relay.pid, "floor client": client.pid, "pg_recvlogical": twin.pid}
         for rate in rates:
             print(
-                f"bench latency: floor ({kind}), {rate:,}/s for {seconds:.0f} s ...",
+                f"bench latency: floor ({floor_name(results)}), {rate:,}/s for {seconds:.0f} s ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -602,10 +616,17 @@ def run_floor(rates: list[int], seconds: float, kind: str) -> dict[str, Any]:
     return results
 
 
+def floor_name(results: dict[str, Any]) -> str:
+    """The floor's kind, and its work a transaction when it has any: "handoff, 200 µs a transaction"."""
+    kind: str = results["floor"]
+    work_us = results.get("work_us") or 0
+    return kind + (f", {work_us:g} µs a transaction" if work_us else "")
+
+
 def floor_markdown(results: dict[str, Any]) -> str:
-    kind = results["floor"]
     out = [
-        f"| rate (pgbench -R, 4 clients) | committed | push floor ({kind}) p50 / p99 ms (delivered) | "
+        f"| rate (pgbench -R, 4 clients) | committed | push floor ({floor_name(results)}) p50 / p99 ms "
+        "(delivered) | "
         "pg_recvlogical p50 / p99 ms (delivered) | the goal's p99 bar, max(2x, 2 ms) | floor within it, "
         "all delivered | wake-ups a transaction: relay / client / `pg_recvlogical` | CPU µs a transaction: "
         "relay / client |",
@@ -760,12 +781,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--floor",
-        choices=("sync", "durable", "aio"),
+        choices=KINDS,
         default=None,
         help="time the push floor instead of csnd (bench/pushfloor.py): pg_recvlogical piped into a relay "
         "that only pushes the transactions over gRPC as they complete, to a client that prints them; sync: "
         "threads, as csnd's changefeed; durable: the same, each message fsynced to a file before it is sent; "
-        "aio: grpc.aio",
+        "handoff: durable, a thread of its own reading and syncing and handing each message to the stream's "
+        "thread, as csnd's changefeed is fed; aio: grpc.aio",
+    )
+    p.add_argument(
+        "--floor-work-us",
+        type=float,
+        default=0.0,
+        metavar="US",
+        help="with --floor sync|durable|handoff: the relay spins this many µs of Python CPU a transaction "
+        "(the GIL held) before it writes it, standing in for csnd's own work on it",
     )
     return p.parse_args(argv)
 
@@ -776,11 +806,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(sys.argv[1:] if argv is None else argv)
     seconds = a.seconds if a.seconds is not None else SMALL_SECONDS if a.small else SECONDS
     if a.floor is not None:
-        results = run_floor([int(x) for x in a.rates.split(",")], seconds, a.floor)
-        with open(out_path(f"latency-floor-{a.floor}.json"), "w", encoding="utf-8") as f:
+        if a.floor_work_us and a.floor == "aio":
+            raise SystemExit("bench latency: --floor-work-us is for --floor sync, durable and handoff")
+        results = run_floor([int(x) for x in a.rates.split(",")], seconds, a.floor, a.floor_work_us)
+        name = f"latency-floor-{a.floor}" + (f"-{a.floor_work_us:g}us" if a.floor_work_us else "")
+        with open(out_path(f"{name}.json"), "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2, default=str)
         text = floor_markdown(results)
-        with open(out_path(f"latency-floor-{a.floor}.md"), "w", encoding="utf-8") as f:
+        with open(out_path(f"{name}.md"), "w", encoding="utf-8") as f:
             f.write(text)
         print(text, end="")
         return results
