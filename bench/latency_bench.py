@@ -58,8 +58,15 @@ the goal's bar says whether the bar is within reach of that shape.
 standing in for csnd's own work on it: swept, it says how much work the
 bar leaves.
 
+`--beside-floor durable|handoff` runs csnd as usual and that floor as a
+third consumer of the same load at the same time, and adds its figures
+and one more verdict to the table: csnd's p99 within max(2x the floor's,
+2 ms). The floor makes each transaction durable before it sends it, as
+csnd does; `pg_recvlogical` does not (its `--fsync-interval` is whole
+seconds).
+
     python -m bench latency [--small] [--rates 100,1000] [--seconds S] [--decoders N]
-        [--thread-names] [--profile DIR] [--stages]
+        [--thread-names] [--profile DIR] [--stages] [--beside-floor durable|handoff]
     python -m bench latency --floor sync|durable|handoff|aio [--floor-work-us N] [--small]
         [--rates R,...] [--seconds S]
     python -m bench.latency_bench ...
@@ -425,7 +432,9 @@ def run(
     thread_names: bool = False,
     profile: str | None = None,
     stages: bool = False,
+    beside_floor: str | None = None,
 ) -> dict[str, Any]:
+    """`beside_floor`: a push floor of this kind (bench.pushfloor) as a third consumer of the same load."""
     with_switch_interval(switch_s)
     work = tempfile.mkdtemp(prefix="csnd-latency-bench-")
     stage_file = os.path.join(work, "stages.json")
@@ -441,11 +450,21 @@ def run(
         "seconds": seconds,
         "switch_interval_s": switch_s,
         "cpus": os.cpu_count(),
+        "beside_floor": beside_floor,
     }
     try:
         setup(server)
         twin = recvlogical(server, "twin", subprocess.PIPE)
         procs.append(twin)
+        floor: Arrivals | None = None
+        floor_pids: dict[str, int] = {}
+        if beside_floor is not None:
+            with psycopg.connect(server.dsn(), autocommit=True) as c:
+                c.execute("SELECT pg_create_logical_replication_slot('floor', 'test_decoding')")
+            relay, client = start_floor(server, beside_floor, work, procs)
+            assert client.stdout is not None
+            floor = Arrivals(client.stdout.fileno(), test_decoding_commit_time, "floor")
+            floor_pids = {"floor relay": relay.pid, "floor client": client.pid}
         extra = ["--decoders", str(decoders)] if decoders is not None else []
         svc = Service([f"dn1={server.url()}?slot=csnd&publication=bench"], work, "lat", *extra)
         sub = subscribe(svc.address, stdout=subprocess.PIPE)
@@ -456,15 +475,19 @@ def run(
         # start-up is not a commit's latency: measure once one transaction came through both
         with psycopg.connect(server.dsn(), autocommit=True) as c:
             c.execute("INSERT INTO lat (v) VALUES (0)")
-        for a, what in ((ours, "csnd subscribe"), (theirs, "pg_recvlogical")):
+        firsts = [(ours, "csnd subscribe"), (theirs, "pg_recvlogical")]
+        if floor is not None:
+            firsts.append((floor, "the push floor's client"))
+        for a, what in firsts:
             if not a.wait_for(1, 120):
                 raise RuntimeError(f"{what} printed no first transaction within 120 s: {svc.stderr()[-500:]}")
         watch = Watch(svc.proc.pid)
         watch.sample()
         for rate in rates:
             print(f"bench latency: {rate:,}/s for {seconds:.0f} s ...", file=sys.stderr, flush=True)
-            base = (ours.lines, theirs.lines)
+            base = (ours.lines, theirs.lines, floor.lines if floor is not None else 0)
             pids = {"csnd serve": svc.proc.pid, "csnd subscribe": sub.pid, "pg_recvlogical": twin.pid}
+            pids.update(floor_pids)
             watch.sample()
             pids.update({p.label: pid for pid, p in watch.procs.items() if p.label.startswith("decoder")})
             pids.update(_walsenders(server))
@@ -493,6 +516,9 @@ def run(
             }
             for name, a, b in (("csnd", ours, base[0]), ("pg_recvlogical", theirs, base[1])):
                 row[name] = arrival_figures(a, b, committed, got[name])
+            if floor is not None:
+                got_floor = floor.wait_for(base[2] + committed, DRAIN_TIMEOUT_S)
+                row["floor"] = arrival_figures(floor, base[2], committed, got_floor)
             row["stages"] = {
                 name: {
                     "p50_ms_at_most": _ms(bucket_quantile(before[name], after[name], 0.5)),
@@ -666,7 +692,8 @@ def _brief(row: dict[str, Any]) -> dict[str, Any]:
         "committed": row["committed"],
         **{
             k: f"{row[k]['p50_ms']:.1f}/{row[k]['p99_ms']:.1f}/{row[k]['max_ms']:.1f} ms, {row[k]['delivered']}"
-            for k in ("csnd", "pg_recvlogical")
+            for k in ("csnd", "pg_recvlogical", "floor")
+            if k in row
         },
         "stages": {k: (v["p50_ms_at_most"], v["p99_ms_at_most"]) for k, v in row["stages"].items()},
         "group commits a txn, sync thread wake-ups a group": (
@@ -687,6 +714,12 @@ def goal_met(row: dict[str, Any]) -> bool:
     """The issue's bar: csnd's p99 <= max(2 x pg_recvlogical's p99, 2 ms), every transaction delivered."""
     c, p = row["csnd"], row["pg_recvlogical"]
     return bool(c["all_delivered"]) and c["p99_ms"] <= max(2 * p["p99_ms"], 2.0)
+
+
+def within_floor(row: dict[str, Any]) -> bool:
+    """The same bar with the push floor beside it as the yardstick: csnd's p99 <= max(2 x the floor's, 2 ms)."""
+    c, f = row["csnd"], row["floor"]
+    return bool(c["all_delivered"]) and c["p99_ms"] <= max(2 * f["p99_ms"], 2.0)
 
 
 def _stage(v: float | None) -> str:
@@ -716,6 +749,12 @@ def table(results: dict[str, Any]) -> list[tuple[str, ...]]:
                 ),
             )
         )
+        if "floor" in r:  # (a push floor beside: two more columns, after the others)
+            f = r["floor"]
+            rows[-1] += (
+                f"{f['p50_ms']:.1f} / {f['p99_ms']:.1f} ({f['delivered']:,})",
+                "yes" if within_floor(r) else "no",
+            )
     return rows
 
 
@@ -727,6 +766,13 @@ def markdown(results: dict[str, Any]) -> str:
         "wake-ups per transaction: `csnd serve` / `csnd subscribe` / `pg_recvlogical` |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    beside = results.get("beside_floor")
+    if beside:
+        out[0] += (
+            f" push floor ({beside}) p50 / p99 ms (delivered) | csnd's p99 within max(2x the floor's, 2 ms), "
+            "all delivered |"
+        )
+        out[1] += " --- | --- |"
     out += ["| " + " | ".join(r) + " |" for r in table(results)]
     traced = [r for r in results["rates"] if r.get("stage_trace")]
     if traced:
@@ -790,6 +836,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "thread, as csnd's changefeed is fed; aio: grpc.aio",
     )
     p.add_argument(
+        "--beside-floor",
+        choices=("durable", "handoff"),
+        default=None,
+        help="also run the push floor of this kind on the same load at the same time, a third consumer, "
+        "and say whether csnd's p99 is within max(2x the floor's, 2 ms): the goal with a yardstick that, as "
+        "csnd, makes each transaction durable before it is sent",
+    )
+    p.add_argument(
         "--floor-work-us",
         type=float,
         default=0.0,
@@ -805,6 +859,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     seconds = a.seconds if a.seconds is not None else SMALL_SECONDS if a.small else SECONDS
+    if a.floor is not None and a.beside_floor is not None:
+        raise SystemExit(
+            "bench latency: --floor runs a floor instead of csnd, --beside-floor beside it: one of them"
+        )
     if a.floor is not None:
         if a.floor_work_us and a.floor == "aio":
             raise SystemExit("bench latency: --floor-work-us is for --floor sync, durable and handoff")
@@ -825,6 +883,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         a.thread_names,
         a.profile,
         a.stages,
+        a.beside_floor,
     )
     with open(out_path("latency.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, default=str)
