@@ -87,7 +87,7 @@ def spin(seconds: float) -> None:
         pass
 
 
-def durable_messages(log_path: str | None, work_s: float) -> Iterator[bytes]:
+def relayed_messages(log_path: str | None, work_s: float) -> Iterator[bytes]:
     """The messages of stdin, each after `work_s` of CPU a transaction and, given `log_path`, appended to
     that file and fsynced."""
     fd, pending = sys.stdin.fileno(), b""
@@ -113,7 +113,7 @@ def relay_sync(log_path: str | None, work_s: float, handoff: bool) -> None:
         handed = threading.Condition()
 
         def read_pipe() -> None:
-            for message in durable_messages(log_path, work_s):
+            for message in relayed_messages(log_path, work_s):
                 with handed:
                     ready.append(message)
                     handed.notify()
@@ -131,7 +131,7 @@ def relay_sync(log_path: str | None, work_s: float, handoff: bool) -> None:
     else:
 
         def lines(_request: bytes, _context: grpc.ServicerContext) -> Iterator[bytes]:
-            yield from durable_messages(log_path, work_s)
+            yield from relayed_messages(log_path, work_s)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     server.add_generic_rpc_handlers((_handler(lines),))
